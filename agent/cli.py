@@ -1,0 +1,65 @@
+"""The ``zonemeter`` command line.
+
+Each verb lives in its own module, which exposes ``register(subparsers)``; that function
+adds the verb's parser and sets ``func`` to a callable ``(args) -> int`` exit code.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad input (one line naming the file,
+object and field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from agent.errors import InputError, ZonemeterError
+
+#: verb modules, in the order ``--help`` lists them
+VERB_MODULES: tuple[str, ...] = (
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with a single ``zonemeter: ...`` line on bad usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with every verb registered."""
+    parser = _Parser(
+        prog="zonemeter",
+        description="Per-Service cross-zone traffic for Kubernetes: who sends the bytes your "
+        "cloud bills, and whether topology-aware routing was in effect.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on failure")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    for name in VERB_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (0, 1 or 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except InputError as err:
+        if args.debug:
+            raise
+        print(f"zonemeter: error: {err}", file=sys.stderr)
+        return 2
+    except ZonemeterError as err:
+        if args.debug:
+            raise
+        print(f"zonemeter: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""Kubernetes metadata: list+watch (or a snapshot file), slim cached records, IP resolution."""

@@ -1,0 +1,158 @@
+"""Read Kubernetes objects from a ``kubectl get ... -o json|yaml`` dump.
+
+Accepted shapes: a ``List`` (``{"kind": "List", "items": [...]}``, also ``NodeList`` and
+friends), a single object, a JSON array of objects, or a multi-document YAML stream of
+any of those. Objects of kinds other than Node, Service, EndpointSlice and Pod are
+ignored (counted in :attr:`Snapshot.ignored`), never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import InputError
+
+#: kinds the product reads; every other kind in a dump is ignored
+KINDS = ("Node", "Service", "EndpointSlice", "Pod")
+
+
+@dataclass
+class Snapshot:
+    """Raw Kubernetes objects by kind, in their API JSON shape (plain dicts).
+
+    Attributes:
+        nodes, services, endpointslices, pods: objects in file order.
+        ignored: count of objects of other kinds that were skipped.
+        source: the file they came from (for error messages).
+    """
+
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    services: list[dict[str, Any]] = field(default_factory=list)
+    endpointslices: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    ignored: int = 0
+    source: str = "<memory>"
+
+    def add(self, obj: dict[str, Any]) -> None:
+        """Append one object to its kind's list (or count it as ignored)."""
+        kind = obj.get("kind")
+        target = {
+            "Node": self.nodes,
+            "Service": self.services,
+            "EndpointSlice": self.endpointslices,
+            "Pod": self.pods,
+        }.get(kind if isinstance(kind, str) else "")
+        if target is None:
+            self.ignored += 1
+        else:
+            target.append(obj)
+
+
+def object_name(obj: dict[str, Any]) -> str:
+    """Return ``"Kind namespace/name"`` (or ``"Kind name"``) for error messages."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    name = meta.get("name") if isinstance(meta, dict) else None
+    ns = meta.get("namespace") if isinstance(meta, dict) else None
+    kind = obj.get("kind", "object")
+    if ns:
+        return f"{kind} {ns}/{name}"
+    return f"{kind} {name}"
+
+
+def _items(doc: Any, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield (location, object) from a parsed document; raise InputError on bad shapes."""
+    if doc is None:
+        return
+    if isinstance(doc, list):
+        for i, item in enumerate(doc):
+            yield from _items(item, f"{where} item {i}")
+        return
+    if not isinstance(doc, dict):
+        raise InputError(f"expected an object or a list, got {type(doc).__name__}", obj=where)
+    kind = doc.get("kind")
+    if isinstance(kind, str) and kind.endswith("List") and "items" in doc:
+        items = doc["items"]
+        if items is None:
+            return
+        if not isinstance(items, list):
+            raise InputError("must be a list", obj=where, field="items")
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InputError("must be an object", obj=where, field=f"items[{i}]")
+            # kubectl drops kind/apiVersion inside typed lists (NodeList) only in some versions
+            if "kind" not in item and kind != "List":
+                item = {**item, "kind": kind[: -len("List")]}
+            yield f"{where} items[{i}]", item
+        return
+    yield where, doc
+
+
+def _check(obj: dict[str, Any], where: str) -> None:
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise InputError("missing or not a string", obj=where, field="kind")
+    if kind not in KINDS:
+        return
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise InputError("missing or not an object", obj=f"{kind} ({where})", field="metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise InputError("missing or not a string", obj=f"{kind} ({where})", field="metadata.name")
+    if kind != "Node" and not isinstance(meta.get("namespace", "default"), str):
+        raise InputError("not a string", obj=object_name(obj), field="metadata.namespace")
+
+
+def parse_documents(text: str, source: str) -> Iterable[Any]:
+    """Parse JSON or (multi-document) YAML text; raise InputError naming ``source``."""
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        try:
+            return [json.loads(text)]
+        except json.JSONDecodeError as err:
+            raise InputError(f"invalid JSON at line {err.lineno} column {err.colno}: {err.msg}",
+                             source=source) from None
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "syntax error"
+        raise InputError(f"invalid YAML{where}: {problem}", source=source) from None
+
+
+def load_text(text: str, source: str = "<memory>") -> Snapshot:
+    """Build a :class:`Snapshot` from JSON or YAML text.
+
+    Raises:
+        InputError: syntax errors, non-object items, objects without kind or metadata.name.
+    """
+    snap = Snapshot(source=source)
+    for d, doc in enumerate(parse_documents(text, source)):
+        for where, obj in _items(doc, f"document {d + 1}"):
+            try:
+                _check(obj, where)
+            except InputError as err:
+                raise err.with_source(source) from None
+            snap.add(obj)
+    return snap
+
+
+def load(path: str | Path) -> Snapshot:
+    """Read a snapshot file (see :func:`load_text`).
+
+    Raises:
+        InputError: the file cannot be read, or its content is malformed.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read: {getattr(err, 'strerror', None) or err}", source=str(p)) from None
+    return load_text(text, str(p))

@@ -1,0 +1,53 @@
+"""agent.k8s.snapshot: kubectl dumps in JSON and YAML, and clear errors for bad ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.errors import InputError
+from agent.k8s import snapshot
+
+
+def _node(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def test_kubectl_list_json_sorted_by_kind() -> None:
+    doc = {"apiVersion": "v1", "kind": "List", "items": [
+        _node("n1"),
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ns"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}},
+    ]}
+    snap = snapshot.load_text(json.dumps(doc), "dump.json")
+    assert [n["metadata"]["name"] for n in snap.nodes] == ["n1"]
+    assert [s["metadata"]["name"] for s in snap.services] == ["s"]
+    assert snap.ignored == 1
+
+
+def test_multi_document_yaml_and_typed_list() -> None:
+    text = "kind: NodeList\nitems:\n- metadata: {name: a}\n---\nkind: Pod\nmetadata: {name: p, namespace: x}\n"
+    snap = snapshot.load_text(text, "dump.yaml")
+    assert snap.nodes[0]["kind"] == "Node"
+    assert snap.pods[0]["metadata"]["name"] == "p"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("{not json", "dump: invalid JSON at line 1"),
+    ("a: [1, 2\n", "dump: invalid YAML"),
+    ('{"kind": "List", "items": [{"kind": "Node", "metadata": {}}]}', "metadata.name"),
+    ('{"kind": "List", "items": 3}', "items: must be a list"),
+    ('[{"metadata": {"name": "x"}}]', "kind: missing"),
+])
+def test_bad_input_is_one_line_naming_the_field(text: str, needle: str) -> None:
+    with pytest.raises(InputError) as info:
+        snapshot.load_text(text, "dump")
+    message = str(info.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+def test_unreadable_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InputError, match="cannot read"):
+        snapshot.load(tmp_path / "missing.json")

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set up everything zonemeter needs on a Debian 12 machine, as root:
+#   Debian packages (BCC, kernel headers, iptables, nftables, Prometheus),
+#   the kernel-header links BCC compiles against, and the project venv in .venv
+#   with the Debian `bcc` module linked in (and nothing else from dist-packages).
+# Idempotent: running it again only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "tools/setup.sh: run as root (it installs Debian packages and loads eBPF)" >&2
+  exit 1
+fi
+
+pkgs=(python3-bpfcc linux-headers-amd64 iproute2 iptables nftables ethtool prometheus python3-venv)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's prometheus package starts a system service; the tests and the demo
+# run their own instances on their own ports.
+systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+
+# BCC compiles against /lib/modules/$(uname -r)/{build,source}. When the running
+# kernel has no packaged headers (cloud and micro-VM kernels), link the Debian ones.
+k="$(uname -r)"
+if [ ! -e "/lib/modules/$k/build/include" ]; then
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1)
+  if [ -z "$hdr" ] || [ -z "$common" ]; then
+    echo "setup: no kernel headers under /usr/src; install linux-headers-amd64" >&2
+    exit 1
+  fi
+  mkdir -p "/lib/modules/$k"
+  ln -sfn "$hdr" "/lib/modules/$k/build"
+  ln -sfn "$common" "/lib/modules/$k/source"
+fi
+
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# Only the bcc package is linked from Debian's dist-packages, so no other Debian
+# Python package leaks into the venv.
+ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -c 'import bcc, pyroute2, kubernetes, prometheus_client, cachetools' \
+  || { echo "setup: venv imports failed" >&2; exit 1; }
+echo "setup: ok (venv .venv, kernel $k)"
