@@ -55,3 +55,80 @@ class FlowDelta:
     bytes: int
     packets: int
     overflow: bool = False
+
+
+class PeerKind(enum.Enum):
+    """What an address resolved to (see :meth:`agent.k8s` resolution order)."""
+
+    POD = "pod"            # a pod IP (not host-network)
+    NODE = "node"          # a node address, or a host-network pod on it
+    CIDR = "cidr"          # outside the cluster, in a ``--zone-cidrs`` range
+    EXTERNAL = "external"  # outside the cluster, no zone known
+    UNKNOWN = "unknown"    # looks like a cluster address but resolves to nothing (see reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """One side of a flow after IP resolution.
+
+    Attributes:
+        kind: see :class:`PeerKind`.
+        zone: ``topology.kubernetes.io/zone`` of the node (or the CIDR's zone); None if unknown.
+        region: ``topology.kubernetes.io/region``; None if unknown.
+        node: node name for POD and NODE peers.
+        namespace, name: the pod, for POD peers and host-network pods.
+        workload, workload_kind: owning workload (``Deployment`` after walking the
+            ReplicaSet, ``StatefulSet``, ``DaemonSet``, ``Job``...), else the pod itself
+            with kind ``Pod``.
+        host_network: the pod uses the node's network namespace.
+        reason: for UNKNOWN peers (and peers with zone None), why: ``no_pod_for_ip``,
+            ``node_without_zone``, ``pod_without_node``...
+    """
+
+    kind: PeerKind
+    zone: str | None = None
+    region: str | None = None
+    node: str | None = None
+    namespace: str | None = None
+    name: str | None = None
+    workload: str | None = None
+    workload_kind: str | None = None
+    host_network: bool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """A Service port that an endpoint ``(address, target port, protocol)`` serves.
+
+    Attributes:
+        namespace, service: the Service.
+        port: the Service port number (what clients dial on the ClusterIP).
+        port_name: the Service port's name ("" when unnamed).
+        target_port: the endpoint port (EndpointSlice ``ports[].port``), host byte order.
+        protocol: IP protocol number (6 TCP, 17 UDP, 132 SCTP).
+    """
+
+    namespace: str
+    service: str
+    port: int
+    port_name: str
+    target_port: int
+    protocol: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyView:
+    """What kube-proxy on one node does with one Service's ClusterIP traffic.
+
+    Produced by :mod:`agent.hints` (kube-proxy ``CategorizeEndpoints``).
+
+    Attributes:
+        topology_mode: ``""`` (no filtering), ``"PreferSameZone"`` or ``"PreferSameNode"``.
+        selected: endpoint addresses (as strings) the node forwards internal traffic to.
+        internal_traffic: ``"cluster"``, ``"local"``, ``"DROP"`` or ``"REJECT"``.
+    """
+
+    topology_mode: str
+    selected: frozenset[str]
+    internal_traffic: str
