@@ -1,0 +1,1 @@
+"""zonemeter tools: the lab, the before/after report and other utilities beside the agent."""
