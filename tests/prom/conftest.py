@@ -11,6 +11,7 @@ the tests query absolute windows. Prometheus listens on loopback only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -140,47 +141,63 @@ def _need(binary: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def running_prometheus(root: Path, config_text: str = "global:\n  scrape_interval: 1h\n"
+                       "scrape_configs: []\n", *, openmetrics: str | None = None
+                       ) -> Iterator[str]:
+    """Run Debian's Prometheus on 127.0.0.1 (a free port) with its TSDB under ``root``.
+
+    Args:
+        root: an empty directory for the TSDB, config and log.
+        config_text: ``prometheus.yml`` (the live-lab test passes scrape targets here).
+        openmetrics: when given, the TSDB is first built from this text with promtool.
+
+    Yields:
+        The base URL once ``/-/ready`` answers 200; the process is stopped on exit.
+    """
+    prometheus = _need("prometheus")
+    data = root / "data"
+    if openmetrics is not None:
+        promtool = _need("promtool")
+        (root / "input.om").write_text(openmetrics)
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+                        str(root / "input.om"), str(data)], check=True, capture_output=True,
+                       timeout=120)
+    config = root / "prometheus.yml"
+    config.write_text(config_text)
+    port = _free_port()
+    with open(root / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={data}",
+             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=36500d"],
+            stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"prometheus exited: {(root / 'prometheus.log').read_text()}")
+                try:
+                    if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("prometheus not ready after 60 s")
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.fixture(scope="session")
 def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a Prometheus on 127.0.0.1 serving :func:`openmetrics_input`."""
-    promtool = _need("promtool")
-    prometheus = _need("prometheus")
-    root = tmp_path_factory.mktemp("prom")
-    (root / "input.om").write_text(openmetrics_input())
-    data = root / "data"
-    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-                    str(root / "input.om"), str(data)], check=True, capture_output=True,
-                   timeout=120)
-    config = root / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
-    port = _free_port()
-    log = open(root / "prometheus.log", "wb")
-    proc = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={data}",
-         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=36500d",
-         "--query.lookback-delta=5m"],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {(root / 'prometheus.log').read_text()}")
-            try:
-                if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("prometheus not ready after 60 s")
-            time.sleep(0.2)
+    with running_prometheus(tmp_path_factory.mktemp("prom"),
+                            openmetrics=openmetrics_input()) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-

@@ -38,7 +38,8 @@ def _rate_axis(ax: plt.Axes) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _shade(ax: plt.Axes, c: Change, change_time: float | None, legend: bool) -> None:
+def _shade(ax: plt.Axes, c: Change, change_time: float | None, legend: bool,
+           change_label: str | None = None) -> None:
     b, a = c.before.window, c.after.window
     ax.axvspan(*_dates([b.start, b.end]), color="tab:blue", alpha=0.07,
                label="before window" if legend else None)
@@ -46,7 +47,15 @@ def _shade(ax: plt.Axes, c: Change, change_time: float | None, legend: bool) -> 
                label="after window" if legend else None)
     t = change_time if change_time is not None else (b.end + a.start) / 2
     ax.axvline(_dates([t])[0], color="black", linestyle="--", linewidth=1.2,
-               label=f"change {format_time(t)}" if legend else None)
+               label=(change_label or f"change {format_time(t)}") if legend else None)
+
+
+def _withdrawals(ax: plt.Axes, c: Change, color: str, legend: bool) -> bool:
+    """Mark where locality was withdrawn inside the after window; True when any was."""
+    for i, t in enumerate(c.after.withdrawn_at):
+        ax.axvline(_dates([t])[0], color=color, linestyle=":", linewidth=1.5,
+                   label=f"{c.key}: locality withdrawn" if legend and i == 0 else None)
+    return bool(c.after.withdrawn_at)
 
 
 def _plot_windows(ax: plt.Axes, c: Change, color: str) -> None:
@@ -79,9 +88,12 @@ def render_png(report: Report, path: str | Path) -> None:
                 ts, vs = zip(*c.series)
                 ax.plot(_dates(list(ts)), vs, color="tab:red", linewidth=1.4)
             _plot_windows(ax, c, "tab:red")
-            _shade(ax, c, c.change_time, legend=(i == 0))
-            ax.set_title(f"{c.key}: {fmt_rate(c.saved)} saved (normalised "
-                         f"{fmt_rate(c.normalized_saved)})", fontsize=9)
+            _shade(ax, c, c.change_time, legend=(i == 0), change_label="last locality change")
+            _withdrawals(ax, c, "tab:red", legend=False)
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{c.key}, change {format_time(c.change_time or 0)}\n"
+                         f"{fmt_rate(c.saved)} saved, normalised {fmt_rate(c.normalized_saved)}",
+                         fontsize=9)
             _rate_axis(ax)
         for j in range(n, rows * cols):
             axes[j // cols][j % cols].axis("off")
@@ -98,6 +110,7 @@ def render_png(report: Report, path: str | Path) -> None:
                 ts, vs = zip(*c.series)
                 ax.plot(_dates(list(ts)), vs, color=color, linewidth=1.4, label=str(c.key))
             _plot_windows(ax, c, color)
+            _withdrawals(ax, c, color, legend=True)
         rest = ranked[MAX_LINES:]
         if rest:
             sums: dict[float, float] = {}

@@ -97,9 +97,12 @@ def to_csv(report: Report) -> str:
     out.writerow(CSV_COLUMNS)
     for c in (*report.services, report.total):
         row: list[str] = ["service" if c.key else "total",
-                          c.key.namespace if c.key else "", c.key.name if c.key else "",
-                          _num(c.before.window.start), _num(c.before.window.end),
-                          _num(c.after.window.start), _num(c.after.window.end)]
+                          c.key.namespace if c.key else "", c.key.name if c.key else ""]
+        if c.key is None and report.before is None:
+            row += ["", "", "", ""]  # per-Service windows: the total has none of its own
+        else:
+            row += [_num(c.before.window.start), _num(c.before.window.end),
+                    _num(c.after.window.start), _num(c.after.window.end)]
         for w in (c.before, c.after):
             row += [_num(w.bytes_per_second), _num(w.cross_zone_bytes_per_second),
                     _num(w.cross_zone_fraction), _num(w.hint_ignored_bytes_per_second),
