@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from tests.prom.conftest import CHANGE, END, T0, WITHDRAWN
+from tests.prom.promdata import CHANGE, END, T0, WITHDRAWN
 from tools.report.compute import ServiceKey, report_for_windows, report_per_service
 from tools.report.pricing import parse_price
 from tools.report.prom import PromClient

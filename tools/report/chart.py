@@ -28,11 +28,13 @@ from tools.report.timespec import format_time  # noqa: E402
 MAX_LINES = 8
 
 
-def _dates(ts: list[float]) -> list[dt.datetime]:
-    return [dt.datetime.fromtimestamp(t, tz=dt.timezone.utc) for t in ts]
+def _dates(ts: list[float] | tuple[float, ...]) -> list[float]:
+    """Unix seconds -> matplotlib date numbers (UTC)."""
+    return [float(mdates.date2num(dt.datetime.fromtimestamp(t, tz=dt.timezone.utc))) for t in ts]
 
 
 def _rate_axis(ax: plt.Axes) -> None:
+    ax.xaxis_date(tz=dt.timezone.utc)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_rate(v)))
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
     ax.grid(True, alpha=0.3)
@@ -85,8 +87,7 @@ def render_png(report: Report, path: str | Path) -> None:
         for i, c in enumerate(services):
             ax = axes[i // cols][i % cols]
             if c.series:
-                ts, vs = zip(*c.series)
-                ax.plot(_dates(list(ts)), vs, color="tab:red", linewidth=1.4)
+                ax.plot(_dates([p[0] for p in c.series]), [p[1] for p in c.series], color="tab:red", linewidth=1.4)
             _plot_windows(ax, c, "tab:red")
             _shade(ax, c, c.change_time, legend=(i == 0), change_label="last locality change")
             _withdrawals(ax, c, "tab:red", legend=False)
@@ -103,30 +104,29 @@ def render_png(report: Report, path: str | Path) -> None:
     else:
         fig, ax = plt.subplots(figsize=(11, 5.5))
         ranked = sorted(services, key=lambda c: -c.before.cross_zone_bytes_per_second)
-        colors = plt.get_cmap("tab10").colors
+        colors = [f"C{i}" for i in range(10)]
         for i, c in enumerate(ranked[:MAX_LINES]):
             color = colors[i % len(colors)]
             if c.series:
-                ts, vs = zip(*c.series)
-                ax.plot(_dates(list(ts)), vs, color=color, linewidth=1.4, label=str(c.key))
+                ax.plot(_dates([p[0] for p in c.series]), [p[1] for p in c.series], color=color, linewidth=1.4, label=str(c.key))
             _plot_windows(ax, c, color)
             _withdrawals(ax, c, color, legend=True)
         rest = ranked[MAX_LINES:]
         if rest:
             sums: dict[float, float] = {}
             for c in rest:
-                for t, v in c.series:
-                    sums[t] = sums.get(t, 0.0) + v
-            ts = sorted(sums)
-            ax.plot(_dates(ts), [sums[t] for t in ts], color="grey", linewidth=1.2,
+                for at, v in c.series:
+                    sums[at] = sums.get(at, 0.0) + v
+            instants = sorted(sums)
+            ax.plot(_dates(instants), [sums[at] for at in instants], color="grey", linewidth=1.2,
                     label=f"{len(rest)} other Services")
         _shade(ax, report.total, report.change_time, legend=True)
         ax.set_ylabel("cross-zone bytes/s")
         ax.set_ylim(bottom=0)
-        t = report.total
-        ax.set_title(f"Cross-zone bytes/s per Service: {fmt_rate(t.saved)} saved, "
-                     f"{fmt_rate(t.normalized_saved)} normalised for volume, "
-                     f"${t.usd_per_month_saved or 0:,.2f}/month at {report.price.name}")
+        tot = report.total
+        ax.set_title(f"Cross-zone bytes/s per Service: {fmt_rate(tot.saved)} saved, "
+                     f"{fmt_rate(tot.normalized_saved)} normalised for volume, "
+                     f"${tot.usd_per_month_saved or 0:,.2f}/month at {report.price.name}")
         _rate_axis(ax)
         ax.legend(loc="upper right", fontsize=8)
         fig.text(0.01, 0.01, "thick segments: window averages used by the report; thin lines: "

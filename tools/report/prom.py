@@ -74,8 +74,8 @@ class PromClient:
             raise InputError(f"{url} answered HTTP {resp.status_code} without Prometheus API JSON "
                              "(is this a Prometheus URL?)", source="--prometheus") from None
         if not isinstance(body, dict) or body.get("status") != "success":
-            err = body.get("error", "no error text") if isinstance(body, dict) else "not an object"
-            raise InputError(f"{url} refused the query: {err}", source="--prometheus")
+            why = body.get("error", "no error text") if isinstance(body, dict) else "not an object"
+            raise InputError(f"{url} refused the query: {why}", source="--prometheus")
         return body["data"]
 
     def query(self, promql: str, at: float) -> list[Sample]:

@@ -142,7 +142,7 @@ TABLE_HEADER: tuple[str, ...] = (
 
 def table_rows(report: Report) -> list[tuple[str, ...]]:
     """Rows of the summary table (Services then ``TOTAL``), as strings."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for c in (*report.services, report.total):
         rows.append((
             str(c.key) if c.key else "TOTAL",
