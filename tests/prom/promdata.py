@@ -141,6 +141,16 @@ def _need(binary: str) -> str:
     return path
 
 
+def scrape_config(targets: list[str], interval_seconds: int = 1) -> str:
+    """``prometheus.yml`` that scrapes zonemeter agents at ``targets`` (``host:port``, which
+    must be loopback or inside the lab's own namespaces), for the live-lab test."""
+    listed = ", ".join(f"'{t}'" for t in targets)
+    return (f"global:\n  scrape_interval: {interval_seconds}s\n"
+            f"  scrape_timeout: {interval_seconds}s\n"
+            "scrape_configs:\n  - job_name: zonemeter\n"
+            f"    static_configs:\n      - targets: [{listed}]\n")
+
+
 @contextlib.contextmanager
 def running_prometheus(root: Path, config_text: str = "global:\n  scrape_interval: 1h\n"
                        "scrape_configs: []\n", *, openmetrics: str | None = None

@@ -14,7 +14,8 @@ import pytest
 
 from agent.cli import main
 from tests.prom.promdata import CHANGE, END, T0, WITHDRAWN
-from tools.report.compute import ServiceKey, report_for_windows, report_per_service
+from tools.report.compute import (ServiceKey, report_for_windows, report_per_service,
+                                  scrape_interval)
 from tools.report.pricing import parse_price
 from tools.report.prom import PromClient
 from tools.report.timespec import Window, format_time
@@ -193,3 +194,10 @@ def test_chart_and_html(prometheus_url: str, tmp_path: Path,
     assert "data:image/png;base64," in text and "shop/cart" in text and "TOTAL" in text
     out = capsys.readouterr().out
     assert "shop/cart" in out and "$57.02" in out
+
+
+def test_scrape_interval_is_measured(prometheus_url: str) -> None:
+    client = PromClient(prometheus_url)
+    assert scrape_interval(client, "zonemeter_service_bytes_total", END) == 15
+    # before the data: nothing stored, fall back to the default
+    assert scrape_interval(client, "zonemeter_service_bytes_total", T0 - 3600) == 60

@@ -87,7 +87,7 @@ def test_bad_window_pairs(before: Window, after: Window, problem: str) -> None:
 
 
 @pytest.mark.parametrize("seconds, step", [
-    (60, 15), (3600, 15), (15_000, 15), (15_001, 30), (86400, 120), (7 * 86400, 900),
+    (30, 1), (1000, 1), (1001, 2), (3600, 5), (10_000, 10), (15_000, 15), (15_001, 30), (86400, 120), (7 * 86400, 900),
     (30 * 86400, 3600), (365 * 86400, 43200)])
 def test_choose_step(seconds: float, step: int) -> None:
     assert choose_step(seconds) == step

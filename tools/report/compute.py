@@ -364,20 +364,39 @@ def total_of(changes: list[Change], price: Price, before: Window, after: Window)
                   normalized, price.usd_per_month(normalized), tuple(warnings))
 
 
+#: scrape interval assumed when it cannot be measured, seconds
+DEFAULT_SCRAPE_SECONDS = 60.0
+
+
+def scrape_interval(client: PromClient, selector: str, at: float) -> float:
+    """Median spacing (seconds) of the stored samples of ``selector`` in the 10 minutes
+    before ``at``; :data:`DEFAULT_SCRAPE_SECONDS` when fewer than two samples are there."""
+    gaps: list[float] = []
+    for s in client.raw_samples(selector, 600, at)[:20]:
+        gaps += [b[0] - a[0] for a, b in zip(s.points, s.points[1:])]
+    if not gaps:
+        return DEFAULT_SCRAPE_SECONDS
+    gaps.sort()
+    return gaps[len(gaps) // 2]
+
+
 def cross_zone_series(client: PromClient, start: float, end: float,
                       service: ServiceKey | None) -> dict[ServiceKey, tuple[tuple[float, float], ...]]:
     """Cross-zone bytes/s per Service over ``[start, end]`` for the chart.
 
-    Uses ``rate(...[4*step])`` with the step from :func:`choose_step` of the span.
+    Uses ``rate(...[max(4 x scrape, step + scrape)])`` (Grafana's ``$__rate_interval``) with
+    the step from :func:`choose_step` of the span and the scrape interval measured by
+    :func:`scrape_interval`.
 
     Returns:
         ``{service: ((t, bytes_per_second), ...)}``.
     """
     step = choose_step(end - start)
     sel = label_matchers(service, CROSS_ZONE)
+    scrape = scrape_interval(client, BYTES + label_matchers(service), end)
+    window = max(4 * scrape, step + scrape)
     result = client.query_range(
-        f"sum by (namespace, service) (rate({BYTES}{sel}[{_range(max(4 * step, 60))}]))",
-        start, end, step)
+        f"sum by (namespace, service) (rate({BYTES}{sel}[{_range(window)}]))", start, end, step)
     return {_key(s.labels): tuple(s.points) for s in result}
 
 

@@ -95,6 +95,21 @@ class PromClient:
             raise InputError(f"expected an instant vector, got {kind}", source="--prometheus")
         return [Sample(dict(r["metric"]), float(r["value"][1])) for r in data["result"]]
 
+    def raw_samples(self, selector: str, seconds: float, at: float) -> list[Series]:
+        """The stored samples of ``selector`` in ``[at - seconds, at]`` (a range-vector
+        instant query, no evaluation), used to measure the scrape interval.
+
+        Raises:
+            InputError: unreachable URL, not a Prometheus API, or the query was refused.
+        """
+        data = self._get("/api/v1/query", {"query": f"{selector}[{int(seconds * 1000)}ms]",
+                                           "time": repr(float(at))})
+        if data.get("resultType") != "matrix":
+            raise InputError(f"expected a range vector, got {data.get('resultType')}",
+                             source="--prometheus")
+        return [Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]])
+                for r in data["result"]]
+
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
         """Evaluate ``promql`` at ``start, start+step, ...`` up to ``end`` (Unix seconds).
 

@@ -30,7 +30,7 @@ _RFC3339_RE = re.compile(
 
 #: query steps the report picks from, in seconds
 NICE_STEPS_SECONDS: tuple[int, ...] = (
-    15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 #: most evaluation points per window (Prometheus refuses more than 11,000 per series)
 MAX_POINTS_PER_WINDOW = 1000
 
@@ -157,8 +157,9 @@ def choose_step(seconds: float) -> int:
     """Return the query step for a span of ``seconds``.
 
     The smallest of :data:`NICE_STEPS_SECONDS` that keeps the span at or under
-    :data:`MAX_POINTS_PER_WINDOW` evaluation points (15 s for up to ~4 h, 60 s up to
-    ~16 h, 300 s up to ~3.5 d, ...).
+    :data:`MAX_POINTS_PER_WINDOW` evaluation points (1 s up to ~16 min, 15 s up to ~4 h,
+    60 s up to ~16 h, 300 s up to ~3.5 d, ...). Steps shorter than the scrape interval are
+    harmless: an instant sees the latest scrape.
     """
     for step in NICE_STEPS_SECONDS:
         if seconds / step <= MAX_POINTS_PER_WINDOW:
