@@ -11,7 +11,7 @@ import pytest
 from tools.report.compute import (PairRate, Report, ServiceKey, WindowStats, assumptions,
                                   change_of, total_of)
 from tools.report.pricing import Price
-from tools.report.render import CSV_COLUMNS, fmt_rate, to_csv, to_json, to_table
+from tools.report.render import CSV_COLUMNS, fmt_rate, fmt_usd, to_csv, to_json, to_table
 from tools.report.timespec import Window
 
 B, A = Window(1_736_121_600, 1_736_125_200), Window(1_736_125_200, 1_736_128_800)
@@ -94,3 +94,9 @@ def test_table() -> None:
     (-3e5, "-300 kB/s"), (1.25e9, "1.25 GB/s")])
 def test_fmt_rate(value: float | None, text: str) -> None:
     assert fmt_rate(value) == text
+
+
+@pytest.mark.parametrize("value, text", [
+    (None, "-"), (0, "$0.00"), (34.992, "$34.99"), (-42.4145, "-$42.41"), (12345.6, "$12,345.60")])
+def test_fmt_usd(value: float | None, text: str) -> None:
+    assert fmt_usd(value) == text

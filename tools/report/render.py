@@ -132,7 +132,9 @@ def fmt_share(v: float | None) -> str:
 
 def fmt_usd(v: float | None) -> str:
     """USD with cents, ``-`` when undefined."""
-    return "-" if v is None else f"${v:,.2f}"
+    if v is None:
+        return "-"
+    return f"-${-v:,.2f}" if v < 0 else f"${v:,.2f}"
 
 
 TABLE_HEADER: tuple[str, ...] = (
