@@ -100,3 +100,17 @@ def test_fmt_rate(value: float | None, text: str) -> None:
     (None, "-"), (0, "$0.00"), (34.992, "$34.99"), (-42.4145, "-$42.41"), (12345.6, "$12,345.60")])
 def test_fmt_usd(value: float | None, text: str) -> None:
     assert fmt_usd(value) == text
+
+
+def test_per_service_windows_in_table_and_csv() -> None:
+    r = _report()
+    per = Report(r.price, None, None, None, r.services, r.total, ("shop/x: skipped: no data",),
+                 r.assumptions)
+    text = to_table(per)
+    assert text.startswith("windows: per Service, around its last locality change")
+    assert ("  shop/cart  (change 2025-01-06T01:00:00Z; before 2025-01-06T00:00:00Z.."
+            "2025-01-06T01:00:00Z, after 2025-01-06T01:00:00Z..2025-01-06T02:00:00Z)") in text
+    assert "  ! shop/x: skipped: no data" in text
+    rows = list(csv.DictReader(io.StringIO(to_csv(per))))
+    assert rows[-1]["kind"] == "total" and rows[-1]["before_start"] == ""
+    assert to_json(per)["windows"] == {"before": None, "after": None}

@@ -116,6 +116,26 @@ def build(args: argparse.Namespace) -> Report:
                               with_series=with_series)
 
 
+def draw(report: Report, png: str | None, page: str | None) -> None:
+    """Write the PNG chart and/or the HTML report (which embeds the chart).
+
+    Raises:
+        InputError: a file cannot be written.
+    """
+    from tools.report import chart  # matplotlib is imported only when drawing
+
+    if png:
+        chart.render_png(report, png)
+    if page:
+        if png:
+            chart.render_html(report, page, png)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                tmp_png = Path(tmp) / "chart.png"
+                chart.render_png(report, tmp_png)
+                chart.render_html(report, page, tmp_png)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``zonemeter report``; returns the exit code."""
     for flag, path, suffix in (("--plot", args.plot, ".png"), ("--html", args.html, ".html")):
@@ -124,18 +144,8 @@ def run(args: argparse.Namespace) -> int:
         if path and not Path(path).resolve().parent.is_dir():
             raise InputError(f"directory of {path!r} does not exist", source=flag)
     report = build(args)
-    from tools.report import chart  # matplotlib only when drawing
-
-    if args.plot:
-        chart.render_png(report, args.plot)
-    if args.html:
-        if args.plot:
-            chart.render_html(report, args.html, args.plot)
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                png = Path(tmp) / "chart.png"
-                chart.render_png(report, png)
-                chart.render_html(report, args.html, png)
+    if args.plot or args.html:
+        draw(report, args.plot, args.html)
     if args.output == "json":
         json.dump(to_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
