@@ -510,7 +510,7 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
             if key not in a_stats:
                 raise _no_data("after", after, key)
         except InputError as err:
-            if "cannot reach" in err.problem:
+            if err.source == "--prometheus":  # the API failed: not this Service's fault
                 raise
             warnings.append(f"{key}: skipped: {err.problem}")
             continue
