@@ -105,9 +105,6 @@ prepare_headers() {
   if [ -z "$build" ]; then
     if [ -d "$usr_src/linux-headers-$release/include" ]; then
       build=$usr_src/linux-headers-$release
-      if [ -z "$source" ] && [ -d "$usr_src/linux-headers-${release%-*}-common" ]; then
-        source=$usr_src/linux-headers-${release%-*}-common
-      fi
     elif [ -d "$usr_src/kernels/$release/include" ]; then
       build=$usr_src/kernels/$release
     fi
@@ -135,6 +132,15 @@ prepare_headers() {
   if [ -z "$build" ]; then
     log error "no kernel headers for $release: the node has no /lib/modules/$release/build with an include/ directory, no /usr/src/linux-headers-$release or /usr/src/kernels/$release, and no $sys_kernel/kheaders.tar.xz; install the headers package for the running kernel on the node (see deploy/daemonset/README.md)"
     return 1
+  fi
+  # Debian splits headers into linux-headers-R (flavour: amd64, cloud-amd64, ...) and
+  # linux-headers-R%-*-common; BCC wants the latter as source/.
+  if [ -z "$source" ]; then
+    local abi
+    abi=$(basename "$build" | sed -nE 's/^(linux-headers-[0-9][0-9.]*-[0-9]+)-.*/\1/p')
+    if [ -n "$abi" ] && [ -d "$(dirname "$build")/$abi-common" ]; then
+      source=$(dirname "$build")/$abi-common
+    fi
   fi
   link build "$build"
   if [ -n "$source" ]; then
