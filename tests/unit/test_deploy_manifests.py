@@ -518,3 +518,30 @@ def test_dashboard_configmap_fits_and_parses(objects: list[dict[str, Any]]) -> N
     (text,) = cm["data"].values()
     assert len(text.encode()) < 1_000_000  # ConfigMap limit is 1 MiB
     assert json.loads(text)["uid"] == "zonemeter-overview"
+
+
+# ---------------------------------------------------------------- cleanup
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_cleanup_daemonset_validates_and_only_cleans(version: str, objects: list[dict[str, Any]]) -> None:
+    objs = render(DEPLOY / "cleanup")
+    assert sorted(o["kind"] for o in objs) == ["DaemonSet", "Namespace"]
+    for obj in objs:
+        kubernetes_validate.validate(obj, version, strict=True)
+    pod = _one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["args"] == ["--cleanup"]
+    assert "command" not in init, "keep the image entrypoint (it skips header setup for --cleanup)"
+    agent_sc = _agent_container(objects)["securityContext"]
+    assert init["securityContext"]["capabilities"] == agent_sc["capabilities"]
+    assert pod["automountServiceAccountToken"] is False and pod["hostNetwork"] is True
+    (idle,) = pod["containers"]
+    assert idle["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert idle["securityContext"]["runAsNonRoot"] is True
+    # The same image as the agent, and the same bpffs mount.
+    top = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["images"]
+    assert yaml.safe_load((DEPLOY / "cleanup" / "kustomization.yaml").read_text())["images"] == top
+    assert init["image"] == _agent_container(objects)["image"]
+    bpffs = [m for m in init["volumeMounts"] if m["mountPath"] == "/sys/fs/bpf"]
+    assert bpffs and bpffs[0]["mountPropagation"] == "HostToContainer"
