@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -545,3 +548,37 @@ def test_cleanup_daemonset_validates_and_only_cleans(version: str, objects: list
     assert init["image"] == _agent_container(objects)["image"]
     bpffs = [m for m in init["volumeMounts"] if m["mountPath"] == "/sys/fs/bpf"]
     assert bpffs and bpffs[0]["mountPropagation"] == "HostToContainer"
+
+
+# ---------------------------------------------------------------- real kustomize
+
+
+def _kubectl_kustomize(directory: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed: render() stands alone")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _by_key(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+@pytest.mark.parametrize("sub", [".", "agent", "cleanup"])
+def test_render_equals_kubectl_kustomize(sub: str) -> None:
+    """Where kubectl is installed, the test renderer must agree with kustomize exactly."""
+    assert _by_key(_kubectl_kustomize(DEPLOY / sub)) == _by_key(render(DEPLOY / sub))
+
+
+def test_component_render_equals_kubectl_kustomize(tmp_path: Path) -> None:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    rel = os.path.relpath(DEPLOY, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{rel}]\ncomponents: [{rel}/components/legacy-kernel]\n"
+    )
+    want = render(DEPLOY, components=(DEPLOY / "components" / "legacy-kernel",))
+    assert _by_key(_kubectl_kustomize(overlay)) == _by_key(want)
