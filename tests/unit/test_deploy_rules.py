@@ -276,3 +276,12 @@ def test_dashboard_layout_is_consistent() -> None:
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     names = {v["name"] for v in dash["templating"]["list"]}
     assert names == {"datasource"} | {k for k in DASHBOARD_VARS if not k.startswith("__")}
+
+
+def test_metric_name_extraction_finds_what_it_must() -> None:
+    expr = (
+        'sum by (namespace, service) (rate(zonemeter_servce_bytes_total{crossing="cross_zone"}[1h] offset 1w))'
+        " * on () group_left () zonemeter:price * 2629746 / 1e9 > bool 0.5 and up == 0"
+    )
+    assert _metric_names(expr) == {"zonemeter_servce_bytes_total", "zonemeter:price", "up"}
+    assert "zonemeter_servce_bytes_total" not in CONTRACT_METRICS
