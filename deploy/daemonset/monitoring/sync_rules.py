@@ -27,6 +27,18 @@ HEADER = (
 )
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes multi-line strings (PromQL) as literal blocks, as in the source file."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def render(source: Path = SOURCE) -> str:
     """Return the text of rules.yml for a PrometheusRule manifest.
 
@@ -45,7 +57,9 @@ def render(source: Path = SOURCE) -> str:
     groups = (doc.get("spec") or {}).get("groups")
     if not isinstance(groups, list):
         raise ValueError(f"{source}: PrometheusRule spec.groups is missing")
-    body = yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000, allow_unicode=True)
+    body = yaml.dump(
+        {"groups": groups}, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True
+    )
     return HEADER + body
 
 
