@@ -447,8 +447,8 @@ class ServiceDiagnosis:
             requested; ``reason`` says whether it works.
         reason: one of :data:`REASONS` (``none`` = locality in effect in every client zone).
         locality_in_effect: client zone -> True when kube-proxy on every node of that zone
-            filters ClusterIP traffic by topology. Nodes without a zone label count under
-            ``"unknown"``.
+            filters ClusterIP traffic by topology. Zones of Ready nodes only; Ready nodes
+            without a zone label count under ``"unknown"``.
         warnings: list of :class:`Warning`.
         controller: what the controller would write next (:class:`ControllerResult`).
         observed_hints: address -> hints the slices carry now (all slices, as kube-proxy merges).
@@ -1272,6 +1272,7 @@ class ClusterIndex:
     node_zone: Mapping[str, str]          # node -> zone label ("" when absent)
     zones: Mapping[str, tuple[str, ...]]  # client zone ("unknown" for no label) -> nodes
     capacity: ZoneCapacity
+    ready_zones: frozenset[str] = frozenset()  # client zones with at least one Ready node
     zoneless: tuple[str, ...] = ()        # nodes without a zone label
 
     def client_zone(self, node: str) -> str:
@@ -1291,7 +1292,8 @@ def index_nodes(nodes: Sequence[dict[str, Any]]) -> ClusterIndex:
     for n in infos:
         zones.setdefault(n.zone or UNKNOWN_ZONE, []).append(n.name)
     return ClusterIndex(infos, node_zone, {z: tuple(v) for z, v in sorted(zones.items())},
-                        zone_capacity(infos), tuple(n.name for n in infos if not n.zone))
+                        zone_capacity(infos), frozenset(n.zone or UNKNOWN_ZONE for n in infos if n.ready),
+                        tuple(n.name for n in infos if not n.zone))
 
 
 def _zone_groups(idx: ClusterIndex, proxy: Mapping[str, ProxyDecision], special: Collection[str]
@@ -1365,6 +1367,8 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     locality: dict[str, bool] = {}
     groups = [] if svc.headless else _zone_groups(idx, proxy, special)
     for z, d, _, _ in groups:
+        if z not in idx.ready_zones:
+            continue  # no Ready node there, so no client either
         ok_ = d.internal_traffic == "cluster" and d.topology_mode in ("PreferSameZone", "PreferSameNode")
         locality[z] = locality.get(z, True) and ok_
 
@@ -1481,18 +1485,17 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     # --- reason (first match wins; see docs/hints.md)
     any_usable = any(e.ready or (e.serving and e.terminating) for e in peps)
     requested = auto or td is not None or bad_ann
+    foreign_hinted = any(e.hints is not None for s in slices if not s.managed for e in s.endpoints)
     if not peps or not any_usable:
         reason = "no-endpoints"
     elif svc.internal_local:
         reason = "internal-traffic-policy-local"
-    elif locality and all(locality.values()):
-        reason = "none"
     elif auto and not cache:
         reason = "feature-gate-disabled"
     elif ctrl.refusal_reason:
         reason = ctrl.refusal_reason
-    elif not requested and not hinted:
-        reason = "not-requested"
+    elif not requested and not foreign_hinted:
+        reason = "not-requested"  # the controller strips any hints from its own slices
     elif bad_ann and not (td_ok and td in _close_values(kv)):
         reason = "annotation-value-not-accepted"
     elif td_refused:
@@ -1500,6 +1503,8 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
                   and kv.gate("ServiceTrafficDistribution")) else "feature-gate-disabled")
     elif hinted and kv.minor <= 32 and _proxy_blocked(svc, kv):
         reason = "feature-gate-disabled" if _proxy_gates_off(kv) else "not-requested"
+    elif locality and all(locality.values()):
+        reason = "none"
     elif unhinted:
         reason = "partial-hints"
     elif not locality:
