@@ -117,12 +117,12 @@ def _slice_service(obj: dict[str, Any]) -> tuple[str, str]:
     return meta.get("namespace", "default"), labels.get(hints.LABEL_SERVICE_NAME, "")
 
 
-def explain(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
-            endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
-            node: str | None = None, version: str = hints.DEFAULT_VERSION,
-            feature_gates: dict[str, bool] | None = None,
-            hints_populated: list[str] | None = None) -> dict[str, Any]:
-    """Build the explain JSON document (schema in docs/hints.md).
+def diagnose(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
+             endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
+             node: str | None = None, version: str = hints.DEFAULT_VERSION,
+             feature_gates: dict[str, bool] | None = None,
+             hints_populated: list[str] | None = None) -> list[hints.ServiceDiagnosis]:
+    """Validate the explain inputs and run the model.
 
     Raises:
         InputError: malformed objects, unknown ``--service``/``--node``, a Service with a
@@ -149,15 +149,40 @@ def explain(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
                 "nodes,services,endpointslices,pods -A -o json)",
                 source=source, obj=f"Service {key[0]}/{key[1]}", field="metadata.name")
     try:
-        diags = hints.evaluate_cluster(nodes, services, endpointslices, version=version,
-                                       feature_gates=feature_gates, hints_populated=hints_populated,
-                                       strict=True)
+        return hints.evaluate_cluster(nodes, services, endpointslices, version=version,
+                                      feature_gates=feature_gates, hints_populated=hints_populated,
+                                      strict=True)
     except InputError as err:
         raise err.with_source(source) from None
-    kv = hints.KubeVersion.parse(version, feature_gates)
+
+
+def to_document(diags: list[hints.ServiceDiagnosis], version: str, node: str | None = None) -> dict[str, Any]:
+    """The explain JSON document: ``{"kubernetes_version", "services": [...]}``."""
+    import gc
+
     only = [node] if node is not None else None
-    return {"kubernetes_version": str(kv),
-            "services": [d.to_json(only) for d in diags]}
+    was = gc.isenabled()
+    gc.disable()  # plain acyclic dicts; avoid full scans while building many of them
+    try:
+        return {"kubernetes_version": version, "services": [d.to_json(only) for d in diags]}
+    finally:
+        if was:
+            gc.enable()
+
+
+def explain(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
+            endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
+            node: str | None = None, version: str = hints.DEFAULT_VERSION,
+            feature_gates: dict[str, bool] | None = None,
+            hints_populated: list[str] | None = None) -> dict[str, Any]:
+    """Build the explain JSON document (schema in docs/hints.md).
+
+    Raises:
+        InputError: see :func:`diagnose`.
+    """
+    diags = diagnose(nodes, services, endpointslices, source=source, service=service, node=node,
+                     version=version, feature_gates=feature_gates, hints_populated=hints_populated)
+    return to_document(diags, str(hints.KubeVersion.parse(version, feature_gates)), node)
 
 
 def _load(args: argparse.Namespace) -> tuple[str, dict[str, list[dict[str, Any]]]]:
@@ -181,39 +206,44 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.hints_populated is not None:
         populated = [p.strip() for p in args.hints_populated.split(",") if p.strip()]
     source, objs = _load(args)
-    doc = explain(objs["nodes"], objs["services"], objs["endpointslices"], source=source,
-                  service=args.service, node=args.node, version=args.kubernetes_version,
-                  feature_gates=gates, hints_populated=populated)
+    # A one-shot process over acyclic data (refcounting frees it): the cyclic collector's
+    # repeated full scans of a large cluster cost more than the model itself.
+    import gc
+
+    gc.disable()
+    diags = diagnose(objs["nodes"], objs["services"], objs["endpointslices"], source=source,
+                     service=args.service, node=args.node, version=args.kubernetes_version,
+                     feature_gates=gates, hints_populated=populated)
+    version = str(hints.KubeVersion.parse(args.kubernetes_version, gates))
     if args.output == "json":
-        json.dump(doc, sys.stdout, indent=2)
+        json.dump(to_document(diags, version, args.node), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_table(doc, args.node))
+        sys.stdout.write(render_table(diags, version, args.node))
     return 0
 
 
-def render_table(doc: dict[str, Any], node: str | None = None) -> str:
-    """Human-readable explain output: one line per Service, then its warnings."""
+def render_table(diags: list[hints.ServiceDiagnosis], version: str, node: str | None = None) -> str:
+    """Human-readable explain output: one line per Service, then its warnings and events."""
     rows = [("SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL ZONES")]
     details: list[list[str]] = []
-    for s in doc["services"]:
-        loc = s["locality_in_effect"]
+    for d in diags:
+        loc = d.locality_in_effect
         on = sorted(z for z, v in loc.items() if v)
         local = f"{len(on)}/{len(loc)}" + (f" ({','.join(on)})" if on and len(on) < len(loc) else "")
-        rows.append((f"{s['namespace']}/{s['name']}", s["address_type"], s["mechanism"],
-                     s["reason"], local))
-        lines = [f"  ! {w['code']}: {w['message']}" for w in s["warnings"]]
-        for e in s["controller"]["events"]:
-            lines.append(f"  event {e['type']} {e['reason']}: {e['message']}")
-        if node is not None and node in s["proxy"]:
-            p = s["proxy"][node]
-            eps = p["local_endpoints"] if p["internal_traffic"] == "local" else p["cluster_endpoints"]
-            shown = "" if p["internal_traffic"] in ("DROP", "REJECT") else f" -> {', '.join(eps or [])}"
-            lines.append(f"  node {node}: topology_mode={p['topology_mode']!r} "
-                         f"internal={p['internal_traffic']}{shown}")
+        rows.append((f"{d.namespace}/{d.name}", d.address_type, d.mechanism, d.reason, local))
+        lines = [f"  ! {w.code}: {w.message}" for w in d.warnings]
+        for e in d.controller.events:
+            lines.append(f"  event {e.type} {e.reason}: {e.message}")
+        if node is not None and node in d.proxy:
+            p = d.proxy[node]
+            eps = p.local_endpoints if p.internal_traffic == "local" else p.cluster_endpoints
+            shown = "" if p.internal_traffic in ("DROP", "REJECT") else f" -> {', '.join(eps or ())}"
+            lines.append(f"  node {node}: topology_mode={p.topology_mode!r} "
+                         f"internal={p.internal_traffic}{shown}")
         details.append(lines)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = [f"Kubernetes {doc['kubernetes_version']}: {len(doc['services'])} Service entries"]
+    out = [f"Kubernetes {version}: {len(diags)} Service entries"]
     out.append("  ".join(c.ljust(w) for c, w in zip(rows[0], widths)).rstrip())
     for row, lines in zip(rows[1:], details):
         out.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

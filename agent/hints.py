@@ -27,12 +27,13 @@ zone plus per node that hosts or is hinted by an endpoint, then shared (see :cla
 
 from __future__ import annotations
 
+import gc
 import math
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.errors import InputError
 from agent.records import ProxyView
@@ -183,9 +184,11 @@ def hints_json(h: Hints | None) -> dict[str, list[str]] | None:
     return None if h is None else h.to_json()
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
+class Endpoint(NamedTuple):
     """One EndpointSlice endpoint, slimmed (``discovery.k8s.io/v1`` Endpoint).
+
+    A NamedTuple rather than a dataclass: a cluster holds hundreds of thousands of these and
+    tuple construction is three times cheaper; it is just as immutable.
 
     Attributes:
         address: ``addresses[0]`` as written in the slice.
@@ -212,16 +215,6 @@ class Endpoint:
     def proxy_ready(self) -> bool:
         """Ready as kube-proxy sees it: unset counts as true (endpointslicecache.go)."""
         return self.ready is not False
-
-    @property
-    def proxy_serving(self) -> bool:
-        """Serving as kube-proxy sees it: unset counts as true."""
-        return self.serving is not False
-
-    @property
-    def proxy_terminating(self) -> bool:
-        """Terminating as kube-proxy sees it: only an explicit true."""
-        return self.terminating is True
 
 
 @dataclass(frozen=True, slots=True)
@@ -705,24 +698,68 @@ def parse_service(obj: dict[str, Any]) -> ServiceInfo:
     )
 
 
+_HINTS_CACHE: dict[tuple[tuple[str, ...], tuple[str, ...]], Hints] = {}
+
+
+def _intern_hints(zones: tuple[str, ...], nodes: tuple[str, ...]) -> Hints:
+    key = (zones, nodes)
+    h = _HINTS_CACHE.get(key)
+    if h is None:
+        if len(_HINTS_CACHE) > 100_000:
+            _HINTS_CACHE.clear()
+        h = _HINTS_CACHE[key] = Hints(zones, nodes)
+    return h
+
+
 def _parse_hints(value: Any, where: str, fld: str) -> Hints | None:
     if value is None:
         return None
+    if type(value) is dict and len(value) == 1:  # fast path: {"forZones": [{"name": z}]}
+        fz = value.get("forZones")
+        if type(fz) is list and len(fz) == 1 and type(fz[0]) is dict:
+            name = fz[0].get("name")
+            if type(name) is str:
+                return _intern_hints((name,), ())
     if not isinstance(value, dict):
         raise InputError("must be an object", obj=where, field=fld)
     out: list[tuple[str, ...]] = []
     for key in ("forZones", "forNodes"):
-        items = value.get(key) or []
-        if not isinstance(items, list):
+        items = value.get(key) or ()
+        if not isinstance(items, (list, tuple)):
             raise InputError("must be a list", obj=where, field=f"{fld}.{key}")
         names = []
         for j, it in enumerate(items):
-            if not isinstance(it, dict) or not isinstance(it.get("name", ""), str):
+            name = it.get("name", "") if type(it) is dict else None
+            if type(name) is not str:
                 raise InputError("must be an object with a string name", obj=where,
                                  field=f"{fld}.{key}[{j}]")
-            names.append(it.get("name", ""))
+            names.append(name)
         out.append(tuple(names))
-    return Hints(out[0], out[1])
+    return _intern_hints(out[0], out[1])
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def _parse_endpoint_checked(e: Any, where: str, f: str) -> Endpoint:
+    """Slow path of endpoint parsing: validate every field and name the bad one."""
+    if not isinstance(e, dict):
+        raise InputError("must be an object", obj=where, field=f)
+    addrs = e.get("addresses")
+    if not isinstance(addrs, list) or not addrs or not isinstance(addrs[0], str):
+        raise InputError("missing or empty", obj=where, field=f"{f}.addresses")
+    cond = e.get("conditions") or {}
+    if not isinstance(cond, dict):
+        raise InputError("must be an object", obj=where, field=f"{f}.conditions")
+    return Endpoint(
+        address=addrs[0],
+        ready=_opt_bool(cond.get("ready"), where, f"{f}.conditions.ready"),
+        serving=_opt_bool(cond.get("serving"), where, f"{f}.conditions.serving"),
+        terminating=_opt_bool(cond.get("terminating"), where, f"{f}.conditions.terminating"),
+        zone=_opt_str(e.get("zone"), where, f"{f}.zone"),
+        node=_opt_str(e.get("nodeName"), where, f"{f}.nodeName"),
+        hints=_parse_hints(e.get("hints"), where, f"{f}.hints"),
+    )
 
 
 def parse_slice(obj: dict[str, Any]) -> tuple[str, str, Slice]:
@@ -757,24 +794,20 @@ def parse_slice(obj: dict[str, Any]) -> tuple[str, str, Slice]:
         raise InputError("must be a list", obj=where, field="endpoints")
     eps = []
     for i, e in enumerate(eps_raw):
-        f = f"endpoints[{i}]"
-        if not isinstance(e, dict):
-            raise InputError("must be an object", obj=where, field=f)
-        addrs = e.get("addresses")
-        if not isinstance(addrs, list) or not addrs or not isinstance(addrs[0], str):
-            raise InputError("missing or empty", obj=where, field=f"{f}.addresses")
-        cond = e.get("conditions") or {}
-        if not isinstance(cond, dict):
-            raise InputError("must be an object", obj=where, field=f"{f}.conditions")
-        eps.append(Endpoint(
-            address=addrs[0],
-            ready=_opt_bool(cond.get("ready"), where, f"{f}.conditions.ready"),
-            serving=_opt_bool(cond.get("serving"), where, f"{f}.conditions.serving"),
-            terminating=_opt_bool(cond.get("terminating"), where, f"{f}.conditions.terminating"),
-            zone=_opt_str(e.get("zone"), where, f"{f}.zone"),
-            node=_opt_str(e.get("nodeName"), where, f"{f}.nodeName"),
-            hints=_parse_hints(e.get("hints"), where, f"{f}.hints"),
-        ))
+        # fast path for well-formed endpoints; anything odd goes to the checked path
+        if type(e) is dict:
+            addrs = e.get("addresses")
+            cond = e.get("conditions") or _EMPTY
+            if type(addrs) is list and addrs and type(addrs[0]) is str and type(cond) is dict:
+                r, sv, t = cond.get("ready"), cond.get("serving"), cond.get("terminating")
+                z, n, h = e.get("zone"), e.get("nodeName"), e.get("hints")
+                if (r is None or r is True or r is False) and (sv is None or sv is True or sv is False) \
+                        and (t is None or t is True or t is False) and (z is None or type(z) is str) \
+                        and (n is None or type(n) is str):
+                    eps.append(Endpoint(addrs[0], r, sv, t, z, n,
+                                        None if h is None else _parse_hints(h, where, f"endpoints[{i}].hints")))
+                    continue
+        eps.append(_parse_endpoint_checked(e, where, f"endpoints[{i}]"))
     return ns, labels.get(LABEL_SERVICE_NAME, ""), Slice(
         name=name, address_type=at, managed=labels.get(LABEL_MANAGED_BY) == CONTROLLER_NAME,
         ports=tuple(ports), endpoints=tuple(eps))
@@ -1018,14 +1051,19 @@ def _traffic_dist(work: _Work, value: str | None, kv: KubeVersion) -> None:
         else:
             zones = (e.zone,) if e.zone is not None else ()
         nodes = (e.node,) if node_hints and e.node is not None else ()
-        return Hints(zones, nodes) if zones or nodes else None
+        return _intern_hints(zones, nodes) if zones or nodes else None
 
     keep = []
     for i in work.unchanged:
         s, row = work.slices[i], work.hints[i]
         if close:
-            needs = any(e.controller_ready and _norm(h) != _norm(want(e))
-                        for e, h in zip(s.endpoints, row))
+            needs = False
+            for e, h in zip(s.endpoints, row):
+                if e.ready is True:
+                    w = want(e)
+                    if h is not w and _norm(h) != _norm(w):
+                        needs = True
+                        break
         else:
             needs = any(h is not None for h in row)
         (work.update if needs else keep).append(i)
@@ -1094,11 +1132,11 @@ def reconcile(svc: ServiceInfo, slices: Sequence[Slice], at: str, cap: ZoneCapac
     per_slice: dict[str, tuple[Hints | None, ...]] = {}
     for s, row in zip(work.slices, work.hints):
         per_slice[s.name] = tuple(row)
-        for e, h in zip(s.endpoints, row):
-            hints.setdefault(e.address, h)
+        # an address in several slices (several port sets) keeps its last slice's hints
+        hints.update(zip([e.address for e in s.endpoints], row))
     rewritten = tuple(work.slices[i].name for i in work.update
                       if tuple(work.hints[i]) != tuple(e.hints for e in work.slices[i].endpoints))
-    n_ready = sum(1 for s in slices for e in s.endpoints if e.controller_ready)
+    n_ready = sum(1 for s in slices for e in s.endpoints if e.ready is True)
     td_wrote = mechanism == "trafficDistribution" and any(h is not None for h in hints.values())
     mins = alloc.minimums if alloc else None
     return ControllerResult(
@@ -1125,136 +1163,187 @@ def reconcile(svc: ServiceInfo, slices: Sequence[Slice], at: str, cap: ZoneCapac
 # ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _PEp:
-    """Endpoint as kube-proxy holds it for one service port."""
-
-    key: str          # ip:port
-    address: str
-    node: str | None
-    ready: bool
-    serving: bool
-    terminating: bool
-    zones: frozenset[str]
-    nodes: frozenset[str]
-
-
 def _proxy_annotation_on(annotations: Mapping[str, str]) -> bool:
     """kube-proxy ``hintsAnnotation`` (<= 1.32): non-empty and not "disabled"/"Disabled"."""
     v = effective_annotation(annotations)[1] or ""
     return v not in ("", "disabled", "Disabled")
 
 
-def topology_mode(eps: Sequence[_PEp], svc: ServiceInfo, node: str | None, zone: str,
-                  kv: KubeVersion) -> str:
-    """kube-proxy topology mode for a node (HINTS.md §6.3).
-
-    1.33+: ``topologyModeFromHints``; <= 1.32: ``canUseTopology`` mapped to
-    ``"PreferSameZone"``/``""``. ``node`` None means a node that hosts no endpoint and
-    appears in no node hint.
-    """
-    ready = [e for e in eps if e.ready]
+def _proxy_hints_allowed(svc: ServiceInfo, kv: KubeVersion) -> bool:
+    """<= 1.32 ``canUseTopology`` preconditions that do not depend on endpoints or node."""
     if kv.minor >= 33:
-        if not ready:
-            return ""
-        if kv.gate("PreferSameTrafficDistribution") and all(e.nodes for e in ready) \
-                and node is not None and any(node in e.nodes for e in ready):
-            return "PreferSameNode"
-        if all(e.zones for e in ready) and any(zone in e.zones for e in ready):
-            return "PreferSameZone"
-        return ""
+        return True
     if kv.minor >= 30:
         std = kv.gate("ServiceTrafficDistribution")
         if not kv.gate("TopologyAwareHints") and not std:
-            return ""
-        if not std and not _proxy_annotation_on(svc.annotations):
-            return ""
-    else:
-        if not kv.gate("TopologyAwareHints") or not _proxy_annotation_on(svc.annotations):
-            return ""
-        if not zone:
-            return ""
-    for e in ready:
-        if not e.zones or not zone:
-            return ""
-    return "PreferSameZone" if any(zone in e.zones for e in ready) else ""
+            return False
+        return std or _proxy_annotation_on(svc.annotations)
+    return kv.gate("TopologyAwareHints") and _proxy_annotation_on(svc.annotations)
 
 
-def categorize(eps: Sequence[_PEp], svc: ServiceInfo, node: str | None, zone: str,
-               kv: KubeVersion) -> ProxyDecision:
-    """``CategorizeEndpoints`` plus the iptables/nftables DROP/REJECT outcome (§6.4, §6.5)."""
-    uses_cluster = not svc.internal_local or svc.externally_accessible
-    ext_local = svc.external_local and svc.externally_accessible
-    uses_local = svc.internal_local or ext_local
-    cluster: list[_PEp] | None = None
-    local: list[_PEp] | None = None
-    has_any = False
-    mode: str | None = None
-    if eps:
-        if uses_cluster:
-            mode = topology_mode(eps, svc, node, zone, kv)
-            if mode == "PreferSameNode":
-                cluster = [e for e in eps if e.ready and node in e.nodes]
-            elif mode == "PreferSameZone":
-                cluster = [e for e in eps if e.ready and zone in e.zones]
-            else:
-                cluster = [e for e in eps if e.ready]
-            if not cluster:
-                cluster = [e for e in eps if e.serving and e.terminating]
-            has_any = bool(cluster)
-        if uses_local:
-            mine = [e for e in eps if node is not None and e.node == node]
-            has_any = has_any or any(e.ready or (e.serving and e.terminating) for e in eps)
-            local = [e for e in mine if e.ready] or [e for e in mine if e.serving and e.terminating]
-    ckeys = None if cluster is None else tuple(sorted(e.key for e in cluster))
-    lkeys = None if local is None else tuple(sorted(e.key for e in local))
-    reach = tuple(sorted(set(ckeys or ()) | set(lkeys or ())))
-    if not has_any:
-        internal, external = "REJECT", ("REJECT" if svc.externally_accessible else None)
-    else:
-        internal = ("local" if local else "DROP") if svc.internal_local else "cluster"
-        external = None
-        if svc.externally_accessible:
-            external = ("local" if local else "DROP") if ext_local else "cluster"
-    if internal == "cluster":
-        addrs = frozenset(e.address for e in cluster or ())
-    elif internal == "local":
-        addrs = frozenset(e.address for e in local or ())
-    else:
-        addrs = frozenset()
-    return ProxyDecision(mode, ckeys, lkeys, reach, has_any, internal, external, addrs)
+class ProxyIndex:
+    """One Service's endpoints as kube-proxy merges them, indexed once for per-node decisions.
 
+    Endpoints of every slice labelled for the Service (any manager) are merged for the
+    Service's first port (``pkg/proxy/endpointslicecache.go``): ready = Ready unset or true,
+    serving = Serving unset or true, terminating = Terminating true; node hints are read only
+    with the PreferSameTrafficDistribution gate. Each decision then costs O(result size).
 
-def _proxy_endpoints(svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion
-                     ) -> tuple[list[_PEp], int | None]:
-    """Merge endpoints of all slices (any manager) for the Service's first port."""
-    read_nodes = kv.gate("PreferSameTrafficDistribution")
-    out: dict[str, _PEp] = {}
-    port_of_first: int | None = None
-    for s in slices:
-        port: int | None = None
-        if svc.first_port_name is not None:
-            for pname, pnum in s.ports:
-                if pname == svc.first_port_name:
-                    port = pnum
-                    break
-            if port is None and s.ports:
-                continue  # this slice does not serve the Service's first port
-        if port_of_first is None:
-            port_of_first = port
-        for e in s.endpoints:
-            host = f"[{e.address}]" if ":" in e.address else e.address
-            key = f"{host}:{port}" if port is not None else e.address
-            if key in out:
-                continue
+    Attributes:
+        keys: ``ip:port`` per endpoint (IPv6 in brackets), parallel to ``eps``.
+        port: the endpoint port of the Service's first port, or None.
+        special_nodes: nodes whose decision can differ from other nodes of their zone
+            (hosting an endpoint with a Local policy in use, or hinted by node hints in use).
+    """
+
+    __slots__ = ("svc", "kv", "eps", "keys", "port", "ready", "fallback", "all_zone", "all_node",
+                 "by_zone", "by_node", "local_ready", "local_st", "allowed", "uses_cluster",
+                 "uses_local", "ext_local", "any_usable", "special_nodes", "_sorted")
+
+    def __init__(self, svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion) -> None:
+        self.svc, self.kv = svc, kv
+        read_nodes = kv.gate("PreferSameTrafficDistribution")
+        seen: set[str] = set()
+        eps: list[Endpoint] = []
+        keys: list[str] = []
+        self.port: int | None = None
+        first_port_set = False
+        for s in slices:
+            port: int | None = None
+            if svc.first_port_name is not None:
+                for pname, pnum in s.ports:
+                    if pname == svc.first_port_name:
+                        port = pnum
+                        break
+                if port is None and s.ports:
+                    continue  # this slice does not serve the Service's first port
+            if not first_port_set:
+                self.port, first_port_set = port, True
+            suffix = "" if port is None else f":{port}"
+            for e in s.endpoints:
+                a = e.address
+                key = (f"[{a}]" if ":" in a else a) + suffix
+                if key in seen:
+                    continue
+                seen.add(key)
+                eps.append(e)
+                keys.append(key)
+        self.eps, self.keys = eps, keys
+        self.uses_cluster = not svc.internal_local or svc.externally_accessible
+        self.ext_local = svc.external_local and svc.externally_accessible
+        self.uses_local = svc.internal_local or self.ext_local
+        self.allowed = _proxy_hints_allowed(svc, kv)
+        ready: list[int] = []
+        fallback: list[int] = []
+        by_zone: dict[str, list[int]] = {}
+        by_node: dict[str, list[int]] = {}
+        local_ready: dict[str, list[int]] = {}
+        local_st: dict[str, list[int]] = {}
+        all_zone = all_node = True
+        for i, e in enumerate(eps):
             h = e.hints
-            out[key] = _PEp(
-                key=key, address=e.address, node=e.node, ready=e.proxy_ready,
-                serving=e.proxy_serving, terminating=e.proxy_terminating,
-                zones=frozenset(h.for_zones) if h else frozenset(),
-                nodes=frozenset(h.for_nodes) if (h and read_nodes) else frozenset(),
-            )
-    return list(out.values()), port_of_first
+            st = e.serving is not False and e.terminating is True
+            if e.ready is not False:
+                ready.append(i)
+                if h is None or not h.for_zones:
+                    all_zone = False
+                else:
+                    for z in h.for_zones:
+                        by_zone.setdefault(z, []).append(i)
+                if not read_nodes or h is None or not h.for_nodes:
+                    all_node = False
+                else:
+                    for n in h.for_nodes:
+                        by_node.setdefault(n, []).append(i)
+                if e.node is not None:
+                    local_ready.setdefault(e.node, []).append(i)
+            elif st and e.node is not None:
+                local_st.setdefault(e.node, []).append(i)
+            if st:
+                fallback.append(i)
+        self.ready, self.fallback = ready, fallback
+        self.all_zone, self.all_node = all_zone and bool(ready), all_node and bool(ready)
+        self.by_zone, self.by_node = by_zone, by_node
+        self.local_ready, self.local_st = local_ready, local_st
+        self.any_usable = bool(ready) or bool(fallback)
+        special: set[str] = set()
+        if self.uses_local:
+            special.update(local_ready, local_st)
+        if self.all_node and self.uses_cluster:
+            special.update(by_node)
+        self.special_nodes = special
+        self._sorted: dict[Any, tuple[str, ...]] = {}
+
+    def _keys(self, tag: Any, idx: list[int]) -> tuple[str, ...]:
+        got = self._sorted.get(tag)
+        if got is None:
+            got = self._sorted[tag] = tuple(sorted(self.keys[i] for i in idx))
+        return got
+
+    def topology_mode(self, node: str | None, zone: str) -> str:
+        """kube-proxy topology mode on a node (HINTS.md §6.3).
+
+        1.33+: ``topologyModeFromHints`` (node hints, then zone hints); <= 1.32:
+        ``canUseTopology`` as ``"PreferSameZone"``/``""``. ``node`` None stands for a node
+        that hosts no endpoint and is named by no node hint.
+        """
+        if not self.ready:
+            return ""
+        if self.kv.minor >= 33:
+            if self.all_node and node is not None and node in self.by_node:
+                return "PreferSameNode"
+            if self.all_zone and zone in self.by_zone:
+                return "PreferSameZone"
+            return ""
+        if not self.allowed or not zone or not self.all_zone:
+            return ""
+        return "PreferSameZone" if zone in self.by_zone else ""
+
+    def decide(self, node: str | None, zone: str) -> ProxyDecision:
+        """``CategorizeEndpoints`` plus the iptables/nftables DROP/REJECT outcome (§6.4, §6.5).
+
+        Args:
+            node: the node name, or None for "a node of ``zone`` without endpoints or hints".
+            zone: the node's ``topology.kubernetes.io/zone`` label ("" when absent).
+        """
+        svc = self.svc
+        mode: str | None = None
+        ckeys: tuple[str, ...] | None = None
+        lkeys: tuple[str, ...] | None = None
+        cidx: list[int] = []
+        lidx: list[int] = []
+        has_any = False
+        if self.eps:
+            if self.uses_cluster:
+                mode = self.topology_mode(node, zone)
+                if mode == "PreferSameNode":
+                    cidx, tag = self.by_node[node], ("n", node)  # type: ignore[index]
+                elif mode == "PreferSameZone":
+                    cidx, tag = self.by_zone[zone], ("z", zone)
+                else:
+                    cidx, tag = self.ready, "all"
+                if not cidx:
+                    cidx, tag = self.fallback, "fallback"
+                ckeys = self._keys(tag, cidx)
+                has_any = bool(cidx)
+            if self.uses_local:
+                has_any = has_any or self.any_usable
+                if node is not None and node in self.local_ready:
+                    lidx = self.local_ready[node]
+                elif node is not None and node in self.local_st:
+                    lidx = self.local_st[node]
+                lkeys = self._keys(("l", node), lidx) if lidx else ()
+        reach = tuple(sorted(set(ckeys or ()) | set(lkeys or ()))) if lkeys else (ckeys or ())
+        if not has_any:
+            internal, external = "REJECT", ("REJECT" if svc.externally_accessible else None)
+        else:
+            internal = ("local" if lidx else "DROP") if svc.internal_local else "cluster"
+            external = None
+            if svc.externally_accessible:
+                external = ("local" if lidx else "DROP") if self.ext_local else "cluster"
+        chosen = cidx if internal == "cluster" else lidx if internal == "local" else []
+        addrs = frozenset(self.eps[i].address for i in chosen)
+        return ProxyDecision(mode, ckeys, lkeys, reach, has_any, internal, external, addrs)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1347,15 +1436,10 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     ctrl = reconcile(svc, managed, at, idx.capacity, kv, populated)
     observed: dict[str, Hints | None] = {}
     for s in slices:
-        for e in s.endpoints:
-            observed.setdefault(e.address, e.hints)
-    peps, port = _proxy_endpoints(svc, slices, kv)
-    special = {e.node for e in peps if e.node} | {n for e in peps for n in e.nodes}
-
-    def compute(node: str | None, zone: str) -> ProxyDecision:
-        return categorize(peps, svc, node, zone, kv)
-
-    proxy: Mapping[str, ProxyDecision] = {} if svc.headless else ProxyMap(idx.node_zone, special, compute)
+        observed.update((e.address, e.hints) for e in s.endpoints)
+    pidx = ProxyIndex(svc, slices, kv)
+    peps, port, special = pidx.eps, pidx.port, pidx.special_nodes
+    proxy: Mapping[str, ProxyDecision] = {} if svc.headless else ProxyMap(idx.node_zone, special, pidx.decide)
     warnings: list[Warning] = []
     ann_key, ann_val = effective_annotation(svc.annotations)
     auto = hints_enabled(svc.annotations)
@@ -1421,15 +1505,22 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
                 "auto-minimum-endpoints",
                 f"Auto refuses {ctrl.ready_endpoint_count} ready endpoints; the smallest count at "
                 f"or above it that Auto accepts is {m}"))
-    ready_eps = [(s.name, e) for s in slices for e in s.endpoints if e.proxy_ready]
-    hinted = [x for x in ready_eps if x[1].hints is not None and x[1].hints.for_zones]
-    unhinted = [x for x in ready_eps if x[1].hints is None or not x[1].hints.for_zones]
+    hinted = 0
+    unhinted: list[tuple[str, Endpoint]] = []
+    for s in slices:
+        for e in s.endpoints:
+            if e.ready is not False:
+                if e.hints is not None and e.hints.for_zones:
+                    hinted += 1
+                else:
+                    unhinted.append((s.name, e))
     if hinted and unhinted:
         warnings.append(Warning(
             "ready-endpoints-without-hints",
             f"{len(unhinted)} ready endpoint(s) carry no zone hint, so kube-proxy ignores zone hints "
             f"for the whole Service: " + _names([f"{e.address} (EndpointSlice {n})" for n, e in unhinted])))
-    stale = [a for a, h in ctrl.hints.items() if _norm(h) != _norm(observed.get(a))]
+    stale = [a for a, h in ctrl.hints.items()
+             if h is not observed.get(a) and _norm(h) != _norm(observed.get(a))]
     if stale:
         warnings.append(Warning(
             "stale-hints",
@@ -1446,7 +1537,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
                 f"ClusterIP traffic from them is dropped: " + _names(sample)
                 + (f" and {count - min(5, len(sample))} more" if count > 5 else "")))
     if td == "PreferSameNode" and td_ok and not svc.headless and peps:
-        hosts = {e.node for e in peps if e.ready and e.node} & set(idx.node_zone)
+        hosts = {e.node for e in peps if e.ready is not False and e.node} & set(idx.node_zone)
         count = len(idx.node_zone) - len(hosts)
         if count > 0:
             sample = []
@@ -1461,7 +1552,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
                 "(they fall back to same-zone) while each node with one sends all its traffic to it: "
                 + ", ".join(sample) + (f" and {count - len(sample)} more" if count > len(sample) else "")))
     if peps:
-        n_ready = sum(1 for e in peps if e.ready)
+        n_ready = len(pidx.ready)
         singles = []
         seen: set[str] = set()
         for z, d, _, _ in groups:
@@ -1483,7 +1574,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
                                 f"no EndpointSlice labelled {LABEL_SERVICE_NAME}={svc.name} ({at})"))
 
     # --- reason (first match wins; see docs/hints.md)
-    any_usable = any(e.ready or (e.serving and e.terminating) for e in peps)
+    any_usable = pidx.any_usable
     requested = auto or td is not None or bad_ann
     foreign_hinted = any(e.hints is not None for s in slices if not s.managed for e in s.endpoints)
     if not peps or not any_usable:
@@ -1567,7 +1658,21 @@ def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
         InputError: bad version/gates; a malformed object when ``strict``.
     """
     kv = KubeVersion.parse(version, feature_gates)
+    # The records built here are acyclic; pausing the cyclic collector avoids repeated full
+    # scans of the (large) input dicts while hundreds of thousands of records are created.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _evaluate(nodes, services, endpointslices, kv, hints_populated, strict, errors)
+    finally:
+        if was_enabled:
+            gc.enable()
 
+
+def _evaluate(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
+              endpointslices: list[dict[str, Any]], kv: KubeVersion,
+              hints_populated: Collection[str] | None, strict: bool,
+              errors: list[InputError] | None) -> list[ServiceDiagnosis]:
     def bad(err: InputError) -> None:
         if strict:
             raise err
