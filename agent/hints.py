@@ -1198,7 +1198,7 @@ class ProxyIndex:
 
     __slots__ = ("svc", "kv", "eps", "keys", "port", "ready", "fallback", "all_zone", "all_node",
                  "by_zone", "by_node", "local_ready", "local_st", "allowed", "uses_cluster",
-                 "uses_local", "ext_local", "any_usable", "special_nodes", "_sorted")
+                 "uses_local", "ext_local", "any_usable", "special_nodes", "_sorted", "_addrs")
 
     def __init__(self, svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion) -> None:
         self.svc, self.kv = svc, kv
@@ -1239,7 +1239,9 @@ class ProxyIndex:
         by_node: dict[str, list[int]] = {}
         local_ready: dict[str, list[int]] = {}
         local_st: dict[str, list[int]] = {}
-        all_zone = all_node = True
+        all_zone = True
+        all_node = read_nodes
+        uses_local = self.uses_local
         for i, e in enumerate(eps):
             h = e.hints
             st = e.serving is not False and e.terminating is True
@@ -1247,20 +1249,28 @@ class ProxyIndex:
                 ready.append(i)
                 if h is None or not h.for_zones:
                     all_zone = False
-                else:
+                elif all_zone:
                     for z in h.for_zones:
-                        by_zone.setdefault(z, []).append(i)
-                if not read_nodes or h is None or not h.for_nodes:
-                    all_node = False
-                else:
-                    for n in h.for_nodes:
-                        by_node.setdefault(n, []).append(i)
-                if e.node is not None:
+                        if z in by_zone:
+                            by_zone[z].append(i)
+                        else:
+                            by_zone[z] = [i]
+                if all_node:
+                    if h is None or not h.for_nodes:
+                        all_node = False
+                    else:
+                        for n in h.for_nodes:
+                            by_node.setdefault(n, []).append(i)
+                if uses_local and e.node is not None:
                     local_ready.setdefault(e.node, []).append(i)
-            elif st and e.node is not None:
+            elif uses_local and st and e.node is not None:
                 local_st.setdefault(e.node, []).append(i)
             if st:
                 fallback.append(i)
+        if not all_zone:
+            by_zone = {}  # zone hints are ignored as a whole
+        if not all_node:
+            by_node = {}
         self.ready, self.fallback = ready, fallback
         self.all_zone, self.all_node = all_zone and bool(ready), all_node and bool(ready)
         self.by_zone, self.by_node = by_zone, by_node
@@ -1273,6 +1283,7 @@ class ProxyIndex:
             special.update(by_node)
         self.special_nodes = special
         self._sorted: dict[Any, tuple[str, ...]] = {}
+        self._addrs: dict[Any, frozenset[str]] = {}
 
     def _keys(self, tag: Any, idx: list[int]) -> tuple[str, ...]:
         got = self._sorted.get(tag)
@@ -1308,6 +1319,7 @@ class ProxyIndex:
         """
         svc = self.svc
         mode: str | None = None
+        ctag: Any = None
         ckeys: tuple[str, ...] | None = None
         lkeys: tuple[str, ...] | None = None
         cidx: list[int] = []
@@ -1324,6 +1336,7 @@ class ProxyIndex:
                     cidx, tag = self.ready, "all"
                 if not cidx:
                     cidx, tag = self.fallback, "fallback"
+                ctag = tag
                 ckeys = self._keys(tag, cidx)
                 has_any = bool(cidx)
             if self.uses_local:
@@ -1341,8 +1354,15 @@ class ProxyIndex:
             external = None
             if svc.externally_accessible:
                 external = ("local" if lidx else "DROP") if self.ext_local else "cluster"
-        chosen = cidx if internal == "cluster" else lidx if internal == "local" else []
-        addrs = frozenset(self.eps[i].address for i in chosen)
+        if internal == "cluster":
+            atag, chosen = ("c", ctag), cidx
+        elif internal == "local":
+            atag, chosen = ("l", node), lidx
+        else:
+            atag, chosen = None, []
+        addrs = self._addrs.get(atag)
+        if addrs is None:
+            addrs = self._addrs[atag] = frozenset(self.eps[i].address for i in chosen)
         return ProxyDecision(mode, ckeys, lkeys, reach, has_any, internal, external, addrs)
 
 
