@@ -107,13 +107,13 @@ def _split_service(text: str) -> tuple[str, str]:
 
 
 def _has_selector(obj: dict[str, Any]) -> bool:
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
     return bool(spec.get("selector")) and spec.get("type") != "ExternalName"
 
 
 def _slice_service(obj: dict[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    meta: dict[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), dict) else {}
+    labels: dict[str, Any] = meta["labels"] if isinstance(meta.get("labels"), dict) else {}
     return meta.get("namespace", "default"), labels.get(hints.LABEL_SERVICE_NAME, "")
 
 
@@ -140,7 +140,7 @@ def diagnose(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
         raise InputError(f"no Node {node!r} in the input", source=source, field="--node")
     labelled = {_slice_service(s) for s in endpointslices if isinstance(s, dict)}
     for s in services:
-        meta = s.get("metadata") if isinstance(s.get("metadata"), dict) else {}
+        meta: dict[str, Any] = s["metadata"] if isinstance(s.get("metadata"), dict) else {}
         key = (meta.get("namespace", "default"), meta.get("name"))
         if _has_selector(s) and key not in labelled:
             raise InputError(

@@ -942,20 +942,17 @@ def _add_hints(work: _Work, ratios: Mapping[str, float] | None, at: str
     # (a) getAllocatedHintsByZone: valid hints in unchanged slices are sticky
     keep = []
     for i in work.unchanged:
-        by_zone: dict[str, int] | None = {}
+        counts: dict[str, int] = {}
+        valid = True
         for e, h in zip(work.slices[i].endpoints, work.hints[i]):
             if not e.controller_ready:
                 continue
-            if h is None or not h.for_zones:
-                by_zone = None
+            if h is None or not h.for_zones or any(z not in allocs for z in h.for_zones):
+                valid = False
                 break
             for z in h.for_zones:
-                if z not in allocs:
-                    by_zone = None
-                    break
-                by_zone[z] = by_zone.get(z, 0) + 1  # type: ignore[index]
-            if by_zone is None:
-                break
+                counts[z] = counts.get(z, 0) + 1
+        by_zone: dict[str, int] | None = counts if valid else None
         if by_zone is not None and any(c + allocated.get(z, 0) > allocs[z].maximum
                                        for z, c in by_zone.items()):
             by_zone = None
@@ -974,8 +971,8 @@ def _add_hints(work: _Work, ratios: Mapping[str, float] | None, at: str
                 continue  # Go assigns nil to a copy: not-ready endpoints keep their hints
             if not e.zone:
                 work.strip_all()
-                r = AllocationResult(None, MSG_NO_ZONE, "endpoint-without-zone", res.minimums)
-                return r, Event("Warning", REASON_DISABLED, f"{MSG_NO_ZONE}, addressType: {at}"), False
+                nz = AllocationResult(None, MSG_NO_ZONE, "endpoint-without-zone", res.minimums)
+                return nz, Event("Warning", REASON_DISABLED, f"{MSG_NO_ZONE}, addressType: {at}"), False
             allocated[e.zone] = allocated.get(e.zone, 0) + 1
             row[j] = _hint_zone(e.zone)
     # (c) step 2: getGivingAndReceivingZones (ties: sorted zone order)
@@ -1034,8 +1031,8 @@ def _add_hints(work: _Work, ratios: Mapping[str, float] | None, at: str
                     break
     if not allocated:
         work.strip_all()
-        r = AllocationResult(None, MSG_NO_ALLOCATED, "insufficient-number-of-endpoints", res.minimums)
-        return r, Event("Warning", REASON_DISABLED, f"{MSG_NO_ALLOCATED}, addressType: {at}"), False
+        na = AllocationResult(None, MSG_NO_ALLOCATED, "insufficient-number-of-endpoints", res.minimums)
+        return na, Event("Warning", REASON_DISABLED, f"{MSG_NO_ALLOCATED}, addressType: {at}"), False
     return res, None, True
 
 
@@ -1053,7 +1050,7 @@ def _traffic_dist(work: _Work, value: str | None, kv: KubeVersion) -> None:
         nodes = (e.node,) if node_hints and e.node is not None else ()
         return _intern_hints(zones, nodes) if zones or nodes else None
 
-    keep = []
+    keep: list[int] = []
     for i in work.unchanged:
         s, row = work.slices[i], work.hints[i]
         if close:
@@ -1328,6 +1325,7 @@ class ProxyIndex:
         if self.eps:
             if self.uses_cluster:
                 mode = self.topology_mode(node, zone)
+                tag: Any
                 if mode == "PreferSameNode":
                     cidx, tag = self.by_node[node], ("n", node)  # type: ignore[index]
                 elif mode == "PreferSameZone":
@@ -1643,7 +1641,7 @@ def _proxy_blocked(svc: ServiceInfo, kv: KubeVersion) -> bool:
 
 
 def _families(svc: ServiceInfo, slices: Sequence[Slice]) -> list[str]:
-    fams = [f for f in ("IPv4", "IPv6") if f in svc.ip_families]
+    fams: list[str] = [f for f in ("IPv4", "IPv6") if f in svc.ip_families]
     for s in slices:
         if s.address_type in ("IPv4", "IPv6") and s.address_type not in fams:
             fams.append(s.address_type)

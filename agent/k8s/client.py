@@ -51,7 +51,7 @@ def list_cluster(api: Any, *, pods: bool = False) -> dict[str, list[dict[str, An
     core = client.CoreV1Api(api)
     disc = client.DiscoveryV1Api(api)
     out: dict[str, list[dict[str, Any]]] = {}
-    calls = [("nodes", core.list_node, "Node"), ("services", core.list_service_for_all_namespaces, "Service"),
+    calls: list[tuple[str, Any, str]] = [("nodes", core.list_node, "Node"), ("services", core.list_service_for_all_namespaces, "Service"),
              ("endpointslices", disc.list_endpoint_slice_for_all_namespaces, "EndpointSlice")]
     if pods:
         calls.append(("pods", core.list_pod_for_all_namespaces, "Pod"))
