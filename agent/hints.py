@@ -310,6 +310,36 @@ class AllocationResult:
     minimums: Mapping[str, int] | None
 
 
+class AddressHints(Mapping[str, "Hints | None"]):
+    """Read-only ``address -> hints`` over slices, built on first access.
+
+    An address present in several slices (several port sets) takes its last slice's hints.
+    """
+
+    __slots__ = ("_rows", "_map")
+
+    def __init__(self, rows: Sequence[tuple[Sequence[Endpoint], Sequence[Hints | None]]]) -> None:
+        self._rows = rows
+        self._map: dict[str, Hints | None] | None = None
+
+    def _get(self) -> dict[str, Hints | None]:
+        if self._map is None:
+            m: dict[str, Hints | None] = {}
+            for eps, row in self._rows:
+                m.update(zip([e.address for e in eps], row))
+            self._map = m
+        return self._map
+
+    def __getitem__(self, address: str) -> Hints | None:
+        return self._get()[address]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerResult:
     """What the EndpointSlice controller would do for one Service and address type.
@@ -325,7 +355,8 @@ class ControllerResult:
         sum_of_minimums: their sum, or None.
         ready_endpoint_count: N, Ready==true endpoints over the controller's slices.
         refusal_reason: diagnosis reason when Auto refused, else None.
-        hints: address -> hints the controller's slices will carry (managed slices only).
+        hints: address -> hints the controller's slices will carry (managed slices only;
+            a lazy read-only mapping).
         slices: slice name -> tuple of hints per endpoint, in slice order.
         rewritten: names of slices the controller would write (changed hints).
         kept_unchanged: names of slices whose valid Auto hints stay untouched.
@@ -459,7 +490,7 @@ class ServiceDiagnosis:
     locality_in_effect: dict[str, bool]
     warnings: list[Warning]
     controller: ControllerResult
-    observed_hints: dict[str, Hints | None]
+    observed_hints: Mapping[str, Hints | None]
     proxy: Mapping[str, ProxyDecision]
     service_port: int | None = None
     headless: bool = False
@@ -1125,16 +1156,15 @@ def reconcile(svc: ServiceInfo, slices: Sequence[Slice], at: str, cap: ZoneCapac
         _traffic_dist(work, svc.traffic_distribution, kv)
         if svc.traffic_distribution is not None and svc.traffic_distribution in _close_values(kv):
             mechanism = "trafficDistribution"
-    hints: dict[str, Hints | None] = {}
     per_slice: dict[str, tuple[Hints | None, ...]] = {}
     for s, row in zip(work.slices, work.hints):
         per_slice[s.name] = tuple(row)
-        # an address in several slices (several port sets) keeps its last slice's hints
-        hints.update(zip([e.address for e in s.endpoints], row))
+    hints = AddressHints([(s.endpoints, row) for s, row in zip(work.slices, work.hints)])
     rewritten = tuple(work.slices[i].name for i in work.update
                       if tuple(work.hints[i]) != tuple(e.hints for e in work.slices[i].endpoints))
     n_ready = sum(1 for s in slices for e in s.endpoints if e.ready is True)
-    td_wrote = mechanism == "trafficDistribution" and any(h is not None for h in hints.values())
+    td_wrote = mechanism == "trafficDistribution" and any(
+        h is not None for row in work.hints for h in row)
     mins = alloc.minimums if alloc else None
     return ControllerResult(
         mechanism=mechanism,
@@ -1200,9 +1230,21 @@ class ProxyIndex:
     def __init__(self, svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion) -> None:
         self.svc, self.kv = svc, kv
         read_nodes = kv.gate("PreferSameTrafficDistribution")
+        self.uses_cluster = not svc.internal_local or svc.externally_accessible
+        self.ext_local = svc.external_local and svc.externally_accessible
+        self.uses_local = uses_local = svc.internal_local or self.ext_local
+        self.allowed = _proxy_hints_allowed(svc, kv)
         seen: set[str] = set()
         eps: list[Endpoint] = []
         keys: list[str] = []
+        ready: list[int] = []
+        fallback: list[int] = []
+        by_zone: dict[str, list[int]] = {}
+        by_node: dict[str, list[int]] = {}
+        local_ready: dict[str, list[int]] = {}
+        local_st: dict[str, list[int]] = {}
+        all_zone = True
+        all_node = read_nodes
         self.port: int | None = None
         first_port_set = False
         for s in slices:
@@ -1223,47 +1265,34 @@ class ProxyIndex:
                 if key in seen:
                     continue
                 seen.add(key)
+                i = len(eps)
                 eps.append(e)
                 keys.append(key)
-        self.eps, self.keys = eps, keys
-        self.uses_cluster = not svc.internal_local or svc.externally_accessible
-        self.ext_local = svc.external_local and svc.externally_accessible
-        self.uses_local = svc.internal_local or self.ext_local
-        self.allowed = _proxy_hints_allowed(svc, kv)
-        ready: list[int] = []
-        fallback: list[int] = []
-        by_zone: dict[str, list[int]] = {}
-        by_node: dict[str, list[int]] = {}
-        local_ready: dict[str, list[int]] = {}
-        local_st: dict[str, list[int]] = {}
-        all_zone = True
-        all_node = read_nodes
-        uses_local = self.uses_local
-        for i, e in enumerate(eps):
-            h = e.hints
-            st = e.serving is not False and e.terminating is True
-            if e.ready is not False:
-                ready.append(i)
-                if h is None or not h.for_zones:
-                    all_zone = False
-                elif all_zone:
-                    for z in h.for_zones:
-                        if z in by_zone:
-                            by_zone[z].append(i)
+                h = e.hints
+                st = e.serving is not False and e.terminating is True
+                if e.ready is not False:
+                    ready.append(i)
+                    if h is None or not h.for_zones:
+                        all_zone = False
+                    elif all_zone:
+                        for z in h.for_zones:
+                            if z in by_zone:
+                                by_zone[z].append(i)
+                            else:
+                                by_zone[z] = [i]
+                    if all_node:
+                        if h is None or not h.for_nodes:
+                            all_node = False
                         else:
-                            by_zone[z] = [i]
-                if all_node:
-                    if h is None or not h.for_nodes:
-                        all_node = False
-                    else:
-                        for n in h.for_nodes:
-                            by_node.setdefault(n, []).append(i)
-                if uses_local and e.node is not None:
-                    local_ready.setdefault(e.node, []).append(i)
-            elif uses_local and st and e.node is not None:
-                local_st.setdefault(e.node, []).append(i)
-            if st:
-                fallback.append(i)
+                            for n in h.for_nodes:
+                                by_node.setdefault(n, []).append(i)
+                    if uses_local and e.node is not None:
+                        local_ready.setdefault(e.node, []).append(i)
+                elif uses_local and st and e.node is not None:
+                    local_st.setdefault(e.node, []).append(i)
+                if st:
+                    fallback.append(i)
+        self.eps, self.keys = eps, keys
         if not all_zone:
             by_zone = {}  # zone hints are ignored as a whole
         if not all_node:
@@ -1452,9 +1481,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     """
     managed = [s for s in slices if s.managed]
     ctrl = reconcile(svc, managed, at, idx.capacity, kv, populated)
-    observed: dict[str, Hints | None] = {}
-    for s in slices:
-        observed.update((e.address, e.hints) for e in s.endpoints)
+    observed = AddressHints([(s.endpoints, [e.hints for e in s.endpoints]) for s in slices])
     pidx = ProxyIndex(svc, slices, kv)
     peps, port, special = pidx.eps, pidx.port, pidx.special_nodes
     proxy: Mapping[str, ProxyDecision] = {} if svc.headless else ProxyMap(idx.node_zone, special, pidx.decide)
@@ -1537,8 +1564,13 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
             "ready-endpoints-without-hints",
             f"{len(unhinted)} ready endpoint(s) carry no zone hint, so kube-proxy ignores zone hints "
             f"for the whole Service: " + _names([f"{e.address} (EndpointSlice {n})" for n, e in unhinted])))
-    stale = [a for a, h in ctrl.hints.items()
-             if h is not observed.get(a) and _norm(h) != _norm(observed.get(a))]
+    stale: list[str] = []
+    if ctrl.rewritten:
+        rewritten = set(ctrl.rewritten)
+        for s in managed:
+            if s.name in rewritten:
+                stale.extend(e.address for e, h in zip(s.endpoints, ctrl.slices[s.name])
+                             if h is not e.hints and _norm(h) != _norm(e.hints))
     if stale:
         warnings.append(Warning(
             "stale-hints",
