@@ -261,6 +261,10 @@ class Warning:  # noqa: A001 - the issue names it Warning; shadows the builtin o
         return {"code": self.code, "message": self.message}
 
 
+#: the same class under a name that does not shadow the builtin ``Warning`` when imported
+DiagnosisWarning = Warning
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """Per-zone allocation of ``getAllocations``: integer minimum/maximum, float64 desired."""
