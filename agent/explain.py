@@ -206,20 +206,26 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.hints_populated is not None:
         populated = [p.strip() for p in args.hints_populated.split(",") if p.strip()]
     source, objs = _load(args)
-    # A one-shot process over acyclic data (refcounting frees it): the cyclic collector's
-    # repeated full scans of a large cluster cost more than the model itself.
+    # Acyclic data freed by refcounting: the cyclic collector's repeated full scans of a large
+    # cluster cost more than the model itself, so it is paused for the run (and restored, as
+    # tests call this in-process).
     import gc
 
+    was_enabled = gc.isenabled()
     gc.disable()
-    diags = diagnose(objs["nodes"], objs["services"], objs["endpointslices"], source=source,
-                     service=args.service, node=args.node, version=args.kubernetes_version,
-                     feature_gates=gates, hints_populated=populated)
-    version = str(hints.KubeVersion.parse(args.kubernetes_version, gates))
-    if args.output == "json":
-        json.dump(to_document(diags, version, args.node), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_table(diags, version, args.node))
+    try:
+        diags = diagnose(objs["nodes"], objs["services"], objs["endpointslices"], source=source,
+                         service=args.service, node=args.node, version=args.kubernetes_version,
+                         feature_gates=gates, hints_populated=populated)
+        version = str(hints.KubeVersion.parse(args.kubernetes_version, gates))
+        if args.output == "json":
+            json.dump(to_document(diags, version, args.node), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(render_table(diags, version, args.node))
+    finally:
+        if was_enabled:
+            gc.enable()
     return 0
 
 
