@@ -198,6 +198,10 @@ def _load(args: argparse.Namespace) -> tuple[str, dict[str, list[dict[str, Any]]
     return (args.kubeconfig or "in-cluster"), list_cluster(api)
 
 
+#: above this many Service entries the JSON is printed compact (the indenting encoder is slow)
+_INDENT_MAX = 200
+
+
 def run_explain(args: argparse.Namespace) -> int:
     """``zonemeter explain``: print the table or JSON; 0 on success."""
     gates = parse_feature_gates(args.feature_gates)
@@ -205,22 +209,23 @@ def run_explain(args: argparse.Namespace) -> int:
     populated = None
     if args.hints_populated is not None:
         populated = [p.strip() for p in args.hints_populated.split(",") if p.strip()]
-    source, objs = _load(args)
     # Acyclic data freed by refcounting: the cyclic collector's repeated full scans of a large
-    # cluster cost more than the model itself, so it is paused for the run (and restored, as
-    # tests call this in-process).
+    # cluster (while parsing the dump and building the model) cost more than the model itself,
+    # so it is paused for the run (and restored, as tests call this in-process).
     import gc
 
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        source, objs = _load(args)
         diags = diagnose(objs["nodes"], objs["services"], objs["endpointslices"], source=source,
                          service=args.service, node=args.node, version=args.kubernetes_version,
                          feature_gates=gates, hints_populated=populated)
         version = str(hints.KubeVersion.parse(args.kubernetes_version, gates))
         if args.output == "json":
-            json.dump(to_document(diags, version, args.node), sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            doc = to_document(diags, version, args.node)
+            # indented for people; compact (C encoder, one write) when it is large
+            sys.stdout.write(json.dumps(doc, indent=2 if len(diags) <= _INDENT_MAX else None) + "\n")
         else:
             sys.stdout.write(render_table(diags, version, args.node))
     finally:
