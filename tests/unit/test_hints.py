@@ -354,3 +354,33 @@ def test_donation_uses_first_endpoints_and_sorted_receiver() -> None:
     z = {a: h.for_zones for a, h in d.controller.hints.items() if h}
     assert z == {"10.0.0.1": ("b",), "10.0.0.2": ("c",), "10.0.0.3": ("a",), "10.0.0.4": ("a",),
                  "10.0.0.5": ("b",), "10.0.0.6": ("c",)}
+
+
+def test_kube_proxy_1_29_ignores_third_party_hints_without_annotation() -> None:
+    # hints written by another controller: kube-proxy <= 1.29 needs the annotation
+    foreign = [k.endpointslice("web-x", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}), managed=False)]
+    d = diag(k.three_zones(), k.service(), foreign, version="1.29")
+    assert d.reason == "not-requested" and d.proxy["n-a"].topology_mode == ""
+    on = diag(k.three_zones(), k.service(annotations={hints.ANNOTATION_TOPOLOGY_MODE: "PreferZone"}),
+              foreign, version="1.29")
+    assert on.proxy["n-a"].topology_mode == "PreferSameZone"  # any non-disabled value enables it
+    assert diag(k.three_zones(), k.service(), foreign, version="1.31").reason == "none"
+
+
+def test_prefer_close_zoneless_endpoint_1_32_vs_1_33() -> None:
+    # 1.30-1.32 write forZones [""] for a zoneless endpoint (filtering stays on in zone a);
+    # 1.33+ write no zone hint, so kube-proxy stops filtering everywhere.
+    nodes = [k.node("n-a", "a"), k.node("n-x", None)]
+    eps = [k.ep("10.0.0.1", "a", "n-a"), k.ep("10.0.0.2", None, "n-x")]
+    svc = k.service(td="PreferClose")
+    d32 = diag(nodes, svc, [k.endpointslice("s", "web", eps)], version="1.32")
+    assert d32.controller.hints["10.0.0.2"] == hints.Hints(("",), ())
+    d33 = diag(nodes, svc, [k.endpointslice("s", "web", eps)], version="1.33")
+    assert d33.controller.hints["10.0.0.2"] is None
+    assert d33.controller.hints["10.0.0.1"] == hints.Hints(("a",), ())
+    # apply what 1.33 writes, then ask kube-proxy
+    new, _ = hints.controller_hints(svc, [k.endpointslice("s", "web", eps)], nodes, version="1.33")
+    after = diag(nodes, svc, new, version="1.33")
+    assert after.reason == "partial-hints" and after.proxy["n-a"].topology_mode == ""
+    w = next(w for w in after.warnings if w.code == "ready-endpoints-without-hints")
+    assert "10.0.0.2 (EndpointSlice s)" in w.message
