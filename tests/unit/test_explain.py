@@ -1,0 +1,255 @@
+"""zonemeter explain / what-if: output contracts, --help, and every bad-input path (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent import cli, hints
+from tests.unit import k8s_objects as k
+
+
+def dump(path: Path, items: list[dict]) -> Path:
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    return path
+
+
+def cluster(tmp_path: Path, extra: list[dict] | None = None) -> Path:
+    items = [*k.three_zones(), k.service(auto=True),
+             k.endpointslice("web-1", "web", k.own_zone_eps({"a": 2, "b": 2, "c": 2}, hinted=False)),
+             *(extra or [])]
+    return dump(tmp_path / "dump.json", items)
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, out: str, err: str, *parts: str) -> None:
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("zonemeter: error: ")
+    assert "Traceback" not in err
+    for p in parts:
+        assert p in err, (p, err)
+
+
+@pytest.mark.parametrize("verb", ["explain", "what-if"])
+def test_help(verb: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exc:
+        cli.main([verb, "--help"])
+    assert exc.value.code == 0
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_explain_json_schema_exactly(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path)), "-o", "json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) == {"kubernetes_version", "services"} and doc["kubernetes_version"] == "1.35"
+    (s,) = doc["services"]
+    assert set(s) == {"namespace", "name", "address_type", "mechanism", "controller", "observed_hints",
+                      "proxy", "locality_in_effect", "reason", "warnings"}
+    assert set(s["controller"]) == {"hints_enabled", "events", "zone_cpu_ratios", "allocations", "hints"}
+    assert set(s["proxy"]) == {"n-a", "n-b", "n-c"}
+    assert set(s["proxy"]["n-a"]) == {"topology_mode", "cluster_endpoints", "local_endpoints",
+                                      "internal_traffic", "external_traffic"}
+    assert s["controller"]["hints"]["10.0.0.1"] == {"forZones": ["a"], "forNodes": []}
+    assert s["observed_hints"]["10.0.0.1"] is None
+    assert s["controller"]["allocations"]["a"] == {"minimum": 2, "maximum": 2, "desired": 2.0}
+    assert s["reason"] == "partial-hints"
+    assert {w["code"] for w in s["warnings"]} == {"stale-hints"}
+
+
+def test_explain_table_and_node_filter(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path)), "--node", "n-b",
+                        "--service", "shop/web"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].split() == ["SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL", "ZONES"]
+    assert lines[2].split()[:3] == ["shop/web", "IPv4", "topology-mode-annotation"]
+    assert "partial-hints" in lines[2] and "0/3" in lines[2]
+    assert any(line.startswith("  ! stale-hints:") for line in lines)
+    assert any("node n-b: topology_mode=''" in line and "internal=cluster" in line for line in lines)
+    code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path)), "--node", "n-b", "-o", "json"], capsys)
+    assert set(json.loads(out)["services"][0]["proxy"]) == {"n-b"}
+
+
+def test_version_and_gates_flags(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path)), "--kubernetes-version", "1.32",
+                        "--feature-gates", "TopologyAwareHints=false", "-o", "json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["kubernetes_version"] == "1.32" and doc["services"][0]["reason"] == "feature-gate-disabled"
+
+
+def test_unknown_kinds_ignored(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "shop"}}
+    code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path, [cm])), "-o", "json"], capsys)
+    assert code == 0 and len(json.loads(out)["services"]) == 1
+
+
+def test_yaml_multi_document_dump(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    items = [*k.three_zones(), k.service(td="PreferClose"),
+             k.endpointslice("web-1", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))]
+    p = tmp_path / "dump.yaml"
+    p.write_text(yaml.safe_dump_all(items))
+    code, out, _ = run(["explain", "--snapshot", str(p), "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["services"][0]["reason"] == "none"
+
+
+def test_malformed_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "bad.json"
+    p.write_text('{"kind": "List", "items": [')
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "invalid JSON")
+
+
+def test_malformed_yaml(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "bad.yaml"
+    p.write_text("kind: Node\nmetadata: {name: [unclosed\n")
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "invalid YAML")
+
+
+def test_missing_file(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert_one_line_error(*run(["explain", "--snapshot", str(tmp_path / "nope.json")], capsys), "nope.json")
+
+
+def test_bad_cpu_quantity_names_node_and_field(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = cluster(tmp_path, [k.node("n-x", "a", cpu="4 cores")])
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "Node n-x",
+                          "status.allocatable.cpu", "bad quantity")
+
+
+def test_endpointslice_missing_field(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    sl = k.endpointslice("web-2", "web", [k.ep("10.0.0.9", "a", "n-a")])
+    del sl["addressType"]
+    p = cluster(tmp_path, [sl])
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p),
+                          "EndpointSlice shop/web-2", "addressType")
+
+
+def test_endpoint_without_addresses(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    sl = k.endpointslice("web-2", "web", [{"conditions": {"ready": True}}])
+    p = cluster(tmp_path, [sl])
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), "EndpointSlice shop/web-2",
+                          "endpoints[0].addresses")
+
+
+def test_bad_condition_type(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    sl = k.endpointslice("web-2", "web", [k.ep("10.0.0.9", "a", "n-a")])
+    sl["endpoints"][0]["conditions"]["ready"] = "yes"
+    p = cluster(tmp_path, [sl])
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), "endpoints[0].conditions.ready")
+
+
+def test_object_without_name(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = cluster(tmp_path, [{"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "x"}}])
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "metadata.name")
+
+
+def test_service_without_slices(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = cluster(tmp_path, [k.service(name="api")])
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "Service shop/api",
+                          "no EndpointSlice labelled kubernetes.io/service-name=api")
+
+
+def test_selectorless_service_without_slices_is_fine(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    svc = k.service(name="ext")
+    del svc["spec"]["selector"]
+    code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path, [svc])), "--service", "shop/ext",
+                        "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["services"][0]["reason"] == "no-endpoints"
+
+
+@pytest.mark.parametrize(("flags", "parts"), [
+    (["--service", "shop/nope"], ["--service", "no such Service"]),
+    (["--service", "nope"], ["--service", "NAMESPACE/NAME"]),
+    (["--node", "n-z"], ["--node", "n-z"]),
+    (["--kubernetes-version", "1.26"], ["--kubernetes-version", "1.26"]),
+    (["--feature-gates", "Nope=true"], ["--feature-gates", "Nope"]),
+    (["--feature-gates", "PreferSameTrafficDistribution=maybe"], ["--feature-gates"]),
+    (["--feature-gates", "PreferSameTrafficDistribution=false"], ["locked"]),
+])
+def test_bad_flags(flags: list[str], parts: list[str], tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert_one_line_error(*run(["explain", "--snapshot", str(cluster(tmp_path)), *flags], capsys), *parts)
+
+
+def test_bad_kubeconfig(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "kubeconfig"
+    p.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
+    assert_one_line_error(*run(["explain", "--kubeconfig", str(p)], capsys), str(p), "kubeconfig")
+
+
+def test_list_cluster_uses_api_shaped_dicts() -> None:
+    from kubernetes import client
+
+    from agent.k8s.client import list_cluster
+
+    api = client.ApiClient()
+    node = client.V1Node(metadata=client.V1ObjectMeta(name="n1", labels={hints.LABEL_ZONE: "a"}),
+                         status=client.V1NodeStatus(allocatable={"cpu": "2"}))
+
+    class Fake:
+        def __init__(self, items):  # type: ignore[no-untyped-def]
+            self.items = items
+
+    core = client.CoreV1Api
+    disc = client.DiscoveryV1Api
+    orig = (core.list_node, core.list_service_for_all_namespaces, disc.list_endpoint_slice_for_all_namespaces)
+    try:
+        core.list_node = lambda self: Fake([node])  # type: ignore[method-assign]
+        core.list_service_for_all_namespaces = lambda self: Fake([])  # type: ignore[method-assign]
+        disc.list_endpoint_slice_for_all_namespaces = lambda self: Fake([])  # type: ignore[method-assign]
+        got = list_cluster(api)
+    finally:
+        core.list_node, core.list_service_for_all_namespaces, disc.list_endpoint_slice_for_all_namespaces = orig
+    assert got["nodes"] == [{"kind": "Node", "metadata": {"name": "n1", "labels": {hints.LABEL_ZONE: "a"}},
+                             "status": {"allocatable": {"cpu": "2"}}}]
+    assert hints.parse_node(got["nodes"][0]).cpu_milli == 2000
+
+
+# ------------------------------------------------------------------------------ what-if
+
+
+def test_what_if_three_equal_zones_table(capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["what-if", "--zone", "a=4", "--zone", "b=4", "--zone", "c=4", "--replicas", "3-12",
+                        "-o", "json"], capsys)
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [r["replicas"] for r in rows if r["hints_enabled"]] == [3, 6, 7, 9, 10, 12]
+    assert [r["replicas"] for r in rows if not r["hints_enabled"]] == [4, 5, 8, 11]
+    by = {r["replicas"]: r for r in rows}
+    assert by[7]["hints_per_zone"] == {"a": 3, "b": 2, "c": 2}
+    assert by[8] == {"replicas": 8, "hints_enabled": False,
+                     "reason": "min-allocation-exceeds-overload-threshold",
+                     "minimums": {"a": 3, "b": 3, "c": 3}, "hints_per_zone": None}
+    assert set(by[3]) == {"replicas", "hints_enabled", "reason", "minimums", "hints_per_zone"}
+
+
+def test_what_if_kep_float64_and_spread(capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["what-if", "--zone", "a=20,b=16,c=14", "--replicas", "2-3", "--spread", "a=0,b=1,c=1",
+                        "-o", "json"], capsys)
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert rows[0]["reason"] == "insufficient-number-of-endpoints" and rows[0]["minimums"] is None
+    assert rows[1]["minimums"] == {"a": 2, "b": 1, "c": 1} and rows[1]["hints_enabled"] is False
+    code, out, _ = run(["what-if", "--zone", "a=1,b=1", "--replicas", "2", "--spread", "a=2,b=0"], capsys)
+    assert code == 0 and out.splitlines()[1].split() == ["2", "yes", "1", "1", "1/1"]
+
+
+@pytest.mark.parametrize(("flags", "parts"), [
+    (["--zone", "a=4", "--replicas", "3"], ["--zone", "two zones"]),
+    (["--zone", "a=four", "--zone", "b=4", "--replicas", "3"], ["--zone", "zone a", "bad quantity"]),
+    (["--zone", "a", "--zone", "b=4", "--replicas", "3"], ["--zone", "ZONE=VALUE"]),
+    (["--zone", "a=4,b=4", "--replicas", "5-3"], ["--replicas"]),
+    (["--zone", "a=4,b=4", "--replicas", "x"], ["--replicas"]),
+    (["--zone", "a=4,b=4", "--replicas", "3", "--spread", "z=1"], ["--spread", "z"]),
+    (["--zone", "a=4,b=4", "--replicas", "3", "--spread", "a=-1"], ["--spread"]),
+])
+def test_what_if_bad_input(flags: list[str], parts: list[str], capsys) -> None:  # type: ignore[no-untyped-def]
+    assert_one_line_error(*run(["what-if", *flags], capsys), *parts)
