@@ -1,0 +1,771 @@
+"""Attribution: flow deltas x metadata x hint state -> cumulative byte totals.
+
+This module is the single source of truth for the **exactly-once rule** of
+DESIGN.md ("Counting rule: every byte exactly once, cluster-wide"): each node's
+agent feeds the :class:`agent.records.FlowDelta` records its datapath drained into one
+:class:`Attributor`, which keeps, drops or re-labels each delta so that the sum over
+all agents counts every byte once. The rule, per delta kind (docs/attribution.md has the
+full table and the reasons vocabulary):
+
+* ``overflow`` deltas: ``unattributed{reason="flow_table_full"}`` (never lost).
+* ``REQUEST`` / ``RESPONSE`` (counted at the endpoint's veth): always counted as Service
+  traffic, ``direction`` ``request`` (client -> server) or ``response``.
+* ``EGRESS`` / ``INGRESS`` (non-Service traffic at a local pod's veth), by remote side:
+
+  - a ClusterIP (or other address kube-proxy DNATs, see :meth:`MetadataView.service_address`):
+    a client-side copy, dropped, because the endpoint's node counts it; except when every
+    endpoint this node's kube-proxy may pick is host-network (no veth there): then it is
+    counted here as Service traffic. With a mix of veth and host-network endpoints the
+    client cannot tell which one got the bytes: they are dropped and reported as the
+    skipped reason ``clusterip_mixed_host_network`` (the host-network share is uncounted).
+  - a known Service endpoint ``(address, port, protocol)``: a client-side copy, dropped,
+    unless the endpoint is host-network: then counted here as Service traffic.
+  - a pod (on any node, or an unresolved cluster address): only ``EGRESS`` is kept (the
+    other pod's node counts the other direction as its own egress).
+  - anything else (node, CIDR, external): both directions are kept.
+
+Service ambiguity: an endpoint ``(address, port, protocol)`` that backs several Service
+ports is attributed to the first by ``(namespace, service, port, port_name)`` and counted
+once; the bytes also go to the diagnostic ``ambiguous_service``.
+
+Hint-ignored bytes (DESIGN.md "Hint state, joined with traffic"): Service bytes (both
+directions) whose client is a pod or node on node N, when kube-proxy on N filters by
+topology for that Service (``ProxyView.topology_mode != ""``, kube-proxy
+``pkg/proxy/topology.go`` ``CategorizeEndpoints``) and the server endpoint is not in the
+set N selects. The server cannot tell a client that went through the ClusterIP from one
+that dialled the pod address directly, so clients that bypass the ClusterIP count too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agent.records import FlowDelta, FlowKind, IPAddress, Peer, PeerKind, ProxyView, ServicePort
+
+__all__ = [
+    "AttributionTotals",
+    "Attributor",
+    "HintIgnoredKey",
+    "HintView",
+    "LocalityDiagnosis",
+    "LocalityState",
+    "MetadataView",
+    "PairRow",
+    "ServiceKey",
+    "ServiceRef",
+    "WorkloadKey",
+    "CROSSINGS",
+    "UNKNOWN",
+]
+
+#: label value for anything missing (metric contract: "missing values are unknown")
+UNKNOWN = "unknown"
+
+SAME_NODE = "same_node"
+SAME_ZONE = "same_zone"
+CROSS_ZONE = "cross_zone"
+CROSS_REGION = "cross_region"
+EXTERNAL = "external"
+
+#: every value ``crossing`` takes
+CROSSINGS: tuple[str, ...] = (SAME_NODE, SAME_ZONE, CROSS_ZONE, CROSS_REGION, EXTERNAL, UNKNOWN)
+
+# Reasons vocabulary (docs/attribution.md lists them with their meaning).
+# unattributed: bytes in no service/workload series
+R_FLOW_TABLE_FULL = "flow_table_full"
+R_ENDPOINT_WITHOUT_SERVICE = "endpoint_without_service"
+# skipped: client-side copies counted by another agent (or by this one at the endpoint)
+S_CLUSTERIP_CLIENT_COPY = "clusterip_client_copy"
+S_CLUSTERIP_MIXED_HOST_NETWORK = "clusterip_mixed_host_network"
+S_ENDPOINT_CLIENT_COPY = "endpoint_client_copy"
+S_POD_PEER_INGRESS = "pod_peer_ingress"
+# unknown crossing: attributed bytes whose crossing is unknown
+R_NO_POD_FOR_IP = "no_pod_for_ip"
+R_NODE_WITHOUT_ZONE = "node_without_zone"
+R_CIDR_WITHOUT_ZONE = "cidr_without_zone"
+R_CLUSTERIP_TO_HOST_NETWORK = "clusterip_to_host_network_endpoint"
+# diagnostics: a subset of counted bytes worth a look
+D_AMBIGUOUS_SERVICE = "ambiguous_service"
+D_HINT_CHECK_NO_CLIENT_NODE = "hint_check_client_node_unknown"
+D_OVERFLOW_UNFILTERED = "flow_table_full_unfiltered"
+
+_DEFAULT_REASON = {
+    PeerKind.UNKNOWN: R_NO_POD_FOR_IP,
+    PeerKind.POD: R_NODE_WITHOUT_ZONE,
+    PeerKind.NODE: R_NODE_WITHOUT_ZONE,
+    PeerKind.CIDR: R_CIDR_WITHOUT_ZONE,
+    PeerKind.EXTERNAL: R_NO_POD_FOR_IP,  # never used: external is never "unknown"
+}
+
+
+# --------------------------------------------------------------------------- interfaces
+
+
+class MetadataView(Protocol):
+    """What attribution reads from the Kubernetes metadata cache (agent/k8s).
+
+    Implementations must be cheap (dict lookups): :meth:`Attributor.attribute` calls
+    them per distinct address and endpoint in each batch.
+    """
+
+    def resolve(self, ip: IPAddress, at: float) -> Peer:
+        """Resolve an address as it was at time ``at``.
+
+        Args:
+            ip: the address (IPv4 or IPv6).
+            at: Unix time in seconds; deleted pods stay resolvable for a grace period.
+
+        Returns:
+            The peer: POD (not host-network), NODE (a node address or host-network pod,
+            ``node`` set), CIDR, EXTERNAL, or UNKNOWN with ``reason``. Never raises.
+        """
+        ...
+
+    def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
+        """Service ports an EndpointSlice endpoint ``(ip, port, protocol)`` serves.
+
+        Args:
+            ip: the endpoint address.
+            port: the endpoint (target) port, host byte order.
+            protocol: IP protocol number.
+
+        Returns:
+            Every Service port whose EndpointSlices list this endpoint and port (empty
+            when none; several when Services share pods).
+        """
+        ...
+
+    def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
+        """The Service port behind an address that kube-proxy DNATs on the client's node.
+
+        Args:
+            ip: a ClusterIP; implementations should also answer for addresses kube-proxy
+                rewrites the same way (NodePorts on node addresses, LoadBalancer ingress
+                IPs, externalIPs), so those client-side copies are not counted twice.
+            port: the Service port (or NodePort), host byte order.
+            protocol: IP protocol number.
+
+        Returns:
+            The Service port, or None when ``(ip, port, protocol)`` is not a Service address.
+        """
+        ...
+
+    def node(self, name: str) -> Peer | None:
+        """The node called ``name`` as a NODE peer (zone, region), or None if unknown."""
+        ...
+
+
+class LocalityDiagnosis(Protocol):
+    """Per-Service locality state as the hint model (agent/hints.py) diagnoses it."""
+
+    @property
+    def mode(self) -> str:
+        """Requested mode (hint-model vocabulary, e.g. ``trafficDistribution``, ``none``)."""
+        ...
+
+    @property
+    def reason(self) -> str:
+        """Why locality is off (hint-model vocabulary); ``none`` when in effect."""
+        ...
+
+    @property
+    def in_effect(self) -> Mapping[str, bool]:
+        """Client zone -> whether kube-proxy in that zone filters by topology."""
+        ...
+
+
+class HintView(Protocol):
+    """What attribution reads from the hint model (agent/hints.py)."""
+
+    def proxy_view(self, namespace: str, service: str, node: str) -> ProxyView | None:
+        """What kube-proxy on ``node`` does with the Service's ClusterIP traffic.
+
+        Returns:
+            The view (kube-proxy ``pkg/proxy/topology.go`` ``CategorizeEndpoints``), or None
+            when the Service or node is unknown to the model.
+        """
+        ...
+
+    def services(self) -> Iterable[tuple[str, str]]:
+        """Every known Service as ``(namespace, name)``."""
+        ...
+
+    def locality(self, namespace: str, service: str) -> LocalityDiagnosis | None:
+        """The Service's locality diagnosis, or None when the Service is unknown."""
+        ...
+
+
+# --------------------------------------------------------------------------- output records
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceKey:
+    """Key of ``zonemeter_service_bytes_total``.
+
+    Attributes:
+        namespace, service: the Service.
+        port: the Service port number, as a string (label value).
+        client_zone, server_zone: zone labels, ``unknown`` when missing.
+        crossing: one of :data:`CROSSINGS`.
+        direction: ``request`` (client -> server) or ``response`` (server -> client).
+    """
+
+    namespace: str
+    service: str
+    port: str
+    client_zone: str
+    server_zone: str
+    crossing: str
+    direction: str
+
+
+@dataclass(frozen=True, slots=True)
+class HintIgnoredKey:
+    """Key of ``zonemeter_service_hint_ignored_bytes_total`` (both directions summed)."""
+
+    namespace: str
+    service: str
+    client_zone: str
+    server_zone: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKey:
+    """Key of ``zonemeter_workload_egress_bytes_total`` (non-Service traffic of a local pod).
+
+    Attributes:
+        namespace, workload, workload_kind: the local pod's owner (``unknown`` when the
+            pod is not in the cache).
+        client_zone: the local pod's zone (this node's zone).
+        remote_zone: the peer's zone, ``unknown`` when missing.
+        remote_kind: ``pod``, ``node``, ``cidr``, ``external`` or ``unknown``.
+        crossing: one of :data:`CROSSINGS`.
+        direction: ``egress`` (out of the local pod) or ``ingress`` (into it; only for
+            non-pod peers, which no other agent sees). The contract's metric has no
+            direction label: the exporter sums over it.
+    """
+
+    namespace: str
+    workload: str
+    workload_kind: str
+    client_zone: str
+    remote_zone: str
+    remote_kind: str
+    crossing: str
+    direction: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRef:
+    """A Service by namespace and name."""
+
+    namespace: str
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class LocalityState:
+    """Locality state of one Service, for the ``zonemeter_service_locality_*`` gauges.
+
+    Attributes:
+        mode, reason: from :class:`LocalityDiagnosis`.
+        in_effect: client zone -> in effect (read-only mapping).
+        last_change: Unix time (seconds) of the interval in which ``(mode, reason,
+            in_effect)`` last changed, or was first seen, as observed by
+            :meth:`Attributor.close_interval` (precision: one interval).
+    """
+
+    mode: str
+    reason: str
+    in_effect: Mapping[str, bool]
+    last_change: float
+
+
+@dataclass(frozen=True, slots=True)
+class PairRow:
+    """One client -> server row of the ``zonemeter top`` view (both directions summed).
+
+    Attributes:
+        client, server: ``namespace/pod`` for pods, ``node/NAME`` for nodes and
+            host-network pods, the address for other peers; ``other`` for the row that
+            sums the pairs not listed.
+        namespace, service: the Service, ``""`` for non-Service traffic.
+        client_zone, server_zone, crossing: as in :class:`ServiceKey`.
+        bytes: bytes in the interval.
+    """
+
+    client: str
+    server: str
+    namespace: str
+    service: str
+    client_zone: str
+    server_zone: str
+    crossing: str
+    bytes: int
+
+
+def _ro(d: Mapping) -> Mapping:  # type: ignore[type-arg]
+    return types.MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionTotals:
+    """Immutable copy of an :class:`Attributor`'s cumulative totals (all bytes are L3 bytes).
+
+    Every counter is cumulative since the Attributor was created and never decreases.
+    Per node, ``bytes_seen == sum(service_bytes) + sum(workload_bytes) +
+    sum(unattributed_bytes) + sum(skipped_bytes)``.
+
+    Attributes:
+        node: the node this Attributor runs on.
+        service_bytes: ``Mapping[ServiceKey, int]`` bytes.
+        hint_ignored_bytes: ``Mapping[HintIgnoredKey, int]`` bytes (a subset of service_bytes).
+        workload_bytes: ``Mapping[WorkloadKey, int]`` bytes of non-Service traffic.
+        unattributed_bytes: ``Mapping[reason, int]``: bytes in no other series
+            (``flow_table_full``, ``endpoint_without_service``).
+        unknown_crossing_bytes: ``Mapping[reason, int]``: bytes of service/workload series
+            whose crossing is ``unknown``, by why (a subset of those series).
+        skipped_bytes: ``Mapping[reason, int]``: client-side copies not counted here
+            because another veth counts them (not part of any series).
+        diagnostics_bytes: ``Mapping[name, int]``: counted bytes worth a look
+            (``ambiguous_service``, ``hint_check_client_node_unknown``,
+            ``flow_table_full_unfiltered``).
+        bytes_seen: every byte of every delta given to :meth:`Attributor.attribute`.
+        deltas_seen: number of deltas given, ``invalid_deltas`` those with negative counts
+            (ignored).
+        locality: ``Mapping[ServiceRef, LocalityState]`` from the last
+            :meth:`Attributor.close_interval`.
+        top_pairs: the heaviest pairs of the last closed interval, bytes descending, then
+            one ``other`` row for the rest (absent when nothing was left over).
+        top_interval: ``(start, end)`` Unix seconds of that interval, or None before the first.
+    """
+
+    node: str
+    service_bytes: Mapping[ServiceKey, int]
+    hint_ignored_bytes: Mapping[HintIgnoredKey, int]
+    workload_bytes: Mapping[WorkloadKey, int]
+    unattributed_bytes: Mapping[str, int]
+    unknown_crossing_bytes: Mapping[str, int]
+    skipped_bytes: Mapping[str, int]
+    diagnostics_bytes: Mapping[str, int]
+    bytes_seen: int
+    deltas_seen: int
+    invalid_deltas: int
+    locality: Mapping[ServiceRef, LocalityState]
+    top_pairs: tuple[PairRow, ...]
+    top_interval: tuple[float, float] | None = None
+
+
+# --------------------------------------------------------------------------- the join
+
+
+def _label(peer: Peer, ip: IPAddress) -> str:
+    kind = peer.kind
+    if kind is PeerKind.POD and peer.name:
+        return f"{peer.namespace}/{peer.name}"
+    if kind is PeerKind.NODE and peer.node:
+        return f"node/{peer.node}"
+    return str(ip)
+
+
+def _is_host_network(peer: Peer) -> bool:
+    return peer.host_network or peer.kind is PeerKind.NODE
+
+
+def _crossing(cz: str | None, cr: str | None, cn: str | None, ck: PeerKind,
+              sz: str | None, sr: str | None, sn: str | None, sk: PeerKind) -> str:
+    """Crossing of a flow between two sides (zone, region, node, kind); see docs/attribution.md."""
+    if ck is PeerKind.EXTERNAL or sk is PeerKind.EXTERNAL:
+        return EXTERNAL
+    if cn is not None and cn == sn:
+        return SAME_NODE
+    if cz is None or sz is None:
+        return UNKNOWN
+    if cr is not None and sr is not None and cr != sr:
+        return CROSS_REGION
+    return SAME_ZONE if cz == sz else CROSS_ZONE
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Per-call caches: metadata answers are stable within one attribute() call."""
+
+    at: float
+    peers: dict[IPAddress, Peer] = field(default_factory=dict)
+    labels: dict[IPAddress, str] = field(default_factory=dict)
+    texts: dict[IPAddress, str] = field(default_factory=dict)
+    endpoints: dict[tuple[IPAddress, int, int], tuple[tuple[str, str, str] | None, bool, ServicePort | None]] = field(default_factory=dict)
+    addresses: dict[tuple[IPAddress, int, int], ServicePort | None] = field(default_factory=dict)
+    views: dict[tuple[str, str, str], ProxyView | None] = field(default_factory=dict)
+    hostnet: dict[tuple[str, str], tuple[str, Peer | None]] = field(default_factory=dict)
+
+
+class Attributor:
+    """Turns one node's flow deltas into cumulative per-Service / per-workload byte totals.
+
+    One per agent (node). Per interval the agent calls :meth:`attribute` for each drained
+    batch, then :meth:`close_interval`, then :meth:`totals` and hands the copy to the
+    exporter. Not thread-safe: call it from one thread; the totals it returns are immutable.
+
+    Args:
+        node: this node's name (``spec.nodeName`` of the pods whose veths it watches).
+        metadata: the metadata cache (see :class:`MetadataView`).
+        hints: the hint model (see :class:`HintView`).
+        top_n: pair rows kept in :attr:`AttributionTotals.top_pairs`.
+        pair_capacity: distinct pod pairs tracked per interval; pairs beyond it are summed
+            into the ``other`` row (bounds memory whatever the number of flows).
+    """
+
+    def __init__(self, node: str, metadata: MetadataView, hints: HintView, *,
+                 top_n: int = 50, pair_capacity: int = 65536) -> None:
+        if top_n < 0 or pair_capacity < 1:
+            raise ValueError("top_n must be >= 0 and pair_capacity >= 1")
+        self.node = node
+        self._meta = metadata
+        self._hints = hints
+        self._top_n = top_n
+        self._pair_capacity = pair_capacity
+        # cumulative counters, keyed by plain tuples on the hot path
+        self._service: dict[tuple[str, str, str, str, str, str, str], int] = {}
+        self._ignored: dict[tuple[str, str, str, str], int] = {}
+        self._workload: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
+        self._unattributed: dict[str, int] = {}
+        self._unknown: dict[str, int] = {}
+        self._skipped: dict[str, int] = {}
+        self._diag: dict[str, int] = {}
+        self._bytes_seen = 0
+        self._deltas_seen = 0
+        self._invalid = 0
+        # tuple -> frozen key, so totals() allocates each key object once
+        self._service_keys: dict[tuple[str, ...], ServiceKey] = {}
+        self._ignored_keys: dict[tuple[str, ...], HintIgnoredKey] = {}
+        self._workload_keys: dict[tuple[str, ...], WorkloadKey] = {}
+        # per-interval pairs
+        self._pairs: dict[tuple[str, str, str, str, str, str, str], int] = {}
+        self._pairs_other = 0
+        self._interval_start: float | None = None
+        self._top: tuple[PairRow, ...] = ()
+        self._top_interval: tuple[float, float] | None = None
+        # locality
+        self._locality: dict[ServiceRef, tuple[tuple[str, str, frozenset[tuple[str, bool]]], LocalityState]] = {}
+
+    # ------------------------------------------------------------------ public verbs
+
+    def attribute(self, deltas: Iterable[FlowDelta], at: float) -> None:
+        """Add a batch of flow deltas to the cumulative totals.
+
+        Args:
+            deltas: the deltas one drain produced on this node (bytes are L3 bytes).
+            at: Unix time in seconds of the drain; addresses are resolved as of then.
+
+        Never raises on odd deltas: a delta with negative counts is ignored and counted in
+        ``invalid_deltas``; bytes that cannot be attributed go to a reason counter.
+        """
+        b = _Batch(at)
+        if self._interval_start is None:
+            self._interval_start = at
+        own = self._meta.node(self.node)
+        oz = own.zone if own is not None else None
+        orr = own.region if own is not None else None
+        node = self.node
+        request, response, egress = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS
+        seen = 0
+        n = 0
+        for d in deltas:
+            n += 1
+            nb = d.bytes
+            if nb < 0 or d.packets < 0:
+                self._invalid += 1
+                continue
+            seen += nb
+            kind = d.kind
+            if d.overflow:
+                self._add(self._unattributed, R_FLOW_TABLE_FULL, nb)
+                if kind is not request and kind is not response:
+                    self._add(self._diag, D_OVERFLOW_UNFILTERED, nb)
+                continue
+            if kind is request or kind is response:
+                svc, ambiguous, _ = self._endpoint(b, d.local, d.port, d.protocol)
+                if svc is None:
+                    self._add(self._unattributed, R_ENDPOINT_WITHOUT_SERVICE, nb)
+                    continue
+                if ambiguous:
+                    self._add(self._diag, D_AMBIGUOUS_SERVICE, nb)
+                client = self._peer(b, d.remote)
+                cz = client.zone
+                crossing = _crossing(cz, client.region, client.node, client.kind,
+                                     oz, orr, node, PeerKind.POD)
+                if crossing == UNKNOWN:
+                    self._add(self._unknown, (client.reason or _DEFAULT_REASON[client.kind])
+                              if cz is None else R_NODE_WITHOUT_ZONE, nb)
+                czl = cz or UNKNOWN
+                szl = oz or UNKNOWN
+                key = (svc[0], svc[1], svc[2], czl, szl, crossing, kind.value)
+                s = self._service
+                s[key] = s.get(key, 0) + nb
+                # hint-ignored: judged by kube-proxy on the client's node
+                ck = client.kind
+                if ck is PeerKind.POD or ck is PeerKind.NODE or ck is PeerKind.UNKNOWN:
+                    cnode = client.node
+                    if cnode is None:
+                        self._add(self._diag, D_HINT_CHECK_NO_CLIENT_NODE, nb)
+                    else:
+                        self._hint_check(b, svc, cnode, d.local, czl, szl, nb)
+                self._pair(self._label(b, d.remote, client), self._label(b, d.local, None),
+                           svc[0], svc[1], czl, szl, crossing, nb)
+                continue
+            # EGRESS / INGRESS at a local pod
+            remote = d.remote
+            sa = self._address(b, remote, d.port, d.protocol)
+            if sa is not None:
+                reason, server = self._clusterip_hostnet(b, sa)
+                if server is None:
+                    self._add(self._skipped, reason, nb)
+                    continue
+                svc = (sa.namespace, sa.service, str(sa.port))
+                self._client_side_service(b, d, svc, server, oz, orr, nb, hint_ip=None)
+                continue
+            svc, _ambiguous, _ = self._endpoint(b, remote, d.port, d.protocol)
+            peer = self._peer(b, remote)
+            if svc is not None:
+                if not _is_host_network(peer):
+                    self._add(self._skipped, S_ENDPOINT_CLIENT_COPY, nb)
+                    continue
+                if _ambiguous:
+                    self._add(self._diag, D_AMBIGUOUS_SERVICE, nb)
+                self._client_side_service(b, d, svc, peer, oz, orr, nb, hint_ip=remote)
+                continue
+            pk = peer.kind
+            podlike = (pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network
+            if podlike and kind is not egress:
+                self._add(self._skipped, S_POD_PEER_INGRESS, nb)
+                continue
+            local = self._peer(b, d.local)
+            rz = peer.zone
+            crossing = _crossing(oz, orr, node, PeerKind.POD, rz, peer.region, peer.node, pk)
+            if crossing == UNKNOWN:
+                self._add(self._unknown, R_NODE_WITHOUT_ZONE if oz is None
+                          else (peer.reason or _DEFAULT_REASON[pk]), nb)
+            if local.kind is PeerKind.POD:
+                ns = local.namespace or UNKNOWN
+                wl = local.workload or local.name or UNKNOWN
+                wk = local.workload_kind or ("Pod" if local.name else UNKNOWN)
+            else:
+                ns = wl = wk = UNKNOWN
+            czl = oz or UNKNOWN
+            rzl = rz or UNKNOWN
+            direction = "egress" if kind is egress else "ingress"
+            wkey = (ns, wl, wk, czl, rzl, "node" if peer.host_network else pk.value, crossing,
+                    direction)
+            w = self._workload
+            w[wkey] = w.get(wkey, 0) + nb
+            cl = self._label(b, d.local, local)
+            rl = self._label(b, remote, peer)
+            if kind is egress:
+                self._pair(cl, rl, "", "", czl, rzl, crossing, nb)
+            else:
+                self._pair(rl, cl, "", "", rzl, czl, crossing, nb)
+        self._bytes_seen += seen
+        self._deltas_seen += n
+
+    def close_interval(self, at: float) -> None:
+        """End the current interval: publish its top pairs and refresh locality state.
+
+        Args:
+            at: Unix time in seconds (the interval end, and the ``last_change`` stamped on
+                Services whose locality state changed since the previous call).
+        """
+        start = self._interval_start if self._interval_start is not None else at
+        ranked = sorted(self._pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        rows = [PairRow(*k, bytes=v) for k, v in ranked[:self._top_n]]
+        other = self._pairs_other + sum(v for _, v in ranked[self._top_n:])
+        if other:
+            rows.append(PairRow("other", "other", "", "", UNKNOWN, UNKNOWN, UNKNOWN, other))
+        self._top = tuple(rows)
+        self._top_interval = (start, at)
+        self._pairs = {}
+        self._pairs_other = 0
+        self._interval_start = at
+        self._refresh_locality(at)
+
+    def totals(self) -> AttributionTotals:
+        """Return an immutable copy of the cumulative totals (see :class:`AttributionTotals`)."""
+        return AttributionTotals(
+            node=self.node,
+            service_bytes=self._keyed(self._service, self._service_keys, ServiceKey),
+            hint_ignored_bytes=self._keyed(self._ignored, self._ignored_keys, HintIgnoredKey),
+            workload_bytes=self._keyed(self._workload, self._workload_keys, WorkloadKey),
+            unattributed_bytes=_ro(self._unattributed),
+            unknown_crossing_bytes=_ro(self._unknown),
+            skipped_bytes=_ro(self._skipped),
+            diagnostics_bytes=_ro(self._diag),
+            bytes_seen=self._bytes_seen,
+            deltas_seen=self._deltas_seen,
+            invalid_deltas=self._invalid,
+            locality=types.MappingProxyType({k: v[1] for k, v in self._locality.items()}),
+            top_pairs=self._top,
+            top_interval=self._top_interval,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _add(d: dict[str, int], key: str, n: int) -> None:
+        d[key] = d.get(key, 0) + n
+
+    @staticmethod
+    def _keyed(src: Mapping, cache: dict, cls: type) -> Mapping:  # type: ignore[type-arg]
+        out = {}
+        for k, v in src.items():
+            key = cache.get(k)
+            if key is None:
+                key = cache[k] = cls(*k)
+            out[key] = v
+        return types.MappingProxyType(out)
+
+    def _peer(self, b: _Batch, ip: IPAddress) -> Peer:
+        p = b.peers.get(ip)
+        if p is None:
+            p = b.peers[ip] = self._meta.resolve(ip, b.at)
+        return p
+
+    def _label(self, b: _Batch, ip: IPAddress, peer: Peer | None) -> str:
+        s = b.labels.get(ip)
+        if s is None:
+            s = b.labels[ip] = _label(peer if peer is not None else self._peer(b, ip), ip)
+        return s
+
+    def _endpoint(self, b: _Batch, ip: IPAddress, port: int, proto: int
+                  ) -> tuple[tuple[str, str, str] | None, bool, ServicePort | None]:
+        """(namespace, service, port label) of the first Service port an endpoint serves."""
+        k = (ip, port, proto)
+        r = b.endpoints.get(k)
+        if r is None:
+            sps = self._meta.endpoint_services(ip, port, proto)
+            if not sps:
+                r = (None, False, None)
+            else:
+                first = min(sps, key=lambda sp: (sp.namespace, sp.service, sp.port, sp.port_name))
+                r = ((first.namespace, first.service, str(first.port)), len(sps) > 1, first)
+            b.endpoints[k] = r
+        return r
+
+    def _address(self, b: _Batch, ip: IPAddress, port: int, proto: int) -> ServicePort | None:
+        k = (ip, port, proto)
+        if k in b.addresses:
+            return b.addresses[k]
+        r = b.addresses[k] = self._meta.service_address(ip, port, proto)
+        return r
+
+    def _view(self, b: _Batch, ns: str, svc: str, node: str) -> ProxyView | None:
+        k = (ns, svc, node)
+        if k in b.views:
+            return b.views[k]
+        v = b.views[k] = self._hints.proxy_view(ns, svc, node)
+        return v
+
+    def _hint_check(self, b: _Batch, svc: tuple[str, str, str], cnode: str, server: IPAddress,
+                    czl: str, szl: str, nb: int) -> None:
+        pv = self._view(b, svc[0], svc[1], cnode)
+        if pv is None or not pv.topology_mode:
+            return
+        text = b.texts.get(server)
+        if text is None:
+            text = b.texts[server] = str(server)
+        if text not in pv.selected:
+            key = (svc[0], svc[1], czl, szl)
+            self._ignored[key] = self._ignored.get(key, 0) + nb
+
+    def _clusterip_hostnet(self, b: _Batch, sa: ServicePort) -> tuple[str, Peer | None]:
+        """Decide a ClusterIP client-side copy: (skip reason, None) or ("", server peer).
+
+        The server peer is known when every endpoint kube-proxy on this node may pick is
+        host-network (so no veth counts the bytes at the server).
+        """
+        k = (sa.namespace, sa.service)
+        r = b.hostnet.get(k)
+        if r is not None:
+            return r
+        pv = self._view(b, sa.namespace, sa.service, self.node)
+        peers: list[Peer] = []
+        if pv is not None:
+            for a in sorted(pv.selected):
+                try:
+                    ip = ipaddress.ip_address(a)
+                except ValueError:
+                    continue
+                peers.append(self._peer(b, ip))
+        hn = [p for p in peers if _is_host_network(p)]
+        if not hn:
+            r = (S_CLUSTERIP_CLIENT_COPY, None)
+        elif len(hn) < len(peers):
+            r = (S_CLUSTERIP_MIXED_HOST_NETWORK, None)
+        else:
+            nodes = {p.node for p in hn}
+            zones = {p.zone for p in hn}
+            regions = {p.region for p in hn}
+            if len(nodes) == 1 and None not in nodes:
+                server = hn[0]
+            elif len(zones) == 1 and None not in zones:
+                server = Peer(PeerKind.NODE, zone=hn[0].zone,
+                              region=hn[0].region if len(regions) == 1 else None)
+            else:
+                server = Peer(PeerKind.UNKNOWN, reason=R_CLUSTERIP_TO_HOST_NETWORK)
+            r = ("", server)
+        b.hostnet[k] = r
+        return r
+
+    def _client_side_service(self, b: _Batch, d: FlowDelta, svc: tuple[str, str, str],
+                             server: Peer, oz: str | None, orr: str | None, nb: int,
+                             hint_ip: IPAddress | None) -> None:
+        """Count a local pod's traffic to a host-network endpoint as Service traffic."""
+        sz = server.zone
+        crossing = _crossing(oz, orr, self.node, PeerKind.POD,
+                             sz, server.region, server.node, server.kind)
+        if crossing == UNKNOWN:
+            self._add(self._unknown, R_NODE_WITHOUT_ZONE if oz is None
+                      else (server.reason or _DEFAULT_REASON[server.kind]), nb)
+        czl = oz or UNKNOWN
+        szl = sz or UNKNOWN
+        direction = "request" if d.kind is FlowKind.EGRESS else "response"
+        key = (svc[0], svc[1], svc[2], czl, szl, crossing, direction)
+        self._service[key] = self._service.get(key, 0) + nb
+        if hint_ip is not None:  # direct dial: kube-proxy did not choose, so check
+            self._hint_check(b, svc, self.node, hint_ip, czl, szl, nb)
+        server_label = (self._label(b, hint_ip, server) if hint_ip is not None
+                        else _label(server, d.remote) if server.node else f"{svc[0]}/{svc[1]}")
+        self._pair(self._label(b, d.local, None), server_label,
+                   svc[0], svc[1], czl, szl, crossing, nb)
+
+    def _pair(self, client: str, server: str, ns: str, svc: str, cz: str, sz: str,
+              crossing: str, nb: int) -> None:
+        k = (client, server, ns, svc, cz, sz, crossing)
+        p = self._pairs
+        v = p.get(k)
+        if v is not None:
+            p[k] = v + nb
+        elif len(p) < self._pair_capacity:
+            p[k] = nb
+        else:
+            self._pairs_other += nb
+
+    def _refresh_locality(self, at: float) -> None:
+        seen: set[ServiceRef] = set()
+        for ns, name in self._hints.services():
+            diag = self._hints.locality(ns, name)
+            if diag is None:
+                continue
+            ref = ServiceRef(ns, name)
+            seen.add(ref)
+            in_effect = dict(diag.in_effect)
+            state = (diag.mode, diag.reason, frozenset(in_effect.items()))
+            prev = self._locality.get(ref)
+            if prev is None or prev[0] != state:
+                self._locality[ref] = (state, LocalityState(
+                    diag.mode, diag.reason, types.MappingProxyType(in_effect), at))
+        for ref in [r for r in self._locality if r not in seen]:
+            del self._locality[ref]
