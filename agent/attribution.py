@@ -93,6 +93,9 @@ D_AMBIGUOUS_SERVICE = "ambiguous_service"
 D_HINT_CHECK_NO_CLIENT_NODE = "hint_check_client_node_unknown"
 D_OVERFLOW_UNFILTERED = "flow_table_full_unfiltered"
 
+#: seconds a "are this Service's selected endpoints host-network?" decision is reused
+HOSTNET_TTL = 30.0
+
 _DEFAULT_REASON = {
     PeerKind.UNKNOWN: R_NO_POD_FOR_IP,
     PeerKind.POD: R_NODE_WITHOUT_ZONE,
@@ -372,8 +375,21 @@ def _label(peer: Peer, ip: IPAddress) -> str:
     return str(ip)
 
 
-def _is_host_network(peer: Peer) -> bool:
-    return peer.host_network or peer.kind is PeerKind.NODE
+def _no_veth(peer: Peer) -> bool:
+    """True when no agent counts the peer's side at a veth: host-network pods, nodes, and
+    addresses outside the cluster (selector-less Services with hand-written EndpointSlices).
+    Unresolved cluster addresses are taken to be pods (their node's agent counts them)."""
+    kind = peer.kind
+    return peer.host_network or (kind is not PeerKind.POD and kind is not PeerKind.UNKNOWN)
+
+
+def _ikey(ip: IPAddress) -> int:
+    """A cheap hash key for an address (``ipaddress`` hashes in Python, about 0.5 us).
+
+    IPv4 addresses map to their integer value, IPv6 ones to its bitwise complement
+    (negative), so the two families never collide.
+    """
+    return ip._ip if isinstance(ip, ipaddress.IPv4Address) else ~ip._ip  # type: ignore[attr-defined]
 
 
 def _crossing(cz: str | None, cr: str | None, cn: str | None, ck: PeerKind,
@@ -390,16 +406,36 @@ def _crossing(cz: str | None, cr: str | None, cn: str | None, ck: PeerKind,
     return SAME_ZONE if cz == sz else CROSS_ZONE
 
 
+# A Service as counted: (namespace, service, port label, ambiguous)
+_Svc = tuple[str, str, str, bool]
+_NOT_CACHED: _Svc = ("", "", "", False)  # cache-miss sentinel, compared by identity
+# REQUEST/RESPONSE client: (client_zone label, crossing, unknown reason, node for the hint
+# check or None, hint check applies, pair label)
+_Client = tuple[str, str, str | None, str | None, bool, str]
+# EGRESS/INGRESS remote decision, tagged by its first item:
+#   (0, skip reason)
+#   (1, svc, server_zone label, crossing, unknown reason, hint-ignored, pair label)
+#   (2, remote_zone label, remote_kind, crossing, unknown reason, pod-like, pair label)
+_Remote = tuple  # type: ignore[type-arg]
+
+
 @dataclass(slots=True)
 class _Batch:
-    """Per-call caches: metadata answers are stable within one attribute() call."""
+    """Per-call caches: metadata and hint answers are taken as stable within one call.
+
+    Keys use :func:`_ikey` integers rather than ``ipaddress`` objects for speed.
+    """
 
     at: float
-    peers: dict[IPAddress, Peer] = field(default_factory=dict)
-    labels: dict[IPAddress, str] = field(default_factory=dict)
-    texts: dict[IPAddress, str] = field(default_factory=dict)
-    endpoints: dict[tuple[IPAddress, int, int], tuple[tuple[str, str, str] | None, bool, ServicePort | None]] = field(default_factory=dict)
-    addresses: dict[tuple[IPAddress, int, int], ServicePort | None] = field(default_factory=dict)
+    oz: str | None
+    orr: str | None
+    peers: dict[int, Peer] = field(default_factory=dict)
+    endpoints: dict[tuple[int, int, int], _Svc | None] = field(default_factory=dict)
+    clients: dict[int, _Client] = field(default_factory=dict)
+    ignored: dict[tuple[str, str, str, int], bool] = field(default_factory=dict)
+    remotes: dict[tuple[int, int, int], _Remote] = field(default_factory=dict)
+    locals: dict[int, tuple[str, str, str, str]] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
     views: dict[tuple[str, str, str], ProxyView | None] = field(default_factory=dict)
     hostnet: dict[tuple[str, str], tuple[str, Peer | None]] = field(default_factory=dict)
 
@@ -418,6 +454,9 @@ class Attributor:
         top_n: pair rows kept in :attr:`AttributionTotals.top_pairs`.
         pair_capacity: distinct pod pairs tracked per interval; pairs beyond it are summed
             into the ``other`` row (bounds memory whatever the number of flows).
+
+    Raises:
+        ValueError: ``top_n`` < 0 or ``pair_capacity`` < 1.
     """
 
     def __init__(self, node: str, metadata: MetadataView, hints: HintView, *,
@@ -450,6 +489,8 @@ class Attributor:
         self._interval_start: float | None = None
         self._top: tuple[PairRow, ...] = ()
         self._top_interval: tuple[float, float] | None = None
+        # ClusterIP host-network decisions by selected endpoint set: (decided at, decision)
+        self._hostnet: dict[frozenset[str], tuple[float, tuple[str, Peer | None]]] = {}
         # locality
         self._locality: dict[ServiceRef, tuple[tuple[str, str, frozenset[tuple[str, bool]]], LocalityState]] = {}
 
@@ -465,14 +506,18 @@ class Attributor:
         Never raises on odd deltas: a delta with negative counts is ignored and counted in
         ``invalid_deltas``; bytes that cannot be attributed go to a reason counter.
         """
-        b = _Batch(at)
+        own = self._meta.node(self.node)
+        b = _Batch(at, own.zone if own is not None else None,
+                   own.region if own is not None else None)
         if self._interval_start is None:
             self._interval_start = at
-        own = self._meta.node(self.node)
-        oz = own.zone if own is not None else None
-        orr = own.region if own is not None else None
-        node = self.node
+        szl = b.oz or UNKNOWN
         request, response, egress = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS
+        endpoints, clients, remotes, locals_ = b.endpoints, b.clients, b.remotes, b.locals
+        service, workload, ignored = self._service, self._workload, self._ignored
+        unknown, diag, skipped = self._unknown, self._diag, self._skipped
+        pairs, cap = self._pairs, self._pair_capacity
+        v4 = ipaddress.IPv4Address
         seen = 0
         n = 0
         for d in deltas:
@@ -486,89 +531,91 @@ class Attributor:
             if d.overflow:
                 self._add(self._unattributed, R_FLOW_TABLE_FULL, nb)
                 if kind is not request and kind is not response:
-                    self._add(self._diag, D_OVERFLOW_UNFILTERED, nb)
+                    self._add(diag, D_OVERFLOW_UNFILTERED, nb)
                 continue
+            local, remote = d.local, d.remote
+            # _ikey() inlined: this loop runs per delta
+            lk = local._ip if isinstance(local, v4) else ~local._ip  # type: ignore[attr-defined]
+            rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
             if kind is request or kind is response:
-                svc, ambiguous, _ = self._endpoint(b, d.local, d.port, d.protocol)
+                ek = (lk, d.port, d.protocol)
+                svc = endpoints.get(ek, _NOT_CACHED)
+                if svc is _NOT_CACHED:
+                    svc = self._endpoint(b, local, ek)
                 if svc is None:
                     self._add(self._unattributed, R_ENDPOINT_WITHOUT_SERVICE, nb)
                     continue
-                if ambiguous:
-                    self._add(self._diag, D_AMBIGUOUS_SERVICE, nb)
-                client = self._peer(b, d.remote)
-                cz = client.zone
-                crossing = _crossing(cz, client.region, client.node, client.kind,
-                                     oz, orr, node, PeerKind.POD)
-                if crossing == UNKNOWN:
-                    self._add(self._unknown, (client.reason or _DEFAULT_REASON[client.kind])
-                              if cz is None else R_NODE_WITHOUT_ZONE, nb)
-                czl = cz or UNKNOWN
-                szl = oz or UNKNOWN
+                cl = clients.get(rk)
+                if cl is None:
+                    cl = clients[rk] = self._client(b, remote, rk)
+                czl, crossing, reason, cnode, check, clabel = cl
                 key = (svc[0], svc[1], svc[2], czl, szl, crossing, kind.value)
-                s = self._service
-                s[key] = s.get(key, 0) + nb
-                # hint-ignored: judged by kube-proxy on the client's node
-                ck = client.kind
-                if ck is PeerKind.POD or ck is PeerKind.NODE or ck is PeerKind.UNKNOWN:
-                    cnode = client.node
+                service[key] = service.get(key, 0) + nb
+                if reason is not None:
+                    unknown[reason] = unknown.get(reason, 0) + nb
+                if svc[3]:
+                    diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
+                if check:
                     if cnode is None:
-                        self._add(self._diag, D_HINT_CHECK_NO_CLIENT_NODE, nb)
+                        diag[D_HINT_CHECK_NO_CLIENT_NODE] = diag.get(D_HINT_CHECK_NO_CLIENT_NODE, 0) + nb
                     else:
-                        self._hint_check(b, svc, cnode, d.local, czl, szl, nb)
-                self._pair(self._label(b, d.remote, client), self._label(b, d.local, None),
-                           svc[0], svc[1], czl, szl, crossing, nb)
-                continue
-            # EGRESS / INGRESS at a local pod
-            remote = d.remote
-            sa = self._address(b, remote, d.port, d.protocol)
-            if sa is not None:
-                reason, server = self._clusterip_hostnet(b, sa)
-                if server is None:
-                    self._add(self._skipped, reason, nb)
-                    continue
-                svc = (sa.namespace, sa.service, str(sa.port))
-                self._client_side_service(b, d, svc, server, oz, orr, nb, hint_ip=None)
-                continue
-            svc, _ambiguous, _ = self._endpoint(b, remote, d.port, d.protocol)
-            peer = self._peer(b, remote)
-            if svc is not None:
-                if not _is_host_network(peer):
-                    self._add(self._skipped, S_ENDPOINT_CLIENT_COPY, nb)
-                    continue
-                if _ambiguous:
-                    self._add(self._diag, D_AMBIGUOUS_SERVICE, nb)
-                self._client_side_service(b, d, svc, peer, oz, orr, nb, hint_ip=remote)
-                continue
-            pk = peer.kind
-            podlike = (pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network
-            if podlike and kind is not egress:
-                self._add(self._skipped, S_POD_PEER_INGRESS, nb)
-                continue
-            local = self._peer(b, d.local)
-            rz = peer.zone
-            crossing = _crossing(oz, orr, node, PeerKind.POD, rz, peer.region, peer.node, pk)
-            if crossing == UNKNOWN:
-                self._add(self._unknown, R_NODE_WITHOUT_ZONE if oz is None
-                          else (peer.reason or _DEFAULT_REASON[pk]), nb)
-            if local.kind is PeerKind.POD:
-                ns = local.namespace or UNKNOWN
-                wl = local.workload or local.name or UNKNOWN
-                wk = local.workload_kind or ("Pod" if local.name else UNKNOWN)
+                        hk = (svc[0], svc[1], cnode, lk)
+                        ig = b.ignored.get(hk)
+                        if ig is None:
+                            ig = b.ignored[hk] = self._is_ignored(b, svc, cnode, local)
+                        if ig:
+                            ikey = (svc[0], svc[1], czl, szl)
+                            ignored[ikey] = ignored.get(ikey, 0) + nb
+                slabel = b.labels.get(lk)
+                if slabel is None:
+                    slabel = b.labels[lk] = _label(self._peer(b, local, lk), local)
+                pk = (clabel, slabel, svc[0], svc[1], czl, szl, crossing)
             else:
-                ns = wl = wk = UNKNOWN
-            czl = oz or UNKNOWN
-            rzl = rz or UNKNOWN
-            direction = "egress" if kind is egress else "ingress"
-            wkey = (ns, wl, wk, czl, rzl, "node" if peer.host_network else pk.value, crossing,
-                    direction)
-            w = self._workload
-            w[wkey] = w.get(wkey, 0) + nb
-            cl = self._label(b, d.local, local)
-            rl = self._label(b, remote, peer)
-            if kind is egress:
-                self._pair(cl, rl, "", "", czl, rzl, crossing, nb)
+                # EGRESS / INGRESS at a local pod
+                rkey = (rk, d.port, d.protocol)
+                r = remotes.get(rkey)
+                if r is None:
+                    r = remotes[rkey] = self._remote(b, d, rk)
+                tag = r[0]
+                if tag == 0:
+                    skipped[r[1]] = skipped.get(r[1], 0) + nb
+                    continue
+                loc = locals_.get(lk)
+                if loc is None:
+                    loc = locals_[lk] = self._local(b, local, lk)
+                czl = szl
+                if tag == 1:
+                    _, svc, rzl, crossing, reason, ig, rlabel = r
+                    direction = "request" if kind is egress else "response"
+                    key = (svc[0], svc[1], svc[2], czl, rzl, crossing, direction)
+                    service[key] = service.get(key, 0) + nb
+                    if svc[3]:
+                        diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
+                    if ig:
+                        ikey = (svc[0], svc[1], czl, rzl)
+                        ignored[ikey] = ignored.get(ikey, 0) + nb
+                    pk = (loc[3], rlabel, svc[0], svc[1], czl, rzl, crossing)
+                else:
+                    _, rzl, rkind, crossing, reason, podlike, rlabel = r
+                    if podlike and kind is not egress:
+                        skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
+                        continue
+                    if kind is egress:
+                        wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "egress")
+                        pk = (loc[3], rlabel, "", "", czl, rzl, crossing)
+                    else:
+                        wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "ingress")
+                        pk = (rlabel, loc[3], "", "", rzl, czl, crossing)
+                    workload[wkey] = workload.get(wkey, 0) + nb
+                if reason is not None:
+                    unknown[reason] = unknown.get(reason, 0) + nb
+            v = pairs.get(pk)
+            if v is not None:
+                pairs[pk] = v + nb
+            elif len(pairs) < cap:
+                pairs[pk] = nb
             else:
-                self._pair(rl, cl, "", "", rzl, czl, crossing, nb)
+                self._pairs_other += nb
         self._bytes_seen += seen
         self._deltas_seen += n
 
@@ -590,6 +637,7 @@ class Attributor:
         self._pairs = {}
         self._pairs_other = 0
         self._interval_start = at
+        self._hostnet = {k: v for k, v in self._hostnet.items() if at - v[0] < HOSTNET_TTL}
         self._refresh_locality(at)
 
     def totals(self) -> AttributionTotals:
@@ -611,7 +659,7 @@ class Attributor:
             top_interval=self._top_interval,
         )
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ helpers (cache misses)
 
     @staticmethod
     def _add(d: dict[str, int], key: str, n: int) -> None:
@@ -627,39 +675,85 @@ class Attributor:
             out[key] = v
         return types.MappingProxyType(out)
 
-    def _peer(self, b: _Batch, ip: IPAddress) -> Peer:
-        p = b.peers.get(ip)
+    def _peer(self, b: _Batch, ip: IPAddress, k: int) -> Peer:
+        p = b.peers.get(k)
         if p is None:
-            p = b.peers[ip] = self._meta.resolve(ip, b.at)
+            p = b.peers[k] = self._meta.resolve(ip, b.at)
         return p
 
-    def _label(self, b: _Batch, ip: IPAddress, peer: Peer | None) -> str:
-        s = b.labels.get(ip)
-        if s is None:
-            s = b.labels[ip] = _label(peer if peer is not None else self._peer(b, ip), ip)
-        return s
-
-    def _endpoint(self, b: _Batch, ip: IPAddress, port: int, proto: int
-                  ) -> tuple[tuple[str, str, str] | None, bool, ServicePort | None]:
-        """(namespace, service, port label) of the first Service port an endpoint serves."""
-        k = (ip, port, proto)
-        r = b.endpoints.get(k)
-        if r is None:
-            sps = self._meta.endpoint_services(ip, port, proto)
-            if not sps:
-                r = (None, False, None)
-            else:
-                first = min(sps, key=lambda sp: (sp.namespace, sp.service, sp.port, sp.port_name))
-                r = ((first.namespace, first.service, str(first.port)), len(sps) > 1, first)
-            b.endpoints[k] = r
+    def _endpoint(self, b: _Batch, ip: IPAddress, ek: tuple[int, int, int]) -> _Svc | None:
+        """The first Service port (by namespace, name, port, port name) an endpoint serves."""
+        sps = self._meta.endpoint_services(ip, ek[1], ek[2])
+        r: _Svc | None = None
+        if sps:
+            first = min(sps, key=lambda sp: (sp.namespace, sp.service, sp.port, sp.port_name))
+            r = (first.namespace, first.service, str(first.port), len(sps) > 1)
+        b.endpoints[ek] = r
         return r
 
-    def _address(self, b: _Batch, ip: IPAddress, port: int, proto: int) -> ServicePort | None:
-        k = (ip, port, proto)
-        if k in b.addresses:
-            return b.addresses[k]
-        r = b.addresses[k] = self._meta.service_address(ip, port, proto)
-        return r
+    def _client(self, b: _Batch, ip: IPAddress, k: int) -> _Client:
+        """Classify the client of a REQUEST/RESPONSE delta (the server is on this node)."""
+        c = self._peer(b, ip, k)
+        cz = c.zone
+        crossing = _crossing(cz, c.region, c.node, c.kind, b.oz, b.orr, self.node, PeerKind.POD)
+        reason: str | None = None
+        if crossing == UNKNOWN:
+            reason = (c.reason or _DEFAULT_REASON[c.kind]) if cz is None else R_NODE_WITHOUT_ZONE
+        # kube-proxy on the client's node decides; CIDR and external clients have none
+        check = c.kind is PeerKind.POD or c.kind is PeerKind.NODE or c.kind is PeerKind.UNKNOWN
+        return (cz or UNKNOWN, crossing, reason, c.node, check, _label(c, ip))
+
+    def _local(self, b: _Batch, ip: IPAddress, k: int) -> tuple[str, str, str, str]:
+        """(namespace, workload, workload kind, pair label) of a local pod."""
+        p = self._peer(b, ip, k)
+        if p.kind is PeerKind.POD:
+            return (p.namespace or UNKNOWN, p.workload or p.name or UNKNOWN,
+                    p.workload_kind or ("Pod" if p.name else UNKNOWN), _label(p, ip))
+        return (UNKNOWN, UNKNOWN, UNKNOWN, str(ip))
+
+    def _remote(self, b: _Batch, d: FlowDelta, rk: int) -> _Remote:
+        """Decide an EGRESS/INGRESS delta by its remote (address, port, protocol)."""
+        remote, port, proto = d.remote, d.port, d.protocol
+        sa = self._meta.service_address(remote, port, proto)
+        if sa is not None:
+            skip, server = self._clusterip_hostnet(b, sa)
+            if server is None:
+                return (0, skip)
+            svc = (sa.namespace, sa.service, str(sa.port), False)
+            label = _label(server, remote) if server.node else f"{sa.namespace}/{sa.service}"
+            # kube-proxy on this node picked among the endpoints it selects: not ignored
+            return self._server_side(b, svc, server, False, label)
+        ek = (rk, port, proto)
+        svc_ = b.endpoints.get(ek, _NOT_CACHED)
+        if svc_ is _NOT_CACHED:
+            svc_ = self._endpoint(b, remote, ek)
+        peer = self._peer(b, remote, rk)
+        if svc_ is not None:
+            if not _no_veth(peer):
+                return (0, S_ENDPOINT_CLIENT_COPY)
+            # a direct dial of an endpoint without veth: did it bypass this node's selection?
+            ig = self._is_ignored(b, svc_, self.node, remote)
+            return self._server_side(b, svc_, peer, ig, _label(peer, remote))
+        pk = peer.kind
+        podlike = (pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network
+        crossing = _crossing(b.oz, b.orr, self.node, PeerKind.POD,
+                             peer.zone, peer.region, peer.node, pk)
+        reason: str | None = None
+        if crossing == UNKNOWN:
+            reason = R_NODE_WITHOUT_ZONE if b.oz is None else (peer.reason or _DEFAULT_REASON[pk])
+        rkind = "node" if peer.host_network else pk.value
+        return (2, peer.zone or UNKNOWN, rkind, crossing, reason, podlike, _label(peer, remote))
+
+    def _server_side(self, b: _Batch, svc: _Svc, server: Peer, ignored: bool, label: str) -> _Remote:
+        """Service traffic counted at the client (host-network endpoint, no veth there)."""
+        sz = server.zone
+        crossing = _crossing(b.oz, b.orr, self.node, PeerKind.POD,
+                             sz, server.region, server.node, server.kind)
+        reason: str | None = None
+        if crossing == UNKNOWN:
+            reason = R_NODE_WITHOUT_ZONE if b.oz is None else (
+                server.reason or _DEFAULT_REASON[server.kind])
+        return (1, svc, sz or UNKNOWN, crossing, reason, ignored, label)
 
     def _view(self, b: _Batch, ns: str, svc: str, node: str) -> ProxyView | None:
         k = (ns, svc, node)
@@ -668,90 +762,61 @@ class Attributor:
         v = b.views[k] = self._hints.proxy_view(ns, svc, node)
         return v
 
-    def _hint_check(self, b: _Batch, svc: tuple[str, str, str], cnode: str, server: IPAddress,
-                    czl: str, szl: str, nb: int) -> None:
+    def _is_ignored(self, b: _Batch, svc: _Svc, cnode: str, server: IPAddress) -> bool:
+        """True when kube-proxy on ``cnode`` filters by topology and would not pick ``server``."""
         pv = self._view(b, svc[0], svc[1], cnode)
-        if pv is None or not pv.topology_mode:
-            return
-        text = b.texts.get(server)
-        if text is None:
-            text = b.texts[server] = str(server)
-        if text not in pv.selected:
-            key = (svc[0], svc[1], czl, szl)
-            self._ignored[key] = self._ignored.get(key, 0) + nb
+        return pv is not None and bool(pv.topology_mode) and str(server) not in pv.selected
 
     def _clusterip_hostnet(self, b: _Batch, sa: ServicePort) -> tuple[str, Peer | None]:
         """Decide a ClusterIP client-side copy: (skip reason, None) or ("", server peer).
 
-        The server peer is known when every endpoint kube-proxy on this node may pick is
-        host-network (so no veth counts the bytes at the server).
+        The bytes are counted here when every endpoint kube-proxy on this node may pick has
+        no veth (host-network, or outside the cluster), since no agent sees the server side;
+        the server is then the endpoint, or what all of them share (node, zone, external).
         """
         k = (sa.namespace, sa.service)
         r = b.hostnet.get(k)
         if r is not None:
             return r
         pv = self._view(b, sa.namespace, sa.service, self.node)
-        peers: list[Peer] = []
-        if pv is not None:
-            for a in sorted(pv.selected):
-                try:
-                    ip = ipaddress.ip_address(a)
-                except ValueError:
-                    continue
-                peers.append(self._peer(b, ip))
-        hn = [p for p in peers if _is_host_network(p)]
-        if not hn:
-            r = (S_CLUSTERIP_CLIENT_COPY, None)
-        elif len(hn) < len(peers):
-            r = (S_CLUSTERIP_MIXED_HOST_NETWORK, None)
+        selected = pv.selected if pv is not None else frozenset()
+        # Across calls, keyed by the selected set (its hash is cached by frozenset): whether
+        # an endpoint address is host-network hardly ever changes, so a decision is reused
+        # for HOSTNET_TTL seconds instead of parsing and resolving every endpoint per drain.
+        hit = self._hostnet.get(selected)
+        if hit is not None and b.at - hit[0] < HOSTNET_TTL:
+            r = hit[1]
         else:
-            nodes = {p.node for p in hn}
-            zones = {p.zone for p in hn}
-            regions = {p.region for p in hn}
-            if len(nodes) == 1 and None not in nodes:
-                server = hn[0]
-            elif len(zones) == 1 and None not in zones:
-                server = Peer(PeerKind.NODE, zone=hn[0].zone,
-                              region=hn[0].region if len(regions) == 1 else None)
-            else:
-                server = Peer(PeerKind.UNKNOWN, reason=R_CLUSTERIP_TO_HOST_NETWORK)
-            r = ("", server)
+            r = self._hostnet_decide(b, selected)
+            self._hostnet[selected] = (b.at, r)
         b.hostnet[k] = r
         return r
 
-    def _client_side_service(self, b: _Batch, d: FlowDelta, svc: tuple[str, str, str],
-                             server: Peer, oz: str | None, orr: str | None, nb: int,
-                             hint_ip: IPAddress | None) -> None:
-        """Count a local pod's traffic to a host-network endpoint as Service traffic."""
-        sz = server.zone
-        crossing = _crossing(oz, orr, self.node, PeerKind.POD,
-                             sz, server.region, server.node, server.kind)
-        if crossing == UNKNOWN:
-            self._add(self._unknown, R_NODE_WITHOUT_ZONE if oz is None
-                      else (server.reason or _DEFAULT_REASON[server.kind]), nb)
-        czl = oz or UNKNOWN
-        szl = sz or UNKNOWN
-        direction = "request" if d.kind is FlowKind.EGRESS else "response"
-        key = (svc[0], svc[1], svc[2], czl, szl, crossing, direction)
-        self._service[key] = self._service.get(key, 0) + nb
-        if hint_ip is not None:  # direct dial: kube-proxy did not choose, so check
-            self._hint_check(b, svc, self.node, hint_ip, czl, szl, nb)
-        server_label = (self._label(b, hint_ip, server) if hint_ip is not None
-                        else _label(server, d.remote) if server.node else f"{svc[0]}/{svc[1]}")
-        self._pair(self._label(b, d.local, None), server_label,
-                   svc[0], svc[1], czl, szl, crossing, nb)
-
-    def _pair(self, client: str, server: str, ns: str, svc: str, cz: str, sz: str,
-              crossing: str, nb: int) -> None:
-        k = (client, server, ns, svc, cz, sz, crossing)
-        p = self._pairs
-        v = p.get(k)
-        if v is not None:
-            p[k] = v + nb
-        elif len(p) < self._pair_capacity:
-            p[k] = nb
-        else:
-            self._pairs_other += nb
+    def _hostnet_decide(self, b: _Batch, selected: frozenset[str]) -> tuple[str, Peer | None]:
+        peers: list[Peer] = []
+        for a in sorted(selected):
+            try:
+                ip = ipaddress.ip_address(a)
+            except ValueError:
+                continue
+            peers.append(self._peer(b, ip, _ikey(ip)))
+        hn = [p for p in peers if _no_veth(p)]
+        if not hn:
+            return (S_CLUSTERIP_CLIENT_COPY, None)
+        if len(hn) < len(peers):
+            return (S_CLUSTERIP_MIXED_HOST_NETWORK, None)
+        nodes = {p.node for p in hn}
+        zones = {p.zone for p in hn}
+        regions = {p.region for p in hn}
+        kinds = {p.kind for p in hn}
+        if len(hn) == 1 or (len(nodes) == 1 and None not in nodes):
+            return ("", hn[0])
+        if kinds == {PeerKind.EXTERNAL}:
+            return ("", Peer(PeerKind.EXTERNAL))
+        if len(zones) == 1 and None not in zones:
+            return ("", Peer(kinds.pop() if len(kinds) == 1 else PeerKind.NODE, zone=hn[0].zone,
+                             region=hn[0].region if len(regions) == 1 else None))
+        return ("", Peer(PeerKind.UNKNOWN, reason=R_CLUSTERIP_TO_HOST_NETWORK))
 
     def _refresh_locality(self, at: float) -> None:
         seen: set[ServiceRef] = set()

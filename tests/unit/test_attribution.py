@@ -209,6 +209,11 @@ SCENARIOS = {
     "host_network_client_clusterip": Conn("node:n2", "10.96.0.10", 80, 77, 880,
                                           backend="10.1.3.20", bport=8080),
     "server_replies_from_pod_to_pod": Conn("db-0", "10.1.1.10", 7000, 11, 22),
+    "clusterip_selectorless_cidr": Conn("web-7c9f-abcde", "10.96.0.40", 5432, 640, 9900,
+                                        backend="172.31.1.6", bport=5432),
+    "clusterip_selectorless_external": Conn("web-7c9f-abcde", "10.96.0.41", 443, 123, 4567,
+                                            backend="203.0.113.51", bport=443),
+    "direct_selectorless_cidr": Conn("web-7c9f-abcde", "172.31.1.6", 5432, 1, 2),
 }
 
 
@@ -262,6 +267,13 @@ def test_all_scenarios_together_once_and_in_the_right_series() -> None:
     # 192.168.0.3:9100 backs monitoring/node-exporter and shop/mixed: monitoring first.
     assert service("monitoring", "exporter-n2") == {"request": hn[0].req, "response": hn[0].resp}
     assert service("monitoring", "node-exporter") == {"request": hn[1].req, "response": hn[1].resp}
+    rds = [SCENARIOS["clusterip_selectorless_cidr"], SCENARIOS["direct_selectorless_cidr"]]
+    assert service("shop", "rds") == {"request": sum(c.req for c in rds),
+                                      "response": sum(c.resp for c in rds)}
+    assert t["n1"].service_bytes[ServiceKey("shop", "rds", "5432", A, B, "cross_zone", "request")] == 641
+    partner = SCENARIOS["clusterip_selectorless_external"]
+    assert t["n1"].service_bytes[ServiceKey("shop", "partner", "443", A, "unknown", "external",
+                                            "response")] == partner.resp
     nonsvc = [SCENARIOS[s] for s in ("pod_to_pod", "pod_to_pod_same_node", "pod_to_node",
                                      "pod_to_external", "pod_to_cidr",
                                      "server_replies_from_pod_to_pod")]

@@ -188,7 +188,7 @@ class FakeHints:
         n = self.meta.node(node)
         if eps is None or n is None:
             return None
-        ready = [e for e in eps if e["conditions"]["ready"]]
+        ready = [e for e in eps if e.get("conditions", {}).get("ready", True) is not False]
         zone = n.zone or ""
         hinted = [e for e in ready if zone in {z["name"] for z in e.get("hints", {}).get("forZones", [])}]
         all_hinted = all(e.get("hints", {}).get("forZones") for e in ready)
@@ -250,6 +250,9 @@ def objects() -> dict[str, Any]:
         service("monitoring", "exporter-n2", ["10.96.0.21"], [("metrics", 9100, 9100, "TCP")]),
         service("shop", "mixed", ["10.96.0.30"], [("m", 9100, 9100, "TCP")]),
         service("shop", "dns", ["10.96.0.53"], [("dns", 53, 5353, "UDP")]),
+        # selector-less Services with hand-written slices: a managed database, an outside API
+        service("shop", "rds", ["10.96.0.40"], [("pg", 5432, 5432, "TCP")]),
+        service("shop", "partner", ["10.96.0.41"], [("https", 443, 443, "TCP")]),
     ]
     api_eps = [endpoint("10.1.1.20", "n1", "eu-west-1a", ["eu-west-1a"]),
                endpoint("10.1.2.20", "n2", "eu-west-1a", ["eu-west-1a"]),
@@ -269,6 +272,10 @@ def objects() -> dict[str, Any]:
                [("m", 9100, "TCP")]),
         slice_("shop", "dns", "dns-x1", [endpoint("10.1.3.30", "n3", "eu-west-1b")],
                [("dns", 5353, "UDP")]),
+        slice_("shop", "rds", "rds-1", [{"addresses": ["172.31.1.6"]}], [("pg", 5432, "TCP")]),
+        slice_("shop", "partner", "partner-1",
+               [{"addresses": ["203.0.113.50"]}, {"addresses": ["203.0.113.51"]}],
+               [("https", 443, "TCP")]),
     ]
     cidrs = [("172.31.0.0/20", "eu-west-1b", "eu-west-1"), ("172.31.64.0/20", None, None)]
     return {"nodes": nodes, "pods": pods, "services": services, "slices": slices, "cidrs": cidrs,
