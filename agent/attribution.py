@@ -14,12 +14,13 @@ full table and the reasons vocabulary):
 
   - a ClusterIP (or other address kube-proxy DNATs, see :meth:`MetadataView.service_address`):
     a client-side copy, dropped, because the endpoint's node counts it; except when every
-    endpoint this node's kube-proxy may pick is host-network (no veth there): then it is
-    counted here as Service traffic. With a mix of veth and host-network endpoints the
-    client cannot tell which one got the bytes: they are dropped and reported as the
-    skipped reason ``clusterip_mixed_host_network`` (the host-network share is uncounted).
+    endpoint this node's kube-proxy may pick has no veth (host-network, or outside the
+    cluster for selector-less Services): then it is counted here as Service traffic. With a
+    mix of veth and veth-less endpoints the client cannot tell which one got the bytes:
+    they are dropped and reported as the skipped reason ``clusterip_mixed_host_network``
+    (the veth-less share is then counted nowhere; a known limitation).
   - a known Service endpoint ``(address, port, protocol)``: a client-side copy, dropped,
-    unless the endpoint is host-network: then counted here as Service traffic.
+    unless the endpoint has no veth: then counted here as Service traffic.
   - a pod (on any node, or an unresolved cluster address): only ``EGRESS`` is kept (the
     other pod's node counts the other direction as its own egress).
   - anything else (node, CIDR, external): both directions are kept.
@@ -549,7 +550,8 @@ class Attributor:
                 if cl is None:
                     cl = clients[rk] = self._client(b, remote, rk)
                 czl, crossing, reason, cnode, check, clabel = cl
-                key = (svc[0], svc[1], svc[2], czl, szl, crossing, kind.value)
+                key = (svc[0], svc[1], svc[2], czl, szl, crossing,
+                       "request" if kind is request else "response")
                 service[key] = service.get(key, 0) + nb
                 if reason is not None:
                     unknown[reason] = unknown.get(reason, 0) + nb
