@@ -432,3 +432,14 @@ def test_top_pairs_ranked_bounded_and_per_interval(cluster) -> None:  # type: ig
     at.close_interval(T0 + 20)
     assert at.totals().top_pairs == ()  # a new interval without traffic
     assert sum(at.totals().service_bytes.values()) == 580  # cumulative totals untouched
+
+
+def test_ipv4_and_ipv6_with_equal_integer_values_are_kept_apart(cluster) -> None:  # type: ignore[no-untyped-def]
+    # ::c0a8:3 has the integer value of 192.168.0.3 (node n3): it must not resolve as n3
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "192.168.0.3", 10250, 5),
+                  flow(FlowKind.EGRESS, "fd00:10:1:1::10", "::c0a8:3", 10250, 7)], T0)
+    assert dict(at.totals().workload_bytes) == {
+        WorkloadKey("shop", "web", "Deployment", A, B, "node", "cross_zone", "egress"): 5,
+        WorkloadKey("shop", "web", "Deployment", A, "unknown", "external", "external", "egress"): 7,
+    }
