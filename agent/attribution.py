@@ -40,12 +40,15 @@ that dialled the pod address directly, so clients that bypass the ClusterIP coun
 from __future__ import annotations
 
 import ipaddress
+import logging
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.records import FlowDelta, FlowKind, IPAddress, Peer, PeerKind, ProxyView, ServicePort
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "AttributionTotals",
@@ -79,6 +82,7 @@ CROSSINGS: tuple[str, ...] = (SAME_NODE, SAME_ZONE, CROSS_ZONE, CROSS_REGION, EX
 # unattributed: bytes in no service/workload series
 R_FLOW_TABLE_FULL = "flow_table_full"
 R_ENDPOINT_WITHOUT_SERVICE = "endpoint_without_service"
+R_ATTRIBUTION_ERROR = "attribution_error"
 # skipped: client-side copies counted by another agent (or by this one at the endpoint)
 S_CLUSTERIP_CLIENT_COPY = "clusterip_client_copy"
 S_CLUSTERIP_MIXED_HOST_NETWORK = "clusterip_mixed_host_network"
@@ -480,6 +484,7 @@ class Attributor:
         self._bytes_seen = 0
         self._deltas_seen = 0
         self._invalid = 0
+        self._logged: set[str] = set()
         # tuple -> frozen key, so totals() allocates each key object once
         self._service_keys: dict[tuple[str, ...], ServiceKey] = {}
         self._ignored_keys: dict[tuple[str, ...], HintIgnoredKey] = {}
@@ -505,7 +510,9 @@ class Attributor:
             at: Unix time in seconds of the drain; addresses are resolved as of then.
 
         Never raises on odd deltas: a delta with negative counts is ignored and counted in
-        ``invalid_deltas``; bytes that cannot be attributed go to a reason counter.
+        ``invalid_deltas``; bytes that cannot be attributed go to a reason counter; a delta
+        whose metadata or hint lookup raises goes to ``attribution_error`` (logged once per
+        error type) and the batch goes on.
         """
         own = self._meta.node(self.node)
         b = _Batch(at, own.zone if own is not None else None,
@@ -534,83 +541,89 @@ class Attributor:
                 if kind is not request and kind is not response:
                     self._add(diag, D_OVERFLOW_UNFILTERED, nb)
                 continue
-            local, remote = d.local, d.remote
-            # _ikey() inlined: this loop runs per delta
-            lk = local._ip if isinstance(local, v4) else ~local._ip  # type: ignore[attr-defined]
-            rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
-            if kind is request or kind is response:
-                ek = (lk, d.port, d.protocol)
-                svc = endpoints.get(ek, _NOT_CACHED)
-                if svc is _NOT_CACHED:
-                    svc = self._endpoint(b, local, ek)
-                if svc is None:
-                    self._add(self._unattributed, R_ENDPOINT_WITHOUT_SERVICE, nb)
-                    continue
-                cl = clients.get(rk)
-                if cl is None:
-                    cl = clients[rk] = self._client(b, remote, rk)
-                czl, crossing, reason, cnode, check, clabel = cl
-                key = (svc[0], svc[1], svc[2], czl, szl, crossing,
-                       "request" if kind is request else "response")
-                service[key] = service.get(key, 0) + nb
-                if reason is not None:
-                    unknown[reason] = unknown.get(reason, 0) + nb
-                if svc[3]:
-                    diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
-                if check:
-                    if cnode is None:
-                        diag[D_HINT_CHECK_NO_CLIENT_NODE] = diag.get(D_HINT_CHECK_NO_CLIENT_NODE, 0) + nb
-                    else:
+            try:
+                local, remote = d.local, d.remote
+                # _ikey() inlined: this loop runs per delta
+                lk = local._ip if isinstance(local, v4) else ~local._ip  # type: ignore[attr-defined]
+                rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
+                if kind is request or kind is response:
+                    ek = (lk, d.port, d.protocol)
+                    svc = endpoints.get(ek, _NOT_CACHED)
+                    if svc is _NOT_CACHED:
+                        svc = self._endpoint(b, local, ek)
+                    if svc is None:
+                        self._add(self._unattributed, R_ENDPOINT_WITHOUT_SERVICE, nb)
+                        continue
+                    cl = clients.get(rk)
+                    if cl is None:
+                        cl = clients[rk] = self._client(b, remote, rk)
+                    czl, crossing, reason, cnode, check, clabel = cl
+                    # every lookup that can fail happens before the first counter moves
+                    ig = False
+                    if check and cnode is not None:
                         hk = (svc[0], svc[1], cnode, lk)
-                        ig = b.ignored.get(hk)
+                        ig = b.ignored.get(hk)  # type: ignore[assignment]
                         if ig is None:
                             ig = b.ignored[hk] = self._is_ignored(b, svc, cnode, local)
-                        if ig:
-                            ikey = (svc[0], svc[1], czl, szl)
-                            ignored[ikey] = ignored.get(ikey, 0) + nb
-                slabel = b.labels.get(lk)
-                if slabel is None:
-                    slabel = b.labels[lk] = _label(self._peer(b, local, lk), local)
-                pk = (clabel, slabel, svc[0], svc[1], czl, szl, crossing)
-            else:
-                # EGRESS / INGRESS at a local pod
-                rkey = (rk, d.port, d.protocol)
-                r = remotes.get(rkey)
-                if r is None:
-                    r = remotes[rkey] = self._remote(b, d, rk)
-                tag = r[0]
-                if tag == 0:
-                    skipped[r[1]] = skipped.get(r[1], 0) + nb
-                    continue
-                loc = locals_.get(lk)
-                if loc is None:
-                    loc = locals_[lk] = self._local(b, local, lk)
-                czl = szl
-                if tag == 1:
-                    _, svc, rzl, crossing, reason, ig, rlabel = r
-                    direction = "request" if kind is egress else "response"
-                    key = (svc[0], svc[1], svc[2], czl, rzl, crossing, direction)
+                    slabel = b.labels.get(lk)
+                    if slabel is None:
+                        slabel = b.labels[lk] = _label(self._peer(b, local, lk), local)
+                    key = (svc[0], svc[1], svc[2], czl, szl, crossing,
+                           "request" if kind is request else "response")
                     service[key] = service.get(key, 0) + nb
+                    if reason is not None:
+                        unknown[reason] = unknown.get(reason, 0) + nb
                     if svc[3]:
                         diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
                     if ig:
-                        ikey = (svc[0], svc[1], czl, rzl)
+                        ikey = (svc[0], svc[1], czl, szl)
                         ignored[ikey] = ignored.get(ikey, 0) + nb
-                    pk = (loc[3], rlabel, svc[0], svc[1], czl, rzl, crossing)
+                    elif check and cnode is None:
+                        diag[D_HINT_CHECK_NO_CLIENT_NODE] = diag.get(D_HINT_CHECK_NO_CLIENT_NODE, 0) + nb
+                    pk = (clabel, slabel, svc[0], svc[1], czl, szl, crossing)
                 else:
-                    _, rzl, rkind, crossing, reason, podlike, rlabel = r
-                    if podlike and kind is not egress:
-                        skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
+                    # EGRESS / INGRESS at a local pod
+                    rkey = (rk, d.port, d.protocol)
+                    r = remotes.get(rkey)
+                    if r is None:
+                        r = remotes[rkey] = self._remote(b, d, rk)
+                    tag = r[0]
+                    if tag == 0:
+                        skipped[r[1]] = skipped.get(r[1], 0) + nb
                         continue
-                    if kind is egress:
-                        wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "egress")
-                        pk = (loc[3], rlabel, "", "", czl, rzl, crossing)
+                    loc = locals_.get(lk)
+                    if loc is None:
+                        loc = locals_[lk] = self._local(b, local, lk)
+                    # from here on nothing calls out: counters move together
+                    czl = szl
+                    if tag == 1:
+                        _, svc, rzl, crossing, reason, ig, rlabel = r
+                        direction = "request" if kind is egress else "response"
+                        key = (svc[0], svc[1], svc[2], czl, rzl, crossing, direction)
+                        service[key] = service.get(key, 0) + nb
+                        if svc[3]:
+                            diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
+                        if ig:
+                            ikey = (svc[0], svc[1], czl, rzl)
+                            ignored[ikey] = ignored.get(ikey, 0) + nb
+                        pk = (loc[3], rlabel, svc[0], svc[1], czl, rzl, crossing)
                     else:
-                        wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "ingress")
-                        pk = (rlabel, loc[3], "", "", rzl, czl, crossing)
-                    workload[wkey] = workload.get(wkey, 0) + nb
-                if reason is not None:
-                    unknown[reason] = unknown.get(reason, 0) + nb
+                        _, rzl, rkind, crossing, reason, podlike, rlabel = r
+                        if podlike and kind is not egress:
+                            skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
+                            continue
+                        if kind is egress:
+                            wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "egress")
+                            pk = (loc[3], rlabel, "", "", czl, rzl, crossing)
+                        else:
+                            wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "ingress")
+                            pk = (rlabel, loc[3], "", "", rzl, czl, crossing)
+                        workload[wkey] = workload.get(wkey, 0) + nb
+                    if reason is not None:
+                        unknown[reason] = unknown.get(reason, 0) + nb
+            except Exception as err:  # a metadata or hint adapter failed on this delta
+                self._failed(err, nb)
+                continue
             v = pairs.get(pk)
             if v is not None:
                 pairs[pk] = v + nb
@@ -662,6 +675,16 @@ class Attributor:
         )
 
     # ------------------------------------------------------------------ helpers (cache misses)
+
+    def _failed(self, err: Exception, nb: int) -> None:
+        """Count a delta whose lookups raised, and log each error type once."""
+        self._add(self._unattributed, R_ATTRIBUTION_ERROR, nb)
+        name = type(err).__name__
+        if name not in self._logged:
+            self._logged.add(name)
+            _log.warning("attribution lookup failed (%s: %s); bytes counted as "
+                         "unattributed reason %s, further %s errors not logged",
+                         name, err, R_ATTRIBUTION_ERROR, name)
 
     @staticmethod
     def _add(d: dict[str, int], key: str, n: int) -> None:

@@ -443,3 +443,32 @@ def test_ipv4_and_ipv6_with_equal_integer_values_are_kept_apart(cluster) -> None
         WorkloadKey("shop", "web", "Deployment", A, B, "node", "cross_zone", "egress"): 5,
         WorkloadKey("shop", "web", "Deployment", A, "unknown", "external", "external", "egress"): 7,
     }
+
+
+def test_failing_lookup_counts_the_delta_and_the_batch_goes_on(cluster, caplog) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+
+    class Broken:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            if str(ip_) == "10.1.4.40":
+                self.calls += 1
+                raise KeyError("index rebuilt under us")
+            return meta.resolve(ip_, at)
+
+    broken = Broken()
+    at = Attributor("n3", broken, hints)  # type: ignore[arg-type]
+    at.attribute([req("10.1.3.20", "10.1.4.40", 8080, 11),
+                  req("10.1.3.20", "10.1.4.40", 8080, 12, FlowKind.RESPONSE),
+                  req("10.1.3.20", "10.1.1.10", 8080, 13)], T0)
+    t = at.totals()
+    assert dict(t.unattributed_bytes) == {"attribution_error": 23}
+    assert sum(t.service_bytes.values()) == 13
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+    assert broken.calls == 2
+    assert sum("attribution lookup failed" in r.getMessage() for r in caplog.records) == 1
