@@ -97,6 +97,7 @@ R_CLUSTERIP_TO_HOST_NETWORK = "clusterip_to_host_network_endpoint"
 D_AMBIGUOUS_SERVICE = "ambiguous_service"
 D_HINT_CHECK_NO_CLIENT_NODE = "hint_check_client_node_unknown"
 D_OVERFLOW_UNFILTERED = "flow_table_full_unfiltered"
+D_HOLD_FULL = "hold_full"
 
 #: seconds a "are this Service's selected endpoints host-network?" decision is reused
 HOSTNET_TTL = 30.0
@@ -326,7 +327,7 @@ class AttributionTotals:
 
     Every counter is cumulative since the Attributor was created and never decreases.
     Per node, ``bytes_seen == sum(service_bytes) + sum(workload_bytes) +
-    sum(unattributed_bytes) + sum(skipped_bytes)``.
+    sum(unattributed_bytes) + sum(skipped_bytes) + held_bytes``.
 
     Attributes:
         node: the node this Attributor runs on.
@@ -334,17 +335,19 @@ class AttributionTotals:
         hint_ignored_bytes: ``Mapping[HintIgnoredKey, int]`` bytes (a subset of service_bytes).
         workload_bytes: ``Mapping[WorkloadKey, int]`` bytes of non-Service traffic.
         unattributed_bytes: ``Mapping[reason, int]``: bytes in no other series
-            (``flow_table_full``, ``endpoint_without_service``).
+            (``flow_table_full``, ``endpoint_without_service``, ``attribution_error``).
         unknown_crossing_bytes: ``Mapping[reason, int]``: bytes of service/workload series
             whose crossing is ``unknown``, by why (a subset of those series).
         skipped_bytes: ``Mapping[reason, int]``: client-side copies not counted here
             because another veth counts them (not part of any series).
         diagnostics_bytes: ``Mapping[name, int]``: counted bytes worth a look
             (``ambiguous_service``, ``hint_check_client_node_unknown``,
-            ``flow_table_full_unfiltered``).
+            ``flow_table_full_unfiltered``, ``hold_full``).
         bytes_seen: every byte of every delta given to :meth:`Attributor.attribute`.
         deltas_seen: number of deltas given, ``invalid_deltas`` those with negative counts
             (ignored).
+        held_bytes: bytes held for a later retry (see ``hold_unresolved_seconds``), in no
+            series yet (a gauge: it goes down when they are counted).
         locality: ``Mapping[ServiceRef, LocalityState]`` from the last
             :meth:`Attributor.close_interval`.
         top_pairs: the heaviest pairs of the last closed interval, bytes descending, then
@@ -363,6 +366,7 @@ class AttributionTotals:
     bytes_seen: int
     deltas_seen: int
     invalid_deltas: int
+    held_bytes: int
     locality: Mapping[ServiceRef, LocalityState]
     top_pairs: tuple[PairRow, ...]
     top_interval: tuple[float, float] | None = None
@@ -415,12 +419,13 @@ def _crossing(cz: str | None, cr: str | None, cn: str | None, ck: PeerKind,
 _Svc = tuple[str, str, str, bool]
 _NOT_CACHED: _Svc = ("", "", "", False)  # cache-miss sentinel, compared by identity
 # REQUEST/RESPONSE client: (client_zone label, crossing, unknown reason, node for the hint
-# check or None, hint check applies, pair label)
-_Client = tuple[str, str, str | None, str | None, bool, str]
+# check or None, hint check applies, pair label, unresolved)
+_Client = tuple[str, str, str | None, str | None, bool, str, bool]
 # EGRESS/INGRESS remote decision, tagged by its first item:
 #   (0, skip reason)
 #   (1, svc, server_zone label, crossing, unknown reason, hint-ignored, pair label)
-#   (2, remote_zone label, remote_kind, crossing, unknown reason, pod-like, pair label)
+#   (2, remote_zone label, remote_kind, crossing, unknown reason, pod-like, pair label,
+#    unresolved)
 _Remote = tuple  # type: ignore[type-arg]
 
 
@@ -439,7 +444,7 @@ class _Batch:
     clients: dict[int, _Client] = field(default_factory=dict)
     ignored: dict[tuple[str, str, str, int], bool] = field(default_factory=dict)
     remotes: dict[tuple[int, int, int], _Remote] = field(default_factory=dict)
-    locals: dict[int, tuple[str, str, str, str]] = field(default_factory=dict)
+    locals: dict[int, tuple[str, str, str, str, bool]] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
     views: dict[tuple[str, str, str], ProxyView | None] = field(default_factory=dict)
     hostnet: dict[tuple[str, str], tuple[str, Peer | None]] = field(default_factory=dict)
@@ -459,15 +464,30 @@ class Attributor:
         top_n: pair rows kept in :attr:`AttributionTotals.top_pairs`.
         pair_capacity: distinct pod pairs tracked per interval; pairs beyond it are summed
             into the ``other`` row (bounds memory whatever the number of flows).
+        hold_unresolved_seconds: when > 0, deltas whose deciding address resolves to
+            nothing (``PeerKind.UNKNOWN``: a pod the metadata cache has not heard of yet,
+            e.g. during an API outage) are held and retried at each later
+            :meth:`attribute` call, resolved as of their own drain time, until this many
+            seconds have passed; then they are counted as they resolve (``unknown`` with a
+            reason if still unresolved). 0 (default) counts them at once.
+        hold_capacity: at most this many deltas are held; beyond it they are counted at
+            once (diagnostic ``hold_full``), so memory stays bounded.
 
     Raises:
-        ValueError: ``top_n`` < 0 or ``pair_capacity`` < 1.
+        ValueError: a negative ``top_n``, ``hold_unresolved_seconds`` or ``hold_capacity``,
+            or ``pair_capacity`` < 1.
     """
 
     def __init__(self, node: str, metadata: MetadataView, hints: HintView, *,
-                 top_n: int = 50, pair_capacity: int = 65536) -> None:
-        if top_n < 0 or pair_capacity < 1:
-            raise ValueError("top_n must be >= 0 and pair_capacity >= 1")
+                 top_n: int = 50, pair_capacity: int = 65536,
+                 hold_unresolved_seconds: float = 0.0, hold_capacity: int = 100_000) -> None:
+        if top_n < 0 or pair_capacity < 1 or hold_unresolved_seconds < 0 or hold_capacity < 0:
+            raise ValueError("top_n, hold_unresolved_seconds and hold_capacity must be >= 0 "
+                             "and pair_capacity >= 1")
+        self._hold_s = hold_unresolved_seconds
+        self._hold_capacity = hold_capacity
+        self._pending: list[tuple[float, list[FlowDelta]]] = []
+        self._held_bytes = 0
         self.node = node
         self._meta = metadata
         self._hints = hints
@@ -514,6 +534,14 @@ class Attributor:
         whose metadata or hint lookup raises goes to ``attribution_error`` (logged once per
         error type) and the batch goes on.
         """
+        pending, self._pending = self._pending, []
+        for at0, held in pending:
+            self._held_bytes -= sum(d.bytes for d in held)
+            self._run(held, at0, fresh=False, final=at - at0 >= self._hold_s)
+        self._run(deltas, at, fresh=True, final=self._hold_s <= 0)
+
+    def _run(self, deltas: Iterable[FlowDelta], at: float, *, fresh: bool, final: bool) -> None:
+        """Attribute deltas resolved as of ``at``; unless ``final``, hold unresolved ones."""
         own = self._meta.node(self.node)
         b = _Batch(at, own.zone if own is not None else None,
                    own.region if own is not None else None)
@@ -526,15 +554,18 @@ class Attributor:
         unknown, diag, skipped = self._unknown, self._diag, self._skipped
         pairs, cap = self._pairs, self._pair_capacity
         v4 = ipaddress.IPv4Address
+        held: list[FlowDelta] = []
+        room = 0 if final else self._hold_capacity - self._held_count()
         seen = 0
         n = 0
         for d in deltas:
-            n += 1
             nb = d.bytes
-            if nb < 0 or d.packets < 0:
-                self._invalid += 1
-                continue
-            seen += nb
+            if fresh:
+                n += 1
+                if nb < 0 or d.packets < 0:
+                    self._invalid += 1
+                    continue
+                seen += nb
             kind = d.kind
             if d.overflow:
                 self._add(self._unattributed, R_FLOW_TABLE_FULL, nb)
@@ -557,7 +588,13 @@ class Attributor:
                     cl = clients.get(rk)
                     if cl is None:
                         cl = clients[rk] = self._client(b, remote, rk)
-                    czl, crossing, reason, cnode, check, clabel = cl
+                    czl, crossing, reason, cnode, check, clabel, unresolved = cl
+                    if unresolved and not final:
+                        if room > 0:
+                            room -= 1
+                            held.append(d)
+                            continue
+                        diag[D_HOLD_FULL] = diag.get(D_HOLD_FULL, 0) + nb
                     # every lookup that can fail happens before the first counter moves
                     ig = False
                     if check and cnode is not None:
@@ -594,6 +631,12 @@ class Attributor:
                     loc = locals_.get(lk)
                     if loc is None:
                         loc = locals_[lk] = self._local(b, local, lk)
+                    if not final and (loc[4] or (tag == 2 and r[7] and kind is egress)):
+                        if room > 0:
+                            room -= 1
+                            held.append(d)
+                            continue
+                        diag[D_HOLD_FULL] = diag.get(D_HOLD_FULL, 0) + nb
                     # from here on nothing calls out: counters move together
                     czl = szl
                     if tag == 1:
@@ -608,7 +651,7 @@ class Attributor:
                             ignored[ikey] = ignored.get(ikey, 0) + nb
                         pk = (loc[3], rlabel, svc[0], svc[1], czl, rzl, crossing)
                     else:
-                        _, rzl, rkind, crossing, reason, podlike, rlabel = r
+                        _, rzl, rkind, crossing, reason, podlike, rlabel, _ = r
                         if podlike and kind is not egress:
                             skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
                             continue
@@ -633,6 +676,12 @@ class Attributor:
                 self._pairs_other += nb
         self._bytes_seen += seen
         self._deltas_seen += n
+        if held:
+            self._pending.append((at, held))
+            self._held_bytes += sum(d.bytes for d in held)
+
+    def _held_count(self) -> int:
+        return sum(len(h) for _, h in self._pending)
 
     def close_interval(self, at: float) -> None:
         """End the current interval: publish its top pairs and refresh locality state.
@@ -669,6 +718,7 @@ class Attributor:
             bytes_seen=self._bytes_seen,
             deltas_seen=self._deltas_seen,
             invalid_deltas=self._invalid,
+            held_bytes=self._held_bytes,
             locality=types.MappingProxyType({k: v[1] for k, v in self._locality.items()}),
             top_pairs=self._top,
             top_interval=self._top_interval,
@@ -726,15 +776,16 @@ class Attributor:
             reason = (c.reason or _DEFAULT_REASON[c.kind]) if cz is None else R_NODE_WITHOUT_ZONE
         # kube-proxy on the client's node decides; CIDR and external clients have none
         check = c.kind is PeerKind.POD or c.kind is PeerKind.NODE or c.kind is PeerKind.UNKNOWN
-        return (cz or UNKNOWN, crossing, reason, c.node, check, _label(c, ip))
+        return (cz or UNKNOWN, crossing, reason, c.node, check, _label(c, ip),
+                c.kind is PeerKind.UNKNOWN)
 
-    def _local(self, b: _Batch, ip: IPAddress, k: int) -> tuple[str, str, str, str]:
-        """(namespace, workload, workload kind, pair label) of a local pod."""
+    def _local(self, b: _Batch, ip: IPAddress, k: int) -> tuple[str, str, str, str, bool]:
+        """(namespace, workload, workload kind, pair label, unresolved) of a local pod."""
         p = self._peer(b, ip, k)
         if p.kind is PeerKind.POD:
             return (p.namespace or UNKNOWN, p.workload or p.name or UNKNOWN,
-                    p.workload_kind or ("Pod" if p.name else UNKNOWN), _label(p, ip))
-        return (UNKNOWN, UNKNOWN, UNKNOWN, str(ip))
+                    p.workload_kind or ("Pod" if p.name else UNKNOWN), _label(p, ip), False)
+        return (UNKNOWN, UNKNOWN, UNKNOWN, str(ip), p.kind is PeerKind.UNKNOWN)
 
     def _remote(self, b: _Batch, d: FlowDelta, rk: int) -> _Remote:
         """Decide an EGRESS/INGRESS delta by its remote (address, port, protocol)."""
@@ -767,7 +818,8 @@ class Attributor:
         if crossing == UNKNOWN:
             reason = R_NODE_WITHOUT_ZONE if b.oz is None else (peer.reason or _DEFAULT_REASON[pk])
         rkind = "node" if peer.host_network else pk.value
-        return (2, peer.zone or UNKNOWN, rkind, crossing, reason, podlike, _label(peer, remote))
+        return (2, peer.zone or UNKNOWN, rkind, crossing, reason, podlike, _label(peer, remote),
+                pk is PeerKind.UNKNOWN)
 
     def _server_side(self, b: _Batch, svc: _Svc, server: Peer, ignored: bool, label: str) -> _Remote:
         """Service traffic counted at the client (host-network endpoint, no veth there)."""

@@ -472,3 +472,60 @@ def test_failing_lookup_counts_the_delta_and_the_batch_goes_on(cluster, caplog) 
     assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
     assert broken.calls == 2
     assert sum("attribution lookup failed" in r.getMessage() for r in caplog.records) == 1
+
+
+# --------------------------------------------------------------------------- holding unresolved
+
+
+def _learn_pod(meta, addr: str, node_name: str, name: str) -> None:  # type: ignore[no-untyped-def]
+    from agent.records import Peer, PeerKind
+    n = meta.nodes[node_name]
+    meta.by_ip[ip(addr)] = Peer(PeerKind.POD, zone=n.zone, region=n.region, node=node_name,
+                                namespace="shop", name=name, workload="late", workload_kind="Deployment")
+
+
+def test_unresolved_client_held_until_metadata_arrives(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    at = Attributor("n3", meta, hints, hold_unresolved_seconds=30)
+    at.attribute([req("10.1.3.20", "10.1.2.99", 8080, 100),
+                  req("10.1.3.20", "10.1.1.10", 8080, 5)], T0)
+    t = at.totals()
+    assert t.held_bytes == 100 and sum(t.service_bytes.values()) == 5
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values()) + t.held_bytes
+    _learn_pod(meta, "10.1.2.99", "n2", "late-1")   # the watch catches up
+    at.attribute([], T0 + 10)
+    t = at.totals()
+    assert t.held_bytes == 0
+    assert t.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request")] == 105
+    assert not t.unknown_crossing_bytes
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+
+
+def test_unresolved_counted_as_unknown_after_the_hold(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    at = Attributor("n1", meta, hints, hold_unresolved_seconds=30)
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.77", "203.0.113.7", 443, 40),   # local pod unknown
+                  flow(FlowKind.EGRESS, "10.1.1.10", "10.9.9.9", 80, 30),       # remote pod unknown
+                  flow(FlowKind.INGRESS, "10.1.1.10", "10.9.9.9", 80, 20)], T0)  # skipped anyway
+    assert at.totals().held_bytes == 70
+    at.attribute([], T0 + 10)
+    assert at.totals().held_bytes == 70        # still unresolved, still within the hold
+    at.attribute([], T0 + 30)
+    t = at.totals()
+    assert t.held_bytes == 0
+    assert dict(t.workload_bytes) == {
+        WorkloadKey("unknown", "unknown", "unknown", A, "unknown", "external", "external", "egress"): 40,
+        WorkloadKey("shop", "web", "Deployment", A, "unknown", "unknown", "unknown", "egress"): 30,
+    }
+    assert dict(t.skipped_bytes) == {"pod_peer_ingress": 20}
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+
+
+def test_hold_is_bounded(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    at = Attributor("n3", meta, hints, hold_unresolved_seconds=30, hold_capacity=1)
+    at.attribute([req("10.1.3.20", "10.1.2.98", 8080, 7), req("10.1.3.20", "10.1.2.99", 8080, 9)], T0)
+    t = at.totals()
+    assert t.held_bytes == 7
+    assert dict(t.unknown_crossing_bytes) == {"no_pod_for_ip": 9}
+    assert dict(t.diagnostics_bytes) == {"hold_full": 9, "hint_check_client_node_unknown": 9}
