@@ -532,7 +532,8 @@ class Attributor:
         Never raises on odd deltas: a delta with negative counts is ignored and counted in
         ``invalid_deltas``; bytes that cannot be attributed go to a reason counter; a delta
         whose metadata or hint lookup raises goes to ``attribution_error`` (logged once per
-        error type) and the batch goes on.
+        error type) and the batch goes on. With ``hold_unresolved_seconds`` set, held deltas
+        of earlier calls are retried first.
         """
         pending, self._pending = self._pending, []
         for at0, held in pending:
@@ -542,7 +543,11 @@ class Attributor:
 
     def _run(self, deltas: Iterable[FlowDelta], at: float, *, fresh: bool, final: bool) -> None:
         """Attribute deltas resolved as of ``at``; unless ``final``, hold unresolved ones."""
-        own = self._meta.node(self.node)
+        try:
+            own = self._meta.node(self.node)
+        except Exception as err:  # counted as a node without zone rather than losing the batch
+            self._failed(err, 0)
+            own = None
         b = _Batch(at, own.zone if own is not None else None,
                    own.region if own is not None else None)
         if self._interval_start is None:
@@ -728,7 +733,8 @@ class Attributor:
 
     def _failed(self, err: Exception, nb: int) -> None:
         """Count a delta whose lookups raised, and log each error type once."""
-        self._add(self._unattributed, R_ATTRIBUTION_ERROR, nb)
+        if nb:
+            self._add(self._unattributed, R_ATTRIBUTION_ERROR, nb)
         name = type(err).__name__
         if name not in self._logged:
             self._logged.add(name)

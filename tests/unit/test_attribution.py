@@ -529,3 +529,22 @@ def test_hold_is_bounded(cluster) -> None:  # type: ignore[no-untyped-def]
     assert t.held_bytes == 7
     assert dict(t.unknown_crossing_bytes) == {"no_pod_for_ip": 9}
     assert dict(t.diagnostics_bytes) == {"hold_full": 9, "hint_check_client_node_unknown": 9}
+
+
+def test_failing_own_node_lookup_keeps_the_batch(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+
+    class NoNodes:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def node(self, name: str):  # type: ignore[no-untyped-def]
+            raise ConnectionError("cache restarting")
+
+    at = Attributor("n3", NoNodes(), hints)  # type: ignore[arg-type]
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 9)], T0)
+    t = at.totals()
+    # server zone unknown (this node's labels unavailable), the bytes still counted once
+    assert dict(t.service_bytes) == {
+        ServiceKey("shop", "api", "80", A, "unknown", "unknown", "request"): 9}
+    assert dict(t.unknown_crossing_bytes) == {"node_without_zone": 9}
