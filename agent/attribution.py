@@ -44,7 +44,7 @@ import logging
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.records import FlowDelta, FlowKind, IPAddress, Peer, PeerKind, ProxyView, ServicePort
 
@@ -370,6 +370,44 @@ class AttributionTotals:
     locality: Mapping[ServiceRef, LocalityState]
     top_pairs: tuple[PairRow, ...]
     top_interval: tuple[float, float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-ready form (for the agent's ``/flows`` endpoint and ``zonemeter top -o json``).
+
+        Returns:
+            ``{"node", "bytes_seen", "deltas_seen", "invalid_deltas", "held_bytes",
+            "service_bytes": [{key fields..., "bytes"}], "hint_ignored_bytes": [...],
+            "workload_bytes": [...], "unattributed_bytes": {reason: bytes},
+            "unknown_crossing_bytes": {...}, "skipped_bytes": {...},
+            "diagnostics_bytes": {...}, "locality": [{"namespace", "service", "mode",
+            "reason", "in_effect": {zone: bool}, "last_change"}], "top_pairs": [...],
+            "top_interval": [start, end] | None}``; rows sorted by their key, bytes are ints.
+        """
+        def rows(m: Mapping[Any, int]) -> list[dict[str, Any]]:
+            return [{**{f: getattr(k, f) for f in k.__slots__}, "bytes": v}
+                    for k, v in sorted(m.items(), key=lambda kv: tuple(
+                        getattr(kv[0], f) for f in kv[0].__slots__))]
+        return {
+            "node": self.node,
+            "bytes_seen": self.bytes_seen,
+            "deltas_seen": self.deltas_seen,
+            "invalid_deltas": self.invalid_deltas,
+            "held_bytes": self.held_bytes,
+            "service_bytes": rows(self.service_bytes),
+            "hint_ignored_bytes": rows(self.hint_ignored_bytes),
+            "workload_bytes": rows(self.workload_bytes),
+            "unattributed_bytes": dict(sorted(self.unattributed_bytes.items())),
+            "unknown_crossing_bytes": dict(sorted(self.unknown_crossing_bytes.items())),
+            "skipped_bytes": dict(sorted(self.skipped_bytes.items())),
+            "diagnostics_bytes": dict(sorted(self.diagnostics_bytes.items())),
+            "locality": [{"namespace": r.namespace, "service": r.service, "mode": st.mode,
+                          "reason": st.reason, "in_effect": dict(sorted(st.in_effect.items())),
+                          "last_change": st.last_change}
+                         for r, st in sorted(self.locality.items(),
+                                             key=lambda kv: (kv[0].namespace, kv[0].service))],
+            "top_pairs": [{f: getattr(p, f) for f in p.__slots__} for p in self.top_pairs],
+            "top_interval": list(self.top_interval) if self.top_interval else None,
+        }
 
 
 # --------------------------------------------------------------------------- the join

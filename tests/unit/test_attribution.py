@@ -548,3 +548,22 @@ def test_failing_own_node_lookup_keeps_the_batch(cluster) -> None:  # type: igno
     assert dict(t.service_bytes) == {
         ServiceKey("shop", "api", "80", A, "unknown", "unknown", "request"): 9}
     assert dict(t.unknown_crossing_bytes) == {"node_without_zone": 9}
+
+
+def test_totals_to_json_round_trips_through_json(cluster) -> None:  # type: ignore[no-untyped-def]
+    import json
+    at = attributor(cluster, "n3")
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 100),
+                  flow(FlowKind.EGRESS, "10.1.3.30", "203.0.113.7", 443, 5)], T0)
+    at.close_interval(T0 + 10)
+    doc = json.loads(json.dumps(at.totals().to_json()))
+    assert doc["service_bytes"] == [{"namespace": "shop", "service": "api", "port": "80",
+                                     "client_zone": A, "server_zone": B, "crossing": "cross_zone",
+                                     "direction": "request", "bytes": 100}]
+    assert doc["workload_bytes"][0]["workload"] == "db" and doc["workload_bytes"][0]["bytes"] == 5
+    assert doc["top_pairs"][0] == {"client": "shop/web-7c9f-abcde", "server": "shop/api-5d8b-ccccc",
+                                   "namespace": "shop", "service": "api", "client_zone": A,
+                                   "server_zone": B, "crossing": "cross_zone", "bytes": 100}
+    assert doc["top_interval"] == [T0, T0 + 10]
+    api = next(x for x in doc["locality"] if x["service"] == "api")
+    assert api["in_effect"] == {A: True, B: True, US: False} and api["last_change"] == T0 + 10
