@@ -63,6 +63,8 @@ __all__ = [
     "ServiceRef",
     "WorkloadKey",
     "CROSSINGS",
+    "SKIPPED_REASONS",
+    "UNATTRIBUTED_REASONS",
     "UNKNOWN",
 ]
 
@@ -98,6 +100,12 @@ D_AMBIGUOUS_SERVICE = "ambiguous_service"
 D_HINT_CHECK_NO_CLIENT_NODE = "hint_check_client_node_unknown"
 D_OVERFLOW_UNFILTERED = "flow_table_full_unfiltered"
 D_HOLD_FULL = "hold_full"
+
+#: reasons of ``unattributed_bytes`` (bytes in no other series)
+UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE, R_ATTRIBUTION_ERROR})
+#: reasons of ``skipped_bytes`` (copies another veth counts)
+SKIPPED_REASONS = frozenset({S_CLUSTERIP_CLIENT_COPY, S_CLUSTERIP_MIXED_HOST_NETWORK,
+                             S_ENDPOINT_CLIENT_COPY, S_POD_PEER_INGRESS})
 
 #: seconds a "are this Service's selected endpoints host-network?" decision is reused
 HOSTNET_TTL = 30.0
@@ -745,7 +753,10 @@ class Attributor:
         self._pairs_other = 0
         self._interval_start = at
         self._hostnet = {k: v for k, v in self._hostnet.items() if at - v[0] < HOSTNET_TTL}
-        self._refresh_locality(at)
+        try:
+            self._refresh_locality(at)
+        except Exception as err:  # keep the previous locality state; counters are unaffected
+            self._failed(err, 0)
 
     def totals(self) -> AttributionTotals:
         """Return an immutable copy of the cumulative totals (see :class:`AttributionTotals`)."""
@@ -778,7 +789,7 @@ class Attributor:
             self._logged.add(name)
             _log.warning("attribution lookup failed (%s: %s); bytes counted as "
                          "unattributed reason %s, further %s errors not logged",
-                         name, err, R_ATTRIBUTION_ERROR, name)
+                         name, err, R_ATTRIBUTION_ERROR, name, exc_info=err)
 
     @staticmethod
     def _add(d: dict[str, int], key: str, n: int) -> None:

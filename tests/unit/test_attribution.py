@@ -567,3 +567,18 @@ def test_totals_to_json_round_trips_through_json(cluster) -> None:  # type: igno
     assert doc["top_interval"] == [T0, T0 + 10]
     api = next(x for x in doc["locality"] if x["service"] == "api")
     assert api["in_effect"] == {A: True, B: True, US: False} and api["last_change"] == T0 + 10
+
+
+def test_failing_hint_view_keeps_previous_locality(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    at = Attributor("n1", meta, hints)
+    at.close_interval(T0)
+    before = dict(at.totals().locality)
+
+    def broken() -> list[tuple[str, str]]:
+        raise RuntimeError("model rebuilding")
+
+    hints.services = broken
+    at.close_interval(T0 + 10)
+    assert dict(at.totals().locality) == before
+    assert at.totals().top_interval == (T0, T0 + 10)
