@@ -177,7 +177,11 @@ class MetadataView(Protocol):
 
 
 class LocalityDiagnosis(Protocol):
-    """Per-Service locality state as the hint model (agent/hints.py) diagnoses it."""
+    """Per-Service locality state as the hint model (agent/hints.py) diagnoses it.
+
+    Treated as immutable: a changed diagnosis must be a new object (the same object
+    handed out again is taken to mean "unchanged" without comparing its fields).
+    """
 
     @property
     def mode(self) -> str:
@@ -475,6 +479,17 @@ _Client = tuple[str, str, str | None, str | None, bool, str, bool]
 _Remote = tuple  # type: ignore[type-arg]
 
 
+@dataclass(frozen=True, slots=True)
+class _Loc:
+    """A Service's locality as last seen: the diagnosis object, its comparable state, and
+    the published value (whose ``last_change`` moves only when ``state`` does)."""
+
+    ref: ServiceRef
+    diag: object
+    state: tuple[str, str, frozenset[tuple[str, bool]]]
+    value: LocalityState
+
+
 @dataclass(slots=True)
 class _Batch:
     """Per-call caches: metadata and hint answers are taken as stable within one call.
@@ -564,7 +579,7 @@ class Attributor:
         # ClusterIP host-network decisions by selected endpoint set: (decided at, decision)
         self._hostnet: dict[frozenset[str], tuple[float, tuple[str, Peer | None]]] = {}
         # locality
-        self._locality: dict[ServiceRef, tuple[tuple[str, str, frozenset[tuple[str, bool]]], LocalityState]] = {}
+        self._locality: dict[tuple[str, str], _Loc] = {}
 
     # ------------------------------------------------------------------ public verbs
 
@@ -773,7 +788,7 @@ class Attributor:
             deltas_seen=self._deltas_seen,
             invalid_deltas=self._invalid,
             held_bytes=self._held_bytes,
-            locality=types.MappingProxyType({k: v[1] for k, v in self._locality.items()}),
+            locality=types.MappingProxyType({v.ref: v.value for v in self._locality.values()}),
             top_pairs=self._top,
             top_interval=self._top_interval,
         )
@@ -951,18 +966,23 @@ class Attributor:
         return ("", Peer(PeerKind.UNKNOWN, reason=R_CLUSTERIP_TO_HOST_NETWORK))
 
     def _refresh_locality(self, at: float) -> None:
-        seen: set[ServiceRef] = set()
+        old = self._locality
+        new: dict[tuple[str, str], _Loc] = {}
         for ns, name in self._hints.services():
             diag = self._hints.locality(ns, name)
             if diag is None:
                 continue
-            ref = ServiceRef(ns, name)
-            seen.add(ref)
+            k = (ns, name)
+            prev = old.get(k)
+            if prev is not None and prev.diag is diag:  # the model handed out the same object
+                new[k] = prev
+                continue
             in_effect = dict(diag.in_effect)
             state = (diag.mode, diag.reason, frozenset(in_effect.items()))
-            prev = self._locality.get(ref)
-            if prev is None or prev[0] != state:
-                self._locality[ref] = (state, LocalityState(
-                    diag.mode, diag.reason, types.MappingProxyType(in_effect), at))
-        for ref in [r for r in self._locality if r not in seen]:
-            del self._locality[ref]
+            if prev is not None and prev.state == state:
+                new[k] = _Loc(prev.ref, diag, state, prev.value)
+            else:
+                new[k] = _Loc(prev.ref if prev else ServiceRef(ns, name), diag, state,
+                              LocalityState(diag.mode, diag.reason,
+                                            types.MappingProxyType(in_effect), at))
+        self._locality = new  # Services the model no longer lists are dropped
