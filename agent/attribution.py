@@ -39,6 +39,7 @@ that dialled the pod address directly, so clients that bypass the ClusterIP coun
 
 from __future__ import annotations
 
+import heapq
 import ipaddress
 import logging
 import types
@@ -757,9 +758,9 @@ class Attributor:
                 Services whose locality state changed since the previous call).
         """
         start = self._interval_start if self._interval_start is not None else at
-        ranked = sorted(self._pairs.items(), key=lambda kv: (-kv[1], kv[0]))
-        rows = [PairRow(*k, bytes=v) for k, v in ranked[:self._top_n]]
-        other = self._pairs_other + sum(v for _, v in ranked[self._top_n:])
+        top = heapq.nsmallest(self._top_n, self._pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        rows = [PairRow(*k, bytes=v) for k, v in top]
+        other = self._pairs_other + sum(self._pairs.values()) - sum(v for _, v in top)
         if other:
             rows.append(PairRow("other", "other", "", "", UNKNOWN, UNKNOWN, UNKNOWN, other))
         self._top = tuple(rows)
