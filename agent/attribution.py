@@ -108,8 +108,9 @@ UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE,
 SKIPPED_REASONS = frozenset({S_CLUSTERIP_CLIENT_COPY, S_CLUSTERIP_MIXED_HOST_NETWORK,
                              S_ENDPOINT_CLIENT_COPY, S_POD_PEER_INGRESS})
 
-#: seconds a "are this Service's selected endpoints host-network?" decision is reused
-HOSTNET_TTL = 30.0
+#: seconds a "do this Service's selected endpoints lack a veth?" decision is reused across
+#: drains (only decisions in which every endpoint resolved; see _clusterip_hostnet)
+HOSTNET_TTL = 300.0
 
 _DEFAULT_REASON = {
     PeerKind.UNKNOWN: R_NO_POD_FOR_IP,
@@ -357,7 +358,7 @@ class AttributionTotals:
             (``ambiguous_service``, ``hint_check_client_node_unknown``,
             ``flow_table_full_unfiltered``, ``hold_full``).
         bytes_seen: every byte of every delta given to :meth:`Attributor.attribute`.
-        deltas_seen: number of deltas given, ``invalid_deltas`` those with negative counts
+        deltas_seen: number of deltas given, ``invalid_deltas`` those with negative bytes
             (ignored).
         held_bytes: bytes held for a later retry (see ``hold_unresolved_seconds``), in no
             series yet (a gauge: it goes down when they are counted).
@@ -469,11 +470,14 @@ def _crossing(cz: str | None, cr: str | None, cn: str | None, ck: PeerKind,
 # A Service as counted: (namespace, service, port label, ambiguous)
 _Svc = tuple[str, str, str, bool]
 _NOT_CACHED: _Svc = ("", "", "", False)  # cache-miss sentinel, compared by identity
+# A local endpoint: (its Service, its pair label, hint-ignored by client node name)
+_Ep = tuple[_Svc, str, dict[str, bool]]
+_NOT_CACHED_EP: _Ep = (_NOT_CACHED, "", {})
 # REQUEST/RESPONSE client: (client_zone label, crossing, unknown reason, node for the hint
 # check or None, hint check applies, pair label, unresolved)
 _Client = tuple[str, str, str | None, str | None, bool, str, bool]
 # EGRESS/INGRESS remote decision, tagged by its first item:
-#   (0, skip reason)
+#   (0, skip reason, decided on unresolved addresses)
 #   (1, svc, server_zone label, crossing, unknown reason, hint-ignored, pair label)
 #   (2, remote_zone label, remote_kind, crossing, unknown reason, pod-like, pair label,
 #    unresolved)
@@ -504,12 +508,12 @@ class _Batch:
     peers: dict[int, Peer] = field(default_factory=dict)
     endpoints: dict[tuple[int, int, int], _Svc | None] = field(default_factory=dict)
     clients: dict[int, _Client] = field(default_factory=dict)
-    ignored: dict[tuple[str, str, str, int], bool] = field(default_factory=dict)
+    local_eps: dict[tuple[int, int, int], _Ep | None] = field(default_factory=dict)
     remotes: dict[tuple[int, int, int], _Remote] = field(default_factory=dict)
     locals: dict[int, tuple[str, str, str, str, bool]] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)
     views: dict[tuple[str, str, str], ProxyView | None] = field(default_factory=dict)
-    hostnet: dict[tuple[str, str], tuple[str, Peer | None]] = field(default_factory=dict)
+    hostnet: dict[tuple[str, str], tuple[str, Peer | None, bool]] = field(default_factory=dict)
 
 
 class Attributor:
@@ -591,7 +595,7 @@ class Attributor:
             deltas: the deltas one drain produced on this node (bytes are L3 bytes).
             at: Unix time in seconds of the drain; addresses are resolved as of then.
 
-        Never raises on odd deltas: a delta with negative counts is ignored and counted in
+        Never raises on odd deltas: a delta with negative bytes is ignored and counted in
         ``invalid_deltas``; bytes that cannot be attributed go to a reason counter; a delta
         whose metadata or hint lookup raises goes to ``attribution_error`` (logged once per
         error type) and the batch goes on. With ``hold_unresolved_seconds`` set, held deltas
@@ -616,7 +620,7 @@ class Attributor:
             self._interval_start = at
         szl = b.oz or UNKNOWN
         request, response, egress = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS
-        endpoints, clients, remotes, locals_ = b.endpoints, b.clients, b.remotes, b.locals
+        local_eps, clients, remotes, locals_ = b.local_eps, b.clients, b.remotes, b.locals
         service, workload, ignored = self._service, self._workload, self._ignored
         unknown, diag, skipped = self._unknown, self._diag, self._skipped
         pairs, cap = self._pairs, self._pair_capacity
@@ -625,11 +629,10 @@ class Attributor:
         room = 0 if final else self._hold_capacity - self._held_count()
         seen = 0
         n = 0
-        for d in deltas:
+        for n, d in enumerate(deltas, 1):  # noqa: B007 (n is the count after the loop)
             nb = d.bytes
             if fresh:
-                n += 1
-                if nb < 0 or d.packets < 0:
+                if nb < 0:
                     self._invalid += 1
                     continue
                 seen += nb
@@ -646,12 +649,13 @@ class Attributor:
                 rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
                 if kind is request or kind is response:
                     ek = (lk, d.port, d.protocol)
-                    svc = endpoints.get(ek, _NOT_CACHED)
-                    if svc is _NOT_CACHED:
-                        svc = self._endpoint(b, local, ek)
-                    if svc is None:
+                    ep = local_eps.get(ek, _NOT_CACHED_EP)
+                    if ep is _NOT_CACHED_EP:
+                        ep = local_eps[ek] = self._local_endpoint(b, local, lk, ek)
+                    if ep is None:
                         self._add(self._unattributed, R_ENDPOINT_WITHOUT_SERVICE, nb)
                         continue
+                    svc, slabel, ig_by_node = ep
                     cl = clients.get(rk)
                     if cl is None:
                         cl = clients[rk] = self._client(b, remote, rk)
@@ -665,13 +669,9 @@ class Attributor:
                     # every lookup that can fail happens before the first counter moves
                     ig = False
                     if check and cnode is not None:
-                        hk = (svc[0], svc[1], cnode, lk)
-                        ig = b.ignored.get(hk)  # type: ignore[assignment]
+                        ig = ig_by_node.get(cnode)  # type: ignore[assignment]
                         if ig is None:
-                            ig = b.ignored[hk] = self._is_ignored(b, svc, cnode, local)
-                    slabel = b.labels.get(lk)
-                    if slabel is None:
-                        slabel = b.labels[lk] = _label(self._peer(b, local, lk), local)
+                            ig = ig_by_node[cnode] = self._is_ignored(b, svc, cnode, local)
                     key = (svc[0], svc[1], svc[2], czl, szl, crossing,
                            "request" if kind is request else "response")
                     service[key] = service.get(key, 0) + nb
@@ -693,6 +693,12 @@ class Attributor:
                         r = remotes[rkey] = self._remote(b, d, rk)
                     tag = r[0]
                     if tag == 0:
+                        if r[2] and not final:  # endpoints not resolved yet: maybe no veth
+                            if room > 0:
+                                room -= 1
+                                held.append(d)
+                                continue
+                            diag[D_HOLD_FULL] = diag.get(D_HOLD_FULL, 0) + nb
                         skipped[r[1]] = skipped.get(r[1], 0) + nb
                         continue
                     loc = locals_.get(lk)
@@ -742,7 +748,8 @@ class Attributor:
             else:
                 self._pairs_other += nb
         self._bytes_seen += seen
-        self._deltas_seen += n
+        if fresh:
+            self._deltas_seen += n
         if held:
             self._pending.append((at, held))
             self._held_bytes += sum(d.bytes for d in held)
@@ -837,6 +844,19 @@ class Attributor:
         b.endpoints[ek] = r
         return r
 
+    def _local_endpoint(self, b: _Batch, ip: IPAddress, lk: int,
+                        ek: tuple[int, int, int]) -> _Ep | None:
+        """A local endpoint's Service and label, with an empty hint-check cache."""
+        svc = b.endpoints.get(ek, _NOT_CACHED)
+        if svc is _NOT_CACHED:
+            svc = self._endpoint(b, ip, ek)
+        if svc is None:
+            return None
+        label = b.labels.get(lk)
+        if label is None:
+            label = b.labels[lk] = _label(self._peer(b, ip, lk), ip)
+        return (svc, label, {})
+
     def _client(self, b: _Batch, ip: IPAddress, k: int) -> _Client:
         """Classify the client of a REQUEST/RESPONSE delta (the server is on this node)."""
         c = self._peer(b, ip, k)
@@ -863,9 +883,9 @@ class Attributor:
         remote, port, proto = d.remote, d.port, d.protocol
         sa = self._meta.service_address(remote, port, proto)
         if sa is not None:
-            skip, server = self._clusterip_hostnet(b, sa)
+            skip, server, settled = self._clusterip_hostnet(b, sa)
             if server is None:
-                return (0, skip)
+                return (0, skip, not settled)
             svc = (sa.namespace, sa.service, str(sa.port), False)
             label = _label(server, remote) if server.node else f"{sa.namespace}/{sa.service}"
             # kube-proxy on this node picked among the endpoints it selects: not ignored
@@ -877,7 +897,7 @@ class Attributor:
         peer = self._peer(b, remote, rk)
         if svc_ is not None:
             if not _no_veth(peer):
-                return (0, S_ENDPOINT_CLIENT_COPY)
+                return (0, S_ENDPOINT_CLIENT_COPY, False)
             # a direct dial of an endpoint without veth: did it bypass this node's selection?
             ig = self._is_ignored(b, svc_, self.node, remote)
             return self._server_side(b, svc_, peer, ig, _label(peer, remote))
@@ -915,8 +935,9 @@ class Attributor:
         pv = self._view(b, svc[0], svc[1], cnode)
         return pv is not None and bool(pv.topology_mode) and str(server) not in pv.selected
 
-    def _clusterip_hostnet(self, b: _Batch, sa: ServicePort) -> tuple[str, Peer | None]:
-        """Decide a ClusterIP client-side copy: (skip reason, None) or ("", server peer).
+    def _clusterip_hostnet(self, b: _Batch, sa: ServicePort) -> tuple[str, Peer | None, bool]:
+        """Decide a ClusterIP client-side copy: (skip reason, None, settled) or
+        ("", server peer, settled); ``settled``: every selected endpoint resolved.
 
         The bytes are counted here when every endpoint kube-proxy on this node may pick has
         no veth (host-network, or outside the cluster), since no agent sees the server side;
@@ -928,19 +949,26 @@ class Attributor:
             return r
         pv = self._view(b, sa.namespace, sa.service, self.node)
         selected = pv.selected if pv is not None else frozenset()
-        # Across calls, keyed by the selected set (its hash is cached by frozenset): whether
-        # an endpoint address is host-network hardly ever changes, so a decision is reused
-        # for HOSTNET_TTL seconds instead of parsing and resolving every endpoint per drain.
+        # Across calls, keyed by the selected set (its hash is cached by frozenset): once
+        # every endpoint resolved, whether an address has a veth cannot change (a pod IP
+        # never becomes a node's, a node IP never a pod's), only a veth-less endpoint's zone
+        # label could; so the decision is reused for HOSTNET_TTL seconds instead of parsing
+        # and resolving every endpoint at each drain. Decisions that met an unresolved
+        # address (cache still syncing) are redone at the next drain.
         hit = self._hostnet.get(selected)
         if hit is not None and b.at - hit[0] < HOSTNET_TTL:
-            r = hit[1]
+            r = (*hit[1], True)
         else:
-            r = self._hostnet_decide(b, selected)
-            self._hostnet[selected] = (b.at, r)
+            decision, settled = self._hostnet_decide(b, selected)
+            if settled:
+                self._hostnet[selected] = (b.at, decision)
+            r = (*decision, settled)
         b.hostnet[k] = r
         return r
 
-    def _hostnet_decide(self, b: _Batch, selected: frozenset[str]) -> tuple[str, Peer | None]:
+    def _hostnet_decide(self, b: _Batch, selected: frozenset[str]
+                        ) -> tuple[tuple[str, Peer | None], bool]:
+        """The decision for a selected endpoint set, and whether every endpoint resolved."""
         peers: list[Peer] = []
         for a in sorted(selected):
             try:
@@ -948,6 +976,11 @@ class Attributor:
             except ValueError:
                 continue
             peers.append(self._peer(b, ip, _ikey(ip)))
+        settled = all(p.kind is not PeerKind.UNKNOWN for p in peers)
+        return self._hostnet_server(peers), settled
+
+    @staticmethod
+    def _hostnet_server(peers: list[Peer]) -> tuple[str, Peer | None]:
         hn = [p for p in peers if _no_veth(p)]
         if not hn:
             return (S_CLUSTERIP_CLIENT_COPY, None)

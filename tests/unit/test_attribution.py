@@ -582,3 +582,59 @@ def test_failing_hint_view_keeps_previous_locality(cluster) -> None:  # type: ig
     at.close_interval(T0 + 10)
     assert dict(at.totals().locality) == before
     assert at.totals().top_interval == (T0, T0 + 10)
+
+
+def test_hostnet_decision_not_kept_while_endpoints_unresolved(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    from agent.records import Peer, PeerKind
+
+    class Syncing:
+        synced = False
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            if not self.synced and str(ip_).startswith("192.168."):
+                return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+            return meta.resolve(ip_, at)
+
+    view = Syncing()
+    at = Attributor("n1", view, hints)  # type: ignore[arg-type]
+    # web on n1 -> exporter-n2 ClusterIP, whose only endpoint is host-network on n2
+    delta = flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.21", 9100, 50)
+    at.attribute([delta], T0)
+    assert dict(at.totals().skipped_bytes) == {"clusterip_client_copy": 50}  # looks like a pod
+    view.synced = True
+    at.attribute([delta], T0 + 10)   # well within HOSTNET_TTL: decided again all the same
+    assert dict(at.totals().service_bytes) == {
+        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request"): 50}
+
+
+def test_clusterip_copy_held_while_its_endpoints_are_unresolved(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    from agent.records import Peer, PeerKind
+
+    class Syncing:
+        synced = False
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            if not self.synced and str(ip_).startswith("192.168."):
+                return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+            return meta.resolve(ip_, at)
+
+    view = Syncing()
+    at = Attributor("n1", view, hints, hold_unresolved_seconds=30)  # type: ignore[arg-type]
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.21", 9100, 50),
+                  flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.10", 80, 8)], T0)  # api: pods
+    t = at.totals()
+    assert t.held_bytes == 50 and dict(t.skipped_bytes) == {"clusterip_client_copy": 8}
+    view.synced = True
+    at.attribute([], T0 + 10)
+    t = at.totals()
+    assert t.held_bytes == 0
+    assert dict(t.service_bytes) == {
+        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request"): 50}
