@@ -444,6 +444,20 @@ def _no_veth(peer: Peer) -> bool:
     return peer.host_network or (kind is not PeerKind.POD and kind is not PeerKind.UNKNOWN)
 
 
+def _canonical(text: str) -> str:
+    """``str(ip_address(text))``, or ``text`` itself when it is not an address."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        try:  # leading zeros in IPv4 octets, which ipaddress rejects
+            parts = text.split(".")
+            if len(parts) == 4:
+                return str(ipaddress.IPv4Address(".".join(str(int(p, 10)) for p in parts)))
+        except ValueError:
+            pass
+        return text
+
+
 def _ikey(ip: IPAddress) -> int:
     """A cheap hash key for an address (``ipaddress`` hashes in Python, about 0.5 us).
 
@@ -581,6 +595,8 @@ class Attributor:
         self._interval_start: float | None = None
         self._top: tuple[PairRow, ...] = ()
         self._top_interval: tuple[float, float] | None = None
+        # selected endpoint set -> canonical spellings (only built when a lookup misses)
+        self._canonical: dict[frozenset[str], frozenset[str]] = {}
         # ClusterIP host-network decisions by selected endpoint set: (decided at, decision)
         self._hostnet: dict[frozenset[str], tuple[float, tuple[str, Peer | None]]] = {}
         # locality
@@ -776,6 +792,7 @@ class Attributor:
         self._pairs_other = 0
         self._interval_start = at
         self._hostnet = {k: v for k, v in self._hostnet.items() if at - v[0] < HOSTNET_TTL}
+        self._canonical = {}
         try:
             self._refresh_locality(at)
         except Exception as err:  # keep the previous locality state; counters are unaffected
@@ -933,7 +950,17 @@ class Attributor:
     def _is_ignored(self, b: _Batch, svc: _Svc, cnode: str, server: IPAddress) -> bool:
         """True when kube-proxy on ``cnode`` filters by topology and would not pick ``server``."""
         pv = self._view(b, svc[0], svc[1], cnode)
-        return pv is not None and bool(pv.topology_mode) and str(server) not in pv.selected
+        if pv is None or not pv.topology_mode:
+            return False
+        text = str(server)
+        if text in pv.selected:
+            return False
+        # Slices may carry non-canonical spellings ("fd00:0::1", "010.1.2.3" in old
+        # clusters): compare canonical forms before calling the bytes hint-ignored.
+        canon = self._canonical.get(pv.selected)
+        if canon is None:
+            canon = self._canonical[pv.selected] = frozenset(_canonical(a) for a in pv.selected)
+        return text not in canon
 
     def _clusterip_hostnet(self, b: _Batch, sa: ServicePort) -> tuple[str, Peer | None, bool]:
         """Decide a ClusterIP client-side copy: (skip reason, None, settled) or
@@ -972,7 +999,7 @@ class Attributor:
         peers: list[Peer] = []
         for a in sorted(selected):
             try:
-                ip = ipaddress.ip_address(a)
+                ip = ipaddress.ip_address(_canonical(a))
             except ValueError:
                 continue
             peers.append(self._peer(b, ip, _ikey(ip)))

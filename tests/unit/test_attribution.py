@@ -638,3 +638,25 @@ def test_clusterip_copy_held_while_its_endpoints_are_unresolved(cluster) -> None
     assert t.held_bytes == 0
     assert dict(t.service_bytes) == {
         ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request"): 50}
+
+
+def test_non_canonical_selected_addresses_are_not_hint_ignored(cluster) -> None:  # type: ignore[no-untyped-def]
+    from agent.records import ProxyView
+    meta, hints = cluster
+
+    class Spelled:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(hints, name)
+
+        def proxy_view(self, ns: str, svc: str, node: str) -> ProxyView:
+            # same endpoints as the model selects for zone a, spelled as an old slice might
+            return ProxyView("PreferSameZone", frozenset({"010.1.1.20", "10.1.2.20",
+                                                          "fd00:10:1:2:0::20"}), "cluster")
+
+    at = Attributor("n2", meta, Spelled())  # type: ignore[arg-type]
+    at.attribute([req("fd00:10:1:2::20", "fd00:10:1:1::10", 8080, 10),
+                  req("10.1.2.20", "10.1.1.10", 8080, 20)], T0)
+    assert not at.totals().hint_ignored_bytes
+    at3 = Attributor("n3", meta, Spelled())  # type: ignore[arg-type]
+    at3.attribute([req("10.1.3.20", "10.1.1.10", 8080, 30)], T0)   # really outside the set
+    assert dict(at3.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B): 30}
