@@ -511,7 +511,7 @@ class _Loc:
 
 @dataclass(slots=True)
 class _Batch:
-    """Per-call caches: metadata and hint answers are taken as stable within one call.
+    """Per-drain caches: metadata and hint answers are taken as stable for one drain time.
 
     Keys use :func:`_ikey` integers rather than ``ipaddress`` objects for speed.
     """
@@ -535,7 +535,10 @@ class Attributor:
 
     One per agent (node). Per interval the agent calls :meth:`attribute` for each drained
     batch, then :meth:`close_interval`, then :meth:`totals` and hands the copy to the
-    exporter. Not thread-safe: call it from one thread; the totals it returns are immutable.
+    exporter. Batches of one drain should carry the same ``at``: they then share one set
+    of lookups (metadata answers are taken as stable for one drain), which is what makes
+    small batches as cheap as one big one. Not thread-safe: call it from one thread; the
+    totals it returns are immutable.
 
     Args:
         node: this node's name (``spec.nodeName`` of the pods whose veths it watches).
@@ -595,6 +598,8 @@ class Attributor:
         self._interval_start: float | None = None
         self._top: tuple[PairRow, ...] = ()
         self._top_interval: tuple[float, float] | None = None
+        # lookups of the current drain (calls with the same ``at`` share them)
+        self._drain: _Batch | None = None
         # selected endpoint set -> canonical spellings (only built when a lookup misses)
         self._canonical: dict[frozenset[str], frozenset[str]] = {}
         # ClusterIP host-network decisions by selected endpoint set: (decided at, decision)
@@ -625,13 +630,19 @@ class Attributor:
 
     def _run(self, deltas: Iterable[FlowDelta], at: float, *, fresh: bool, final: bool) -> None:
         """Attribute deltas resolved as of ``at``; unless ``final``, hold unresolved ones."""
-        try:
-            own = self._meta.node(self.node)
-        except Exception as err:  # counted as a node without zone rather than losing the batch
-            self._failed(err, 0)
-            own = None
-        b = _Batch(at, own.zone if own is not None else None,
-                   own.region if own is not None else None)
+        cur = self._drain
+        if fresh and cur is not None and cur.at == at:
+            b = cur  # another batch of the same drain: its lookups are still good
+        else:
+            try:
+                own = self._meta.node(self.node)
+            except Exception as err:  # a node without zone, rather than losing the batch
+                self._failed(err, 0)
+                own = None
+            b = _Batch(at, own.zone if own is not None else None,
+                       own.region if own is not None else None)
+            if fresh:
+                self._drain = b
         if self._interval_start is None:
             self._interval_start = at
         szl = b.oz or UNKNOWN
@@ -793,6 +804,7 @@ class Attributor:
         self._interval_start = at
         self._hostnet = {k: v for k, v in self._hostnet.items() if at - v[0] < HOSTNET_TTL}
         self._canonical = {}
+        self._drain = None
         try:
             self._refresh_locality(at)
         except Exception as err:  # keep the previous locality state; counters are unaffected

@@ -660,3 +660,28 @@ def test_non_canonical_selected_addresses_are_not_hint_ignored(cluster) -> None:
     at3 = Attributor("n3", meta, Spelled())  # type: ignore[arg-type]
     at3.attribute([req("10.1.3.20", "10.1.1.10", 8080, 30)], T0)   # really outside the set
     assert dict(at3.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B): 30}
+
+
+def test_batches_of_one_drain_share_lookups(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+
+    class Counting:
+        def __init__(self) -> None:
+            self.resolves = 0
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            self.resolves += 1
+            return meta.resolve(ip_, at)
+
+    view = Counting()
+    at = Attributor("n3", view, hints)  # type: ignore[arg-type]
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 1)], T0)
+    first = view.resolves
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 2, FlowKind.RESPONSE)], T0)  # same drain
+    assert view.resolves == first
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 4)], T0 + 10)           # next drain
+    assert view.resolves == 2 * first
+    assert sum(at.totals().service_bytes.values()) == 7
