@@ -622,7 +622,10 @@ class Attributor:
         error type) and the batch goes on. With ``hold_unresolved_seconds`` set, held deltas
         of earlier calls are retried first.
         """
-        pending, self._pending = self._pending, []
+        if self._drain is not None and self._drain.at == at:
+            pending = []  # retried once per drain, not per batch
+        else:
+            pending, self._pending = self._pending, []
         for at0, held in pending:
             self._held_bytes -= sum(d.bytes for d in held)
             self._run(held, at0, fresh=False, final=at - at0 >= self._hold_s)
