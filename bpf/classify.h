@@ -9,6 +9,7 @@
 #ifndef ZONEMETER_CLASSIFY_H
 #define ZONEMETER_CLASSIFY_H
 
+#include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/in.h>
 #include <uapi/linux/ip.h>

@@ -7,7 +7,9 @@
  * which in direct-action mode means "continue with the next filter", so any other
  * filter on the hook (a CNI program) still runs and decides the packet's fate.
  */
-#include "zonemeter.h"
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include "maps.h"
 
 /* Map accessors required by classify.h (BCC rewrites map.lookup() in this file only). */
 

@@ -4,7 +4,8 @@
  *
  * One concern per header: this one holds the layout of everything that crosses the
  * kernel/user boundary (mirrored field by field in agent/bpf_types.py, checked by
- * tests/unit/test_bpf_types.py) and the map definitions. classify.h holds the logic.
+ * tests/unit/test_bpf_types.py, which compiles this header with plain gcc), maps.h the
+ * map definitions, classify.h the logic.
  *
  * Addresses are 16 bytes in network byte order; IPv4 addresses are stored in their
  * IPv4-mapped IPv6 form (::ffff:a.b.c.d, RFC 4291 2.5.5.2) so one key type serves both
@@ -20,8 +21,7 @@
 #ifndef ZONEMETER_H
 #define ZONEMETER_H
 
-#include <uapi/linux/bpf.h>
-#include <uapi/linux/pkt_cls.h>
+#include <linux/types.h>
 
 #ifndef ZM_FLOW_CAPACITY
 #define ZM_FLOW_CAPACITY 65536
@@ -75,21 +75,5 @@ struct zm_endpoint_key {
 	__u8 proto;    /* 18: IP protocol number */
 	__u8 _pad;     /* 19: always 0 */
 };
-
-/* Two flow tables with the same definition. zm_active (an array-of-maps with one slot)
- * points at the one the programs write to; the agent points it at the other one before
- * draining. Updating an array-of-maps waits for running programs (synchronize_rcu in
- * the bpf() syscall), so the table being drained receives no increment any more:
- * nothing can land between read and delete. */
-BPF_HASH(zm_flows_a, struct zm_flow_key, struct zm_flow_value, ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
-BPF_HASH(zm_flows_b, struct zm_flow_key, struct zm_flow_value, ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
-BPF_ARRAY_OF_MAPS(zm_active, "zm_flows_a", 1);
-
-/* Local endpoints, written by the agent (value: 1). */
-BPF_HASH(zm_endpoints, struct zm_endpoint_key, __u32, ZM_ENDPOINT_CAPACITY);
-
-/* Packets that found neither a flow entry nor an overflow entry (the agent did not seed
- * the overflow entries, or no table is active). Index 0; should stay zero, reported. */
-BPF_ARRAY(zm_lost, struct zm_flow_value, 1);
 
 #endif /* ZONEMETER_H */
