@@ -1,0 +1,1 @@
+"""zonemeter tools: the lab (a multi-zone cluster in network namespaces) and utilities."""
