@@ -13,7 +13,8 @@ carrying its own counter:
 The counters add ``skb->len`` at the IP layer, so they count L3 bytes, IP header included,
 of every packet of the exchange (TCP handshake, ACKs, FIN, retransmissions; UDP datagrams
 with their 8-byte header). They equal wire bytes because the lab turns TSO, GSO and GRO
-off on every lab link (one skb is one packet) and keeps UDP datagrams under the MTU (no
+off and ``gso_max_segs`` to 1 on every lab link (one skb is one packet, even at
+``output``, where TCP would otherwise hand over GSO super-packets) and keeps UDP datagrams under the MTU (no
 fragments, which would be reassembled before ``input``).
 
 Direction is decided by port, not by connection state: a packet to a listening port is a

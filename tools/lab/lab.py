@@ -15,7 +15,11 @@
   (the Calico pattern: no bridge, one route per pod on the node), a server process on
   every declared port and the ground-truth table (:mod:`tools.lab.groundtruth`).
 
-TSO, GSO and GRO are off on every lab link so that one skb is one wire packet: the
+Every lab link has TSO, GSO and GRO off and ``gso_max_segs`` 1, so that one skb is one
+wire packet everywhere, including at the netfilter OUTPUT hook: since Linux 5.x TCP
+always builds GSO packets (``sk_setup_caps`` forces ``NETIF_F_GSO``) and segments them
+only at the device, so turning the device features off is not enough for a counter at
+OUTPUT; ``gso_max_segs`` 1 limits TCP to one MSS per skb (``tcp_tso_segs``). The
 ground-truth counters then count wire L3 bytes, and so do the agents' programs.
 
 A state file ``<state_dir>/<prefix>.json`` records the resolved topology and the
@@ -442,7 +446,7 @@ class Lab:
                 ns.link("add", ifname=fab, kind="veth",
                         peer={"ifname": up, "net_ns_fd": self.node_netns(n.name)})
                 idx = ns.link_lookup(ifname=fab)[0]
-                ns.link("set", index=idx, mtu=opt.mtu, master=br_idx, state="up")
+                ns.link("set", index=idx, mtu=opt.mtu, gso_max_segs=1, master=br_idx, state="up")
         finally:
             ns.close()
 
@@ -460,14 +464,14 @@ class Lab:
             if node.ip6 is not None:
                 ns.addr("add", index=up_idx, address=str(node.ip6),
                         prefixlen=opt.node_cidr_v6.prefixlen)
-            ns.link("set", index=up_idx, mtu=opt.mtu, state="up")
+            ns.link("set", index=up_idx, mtu=opt.mtu, gso_max_segs=1, state="up")
             dev_idx = up_idx
             if opt.mode == "vxlan":
                 vx = f"{self.prefix}x"
                 ns.link("add", ifname=vx, kind="vxlan", vxlan_id=opt.vni, vxlan_link=up_idx,
                         vxlan_local=str(node.ip), vxlan_port=4789)
                 dev_idx = ns.link_lookup(ifname=vx)[0]
-                ns.link("set", index=dev_idx, mtu=opt.pod_mtu)
+                ns.link("set", index=dev_idx, mtu=opt.pod_mtu, gso_max_segs=1)
                 assert node.overlay_ip is not None
                 ns.addr("add", index=dev_idx, address=str(node.overlay_ip),
                         prefixlen=opt.overlay_cidr.prefixlen)
@@ -505,7 +509,7 @@ class Lab:
             nns.link("add", ifname=host, kind="veth",
                      peer={"ifname": "eth0", "net_ns_fd": pod_ns_name})
             h_idx = nns.link_lookup(ifname=host)[0]
-            nns.link("set", index=h_idx, mtu=opt.pod_mtu, state="up")
+            nns.link("set", index=h_idx, mtu=opt.pod_mtu, gso_max_segs=1, state="up")
             host_mac = nns.get_links(h_idx)[0].get_attr("IFLA_ADDRESS")
             nns.route("add", dst=f"{pod.ip}/32", oif=h_idx, scope=253)
             if pod.ip6 is not None:
@@ -517,7 +521,7 @@ class Lab:
             lo = pns.link_lookup(ifname="lo")[0]
             pns.link("set", index=lo, state="up")
             e_idx = pns.link_lookup(ifname="eth0")[0]
-            pns.link("set", index=e_idx, mtu=opt.pod_mtu)
+            pns.link("set", index=e_idx, mtu=opt.pod_mtu, gso_max_segs=1)
             pns.addr("add", index=e_idx, address=str(pod.ip), prefixlen=32)
             if pod.ip6 is not None:
                 pns.addr("add", index=e_idx, address=str(pod.ip6), prefixlen=128)
