@@ -160,6 +160,18 @@ def test_tcp_to_pod_ip_ground_truth_is_consistent(lab: Lab, family: int) -> None
     _check_tcp(lab, counters, "client-a1", "web-a2", family, 5, 3000, 50000)
 
 
+def test_tcp_reused_connection_is_consistent(lab: Lab) -> None:
+    lab.reset_ground_truth()
+    res = lab.run_flow("client-b1", lab.pod_ip("web-a1"), 8080, "tcp", request_bytes=3000,
+                       response_bytes=50000, count=5, reuse=True)
+    assert (res.ok, res.failed) == (5, 0), res.errors
+    counters = lab.ground_truth_counters()
+    assert set(counters) == {("client-b1", "web-a1", "request"),
+                             ("client-b1", "web-a1", "response")}
+    # one connection carrying all five exchanges
+    _check_tcp(lab, counters, "client-b1", "web-a1", 4, 1, 5 * 3000, 5 * 50000)
+
+
 def test_tcp_through_cluster_ip_spreads_without_snat(lab: Lab) -> None:
     lab.reset_ground_truth()
     res = lab.run_flow("client-a1", lab.cluster_ip("web"), 80, "tcp", request_bytes=500,

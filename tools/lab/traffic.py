@@ -11,9 +11,10 @@ bytes whose first 8 bytes are two big-endian unsigned 32-bit integers, the reque
 length and the response length the client wants; the rest is filler. The server answers
 with exactly that many bytes.
 
-* TCP: one connection per exchange unless ``--reuse``. The server sends the response and
-  closes its side first; the client reads to end of stream, then closes with
-  ``SO_LINGER`` so that ``close()`` returns only after the server acknowledged the
+* TCP: one connection per exchange unless ``--reuse`` (then the top bit of the response
+  length in every request but the last asks the server to keep the connection open).
+  After the last response the server closes its side first; the client reads to end of
+  stream, then closes with ``SO_LINGER`` so that ``close()`` returns only after the server acknowledged the
   client's FIN. When the client process exits, every packet of its connections has
   therefore passed the server's netfilter hooks, which makes the lab's ground truth
   readable without waiting.
@@ -62,44 +63,25 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 # ---------------------------------------------------------------- server
 
 
-def _serve_tcp_conn(conn: socket.socket) -> None:
+def _serve_tcp(conn: socket.socket) -> None:
+    """Serve exchanges on one connection. A request whose response length has the top bit
+    set asks to keep the connection open; any other is the last one: the server answers,
+    closes its side first (HTTP/1.0 style) and waits for the client's FIN."""
     try:
         conn.settimeout(30)
         while True:
             head = conn.recv(HEADER.size, socket.MSG_WAITALL)
             if len(head) < HEADER.size:
-                break  # client finished (EOF) or sent garbage
+                break  # client went away
             req_len, resp_len = HEADER.unpack(head)
             if req_len > HEADER.size:
                 _recv_exact(conn, req_len - HEADER.size)
-            conn.sendall(b"r" * resp_len)
-        # the client half-closed (reuse mode) or is done: close our side
-    except OSError:
-        pass
-    finally:
-        conn.close()
-
-
-def _serve_tcp_conn_single(conn: socket.socket) -> None:
-    """One exchange, then the server closes first (HTTP/1.0 style)."""
-    try:
-        conn.settimeout(30)
-        head = conn.recv(HEADER.size, socket.MSG_WAITALL)
-        if len(head) < HEADER.size:
-            return
-        req_len, resp_len = HEADER.unpack(head)
-        if req_len > HEADER.size:
-            _recv_exact(conn, req_len - HEADER.size)
-        reuse = bool(resp_len & 0x80000000)
-        resp_len &= 0x7FFFFFFF
-        conn.sendall(b"r" * resp_len)
-        if reuse:
-            # keep serving exchanges on this connection until the client closes
-            _serve_tcp_conn(conn)
-            return
-        conn.shutdown(socket.SHUT_WR)
-        while conn.recv(_CHUNK):  # wait for the client's FIN
-            pass
+            conn.sendall(b"r" * (resp_len & 0x7FFFFFFF))
+            if not resp_len & 0x80000000:
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(_CHUNK):  # wait for the client's FIN
+                    pass
+                break
     except OSError:
         pass
     finally:
@@ -119,7 +101,7 @@ def _bind(proto: str, port: int) -> socket.socket:
 def _tcp_loop(srv: socket.socket) -> None:
     while True:
         conn, _ = srv.accept()
-        threading.Thread(target=_serve_tcp_conn_single, args=(conn,), daemon=True).start()
+        threading.Thread(target=_serve_tcp, args=(conn,), daemon=True).start()
 
 
 def _udp_loop(srv: socket.socket) -> None:
@@ -214,6 +196,7 @@ def run_client(proto: str, dst: str, port: int, request_bytes: int, response_byt
     errors: list[str] = []
     flag = 0x80000000 if (reuse and proto == "tcp") else 0
     req = _request_payload(request_bytes, response_bytes | flag)
+    last_req = _request_payload(request_bytes, response_bytes)
     persistent: socket.socket | None = None
     try:
         for i in range(count):
@@ -235,8 +218,14 @@ def run_client(proto: str, dst: str, port: int, request_bytes: int, response_byt
                         persistent.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                               struct.pack("ii", 1, int(timeout) + 1))
                         persistent.connect((dst, port))
-                    persistent.sendall(req)
+                    last = i == count - 1
+                    persistent.sendall(last_req if last else req)
                     _recv_exact(persistent, response_bytes)
+                    if last:  # the server closes first; wait for its FIN, then close
+                        while persistent.recv(_CHUNK):
+                            pass
+                        persistent.close()
+                        persistent = None
                 else:
                     if persistent is None or not reuse:
                         if persistent is not None:
@@ -258,13 +247,6 @@ def run_client(proto: str, dst: str, port: int, request_bytes: int, response_byt
                     persistent = None
     finally:
         if persistent is not None:
-            if proto == "tcp":
-                try:
-                    persistent.shutdown(socket.SHUT_WR)
-                    while persistent.recv(_CHUNK):
-                        pass
-                except OSError:
-                    pass
             persistent.close()
     return {
         "ok": ok,
