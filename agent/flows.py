@@ -48,7 +48,8 @@ _VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
 assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
 
 _BPF_NOEXIST = 1
-_UNSPEC = {FAMILY_INET: ipaddress.IPv4Address(0), FAMILY_INET6: ipaddress.IPv6Address(0)}
+_UNSPEC: dict[int, IPAddress] = {FAMILY_INET: ipaddress.IPv4Address(0),
+                               FAMILY_INET6: ipaddress.IPv6Address(0)}
 
 
 def _lib() -> ct.CDLL:
