@@ -239,3 +239,47 @@ def test_groundtruth_render_and_parse() -> None:
         (ipaddress.ip_address("fd00:244:0:1::2"), "response"): (148, 1),
     }
     assert groundtruth.render_reset(3).count("flush set inet zmgt_3") == 4
+
+
+# ------------------------------------------------------------------ snapshot
+
+
+def test_snapshot_is_readable_by_the_agent_loader() -> None:
+    from agent.k8s.snapshot import load_text
+    from tools.lab import snapshot
+
+    topo = Topology.from_dict(_with("options", {"ipv6": True}))
+
+    def hints(svc: Any) -> dict[str, dict[str, list[str]]]:
+        return {ep: {"forZones": [topo.zone_of(topo.pod(ep).node)]} for ep in svc.endpoints}
+
+    snap = load_text(json.dumps(snapshot.build(topo, hints)), "lab")
+    assert [n["metadata"]["name"] for n in snap.nodes] == ["a1", "a2", "b1"]
+    a1 = snap.nodes[0]
+    assert a1["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-a"
+    assert a1["metadata"]["labels"]["topology.kubernetes.io/region"] == "region-1"
+    assert a1["status"]["allocatable"]["cpu"] == "4"
+    assert {"type": "Ready", "status": "True"}.items() <= a1["status"]["conditions"][0].items()
+    assert len(snap.pods) == 6 and len(snap.services) == 1
+    web_a1 = next(p for p in snap.pods if p["metadata"]["name"] == "web-a1")
+    assert web_a1["status"]["podIPs"] == [{"ip": "10.244.1.3"}, {"ip": "fd00:244:0:1::3"}]
+    assert web_a1["spec"]["nodeName"] == "a1"
+    svc = snap.services[0]
+    assert svc["spec"]["clusterIPs"] == ["10.96.0.10", "fd00:96::a"]
+    assert [s["addressType"] for s in snap.endpointslices] == ["IPv4", "IPv6"]
+    v4 = snap.endpointslices[0]
+    assert v4["metadata"]["labels"]["kubernetes.io/service-name"] == "web"
+    assert [e["addresses"] for e in v4["endpoints"]] == [["10.244.1.3"], ["10.244.2.3"],
+                                                         ["10.244.3.3"]]
+    assert [e["zone"] for e in v4["endpoints"]] == ["zone-a", "zone-a", "zone-b"]
+    assert v4["endpoints"][2]["hints"] == {"forZones": [{"name": "zone-b"}]}
+    assert {(p["name"], p["port"], p["protocol"]) for p in v4["ports"]} == {
+        ("http", 8080, "TCP"), ("dns", 5353, "UDP")}
+
+
+def test_snapshot_without_hints_has_none() -> None:
+    from tools.lab import snapshot
+
+    data = snapshot.build(Topology.from_yaml(DEFAULT_TOPOLOGY))
+    slices = [i for i in data["items"] if i["kind"] == "EndpointSlice"]
+    assert len(slices) == 1 and all("hints" not in e for e in slices[0]["endpoints"])

@@ -38,14 +38,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError, RuntimeFailure
 from tools.lab import groundtruth, kubeproxy
-from tools.lab.topology import Pod, Service, Topology, resolve_target_port
+from tools.lab import snapshot as lab_snapshot
+from tools.lab.topology import Node, Pod, Service, Topology, resolve_target_port
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -91,6 +92,23 @@ class FlowResult:
     request_payload_bytes: int
     response_payload_bytes: int
     elapsed_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSpec:
+    """One entry of a traffic matrix for :meth:`Lab.run_flows` (fields as in
+    :meth:`Lab.run_flow`; ``rate`` in exchanges per second)."""
+
+    client: str
+    dst: str
+    port: int
+    proto: str = "tcp"
+    request_bytes: int = 100
+    response_bytes: int = 100
+    count: int = 1
+    rate: float | None = None
+    timeout: float = 5.0
+    reuse: bool = False
 
 
 class FlowHandle:
@@ -151,7 +169,7 @@ def _open_ns(name: str) -> Any:
 
 def list_prefixes(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
     """Return the prefixes of labs that have a state file or a ``<prefix>-fabric`` netns."""
-    found = set()
+    found: set[str] = set()
     if state_dir.is_dir():
         found.update(p.stem for p in state_dir.glob("*.json"))
     for name in _netns_mod().listnetns():
@@ -636,6 +654,22 @@ class Lab:
                         local_policy=svc.internal_traffic_policy == "Local"))
         return rules
 
+    def program_proxies(self, select: Callable[[Service, Node], Iterable[str] | None]) -> None:
+        """Program every node's proxy from a model of kube-proxy's endpoint selection.
+
+        ``select(service, node)`` returns the endpoints kube-proxy on ``node`` would use
+        (pod names or addresses; ``[]`` = none, so DROP or REJECT), or ``None`` for
+        :meth:`default_endpoints`. A node with ``ignoreHints: true`` is not asked: it
+        keeps the default, i.e. every endpoint (a data plane that ignores hints), still
+        honouring ``internalTrafficPolicy: Local`` (kube-proxy ``CategorizeEndpoints``
+        applies that policy before and independently of hints).
+        """
+        for node in self.topology.nodes:
+            choice: dict[str, Iterable[str] | None] = {}
+            for svc in self.topology.services:
+                choice[svc.key] = None if node.ignore_hints else select(svc, node)
+            self.set_node_endpoints(node.name, choice)
+
     def program_node(self, node: str) -> None:
         """(Re)write ``node``'s nat and filter tables from :meth:`proxy_rules`.
 
@@ -739,6 +773,38 @@ class Lab:
         return self.start_flow(client_pod, dst_ip, port, proto, request_bytes, response_bytes,
                                count, rate, timeout, reuse).wait()
 
+    def run_flows(self, flows: Iterable[FlowSpec]) -> list[FlowResult]:
+        """Run several clients at the same time (a traffic matrix) and wait for all.
+
+        Returns:
+            One :class:`FlowResult` per spec, in order.
+
+        Raises:
+            InputError: a bad spec (nothing is started then).
+            RuntimeFailure: a client process failed (the others are still waited for).
+        """
+        specs = list(flows)
+        handles = []
+        try:
+            for f in specs:
+                handles.append(self.start_flow(f.client, f.dst, f.port, f.proto, f.request_bytes,
+                                               f.response_bytes, f.count, f.rate, f.timeout,
+                                               f.reuse))
+        except InputError:
+            for h in handles:
+                h.wait()
+            raise
+        results: list[FlowResult] = []
+        failure: RuntimeFailure | None = None
+        for h in handles:
+            try:
+                results.append(h.wait())
+            except RuntimeFailure as err:
+                failure = failure or err
+        if failure:
+            raise failure
+        return results
+
     # ------------------------------------------------------------------ ground truth
 
     def _address_index(self) -> dict[IPAddress, str]:
@@ -803,6 +869,19 @@ class Lab:
             if pod.ports:
                 _nsexec(self.pod_netns(pod.name), ["nft", "-f", "-"],
                         input=groundtruth.render_reset(pod.index))
+
+    # ------------------------------------------------------------------ snapshot
+
+    def snapshot(self, hints: lab_snapshot.HintsFn | None = None) -> dict[str, Any]:
+        """Return the lab's Nodes, Pods, Services and EndpointSlices as a kubectl-style
+        ``List`` (see :mod:`tools.lab.snapshot`); ``hints(service)`` supplies EndpointSlice
+        hints per endpoint pod."""
+        return lab_snapshot.build(self.topology, hints)
+
+    def write_snapshot(self, path: Path | str,
+                       hints: lab_snapshot.HintsFn | None = None) -> Path:
+        """Write :meth:`snapshot` as JSON to ``path`` (for ``zonemeter agent --snapshot``)."""
+        return lab_snapshot.write(self.topology, path, hints)
 
     # ------------------------------------------------------------------ status
 
