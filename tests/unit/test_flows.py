@@ -44,3 +44,14 @@ def test_overflow() -> None:
     for kind in (FlowKind.EGRESS, FlowKind.INGRESS):
         with pytest.raises(ValueError, match="overflow"):
             counted_once(delta(kind, True), remote_is_pod=False, remote_is_frontend=False)
+
+
+def test_fast_delta_equals_constructor() -> None:
+    from agent.flows import _fast_delta
+
+    args = (FlowKind.RESPONSE, POD, PEER, 8080, 17, 12345, 9)
+    fast = _fast_delta(*args)
+    assert fast == FlowDelta(*args)
+    assert hash(fast) == hash(FlowDelta(*args))
+    with pytest.raises(AttributeError):
+        fast.bytes = 1  # type: ignore[misc]
