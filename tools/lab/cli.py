@@ -6,6 +6,7 @@ Examples::
     zonemeter lab up --topology lab.yaml --prefix zmdemo --mode vxlan --ipv6
     zonemeter lab status --prefix zmdemo -o json
     zonemeter lab traffic --prefix zmdemo --from client-a1 --to shop/web --port 80 --count 50
+    zonemeter lab snapshot --prefix zmdemo --out lab.json   # Kubernetes objects
     zonemeter lab down --prefix zmdemo               # also cleans a half-built lab
 """
 
@@ -45,6 +46,10 @@ def register(subparsers: Any) -> None:
     status = sub.add_parser("status", parents=[common], help="show a running lab")
     status.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
     status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    snap = sub.add_parser("snapshot", parents=[common],
+                          help="write the lab's Nodes, Pods, Services, EndpointSlices as JSON")
+    snap.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
+    snap.add_argument("--out", help="file to write (default: standard output)")
     traffic = sub.add_parser("traffic", parents=[common], help="run request/response traffic from a pod")
     traffic.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
     traffic.add_argument("--from", dest="client", required=True, help="client pod name")
@@ -65,7 +70,8 @@ def register(subparsers: Any) -> None:
 def _pick_prefix(args: argparse.Namespace) -> str:
     if args.prefix:
         return str(args.prefix)
-    found = list_prefixes(args.state_dir)
+    # only labs with a state file: a bare namespace may be another run's test lab
+    found = list_prefixes(args.state_dir, include_orphans=False)
     if len(found) == 1:
         return found[0]
     if not found:
@@ -77,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``zonemeter lab ACTION``; returns the exit code."""
     verb = getattr(args, "lab_verb", None)
     if verb is None:
-        raise InputError("choose an action: up, down, status or traffic", field="ACTION")
+        raise InputError("choose an action: up, down, status, snapshot or traffic", field="ACTION")
     if verb == "up":
         return _up(args)
     if verb == "down":
@@ -88,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
     lab = Lab.attach(_pick_prefix(args), args.state_dir)
     if verb == "status":
         _print_status(lab.status(), args.output)
+        return 0
+    if verb == "snapshot":
+        if args.out:
+            lab.write_snapshot(args.out)
+        else:
+            print(json.dumps(lab.snapshot(), indent=1))
         return 0
     return _traffic(lab, args)
 

@@ -167,11 +167,16 @@ def _open_ns(name: str) -> Any:
     return NetNS(name)
 
 
-def list_prefixes(state_dir: Path = DEFAULT_STATE_DIR) -> list[str]:
-    """Return the prefixes of labs that have a state file or a ``<prefix>-fabric`` netns."""
+def list_prefixes(state_dir: Path | str = DEFAULT_STATE_DIR, include_orphans: bool = True
+                  ) -> list[str]:
+    """Return the prefixes of labs that have a state file in ``state_dir`` and, with
+    ``include_orphans``, of every ``<prefix>-fabric`` namespace (any lab on the machine)."""
     found: set[str] = set()
+    state_dir = Path(state_dir)
     if state_dir.is_dir():
         found.update(p.stem for p in state_dir.glob("*.json"))
+    if not include_orphans:
+        return sorted(found)
     for name in _netns_mod().listnetns():
         if name.endswith("-fabric") and _PREFIX.match(name[: -len("-fabric")]):
             found.add(name[: -len("-fabric")])
