@@ -3,8 +3,10 @@
  * classify.h - parse one packet, classify it against the local endpoint map and add it
  * to the active flow table. Hook independent: a clsact program (tc.c) passes the offset
  * of the IP header after the Ethernet header; a cgroup_skb program would pass 0.
- * Only bpf_skb_load_bytes reads the packet, so non-linear skbs parse the same way and
- * every program type that has that helper can use this file.
+ * Headers are read from the linear packet data (direct packet access, the fast path);
+ * when they are not all there (non-linear skb) or IPv6 extension headers follow, a
+ * second parser reads them with bpf_skb_load_bytes, so every skb parses the same way.
+ * clsact and cgroup_skb programs have both kinds of access.
  */
 #ifndef ZONEMETER_CLASSIFY_H
 #define ZONEMETER_CLASSIFY_H
@@ -149,6 +151,74 @@ static __always_inline int zm_parse_v6(struct __sk_buff *skb, __u32 off, struct 
 	return zm_parse_l4(skb, l4, p);
 }
 
+/* Stores ports and the L4 header length from a bounds-checked L4 header at l4 (at least 4
+ * bytes, 13 for TCP). Returns 0. */
+static __always_inline int zm_direct_ports(__u8 *l4, struct zm_pkt *p)
+{
+	__be16 *ports = (__be16 *)l4;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->has_ports = 1;
+	if (p->proto == IPPROTO_TCP)
+		p->hdr_len += (l4[12] >> 4) * 4;
+	else if (p->proto == IPPROTO_UDP)
+		p->hdr_len += sizeof(struct udphdr);
+	else
+		p->hdr_len += ZM_SCTP_COMMON_HLEN;
+	return 0;
+}
+
+/* Fast path: parses from the linear packet data (direct packet access), which on veths
+ * holds the headers of nearly every packet; skips the helper calls of the parsers above.
+ * Returns 0 when parsed, -1 when it is no parsable IP packet, 1 when the headers are not
+ * all in the linear part or an IPv6 extension header follows: the caller then uses
+ * zm_parse_v4/zm_parse_v6, which read with bpf_skb_load_bytes. */
+static __always_inline int zm_parse_direct(struct __sk_buff *skb, __u32 l3_off, int family,
+					   struct zm_pkt *p)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	void *l3 = data + l3_off;
+	__u8 *l4;
+
+	if (family == ZM_FAMILY_INET) {
+		struct iphdr *ip = l3;
+		if ((void *)(ip + 1) > end)
+			return 1;
+		if (ip->version != 4 || ip->ihl < 5)
+			return -1;
+		p->family = ZM_FAMILY_INET;
+		p->proto = ip->protocol;
+		zm_map_v4(p->saddr, ip->saddr);
+		zm_map_v4(p->daddr, ip->daddr);
+		p->hdr_len = ip->ihl * 4;
+		if (ip->frag_off & bpf_htons(0x1fff))
+			return 0;
+		l4 = (__u8 *)l3 + ip->ihl * 4;
+	} else {
+		struct ipv6hdr *ip6 = l3;
+		if ((void *)(ip6 + 1) > end)
+			return 1;
+		if (ip6->version != 6)
+			return -1;
+		if (ip6->nexthdr == IPPROTO_HOPOPTS || ip6->nexthdr == IPPROTO_ROUTING ||
+		    ip6->nexthdr == IPPROTO_DSTOPTS || ip6->nexthdr == IPPROTO_FRAGMENT ||
+		    ip6->nexthdr == IPPROTO_AH)
+			return 1;
+		p->family = ZM_FAMILY_INET6;
+		p->proto = ip6->nexthdr;
+		__builtin_memcpy(p->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+		p->hdr_len = sizeof(*ip6);
+		l4 = (__u8 *)(ip6 + 1);
+	}
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP && p->proto != IPPROTO_SCTP)
+		return 0;
+	if ((void *)(l4 + 13) > end) /* ports, and the TCP data offset at byte 12 */
+		return p->proto == IPPROTO_TCP || (void *)(l4 + 4) > end ? 1 : zm_direct_ports(l4, p);
+	return zm_direct_ports(l4, p);
+}
+
 /* Returns port unchanged, or 0 when it lies in the ephemeral range (port is __be16). */
 static __always_inline __be16 zm_remote_port(__be16 port)
 {
@@ -227,7 +297,11 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 {
 	struct zm_pkt p;
 	__builtin_memset(&p, 0, sizeof(p));
-	int ret = family == ZM_FAMILY_INET ? zm_parse_v4(skb, l3_off, &p) : zm_parse_v6(skb, l3_off, &p);
+	int ret = zm_parse_direct(skb, l3_off, family, &p);
+	if (ret > 0) {
+		__builtin_memset(&p, 0, sizeof(p));
+		ret = family == ZM_FAMILY_INET ? zm_parse_v4(skb, l3_off, &p) : zm_parse_v6(skb, l3_off, &p);
+	}
 	if (ret < 0)
 		return;
 
