@@ -81,3 +81,33 @@ def test_snapshot_of_running_lab_loads(lab: Lab, tmp_path: Path) -> None:
     assert {p["status"]["podIP"] for p in snap.pods} == {str(lab.pod_ip(p.name))
                                                         for p in lab.topology.pods}
     assert json.loads(path.read_text())["kind"] == "List"
+
+
+def test_pods_come_and_go_and_ground_truth_survives_ip_reuse(lab: Lab) -> None:
+    lab.reset_ground_truth()
+    old_ip = lab.pod_ip("fe-a1")
+    assert lab.run_flow("fe-a1", lab.pod_ip("be-a1"), 5353, "udp", request_bytes=40,
+                        response_bytes=10, count=5).ok == 5
+    lab.remove_pod("fe-a1")
+    assert lab.node_netns("a1") and "fe-a1" not in {p.name for p in lab.topology.pods}
+    new = lab.add_pod({"name": "fe2-a1", "node": "a1"})
+    assert new.ip == old_ip  # the freed address is reused
+    assert lab.run_flow("fe2-a1", lab.pod_ip("be-a1"), 5353, "udp", request_bytes=40,
+                        response_bytes=10, count=3).ok == 3
+    gt = lab.ground_truth()
+    assert gt[("fe-a1", "be-a1", "request")] == 5 * (40 + 28)
+    assert gt[("fe2-a1", "be-a1", "request")] == 3 * (40 + 28)
+    assert gt[("fe2-a1", "be-a1", "response")] == 3 * (10 + 28)
+
+    # a server pod goes away: b1's proxy (programmed with only be-b1) now rejects
+    lab.remove_pod("be-b1")
+    assert lab.service_endpoints("be", "b1") == ()
+    res = lab.run_flow("fe-b1", lab.cluster_ip("be"), 80, count=1, timeout=2)
+    assert res.failed == 1 and "Refused" in res.errors[0]
+    # a new server pod joins by selector; b2 (all endpoints) spreads over both
+    lab.add_pod({"name": "be2-b1", "node": "b1", "app": "be",
+                 "ports": [{"port": 8080}, {"port": 5353, "protocol": "UDP"}]})
+    assert lab.service_endpoints("be", "b2") == ("be-a1", "be2-b1")
+    lab.reset_ground_truth()
+    assert lab.run_flow("fe-b2", lab.cluster_ip("be"), 80, count=40).ok == 40
+    assert {s for (_, s, _) in lab.ground_truth()} == {"be-a1", "be2-b1"}

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,12 @@ UDP_OVERHEAD = {4: 20 + 8, 6: 40 + 8}
 _NUD_PERMANENT = 0x80
 _RTNH_F_ONLINK = 4
 _OFFLOADS = ("tso", "gso", "gro")
+_NODE_SYSCTLS = ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
+                 "net.ipv4.conf.default.rp_filter=0", "net.ipv6.conf.all.forwarding=1",
+                 "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
+#: no DAD (addresses usable at once); the ephemeral range the topology keeps ports out of
+_POD_SYSCTLS = ("net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
+                "net.ipv4.ip_local_port_range=32768 60999")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +218,10 @@ class Lab:
         #: (service key, node) -> endpoint strings (pod names or addresses); absent = default
         self._overrides: dict[tuple[str, str], tuple[str, ...]] = {}
         self._addr_owner = self._address_index()
+        #: pod name -> server pid
+        self._servers: dict[str, int] = {}
+        #: ground truth of counters folded away by remove_pod (see there)
+        self._archived: dict[tuple[str, str, str], tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ naming
 
@@ -397,6 +407,7 @@ class Lab:
                   state_dir=state_dir, server_max_seconds=data.get("server_max_seconds", 3600))
         for item in data.get("endpoint_overrides", []):
             lab._overrides[(item["service"], item["node"])] = tuple(item["endpoints"])
+        lab._servers = {str(k): int(v) for k, v in data.get("servers", {}).items()}
         return lab
 
     def _write_state(self) -> None:
@@ -405,6 +416,7 @@ class Lab:
             "prefix": self.prefix,
             "server_max_seconds": self.server_max_seconds,
             "topology": self.topology.to_dict(),
+            "servers": self._servers,
             "endpoint_overrides": [{"service": s, "node": n, "endpoints": list(e)}
                                    for (s, n), e in sorted(self._overrides.items())],
         }
@@ -421,17 +433,11 @@ class Lab:
         for name in self.all_netns():
             netns.create(name)
         # sysctls first: "default" values apply to links created afterwards
-        node_sysctls = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
-                        "net.ipv4.conf.default.rp_filter=0",
-                        "net.ipv6.conf.all.forwarding=1", "net.ipv6.conf.all.accept_dad=0",
-                        "net.ipv6.conf.default.accept_dad=0"]
-        pod_sysctls = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
-                       "net.ipv4.ip_local_port_range=32768 60999"]
         for n in topo.nodes:
-            _nsexec(self.node_netns(n.name), ["sysctl", "-q", "-w", *node_sysctls])
+            _nsexec(self.node_netns(n.name), ["sysctl", "-q", "-w", *_NODE_SYSCTLS])
         for p in topo.pods:
             if not p.host_network:
-                _nsexec(self.pod_netns(p.name), ["sysctl", "-q", "-w", *pod_sysctls])
+                _nsexec(self.pod_netns(p.name), ["sysctl", "-q", "-w", *_POD_SYSCTLS])
         self._build_fabric()
         for n in topo.nodes:
             self._build_node(n.name)
@@ -455,6 +461,7 @@ class Lab:
             if p.ports:
                 self._install_ground_truth(p)
         self._start_servers()
+        self._write_state()  # with the server pids
 
     def _build_fabric(self) -> None:
         opt = self.topology.options
@@ -564,15 +571,16 @@ class Lab:
         text = groundtruth.render(pod.index, [(pp.protocol, pp.port) for pp in pod.ports])
         _nsexec(self.pod_netns(pod.name), ["nft", "-f", "-"], input=text)
 
-    def _start_servers(self) -> None:
+    def _start_servers(self, pods: Iterable[Pod] | None = None) -> None:
         procs: list[tuple[Pod, subprocess.Popen[str]]] = []
-        for pod in self.topology.pods:
+        for pod in self.topology.pods if pods is None else pods:
             if not pod.ports:
                 continue
             argv = ["ip", "netns", "exec", self.pod_netns(pod.name), sys.executable, "-m",
                     "tools.lab.traffic", "server", "--max-seconds", str(self.server_max_seconds)]
             for pp in pod.ports:
                 argv += ["--listen", f"{pp.protocol.lower()}:{pp.port}"]
+            # `ip netns exec` execs the command: the pid is the server's
             procs.append((pod, subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 text=True, cwd=_ROOT, env=_child_env(), start_new_session=True)))
@@ -582,6 +590,98 @@ class Lab:
             proc.stdout.close()
             if line != "ready":
                 raise RuntimeFailure(f"server of pod {pod.name} did not start: {line or 'exited'}")
+            self._servers[pod.name] = proc.pid
+
+    # ------------------------------------------------------------------ pods come and go
+
+    def add_pod(self, spec: Mapping[str, Any]) -> Pod:
+        """Create a pod in the running lab (as the topology's ``pods`` entries describe it)
+        and start its server; Services whose selector matches it gain it as an endpoint
+        (every node is reprogrammed; per-node overrides stay as they are).
+
+        Returns:
+            The new :class:`Pod` (addresses resolved; ``ip: auto`` takes the lowest free
+            address of its node, which may be one a removed pod had).
+
+        Raises:
+            InputError: an invalid spec (named as ``Pod <name>``) or a duplicate name.
+            RuntimeFailure: building it failed (what was built for it is removed).
+        """
+        data = self.topology.to_dict()
+        data["pods"].append(dict(spec))
+        topo = Topology.from_dict(data, source="add_pod")
+        pod = topo.pods[-1]
+        old = self.topology
+        self.topology = topo
+        self._addr_owner = self._address_index()
+        try:
+            if not pod.host_network:
+                ns = self.pod_netns(pod.name)
+                _netns_mod().create(ns)
+                _nsexec(ns, ["sysctl", "-q", "-w", *_POD_SYSCTLS])
+                self._build_pod(pod)
+                _disable_offloads(ns, ["eth0"])
+                _disable_offloads(self.node_netns(pod.node), [self.host_veth(pod.name)[1]])
+            if pod.ports:
+                self._install_ground_truth(pod)
+                self._start_servers([pod])
+            self.program_all_nodes()
+        except BaseException:
+            self._remove_pod_runtime(pod)
+            self.topology = old
+            self._addr_owner = self._address_index()
+            raise
+        self._save_if_running()
+        return pod
+
+    def remove_pod(self, name: str) -> None:
+        """Delete a pod from the running lab: its server, namespace (veth and route go with
+        it) or, for a host-network pod, its server and counters in the node namespace.
+
+        Its ground truth is kept: before deleting, every counter of the lab is folded into
+        an archive (with the pod names addresses had at that time) and zeroed, so
+        :meth:`ground_truth` stays correct when a later pod reuses the address. The pod is
+        dropped from Services that list it and from per-node endpoint overrides.
+
+        Raises:
+            InputError: no such pod.
+            RuntimeFailure: a command failed.
+        """
+        pod = self.topology.pod(name)
+        for key, (b, p) in self.ground_truth_counters().items():
+            ob, op = self._archived.get(key, (0, 0))
+            self._archived[key] = (ob + b, op + p)
+        self._reset_counters()
+        self._remove_pod_runtime(pod)
+        data = self.topology.to_dict()
+        data["pods"] = [p for p in data["pods"] if p["name"] != name]
+        for svc in data["services"]:
+            if "endpoints" in svc:
+                svc["endpoints"] = [e for e in svc["endpoints"] if e != name]
+        self.topology = Topology.from_dict(data, source="remove_pod")
+        self._addr_owner = self._address_index()
+        for override, eps in list(self._overrides.items()):
+            self._overrides[override] = tuple(e for e in eps if e != name)
+        self.program_all_nodes()
+        self._save_if_running()
+
+    def _remove_pod_runtime(self, pod: Pod) -> None:
+        pid = self._servers.pop(pod.name, None)
+        if pod.host_network:
+            if pid is not None and _is_lab_server(pid):
+                _terminate({pid})
+            _nsexec(self.node_netns(pod.node), ["nft", "delete", "table", "inet",
+                                                 groundtruth.table_name(pod.index)], check=False)
+            return
+        ns = self.pod_netns(pod.name)
+        if ns in _netns_mod().listnetns():
+            proc = _run(["ip", "netns", "pids", ns], check=False)
+            _terminate({int(p) for p in proc.stdout.split() if p.isdigit()} - _ancestors())
+            _netns_mod().remove(ns)
+
+    def _save_if_running(self) -> None:
+        if self.state_file.exists():
+            self._write_state()
 
     # ------------------------------------------------------------------ kube-proxy
 
@@ -840,7 +940,7 @@ class Lab:
         Raises:
             RuntimeFailure: nft failed.
         """
-        out: dict[tuple[str, str, str], tuple[int, int]] = {}
+        out: dict[tuple[str, str, str], tuple[int, int]] = dict(self._archived)
         for pod in self.topology.pods:
             if not pod.ports:
                 continue
@@ -865,11 +965,15 @@ class Lab:
         return {k: b for k, (b, _) in self.ground_truth_counters().items()}
 
     def reset_ground_truth(self) -> None:
-        """Zero every ground-truth counter.
+        """Zero every ground-truth counter (and forget removed pods' archived counts).
 
         Raises:
             RuntimeFailure: nft failed.
         """
+        self._archived.clear()
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
         for pod in self.topology.pods:
             if pod.ports:
                 _nsexec(self.pod_netns(pod.name), ["nft", "-f", "-"],
@@ -985,6 +1089,14 @@ def _terminate(pids: set[int], grace: float = 2.0) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _is_lab_server(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"tools.lab.traffic\0server" in fh.read()
+    except OSError:
+        return False
 
 
 def _is_zombie(pid: int) -> bool:

@@ -152,7 +152,9 @@ class Pod:
         name: Pod name, unique in the lab (the lab keys everything by it).
         namespace: Kubernetes namespace.
         node: node name.
-        index: position in the topology (0-based), names its host-side veth.
+        index: names its host-side veth and ground-truth table: the position in the
+            topology (0-based), unless given as ``labIndex`` (the lab writes it in
+            :meth:`Topology.to_dict` so indexes stay put when pods come and go).
         ip, ip6: pod address(es); the node's fabric address(es) when ``host_network``.
         ports: listening ports; the lab starts a server for each.
         labels: pod labels (``app`` given alone becomes ``{"app": value}``).
@@ -346,7 +348,7 @@ class Topology:
             "nodes": [{"name": n.name, "zone": n.zone, "cpu": n.cpu,
                        "ignoreHints": n.ignore_hints} for n in self.nodes],
             "pods": [{
-                "name": p.name, "namespace": p.namespace, "node": p.node,
+                "name": p.name, "namespace": p.namespace, "node": p.node, "labIndex": p.index,
                 **({} if p.host_network else {"ip": str(p.ip)}),
                 **({"ip6": str(p.ip6)} if p.ip6 and not p.host_network else {}),
                 "ports": [{"port": pp.port, "protocol": pp.protocol,
@@ -554,12 +556,13 @@ class _Parser:
         parsed: list[tuple[dict[str, Any], Any, Any]] = []
         pods: list[Pod] = []
         names: set[str] = set()
+        indexes: set[int] = set()
         # first pass: fields and explicit addresses; second: auto addresses
         for i, item in enumerate(raw):
             obj = f"pods[{i}]"
             m = self.mapping(item, obj, None)
             self.unknown_keys(m, {"name", "namespace", "node", "ip", "ip6", "ports", "labels",
-                                  "app", "hostNetwork"}, obj)
+                                  "app", "hostNetwork", "labIndex"}, obj)
             name = self.name(m.get("name"), obj, "name", subdomain=True)
             obj = f"Pod {name}"
             if name in names:
@@ -615,9 +618,19 @@ class _Parser:
                                       name)
                 elif m.get("ip6", "auto") != "auto":
                     raise self.fail("options.ipv6 is false", obj, "ip6")
-            parsed.append((dict(name=name, namespace=namespace, node=node.name, index=i,
+            index = m.get("labIndex")
+            if index is not None:
+                if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 10**5:
+                    raise self.fail(f"must be an integer 0-99999, got {index!r}", obj, "labIndex")
+                if index in indexes:
+                    raise self.fail(f"labIndex {index} is already used", obj, "labIndex")
+                indexes.add(index)
+            parsed.append((dict(name=name, namespace=namespace, node=node.name, index=index,
                                 ports=tuple(ports), labels=labels, host_network=host), ip, ip6))
+        free = (i for i in range(10**6) if i not in indexes)
         for kwargs, ip, ip6 in parsed:
+            if kwargs["index"] is None:
+                kwargs["index"] = next(free)
             node = by_name[kwargs["node"]]
             if ip == "auto":
                 ip = self.next_free(node.pod_cidr, next_host, node.name, used, kwargs["name"])
