@@ -71,6 +71,17 @@ def test_explicit_addresses_are_kept_and_auto_skips_them() -> None:
     assert topo.pod("web-a2").ip == ipaddress.IPv4Address("10.244.2.9")
 
 
+def test_lab_index_keeps_gaps_and_fills_them_in_order() -> None:
+    data = copy.deepcopy(BASE)
+    data["pods"] = data["pods"][:2]
+    data["pods"][0]["labIndex"] = 1
+    data["pods"].append({"name": "late", "node": "b1"})
+    del data["services"]
+    topo = Topology.from_dict(data)
+    assert [(p.name, p.index) for p in topo.pods] == [("client-a1", 1), ("client-a2", 0),
+                                                       ("late", 2)]
+
+
 def test_round_trip_through_to_dict() -> None:
     topo = Topology.from_dict(_with("options", {"mode": "vxlan", "ipv6": True}))
     again = Topology.from_dict(json.loads(json.dumps(topo.to_dict())))
@@ -110,6 +121,7 @@ def test_from_yaml_reads_a_file(tmp_path: Path) -> None:
      "ports[0].protocol", "TCP or UDP"),
     (_with("pods.3.ports", [{"port": 80}, {"port": 80}]), "Pod web-a1", "ports[1].port",
      "duplicate"),
+    (_with("pods.0.labIndex", -1), "Pod client-a1", "labIndex", "0-99999"),
     (_with("pods.0.hostNetwork", "no"), "Pod client-a1", "hostNetwork", "true or false"),
     (_with("services.0.selector", {}), "Service shop/web", "selector", "empty selector"),
     (_with("services.0.ports", []), "Service shop/web", "ports", "at least one port"),
