@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 
@@ -64,6 +65,8 @@ def _host_view() -> tuple[list[str], str, str]:
     names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
     r4 = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
     r6 = subprocess.run(["ip", "-6", "route"], capture_output=True, text=True).stdout
+    # router-advertised routes count their lifetime down: not a change
+    r6 = re.sub(r"expires \S+ ?", "", r6)
     return names, r4, r6
 
 

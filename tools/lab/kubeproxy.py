@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -125,9 +125,3 @@ def render(rules: Sequence[ProxyRule], family: int) -> str:
             nat_rules.append(f"-A {sep} -p {proto} -m {proto} -j DNAT --to-destination "
                              f"{_dnat(ip, port)}")
     return "\n".join(nat + nat_rules + ["COMMIT"] + flt + flt_rules + ["COMMIT", ""])
-
-
-def endpoint_choices(rules: Sequence[ProxyRule]) -> Mapping[tuple[str, str, str], tuple[str, ...]]:
-    """Return ``{(service, cluster_ip, port/proto): ("ip:port", ...)}`` for display."""
-    return {(r.service, str(r.cluster_ip), f"{r.port}/{r.protocol}"):
-            tuple(_dnat(ip, p) for ip, p in r.endpoints) for r in rules}
