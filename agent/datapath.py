@@ -212,6 +212,7 @@ class Datapath:
             (b[b"zm_flows_a"].get_fd(), b[b"zm_flows_b"].get_fd()),
             b[b"zm_active"].get_fd(), b[b"zm_lost"].get_fd(), self.config.flow_capacity)
         self._endpoint_map = b[b"zm_endpoints"]
+        self._endpoint_ports = b[b"zm_endpoint_ports"]
 
     # -- compile ----------------------------------------------------------------------
 
@@ -411,6 +412,12 @@ class Datapath:
                              f"{self.config.endpoint_capacity}", source="local endpoints")
         one = ctypes.c_uint32(1)
         with self._lock:
+            old_ports = {port for _, port, _ in self._endpoints}
+            new_ports = {port for _, port, _ in wanted}
+            # ports first when adding, endpoints first when removing: the port filter is
+            # never narrower than the endpoint map
+            for port in new_ports - old_ports:
+                self._endpoint_ports[ctypes.c_int(port)] = one
             for ep in self._endpoints - wanted:
                 try:
                     del self._endpoint_map[endpoint_key(*ep)]
@@ -418,6 +425,8 @@ class Datapath:
                     pass
             for ep in wanted - self._endpoints:
                 self._endpoint_map[endpoint_key(*ep)] = one
+            for port in old_ports - new_ports:
+                self._endpoint_ports[ctypes.c_int(port)] = ctypes.c_uint32(0)
             self._endpoints = wanted
 
     def drain(self) -> list[FlowDelta]:

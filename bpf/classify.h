@@ -22,9 +22,10 @@
 
 /*
  * BCC rewrites map method calls (map.lookup()) only in the main source file, never in
- * included headers. Each program file therefore defines these three accessors before
+ * included headers. Each program file therefore defines these four accessors before
  * including this header (tc.c does); they are the only map accesses by name:
  *   static __always_inline __u32 *zm_endpoint_lookup(struct zm_endpoint_key *k);
+ *   static __always_inline int zm_endpoint_port(__be16 port);  1 when an endpoint uses port
  *   static __always_inline void *zm_active_flows(void);      the active flow table or NULL
  *   static __always_inline struct zm_flow_value *zm_lost_counter(void);
  * Flow tables are then reached through the map pointer zm_active_flows() returns, with
@@ -231,6 +232,8 @@ static __always_inline __be16 zm_remote_port(__be16 port)
 /* Returns 1 when (addr, port, proto) is in zm_endpoints, else 0. */
 static __always_inline int zm_is_endpoint(const __u8 *addr, __be16 port, __u8 proto)
 {
+	if (!zm_endpoint_port(port)) /* cheap array test first: most ports are no endpoint's */
+		return 0;
 	struct zm_endpoint_key ek;
 	__builtin_memset(&ek, 0, sizeof(ek));
 	__builtin_memcpy(ek.addr, addr, 16);

@@ -20,6 +20,12 @@ BPF_ARRAY_OF_MAPS(zm_active, "zm_flows_a", 1);
 /* Local endpoints, written by the agent (value: 1). */
 BPF_HASH(zm_endpoints, struct zm_endpoint_key, __u32, ZM_ENDPOINT_CAPACITY);
 
+/* Index: a port in host byte order; value 1 when some local endpoint uses that port, else
+ * 0. Written by the agent with zm_endpoints. An array lookup is inlined by the verifier,
+ * so the hash lookup in zm_endpoints is skipped for the side of a packet whose port no
+ * endpoint uses (the client's ephemeral port): one hash lookup fewer per packet. */
+BPF_ARRAY(zm_endpoint_ports, __u32, 65536);
+
 /* Packets that found neither a flow entry nor an overflow entry (the agent did not seed
  * the overflow entries, or no table is active). Index 0; should stay zero, reported. */
 BPF_ARRAY(zm_lost, struct zm_flow_value, 1);

@@ -19,6 +19,14 @@ static __always_inline __u32 *zm_endpoint_lookup(struct zm_endpoint_key *k)
 	return zm_endpoints.lookup(k);
 }
 
+/* Returns 1 when some local endpoint uses port (__be16), else 0. */
+static __always_inline int zm_endpoint_port(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *used = zm_endpoint_ports.lookup(&idx);
+	return used && *used;
+}
+
 /* Returns the flow table the programs currently write to, or NULL when none is set. */
 static __always_inline void *zm_active_flows(void)
 {
