@@ -54,6 +54,10 @@ services:
     endpoints: [web-b1]
     internalTrafficPolicy: Local
     ports: [{port: 81, targetPort: 8080}]
+  - name: node-agent
+    namespace: shop
+    endpoints: [hn-a2]
+    ports: [{port: 91, targetPort: 9100, protocol: UDP}]
 """
 
 IP_HEADER = {4: 20, 6: 40}
@@ -240,6 +244,12 @@ def test_host_network_server_and_client(lab: Lab) -> None:
                        count=5)
     assert res.ok == 5
     assert lab.ground_truth() == _udp_expected(lab, "client-b1", "hn-a2", 4, 5, 40, 60)
+    # a Service whose endpoint is host-network: DNAT to the node address
+    lab.reset_ground_truth()
+    res = lab.run_flow("client-b1", lab.cluster_ip("node-agent", 6), 91, "udp",
+                       request_bytes=40, response_bytes=60, count=4)
+    assert res.ok == 4
+    assert lab.ground_truth() == _udp_expected(lab, "client-b1", "hn-a2", 6, 4, 40, 60)
     # a host-network client reaches a ClusterIP through the OUTPUT chain
     lab.reset_ground_truth()
     res = lab.run_flow("hn-a2", lab.cluster_ip("web"), 53, "udp", request_bytes=40,
