@@ -167,6 +167,40 @@ def test_tcp_to_pod_ip_ground_truth_is_consistent(lab: Lab, family: int) -> None
     _check_tcp(lab, counters, "client-a1", "web-a2", family, 5, 3000, 50000)
 
 
+def _eth0_and_ip6(lab: Lab, pod: str) -> tuple[int, int, int, int, int]:
+    """(rx_packets, rx_bytes, tx_packets, tx_bytes, IPv6 packets in+out) of a pod's eth0."""
+    script = ("cat /sys/class/net/eth0/statistics/rx_packets /sys/class/net/eth0/statistics/"
+              "rx_bytes /sys/class/net/eth0/statistics/tx_packets /sys/class/net/eth0/"
+              "statistics/tx_bytes; grep -E '^Ip6(InReceives|OutRequests) ' /proc/net/snmp6")
+    out = subprocess.run(["ip", "netns", "exec", lab.pod_netns(pod), "sh", "-c", script],
+                         capture_output=True, text=True, check=True).stdout.split()
+    rxp, rxb, txp, txb = (int(x) for x in out[:4])
+    return rxp, rxb, txp, txb, int(out[5]) + int(out[7])
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_tcp_ground_truth_equals_interface_counters(lab: Lab, reuse: bool) -> None:
+    """An independent count: the server pod's eth0 statistics (L2 bytes: L3 + 14 per
+    frame). The lab pins neighbours, so only IP packets cross the veth; a run during which
+    IPv6 housekeeping (MLD) crossed it is repeated."""
+    for _attempt in range(3):
+        lab.reset_ground_truth()
+        before = _eth0_and_ip6(lab, "web-a2")
+        res = lab.run_flow("client-b1", lab.pod_ip("web-a2"), 8080, "tcp", request_bytes=7000,
+                           response_bytes=90000, count=4, reuse=reuse)
+        after = _eth0_and_ip6(lab, "web-a2")
+        assert res.ok == 4
+        if after[4] == before[4]:
+            break
+    else:
+        pytest.fail("IPv6 packets crossed the veth in every attempt")
+    gt = lab.ground_truth_counters()
+    req_b, req_p = gt[("client-b1", "web-a2", "request")]
+    resp_b, resp_p = gt[("client-b1", "web-a2", "response")]
+    assert (after[0] - before[0], after[1] - before[1]) == (req_p, req_b + 14 * req_p)
+    assert (after[2] - before[2], after[3] - before[3]) == (resp_p, resp_b + 14 * resp_p)
+
+
 def test_tcp_reused_connection_is_consistent(lab: Lab) -> None:
     lab.reset_ground_truth()
     res = lab.run_flow("client-b1", lab.pod_ip("web-a1"), 8080, "tcp", request_bytes=3000,

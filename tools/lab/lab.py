@@ -66,8 +66,11 @@ _OFFLOADS = ("tso", "gso", "gro")
 _NODE_SYSCTLS = ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
                  "net.ipv4.conf.default.rp_filter=0", "net.ipv6.conf.all.forwarding=1",
                  "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
-#: no DAD (addresses usable at once); the ephemeral range the topology keeps ports out of
+#: no DAD (addresses usable at once), no router solicitations (no stray packets on the
+#: veth); the ephemeral range the topology keeps pod ports out of
 _POD_SYSCTLS = ("net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
+                "net.ipv6.conf.all.router_solicitations=0",
+                "net.ipv6.conf.default.router_solicitations=0",
                 "net.ipv4.ip_local_port_range=32768 60999")
 
 
@@ -564,8 +567,19 @@ class Lab:
                 pns.neigh("add", dst=str(GATEWAY6), lladdr=host_mac, ifindex=e_idx,
                           state=_NUD_PERMANENT)
                 pns.route("add", dst="::/0", gateway=str(GATEWAY6), oif=e_idx)
+            pod_mac = pns.get_links(e_idx)[0].get_attr("IFLA_ADDRESS")
         finally:
             pns.close()
+        # static neighbours both ways: no ARP/ND between pod and node, so the veth carries
+        # only the pods' own IP packets (interface counters can then check the ground truth)
+        nns = _open_ns(node_ns_name)
+        try:
+            for addr in (pod.ip, pod.ip6):
+                if addr is not None:
+                    nns.neigh("add", dst=str(addr), lladdr=pod_mac, ifindex=h_idx,
+                              state=_NUD_PERMANENT)
+        finally:
+            nns.close()
 
     def _install_ground_truth(self, pod: Pod) -> None:
         text = groundtruth.render(pod.index, [(pp.protocol, pp.port) for pp in pod.ports])
