@@ -278,6 +278,12 @@ def test_host_network_server_and_client(lab: Lab) -> None:
                        count=5)
     assert res.ok == 5
     assert lab.ground_truth() == _udp_expected(lab, "client-b1", "hn-a2", 4, 5, 40, 60)
+    # TCP from the node's own stack: still one packet per skb at OUTPUT (gso_max_segs 1)
+    lab.reset_ground_truth()
+    res = lab.run_flow("client-b1", node_ip, 9101, "tcp", request_bytes=5000,
+                       response_bytes=40000, count=3)
+    assert res.ok == 3
+    _check_tcp(lab, lab.ground_truth_counters(), "client-b1", "hn-a2", 4, 3, 5000, 40000)
     # a Service whose endpoint is host-network: DNAT to the node address
     lab.reset_ground_truth()
     res = lab.run_flow("client-b1", lab.cluster_ip("node-agent", 6), 91, "udp",
