@@ -437,10 +437,10 @@ class Lab:
             netns.create(name)
         # sysctls first: "default" values apply to links created afterwards
         for n in topo.nodes:
-            _nsexec(self.node_netns(n.name), ["sysctl", "-q", "-w", *_NODE_SYSCTLS])
+            _sysctl(self.node_netns(n.name), _NODE_SYSCTLS)
         for p in topo.pods:
             if not p.host_network:
-                _nsexec(self.pod_netns(p.name), ["sysctl", "-q", "-w", *_POD_SYSCTLS])
+                _sysctl(self.pod_netns(p.name), _POD_SYSCTLS)
         self._build_fabric()
         for n in topo.nodes:
             self._build_node(n.name)
@@ -632,7 +632,7 @@ class Lab:
             if not pod.host_network:
                 ns = self.pod_netns(pod.name)
                 _netns_mod().create(ns)
-                _nsexec(ns, ["sysctl", "-q", "-w", *_POD_SYSCTLS])
+                _sysctl(ns, _POD_SYSCTLS)
                 self._build_pod(pod)
                 _disable_offloads(ns, ["eth0"])
                 _disable_offloads(self.node_netns(pod.node), [self.host_veth(pod.name)[1]])
@@ -1047,6 +1047,14 @@ def _child_env() -> dict[str, str]:
     env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                       else "")
     return env
+
+
+def _sysctl(ns: str, settings: Sequence[str]) -> None:
+    """Apply ``key=value`` sysctls inside ``ns`` (writes /proc/sys there; no procps needed)."""
+    script = "; ".join(
+        f"printf '%s' '{value}' > /proc/sys/{key.replace('.', '/')}"
+        for key, _, value in (item.partition("=") for item in settings))
+    _nsexec(ns, ["sh", "-e", "-c", script])
 
 
 def _disable_offloads(ns: str, links: Sequence[str]) -> None:
