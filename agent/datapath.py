@@ -126,8 +126,10 @@ class DatapathStats:
     endpoints: int
 
 
-def _run_in_netns(netns: str | None, fn):  # type: ignore[no-untyped-def]
-    """Run fn() in a thread that entered netns (setns moves only the calling thread)."""
+def run_in_netns(netns: str | None, fn):  # type: ignore[no-untyped-def]
+    """Return fn() run in a thread that entered network namespace netns (a name under
+    /run/netns), or fn() itself when netns is None. setns moves only the calling thread,
+    so the caller's namespace never changes. Exceptions of fn propagate."""
     if netns is None:
         return fn()
     box: dict[str, object] = {}
@@ -160,7 +162,7 @@ def read_ephemeral_range(netns: str | None) -> tuple[int, int]:
         return lo, hi
 
     try:
-        return _run_in_netns(netns, read)
+        return run_in_netns(netns, read)
     except (OSError, ValueError):
         return DEFAULT_EPHEMERAL
 
@@ -514,9 +516,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-c", action="store_true",
                         help="print the effective BPF C and cflags, then exit")
     args = parser.parse_args(argv)
+    try:
+        return _main(args)
+    except InputError as err:
+        print(f"python -m agent.datapath: error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeFailure as err:
+        print(f"python -m agent.datapath: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _parse_endpoint(text: str) -> tuple[str, int, int]:
+    """Parse ``ADDRESS,PORT,PROTO``; raises InputError naming the flag."""
+    try:
+        addr, port, proto = text.split(",")
+        ipaddress.ip_address(addr)
+        return addr, int(port), int(proto)
+    except ValueError:
+        raise InputError(f"{text!r} is not ADDRESS,PORT,PROTO (e.g. 10.1.0.5,8080,6)",
+                         source="--endpoint") from None
+
+
+def _main(args: argparse.Namespace) -> int:
     config = DatapathConfig(netns=args.netns, flow_capacity=args.capacity,
                             interface_patterns=tuple(args.interface),
                             exclude_patterns=tuple(args.exclude))
+    config.validate()
+    eps = [_parse_endpoint(text) for text in args.endpoint]
     if args.print_c:
         eph = config.ephemeral_ports or read_ephemeral_range(config.netns)
         print("/* cflags: " + " ".join(flags_for(config, eph)) + " */")
@@ -528,10 +554,6 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     dp = Datapath(config)
     try:
-        eps = []
-        for text in args.endpoint:
-            addr, port, proto = text.split(",")
-            eps.append((addr, int(port), int(proto)))
         dp.set_local_endpoints(eps)
         dp.watch()
         print(json.dumps({"attached": list(dp.attached())}), flush=True)

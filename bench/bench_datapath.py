@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.datapath import (  # noqa: E402
-    ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, _run_in_netns)
+    ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns)
 from agent.bpf_types import FlowKey, FlowValue  # noqa: E402
 from tests.kernel._dp_fixtures import MiniLab, pod_ip  # noqa: E402
 
@@ -153,7 +153,7 @@ class Bench:
             stop.wait(60)  # never read: the socket queue drops, no ICMP comes back
             s.close()
 
-        th = threading.Thread(target=lambda: _run_in_netns(self.lab.pod_ns["a2"], sink))
+        th = threading.Thread(target=lambda: run_in_netns(self.lab.pod_ns["a2"], sink))
         th.start()
         ready.wait(5)
 

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from agent.datapath import _run_in_netns
+from agent.datapath import run_in_netns
 
 PODS = {"a1": "a", "a2": "a", "b1": "b"}
 NODE_INDEX = {"a": 1, "b": 2}
@@ -290,7 +290,7 @@ class MiniLab:
 
         def server_thread() -> None:
             try:
-                _run_in_netns(self.pod_ns[flow.server], serve)
+                run_in_netns(self.pod_ns[flow.server], serve)
             except BaseException as err:  # noqa: BLE001
                 errors.append(err)
                 ready.set()
@@ -299,7 +299,7 @@ class MiniLab:
         th.start()
         ready.wait(5)
         try:
-            _run_in_netns(self.pod_ns[flow.client], client)
+            run_in_netns(self.pod_ns[flow.client], client)
         finally:
             th.join(10)
         if errors:
