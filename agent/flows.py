@@ -340,8 +340,12 @@ def counted_once(delta: FlowDelta, *, remote_is_pod: bool, remote_is_frontend: b
         remote_is_pod: ``delta.remote`` is the IP of a pod that is not host-network (so
             some agent watches its veth).
         remote_is_frontend: ``(delta.remote, delta.port, delta.protocol)`` is a ClusterIP
-            Service port or an endpoint (EndpointSlice address and port) of a Service
-            whose endpoint is a non-host-network pod.
+            Service port whose endpoints are pods, or an endpoint (EndpointSlice address
+            and port) that is a non-host-network pod: its node's agent counts these bytes
+            as request/response. Pass False for a ClusterIP whose endpoints are all
+            host-network (no veth sees them there, so the client side counts them, DESIGN.md
+            "Host-network endpoints"); a ClusterIP with both kinds of endpoints cannot be
+            split at the client and is a known gap (docs/datapath.md).
 
     Returns:
         True when the bytes of ``delta`` belong in this node's totals.

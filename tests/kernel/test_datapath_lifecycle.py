@@ -143,6 +143,12 @@ def test_pod_created_after_start_is_counted_within_one_second(lab: MiniLab) -> N
         lab.run_flow(Flow("a1", "b2", pod_ip("b2", 4), 9090, 9090, "tcp", 4), 4000, 9000, 2)
         truth = lab.ground_truth()
         deltas = dp.drain()
+        # the pod goes away: its veth disappears (RTM_DELLINK) and is forgotten
+        subprocess.run(["ip", "netns", "del", lab.pod_ns["b2"]], check=True)
+        t0 = time.monotonic()
+        while host in dp.attached() and time.monotonic() - t0 < 3:
+            time.sleep(0.02)
+        assert host not in dp.attached()
     b2 = ipaddress.ip_address(pod_ip("b2", 4))
     got = {k: sum(d.bytes for d in deltas if d.local == b2 and d.kind is k)
            for k in (FlowKind.INGRESS, FlowKind.EGRESS)}
