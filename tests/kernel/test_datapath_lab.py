@@ -12,7 +12,6 @@ pod, direction).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections import defaultdict
 from collections.abc import Iterator
