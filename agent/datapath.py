@@ -259,13 +259,21 @@ class Datapath:
         except Exception as err:  # NetlinkError
             if _nl_code(err) != errno.EEXIST:
                 raise
-        for parent, prog in _PROGRAMS:
-            fn = self._fns[prog]
-            # replace: a filter left by a previous run of ours (same prio and handle) is
-            # swapped for this one instead of running twice; other filters are untouched
-            ipr.tc("replace-filter", "bpf", index, self.config.tc_handle, fd=fn.fd,
-                   name=prog, parent=parent, classid=1, direct_action=True,
-                   prio=self.config.tc_priority, protocol=ETH_P_ALL)
+        try:
+            for parent, prog in _PROGRAMS:
+                fn = self._fns[prog]
+                # replace: a filter left by a previous run of ours (same prio and handle)
+                # is swapped for this one instead of running twice; others are untouched
+                ipr.tc("replace-filter", "bpf", index, self.config.tc_handle, fd=fn.fd,
+                       name=prog, parent=parent, classid=1, direct_action=True,
+                       prio=self.config.tc_priority, protocol=ETH_P_ALL)
+        except Exception:
+            self._attached[index] = name
+            try:  # never leave half an attachment behind (ingress without egress)
+                self._detach_link(index)
+            except Exception as err:  # noqa: BLE001 - the original error matters more
+                log.warning("cannot roll back %s: %s", name, err)
+            raise
         self._attached[index] = name
         log.info("attached to %s (ifindex %d)", name, index)
 
@@ -299,7 +307,13 @@ class Datapath:
 
         Returns:
             names of the interfaces attached after the scan.
+
+        Raises:
+            RuntimeFailure: some wanted link could not be attached (the others still are;
+                the message names each failed link). A refusal at our priority usually
+                means another filter kind or protocol holds it: set ``tc_priority``.
         """
+        failures: list[str] = []
         with self._lock:
             links = {l["index"]: l for l in self._ipr().get_links()}
             for index in list(self._attached):
@@ -319,8 +333,13 @@ class Datapath:
                         code = _nl_code(err)
                         if code in (errno.ENODEV, errno.ENOENT):  # vanished meanwhile
                             continue
-                        raise RuntimeFailure(f"cannot attach to {name}: {err}") from err
-            return tuple(sorted(self._attached.values()))
+                        failures.append(f"{name}: {err}")
+            attached = tuple(sorted(self._attached.values()))
+        if failures:
+            raise RuntimeFailure(
+                f"cannot attach to {'; '.join(failures)} (tc priority "
+                f"{self.config.tc_priority}, handle {self.config.tc_handle:#x})")
+        return attached
 
     def detach(self) -> None:
         """Remove every filter this datapath added (and clsact qdiscs it created, when empty)."""

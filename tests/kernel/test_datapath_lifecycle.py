@@ -302,3 +302,29 @@ def test_draining_during_traffic_loses_nothing(lab: MiniLab) -> None:
     expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
     assert sum(d.bytes for d in mine) == 2 * expected > 0
     assert len(mine) > 4  # the flow really was split over many drains
+
+
+def test_priority_held_by_another_protocol_is_reported_per_link(lab: MiniLab) -> None:
+    from bcc import BPF
+    from pyroute2 import IPRoute
+
+    from agent.errors import RuntimeFailure
+
+    other = BPF(text=CNI_C)
+    fn = other.load_func(b"cni_egress", BPF.SCHED_CLS)
+    node_ns, host = lab.host_veth("a1")
+    with IPRoute(netns=node_ns) as ipr:  # egress priority 1 taken by an IPv4-only filter
+        idx = ipr.link_lookup(ifname=host)[0]
+        ipr.tc("add", "clsact", idx)
+        ipr.tc("add-filter", "bpf", idx, 1, fd=fn.fd, name="other", parent=PARENT_EGRESS,
+               classid=1, direct_action=True, prio=1, protocol=0x0800)
+    with Datapath(_config(lab, "a")) as dp:
+        with pytest.raises(RuntimeFailure, match=host):
+            dp.attach()
+        assert dp.attached() == (lab.host_veth("a2")[1],)  # the other pod is still attached
+        # our ingress filter went in before egress was refused: it was rolled back
+        assert (host, PARENT_INGRESS) not in _ours(node_ns)
+    with Datapath(_config(lab, "a", tc_priority=2)) as dp:
+        assert dp.attach() == tuple(sorted(lab.host_veth(p)[1] for p in ("a1", "a2")))
+    assert _ours(node_ns) == []
+    assert [n for _, _, _, n in _filters(node_ns)[host]] == ["other"]
