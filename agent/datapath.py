@@ -380,7 +380,10 @@ class Datapath:
         events = IPRoute(netns=self.config.netns) if self.config.netns else IPRoute()
         try:
             events.bind(groups=RTMGRP_LINK)
-            self.attach()  # after bind: a link created before it is in this scan
+            try:
+                self.attach()  # after bind: a link created before it is in this scan
+            except RuntimeFailure as err:  # the other links are attached; retried later
+                log.warning("%s", err)
             ready.set()
             last = time.monotonic()
             while not self._stop.is_set():
