@@ -20,6 +20,7 @@ from agent.errors import InputError, ZonemeterError
 VERB_MODULES: tuple[str, ...] = (
     "agent.explain",
     "tools.report.cli",
+    "tools.lab.cli",
 )
 
 

@@ -1,1 +1,1 @@
-"""zonemeter tools: the lab, the before/after report and other utilities beside the agent."""
+"""zonemeter tools: the lab (a multi-zone cluster in network namespaces), the before/after report and other utilities."""

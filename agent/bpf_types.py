@@ -1,0 +1,115 @@
+"""ctypes mirror of the structs in ``bpf/zonemeter.h`` (the kernel/user boundary).
+
+Every field is declared with the same size, order and named padding as the C side;
+``tests/unit/test_bpf_types.py`` compiles ``offsetof``/``sizeof`` of the C structs with
+gcc and checks them against this module, so a change on one side cannot go unnoticed.
+
+Byte order: addresses (16 bytes, IPv4 as ``::ffff:a.b.c.d``) and ports (``__be16``) are
+network byte order; ``kind``, ``family``, ``proto`` are single bytes; counters are
+host byte order ``u64``. Only :mod:`agent.datapath` and :mod:`agent.flows` use these.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+import socket
+
+from agent.records import FlowKind, IPAddress
+
+#: ``ZM_KIND_*`` values of ``zm_flow_key.kind`` in order
+KIND_BY_VALUE: tuple[FlowKind, ...] = (
+    FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS, FlowKind.INGRESS,
+)
+VALUE_BY_KIND: dict[FlowKind, int] = {k: i for i, k in enumerate(KIND_BY_VALUE)}
+
+FAMILY_INET = 4
+FAMILY_INET6 = 6
+#: ``ZM_OVERFLOW_SLOTS``: one overflow entry per (kind, family)
+OVERFLOW_SLOTS = len(KIND_BY_VALUE) * 2
+
+_V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
+
+
+class FlowKey(ct.Structure):
+    """``struct zm_flow_key`` (40 bytes)."""
+
+    _fields_ = [
+        ("local", ct.c_uint8 * 16),   # network order, IPv4 mapped
+        ("remote", ct.c_uint8 * 16),  # network order, IPv4 mapped
+        ("port", ct.c_uint16),        # __be16: network order
+        ("proto", ct.c_uint8),
+        ("kind", ct.c_uint8),
+        ("family", ct.c_uint8),
+        ("overflow", ct.c_uint8),
+        ("_pad", ct.c_uint8 * 2),
+    ]
+
+
+class FlowValue(ct.Structure):
+    """``struct zm_flow_value`` (16 bytes, host order)."""
+
+    _fields_ = [
+        ("bytes", ct.c_uint64),    # L3 bytes on the wire
+        ("packets", ct.c_uint64),  # packets on the wire
+    ]
+
+
+class EndpointKey(ct.Structure):
+    """``struct zm_endpoint_key`` (20 bytes)."""
+
+    _fields_ = [
+        ("addr", ct.c_uint8 * 16),  # network order, IPv4 mapped
+        ("port", ct.c_uint16),      # __be16: network order
+        ("proto", ct.c_uint8),
+        ("_pad", ct.c_uint8),
+    ]
+
+
+def addr_to_bytes(addr: IPAddress) -> bytes:
+    """Return the 16-byte key form of ``addr``: IPv6 as is, IPv4 as ``::ffff:a.b.c.d``."""
+    if isinstance(addr, ipaddress.IPv4Address):
+        return _V4_MAPPED_PREFIX + addr.packed
+    return addr.packed
+
+
+def addr_from_bytes(raw: bytes, family: int) -> IPAddress:
+    """Inverse of :func:`addr_to_bytes` for a key of ``family`` (4 or 6).
+
+    Raises:
+        ValueError: ``raw`` is not 16 bytes, or an IPv4 key is not IPv4-mapped.
+    """
+    if len(raw) != 16:
+        raise ValueError(f"address key must be 16 bytes, got {len(raw)}")
+    if family == FAMILY_INET:
+        if raw[:12] != _V4_MAPPED_PREFIX:
+            raise ValueError("IPv4 key is not in ::ffff:a.b.c.d form")
+        return ipaddress.IPv4Address(raw[12:])
+    return ipaddress.IPv6Address(raw)
+
+
+def endpoint_key(addr: IPAddress, port: int, proto: int) -> EndpointKey:
+    """Build the endpoint map key of ``(addr, port, proto)``; ``port`` in host order.
+
+    Raises:
+        ValueError: port outside 1..65535 or proto outside 0..255.
+    """
+    if not 0 < port < 65536:
+        raise ValueError(f"endpoint port {port} outside 1..65535")
+    if not 0 <= proto < 256:
+        raise ValueError(f"protocol {proto} outside 0..255")
+    key = EndpointKey()
+    ct.memmove(key.addr, addr_to_bytes(addr), 16)
+    key.port = socket.htons(port)  # __be16
+    key.proto = proto
+    return key
+
+
+def overflow_key(kind: FlowKind, family: int) -> FlowKey:
+    """Build the overflow entry key of ``(kind, family)`` (addresses, port, proto zero)."""
+    key = FlowKey()
+    key.kind = VALUE_BY_KIND[kind]
+    key.family = family
+    key.overflow = 1
+    return key
+

@@ -1,0 +1,592 @@
+"""Load the zonemeter BPF programs with BCC and attach them to pod veths with pyroute2.
+
+One :class:`Datapath` per node: it compiles ``bpf/tc.c`` once (BCC, ``-D`` options from
+:class:`DatapathConfig`), attaches ``zm_tc_from_pod`` to clsact ingress and
+``zm_tc_to_pod`` to clsact egress of every pod veth (host side) in the node's network
+namespace, follows links appearing and disappearing (RTM_NEWLINK/RTM_DELLINK), writes the
+node's local Service endpoints into the kernel, and hands out :class:`FlowDelta` records
+(:meth:`Datapath.drain`). BCC and pyroute2 objects never leave this module and
+:mod:`agent.flows`.
+
+Debug entry point (prints the effective C and cflags, or attaches and prints deltas)::
+
+    python -m agent.datapath --print-c
+    python -m agent.datapath --netns zm1a2b-node-a --interval 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import fnmatch
+import ipaddress
+import json
+import logging
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.bpf_types import endpoint_key
+from agent.errors import InputError, RuntimeFailure
+from agent.flows import FlowTables, TableStats
+from agent.records import FlowDelta, IPAddress
+
+log = logging.getLogger(__name__)
+
+BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+TC_SOURCE = BPF_DIR / "tc.c"
+
+#: clsact parents: TC_H_CLSACT | TC_H_MIN_INGRESS / TC_H_MIN_EGRESS
+PARENT_INGRESS = 0xFFFFFFF2
+PARENT_EGRESS = 0xFFFFFFF3
+ETH_P_ALL = 0x0003
+_PROGRAMS = ((PARENT_INGRESS, "zm_tc_from_pod"), (PARENT_EGRESS, "zm_tc_to_pod"))
+
+DEFAULT_EPHEMERAL = (32768, 60999)  # Linux default net.ipv4.ip_local_port_range
+
+
+@dataclass(frozen=True, slots=True)
+class DatapathConfig:
+    """Settings of one node's datapath.
+
+    Attributes:
+        netns: name of the network namespace (``/run/netns/NAME``) whose pod veths are
+            attached; None for the agent's own namespace (a real node).
+        hook: ``"tc"`` (clsact on host-side pod veths). ``"cgroup_skb"`` is reserved for
+            data planes that bypass the veth (see DESIGN.md) and not implemented yet.
+        interface_patterns: extra fnmatch patterns (``"cali*"``, ``"lxc*"``): a link whose
+            name matches is attached whatever its kind.
+        require_peer_netns: the default rule: attach every veth whose peer lives in another
+            network namespace (the host side of a pod veth).
+        exclude_patterns: fnmatch patterns of links never attached (uplinks that happen to
+            be veths with a peer elsewhere, as in a lab).
+        flow_capacity: flow entries per table (two tables); beyond it bytes go to the
+            per-(kind, family) overflow entries, see docs/datapath.md.
+        endpoint_capacity: local endpoints the kernel map holds.
+        ephemeral_ports: inclusive (low, high) range, host order; a remote port inside it is
+            recorded as 0 for non-Service flows. None: read the namespace's
+            ``net.ipv4.ip_local_port_range``.
+        tc_priority: tc filter priority (lower runs first); 1, so our filter runs before
+            CNI filters at higher numbers; we return TC_ACT_UNSPEC so later filters run.
+        tc_handle: tc filter handle identifying our filters (replace on restart, delete on exit).
+        resync_seconds: full re-scan of links at this period besides netlink events.
+    """
+
+    netns: str | None = None
+    hook: str = "tc"
+    interface_patterns: tuple[str, ...] = ()
+    require_peer_netns: bool = True
+    exclude_patterns: tuple[str, ...] = ()
+    flow_capacity: int = 65536
+    endpoint_capacity: int = 16384
+    ephemeral_ports: tuple[int, int] | None = None
+    tc_priority: int = 1
+    tc_handle: int = 0x7A6D
+    resync_seconds: float = 10.0
+
+    def validate(self) -> None:
+        """Raises InputError naming the field when a setting is out of range."""
+        if self.hook != "tc":
+            raise InputError(f"hook {self.hook!r} is not supported (supported: tc)",
+                             source="datapath", field="hook")
+        if not 8 <= self.flow_capacity <= 16_777_216:
+            raise InputError("must be within 8..16777216", source="datapath", field="flow_capacity")
+        if not 1 <= self.endpoint_capacity <= 1_048_576:
+            raise InputError("must be within 1..1048576", source="datapath", field="endpoint_capacity")
+        if self.ephemeral_ports is not None:
+            lo, hi = self.ephemeral_ports
+            if not 1 <= lo <= hi <= 65535:
+                raise InputError(f"{lo}-{hi} is no port range", source="datapath",
+                                 field="ephemeral_ports")
+        if not 1 <= self.tc_priority <= 0xFFFF:
+            raise InputError("must be within 1..65535", source="datapath", field="tc_priority")
+        if not 1 <= self.tc_handle <= 0xFFFFFFFF:
+            raise InputError("must be a non-zero u32", source="datapath", field="tc_handle")
+
+
+@dataclass(frozen=True, slots=True)
+class DatapathStats:
+    """Self-health of one datapath (feeds ``zonemeter_flow_table_*`` and
+    ``zonemeter_attached_interfaces``).
+
+    Attributes:
+        attached: host-side interface names our filters are on.
+        table: flow table health (:class:`agent.flows.TableStats`).
+        endpoints: local endpoints currently written to the kernel.
+    """
+
+    attached: tuple[str, ...]
+    table: TableStats
+    endpoints: int
+
+
+def run_in_netns(netns: str | None, fn):  # type: ignore[no-untyped-def]
+    """Return fn() run in a thread that entered network namespace netns (a name under
+    /run/netns), or fn() itself when netns is None. setns moves only the calling thread,
+    so the caller's namespace never changes. Exceptions of fn propagate."""
+    if netns is None:
+        return fn()
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            from pyroute2.netns import setns
+
+            setns(netns, flags=0)
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = err
+
+    th = threading.Thread(target=target, name=f"zm-netns-{netns}")
+    th.start()
+    th.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+def read_ephemeral_range(netns: str | None) -> tuple[int, int]:
+    """Return ``net.ipv4.ip_local_port_range`` of netns as (low, high), host order.
+
+    Falls back to Linux's default (32768, 60999) when the file cannot be read.
+    """
+    def read() -> tuple[int, int]:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        lo, hi = (int(x) for x in text.split())
+        return lo, hi
+
+    try:
+        return run_in_netns(netns, read)
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+
+
+def _nl_code(err: BaseException) -> int | None:
+    return getattr(err, "code", None)
+
+
+class Datapath:
+    """The BPF programs of one node, attached to its pod veths.
+
+    Args:
+        config: see :class:`DatapathConfig`.
+
+    Raises:
+        InputError: a setting is out of range.
+        RuntimeFailure: BCC cannot compile or load the programs.
+
+    Thread safety: :meth:`drain`, :meth:`set_local_endpoints`, :meth:`attach`,
+    :meth:`stats` may be called from any thread; netlink sockets are per thread.
+    """
+
+    def __init__(self, config: DatapathConfig | None = None) -> None:
+        self.config = config or DatapathConfig()
+        self.config.validate()
+        lo, hi = self.config.ephemeral_ports or read_ephemeral_range(self.config.netns)
+        self._ephemeral = (lo, hi)
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._sockets: list[object] = []
+        self._attached: dict[int, str] = {}  # ifindex -> name
+        self._created_qdisc: set[int] = set()
+        self._endpoints: set[tuple[IPAddress, int, int]] = set()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._closed = False
+        try:
+            from bcc import BPF
+        except ImportError as err:  # pragma: no cover - depends on the machine
+            raise RuntimeFailure("the bcc module is missing: run tools/setup.sh") from err
+        try:
+            self._bpf = BPF(src_file=str(TC_SOURCE).encode(), cflags=self.cflags())
+            self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
+                         for _, name in _PROGRAMS}
+        except Exception as err:
+            raise RuntimeFailure(f"cannot load {TC_SOURCE}: {err}") from err
+        b = self._bpf
+        self.tables = FlowTables(
+            (b[b"zm_flows_a"].get_fd(), b[b"zm_flows_b"].get_fd()),
+            b[b"zm_active"].get_fd(), b[b"zm_lost"].get_fd(), self.config.flow_capacity)
+        self._endpoint_map = b[b"zm_endpoints"]
+        self._endpoint_ports = b[b"zm_endpoint_ports"]
+
+    # -- compile ----------------------------------------------------------------------
+
+    def cflags(self) -> list[str]:
+        """Return the BCC cflags (``-I``, ``-D`` options) the programs are compiled with."""
+        return flags_for(self.config, self._ephemeral)
+
+    # -- netlink helpers ----------------------------------------------------------------
+
+    def _ipr(self):  # type: ignore[no-untyped-def]
+        """This thread's IPRoute socket in the node namespace."""
+        ipr = getattr(self._local, "ipr", None)
+        if ipr is None:
+            from pyroute2 import IPRoute
+
+            ipr = IPRoute(netns=self.config.netns) if self.config.netns else IPRoute()
+            self._local.ipr = ipr
+            with self._lock:
+                self._sockets.append(ipr)
+        return ipr
+
+    def _wanted(self, link) -> bool:  # type: ignore[no-untyped-def]
+        """Whether a link (RTM_NEWLINK message) is a pod veth we should attach."""
+        name = link.get_attr("IFLA_IFNAME") or ""
+        if any(fnmatch.fnmatchcase(name, p) for p in self.config.exclude_patterns):
+            return False
+        if any(fnmatch.fnmatchcase(name, p) for p in self.config.interface_patterns):
+            return True
+        if not self.config.require_peer_netns:
+            return False
+        info = link.get_attr("IFLA_LINKINFO")
+        kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+        return kind == "veth" and link.get_attr("IFLA_LINK_NETNSID") is not None
+
+    # -- attach / detach ----------------------------------------------------------------
+
+    def _attach_link(self, index: int, name: str) -> None:
+        ipr = self._ipr()
+        try:
+            ipr.tc("add", "clsact", index)
+            self._created_qdisc.add(index)
+        except Exception as err:  # NetlinkError
+            if _nl_code(err) != errno.EEXIST:
+                raise
+        try:
+            for parent, prog in _PROGRAMS:
+                fn = self._fns[prog]
+                # replace: a filter left by a previous run of ours (same prio and handle)
+                # is swapped for this one instead of running twice; others are untouched
+                ipr.tc("replace-filter", "bpf", index, self.config.tc_handle, fd=fn.fd,
+                       name=prog, parent=parent, classid=1, direct_action=True,
+                       prio=self.config.tc_priority, protocol=ETH_P_ALL)
+        except Exception:
+            self._attached[index] = name
+            try:  # never leave half an attachment behind (ingress without egress)
+                self._detach_link(index)
+            except Exception as err:  # noqa: BLE001 - the original error matters more
+                log.warning("cannot roll back %s: %s", name, err)
+            raise
+        self._attached[index] = name
+        log.info("attached to %s (ifindex %d)", name, index)
+
+    def _detach_link(self, index: int) -> None:
+        ipr = self._ipr()
+        for parent, _ in _PROGRAMS:
+            try:
+                ipr.tc("del-filter", "bpf", index, self.config.tc_handle, parent=parent,
+                       prio=self.config.tc_priority, protocol=ETH_P_ALL)
+            except Exception as err:
+                if _nl_code(err) not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+                    raise
+        if index in self._created_qdisc:
+            self._created_qdisc.discard(index)
+            try:
+                left = [f for parent, _ in _PROGRAMS
+                        for f in ipr.get_filters(index=index, parent=parent)]
+                if not left:
+                    ipr.tc("del", "clsact", index)
+            except Exception as err:
+                if _nl_code(err) not in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+                    raise
+        name = self._attached.pop(index, None)
+        log.info("detached from %s (ifindex %d)", name, index)
+
+    def attach(self) -> tuple[str, ...]:
+        """Attach to every wanted link now present; forget links that are gone.
+
+        Idempotent: links already attached are left alone; a filter of ours left by a
+        crashed previous run is replaced, never duplicated.
+
+        Returns:
+            names of the interfaces attached after the scan.
+
+        Raises:
+            RuntimeFailure: some wanted link could not be attached (the others still are;
+                the message names each failed link). A refusal at our priority usually
+                means another filter kind or protocol holds it: set ``tc_priority``.
+        """
+        failures: list[str] = []
+        with self._lock:
+            links = {l["index"]: l for l in self._ipr().get_links()}
+            for index in list(self._attached):
+                if index not in links:
+                    self._attached.pop(index, None)
+                    self._created_qdisc.discard(index)
+            for index, link in links.items():
+                name = link.get_attr("IFLA_IFNAME")
+                if index in self._attached:
+                    if self._attached[index] == name and self._wanted(link):
+                        continue
+                    self._detach_link(index)
+                if self._wanted(link):
+                    try:
+                        self._attach_link(index, name)
+                    except Exception as err:
+                        code = _nl_code(err)
+                        if code in (errno.ENODEV, errno.ENOENT):  # vanished meanwhile
+                            continue
+                        failures.append(f"{name}: {err}")
+            attached = tuple(sorted(self._attached.values()))
+        if failures:
+            raise RuntimeFailure(
+                f"cannot attach to {'; '.join(failures)} (tc priority "
+                f"{self.config.tc_priority}, handle {self.config.tc_handle:#x})")
+        return attached
+
+    def detach(self) -> None:
+        """Remove every filter this datapath added (and clsact qdiscs it created, when empty)."""
+        with self._lock:
+            for index in list(self._attached):
+                try:
+                    self._detach_link(index)
+                except Exception as err:  # keep going: leave as little as possible behind
+                    log.warning("cannot detach ifindex %d: %s", index, err)
+                    self._attached.pop(index, None)
+
+    def attached(self) -> tuple[str, ...]:
+        """Names of the interfaces our filters are on."""
+        with self._lock:
+            return tuple(sorted(self._attached.values()))
+
+    # -- link events ----------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """Start a thread that attaches to new pod veths within ~0.1 s of RTM_NEWLINK.
+
+        Each link event triggers a full :meth:`attach` scan (events only wake the thread,
+        so a message coalesced in a socket buffer cannot be missed); a scan also runs
+        every ``resync_seconds``. Stopped by :meth:`close`.
+        """
+        if self._watcher is not None:
+            return
+        ready = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_loop, args=(ready,),
+                                         name="zm-link-watch", daemon=True)
+        self._watcher.start()
+        ready.wait(5)
+
+    def _watch_loop(self, ready: threading.Event) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.rtnl import RTMGRP_LINK
+
+        events = IPRoute(netns=self.config.netns) if self.config.netns else IPRoute()
+        try:
+            events.bind(groups=RTMGRP_LINK)
+            try:
+                self.attach()  # after bind: a link created before it is in this scan
+            except RuntimeFailure as err:  # the other links are attached; retried later
+                log.warning("%s", err)
+            ready.set()
+            last = time.monotonic()
+            while not self._stop.is_set():
+                readable, _, _ = select.select([events.fileno()], [], [], 0.1)
+                if readable:
+                    events.get()
+                elif time.monotonic() - last < self.config.resync_seconds:
+                    continue
+                last = time.monotonic()
+                try:
+                    self.attach()
+                except RuntimeFailure as err:
+                    log.warning("%s", err)
+        except Exception as err:  # noqa: BLE001 - a dead watcher must be visible
+            log.error("link watcher stopped: %s", err)
+        finally:
+            ready.set()
+            events.close()
+            ipr = getattr(self._local, "ipr", None)
+            if ipr is not None:
+                with self._lock:
+                    self._sockets.remove(ipr)
+                ipr.close()
+
+    # -- endpoints and flows --------------------------------------------------------------
+
+    def set_local_endpoints(self, endpoints: Iterable[tuple[IPAddress | str, int, int]]) -> None:
+        """Replace the kernel's local endpoint set with ``endpoints``.
+
+        Args:
+            endpoints: ``(address, port, protocol)`` of each Service endpoint on this
+                node: address as ipaddress object or string, port host order (converted
+                to network order for the kernel), protocol number (6, 17, 132).
+
+        Raises:
+            InputError: an address, port or protocol is malformed, or there are more than
+                ``endpoint_capacity`` endpoints (nothing is changed then).
+        """
+        wanted: set[tuple[IPAddress, int, int]] = set()
+        for i, (addr, port, proto) in enumerate(endpoints):
+            try:
+                ip = ipaddress.ip_address(addr) if isinstance(addr, str) else addr
+                endpoint_key(ip, int(port), int(proto))  # validates
+            except ValueError as err:
+                raise InputError(str(err), source="local endpoints", obj=f"endpoint {i}",
+                                 field="address/port/protocol") from err
+            wanted.add((ip, int(port), int(proto)))
+        if len(wanted) > self.config.endpoint_capacity:
+            raise InputError(f"{len(wanted)} endpoints exceed endpoint_capacity "
+                             f"{self.config.endpoint_capacity}", source="local endpoints")
+        one = ctypes.c_uint32(1)
+        with self._lock:
+            old_ports = {port for _, port, _ in self._endpoints}
+            new_ports = {port for _, port, _ in wanted}
+            # ports first when adding, endpoints first when removing: the port filter is
+            # never narrower than the endpoint map
+            for port in new_ports - old_ports:
+                self._endpoint_ports[ctypes.c_int(port)] = one
+            for ep in self._endpoints - wanted:
+                try:
+                    del self._endpoint_map[endpoint_key(*ep)]
+                except KeyError:
+                    pass
+            for ep in wanted - self._endpoints:
+                self._endpoint_map[endpoint_key(*ep)] = one
+            for port in old_ports - new_ports:
+                self._endpoint_ports[ctypes.c_int(port)] = ctypes.c_uint32(0)
+            self._endpoints = wanted
+
+    def drain(self) -> list[FlowDelta]:
+        """Return the flow deltas counted since the previous drain (see :mod:`agent.flows`)."""
+        return self.tables.drain()
+
+    def stats(self) -> DatapathStats:
+        """Return :class:`DatapathStats` (attached interfaces, table entries and capacity)."""
+        with self._lock:
+            return DatapathStats(tuple(sorted(self._attached.values())), self.tables.stats(),
+                                 len(self._endpoints))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the watcher, remove our filters, release netlink sockets. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(5)
+        self.detach()
+        with self._lock:
+            for sock in self._sockets:
+                try:
+                    sock.close()  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001
+                    pass
+            self._sockets.clear()
+        self._local = threading.local()
+
+    def __enter__(self) -> "Datapath":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def flags_for(config: DatapathConfig, ephemeral: tuple[int, int]) -> list[str]:
+    """Return the cflags for ``config`` with the ephemeral range (low, high) in host order."""
+    return [
+        f"-I{BPF_DIR}",
+        f"-DZM_FLOW_CAPACITY={config.flow_capacity}",
+        f"-DZM_ENDPOINT_CAPACITY={config.endpoint_capacity}",
+        f"-DZM_EPHEMERAL_MIN={ephemeral[0]}",
+        f"-DZM_EPHEMERAL_MAX={ephemeral[1]}",
+    ]
+
+
+def effective_source() -> str:
+    """Return the C the programs are built from: tc.c with its local headers inlined."""
+    parts = []
+    for name in ("zonemeter.h", "maps.h", "classify.h", "tc.c"):
+        parts.append(f"/* ---- bpf/{name} ---- */\n" + (BPF_DIR / name).read_text())
+    return "\n".join(parts)
+
+
+def _delta_json(d: FlowDelta) -> str:
+    return json.dumps({"kind": d.kind.value, "local": str(d.local), "remote": str(d.remote),
+                       "port": d.port, "protocol": d.protocol, "bytes": d.bytes,
+                       "packets": d.packets, "overflow": d.overflow})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Debug entry point: print the C, or attach, and print drained deltas as JSON lines.
+
+    Exits 0 on SIGTERM/SIGINT after removing every filter it added.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m agent.datapath",
+        description="Attach the zonemeter datapath to pod veths and print flow deltas.",
+        epilog="examples:\n  python -m agent.datapath --print-c\n"
+               "  python -m agent.datapath --netns zm1a2b-node-a --interval 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--netns", help="network namespace of the node (default: ours)")
+    parser.add_argument("--interval", type=float, default=5.0, help="drain period, seconds")
+    parser.add_argument("--capacity", type=int, default=65536, help="flow entries per table")
+    parser.add_argument("--interface", action="append", default=[],
+                        help="extra interface name pattern to attach (fnmatch)")
+    parser.add_argument("--exclude", action="append", default=[],
+                        help="interface name pattern never attached (fnmatch)")
+    parser.add_argument("--endpoint", action="append", default=[],
+                        help="local endpoint ADDRESS,PORT,PROTO (proto number)")
+    parser.add_argument("--print-c", action="store_true",
+                        help="print the effective BPF C and cflags, then exit")
+    args = parser.parse_args(argv)
+    try:
+        return _main(args)
+    except InputError as err:
+        print(f"python -m agent.datapath: error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeFailure as err:
+        print(f"python -m agent.datapath: error: {err}", file=sys.stderr)
+        return 1
+
+
+def _parse_endpoint(text: str) -> tuple[str, int, int]:
+    """Parse ``ADDRESS,PORT,PROTO``; raises InputError naming the flag."""
+    try:
+        addr, port, proto = text.split(",")
+        ipaddress.ip_address(addr)
+        return addr, int(port), int(proto)
+    except ValueError:
+        raise InputError(f"{text!r} is not ADDRESS,PORT,PROTO (e.g. 10.1.0.5,8080,6)",
+                         source="--endpoint") from None
+
+
+def _main(args: argparse.Namespace) -> int:
+    config = DatapathConfig(netns=args.netns, flow_capacity=args.capacity,
+                            interface_patterns=tuple(args.interface),
+                            exclude_patterns=tuple(args.exclude))
+    config.validate()
+    eps = [_parse_endpoint(text) for text in args.endpoint]
+    if args.print_c:
+        eph = config.ephemeral_ports or read_ephemeral_range(config.netns)
+        print("/* cflags: " + " ".join(flags_for(config, eph)) + " */")
+        print(effective_source())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    dp = Datapath(config)
+    try:
+        dp.set_local_endpoints(eps)
+        dp.watch()
+        print(json.dumps({"attached": list(dp.attached())}), flush=True)
+        while not stop.wait(args.interval):
+            for d in dp.drain():
+                print(_delta_json(d), flush=True)
+    finally:
+        dp.close()
+    print(json.dumps({"detached": True}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

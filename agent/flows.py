@@ -1,0 +1,368 @@
+"""Drain the kernel flow tables into :class:`agent.records.FlowDelta` records.
+
+The programs in ``bpf/tc.c`` write to whichever of two identical hash maps
+(``zm_flows_a``/``zm_flows_b``) the one-slot array-of-maps ``zm_active`` points at.
+:meth:`FlowTables.drain`:
+
+1. points ``zm_active`` at the other (empty) table. The kernel waits for every running
+   BPF program before the ``bpf()`` update of an array-of-maps returns
+   (``maybe_wait_bpf_programs``: ``synchronize_rcu``), so from then on nothing writes
+   to the old table;
+2. reads and deletes the old table with ``BPF_MAP_LOOKUP_AND_DELETE_BATCH`` (fallback
+   when the kernel refuses batch operations: collect the keys with ``get_next_key``, then
+   look up and delete them one by one; exact too, because the table is idle);
+3. seeds the old table's overflow entries again so it is ready for the next swap.
+
+Hence no increment can land between read and delete, and none is lost. Overflow
+entries (one per kind and address family, pre-seeded so the kernel always finds them
+when the table is full) come out as ``FlowDelta(overflow=True)``.
+
+Also here: :func:`counted_once`, the userspace half of the counting rule (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import ipaddress
+import struct
+import threading
+from dataclasses import dataclass
+
+from agent.bpf_types import (
+    FAMILY_INET,
+    FAMILY_INET6,
+    KIND_BY_VALUE,
+    FlowKey,
+    FlowValue,
+    overflow_key,
+)
+from agent.errors import RuntimeFailure
+from agent.records import FlowDelta, FlowKind, IPAddress
+
+# struct zm_flow_key read big-endian: each 16-byte address as two big-endian u64 (the
+# address as an integer, high half first), the port in host order, single bytes
+# unaffected; '>' also means no alignment padding, so the two pad bytes are skipped.
+_KEY = struct.Struct(">QQQQHBBBB2x")  # local hi/lo, remote hi/lo, port, proto, kind, family, overflow
+_VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
+assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
+
+_BPF_NOEXIST = 1
+_UNSPEC: dict[int, IPAddress] = {FAMILY_INET: ipaddress.IPv4Address(0),
+                               FAMILY_INET6: ipaddress.IPv6Address(0)}
+
+
+def _lib() -> ct.CDLL:
+    from bcc.libbcc import lib  # BCC stays inside datapath/flows
+
+    return lib
+
+
+def _err(res: int) -> int:
+    """errno of a failed libbcc call (libbpf returns -errno and sets errno)."""
+    return -res if res < -1 else ct.get_errno()
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    """Health of the flow tables, as of the last drain.
+
+    Attributes:
+        entries: flow entries (overflow entries excluded) the last drained table held.
+        capacity: flow entries a table holds before bytes go to the overflow entries.
+        overflow_bytes: L3 bytes counted in overflow entries since start.
+        lost_bytes, lost_packets: bytes/packets that found no table at all since start
+            (``zm_lost``); zero unless the agent failed to seed the overflow entries.
+        drains: drains done so far.
+        batch: True while the batch syscalls work, False once the fallback was needed.
+    """
+
+    entries: int
+    capacity: int
+    overflow_bytes: int
+    lost_bytes: int
+    lost_packets: int
+    drains: int
+    batch: bool
+
+
+class FlowTables:
+    """The double-buffered flow tables of one loaded program set.
+
+    Built by :class:`agent.datapath.Datapath` from the map file descriptors; other
+    stages only see the :class:`FlowDelta` records :meth:`drain` returns.
+
+    Args:
+        table_fds: fds of ``zm_flows_a`` and ``zm_flows_b`` (same definition).
+        active_fd: fd of the one-slot array-of-maps ``zm_active``.
+        lost_fd: fd of the one-slot array ``zm_lost`` (cumulative, never reset).
+        capacity: ``ZM_FLOW_CAPACITY``; each table has capacity + 8 slots.
+    """
+
+    def __init__(self, table_fds: tuple[int, int], active_fd: int, lost_fd: int,
+                 capacity: int) -> None:
+        self._fds = table_fds
+        self._active_fd = active_fd
+        self._lost_fd = lost_fd
+        self.capacity = capacity
+        self._max = capacity + len(KIND_BY_VALUE) * 2
+        self._active = 0
+        self._lock = threading.Lock()
+        self._batch = True
+        self._entries = 0
+        self._drains = 0
+        self._overflow_bytes = 0
+        # buffers reused across drains: a drain of 100,000 entries allocates nothing big
+        self._keys = (FlowKey * self._max)()
+        self._values = (FlowValue * self._max)()
+        for fd in self._fds:
+            self._seed(fd)
+        self._point_active(0)
+
+    # -- kernel operations ------------------------------------------------------------
+
+    def _seed(self, fd: int) -> None:
+        """Insert the 8 zero overflow entries into table fd (existing ones are kept)."""
+        zero = FlowValue()
+        for kind in KIND_BY_VALUE:
+            for family in (FAMILY_INET, FAMILY_INET6):
+                key = overflow_key(kind, family)
+                res = _lib().bpf_update_elem(fd, ct.byref(key), ct.byref(zero), _BPF_NOEXIST)
+                if res < 0 and _err(res) != errno.EEXIST:
+                    raise RuntimeFailure(
+                        f"cannot seed overflow entry in flow table: {errno.errorcode.get(_err(res))}")
+
+    def _point_active(self, index: int) -> None:
+        """Point zm_active at table index; returns once no program uses the old one."""
+        slot = ct.c_int(0)
+        fd = ct.c_int(self._fds[index])
+        res = _lib().bpf_update_elem(self._active_fd, ct.byref(slot), ct.byref(fd), 0)
+        if res < 0:
+            raise RuntimeFailure(
+                f"cannot switch the active flow table: {errno.errorcode.get(_err(res))}")
+        self._active = index
+
+    def _take_batch(self, fd: int) -> int:
+        """Lookup-and-delete every entry of fd into the buffers; returns the count.
+
+        Raises:
+            OSError: the kernel refused the batch operation (caller falls back).
+        """
+        lib = _lib()
+        total = 0
+        token = ct.c_uint32(0)
+        count = ct.c_uint32(0)
+        first = True
+        key_size, value_size = ct.sizeof(FlowKey), ct.sizeof(FlowValue)
+        while total < self._max:
+            count.value = self._max - total
+            res = lib.bpf_lookup_and_delete_batch(
+                fd, None if first else ct.byref(token), ct.byref(token),
+                ct.byref(self._keys, key_size * total),
+                ct.byref(self._values, value_size * total), ct.byref(count))
+            first = False
+            total += count.value
+            if res < 0:
+                code = _err(res)
+                if code == errno.ENOENT:  # table exhausted: done
+                    break
+                raise OSError(code, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {errno.errorcode.get(code)}")
+            if count.value == 0:
+                break
+        return total
+
+    def _take_one_by_one(self, fd: int) -> int:
+        """Fallback of :meth:`_take_batch`: keys first, then lookup + delete each."""
+        lib = _lib()
+        keys: list[FlowKey] = []
+        cur = FlowKey()
+        nxt = FlowKey()
+        res = lib.bpf_get_next_key(fd, None, ct.byref(nxt))
+        while res == 0 and len(keys) < self._max:
+            keys.append(FlowKey.from_buffer_copy(nxt))
+            ct.memmove(ct.byref(cur), ct.byref(nxt), ct.sizeof(FlowKey))
+            res = lib.bpf_get_next_key(fd, ct.byref(cur), ct.byref(nxt))
+        total = 0
+        for key in keys:
+            value = FlowValue()
+            if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(value)) < 0:
+                continue
+            lib.bpf_delete_elem(fd, ct.byref(key))
+            self._keys[total] = key
+            self._values[total] = value
+            total += 1
+        return total
+
+    # -- public -----------------------------------------------------------------------
+
+    def drain(self) -> list[FlowDelta]:
+        """Return the bytes and packets counted since the previous drain, and reset them.
+
+        Returns:
+            one :class:`FlowDelta` per flow key with a non-zero count, plus one
+            ``overflow=True`` delta per (kind, family) whose overflow entry is non-zero.
+            Bytes are L3 bytes on the wire (docs/datapath.md); ports host order.
+
+        Raises:
+            RuntimeFailure: the kernel refused to switch tables.
+        """
+        with self._lock:
+            old = self._active
+            self._point_active(1 - old)
+            fd = self._fds[old]
+            n = 0
+            if self._batch:
+                try:
+                    n = self._take_batch(fd)
+                except OSError as err:
+                    if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP,
+                                         errno.ENOSYS, errno.EPERM):
+                        raise RuntimeFailure(f"cannot drain flow table: {err}") from err
+                    self._batch = False
+            if not self._batch:
+                n = self._take_one_by_one(fd)
+            self._seed(fd)
+            deltas = self._convert(n)
+            self._drains += 1
+            return deltas
+
+    def _convert(self, n: int) -> list[FlowDelta]:
+        """Turn the first n buffered entries into records.
+
+        The hot loop of a drain (100,000 entries in BENCHMARKS.md): addresses are built
+        from integers and cached per drain (flows share pods), records are built by
+        :func:`_fast_delta`.
+        """
+        keys = memoryview(self._keys).cast("B")[: n * _KEY.size]
+        values = memoryview(self._values).cast("B")[: n * _VALUE.size]
+        v4cache: dict[int, IPAddress] = {}
+        v6cache: dict[int, IPAddress] = {}
+        v4 = ipaddress.IPv4Address
+        v6 = ipaddress.IPv6Address
+        kinds = KIND_BY_VALUE
+        make = _fast_delta
+        out: list[FlowDelta] = []
+        append = out.append
+        entries = 0
+        for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow), (nbytes, npackets) in zip(
+                _KEY.iter_unpack(keys), _VALUE.iter_unpack(values)):
+            if overflow:
+                self._overflow_bytes += nbytes
+                if nbytes or npackets:
+                    append(FlowDelta(kinds[kind], _UNSPEC[family], _UNSPEC[family], 0, 0,
+                                     nbytes, npackets, True))
+                continue
+            entries += 1
+            if not npackets:
+                continue
+            if family == FAMILY_INET:  # ::ffff:a.b.c.d: the address is the low 32 bits
+                la = v4cache.get(llo)
+                if la is None:
+                    la = v4cache[llo] = v4(llo & 0xFFFFFFFF)
+                ra = v4cache.get(rlo)
+                if ra is None:
+                    ra = v4cache[rlo] = v4(rlo & 0xFFFFFFFF)
+            else:
+                lint = (lhi << 64) | llo
+                la = v6cache.get(lint)
+                if la is None:
+                    la = v6cache[lint] = v6(lint)
+                rint = (rhi << 64) | rlo
+                ra = v6cache.get(rint)
+                if ra is None:
+                    ra = v6cache[rint] = v6(rint)
+            append(make(kinds[kind], la, ra, port, proto, nbytes, npackets))
+        self._entries = entries
+        return out
+
+    def lost(self) -> tuple[int, int]:
+        """Return cumulative (bytes, packets) that found no table (``zm_lost``)."""
+        slot = ct.c_int(0)
+        value = FlowValue()
+        if _lib().bpf_lookup_elem(self._lost_fd, ct.byref(slot), ct.byref(value)) < 0:
+            return (0, 0)
+        return (value.bytes, value.packets)
+
+    def stats(self) -> TableStats:
+        """Return :class:`TableStats` as of the last drain."""
+        lost_bytes, lost_packets = self.lost()
+        return TableStats(self._entries, self.capacity, self._overflow_bytes, lost_bytes,
+                          lost_packets, self._drains, self._batch)
+
+
+_NEW = object.__new__
+(_SET_KIND, _SET_LOCAL, _SET_REMOTE, _SET_PORT, _SET_PROTOCOL, _SET_BYTES, _SET_PACKETS,
+ _SET_OVERFLOW) = (getattr(FlowDelta, f).__set__ for f in (
+    "kind", "local", "remote", "port", "protocol", "bytes", "packets", "overflow"))
+
+
+def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
+                protocol: int, nbytes: int, packets: int) -> FlowDelta:
+    """Return ``FlowDelta(kind, local, remote, port, protocol, nbytes, packets)``.
+
+    Equal to the constructor's result (tests/unit/test_flows.py checks it) but about
+    twice as fast: the frozen dataclass ``__init__`` goes through ``object.__setattr__``
+    per field, this sets the slots directly. FlowDelta has no validation to skip.
+    """
+    d = _NEW(FlowDelta)
+    _SET_KIND(d, kind)
+    _SET_LOCAL(d, local)
+    _SET_REMOTE(d, remote)
+    _SET_PORT(d, port)
+    _SET_PROTOCOL(d, protocol)
+    _SET_BYTES(d, nbytes)
+    _SET_PACKETS(d, packets)
+    _SET_OVERFLOW(d, False)
+    return d
+
+
+def counted_once(delta: FlowDelta, *, remote_is_pod: bool, remote_is_frontend: bool) -> bool:
+    """Whether this node's agent keeps ``delta`` so that every byte counts once cluster-wide.
+
+    The kernel counts every packet at each local pod veth it crosses; this is the
+    userspace half of the rule in DESIGN.md ("Counting rule"):
+
+    * ``REQUEST``/``RESPONSE``: always kept. They exist only at the endpoint's own veth,
+      and only on its node.
+    * ``EGRESS``/``INGRESS`` whose remote ``(address, port, protocol)`` is a Service
+      frontend: dropped. That is the client-side copy of Service traffic (kube-proxy DNAT
+      happens on the client's node, so the client's veth sees the ClusterIP, or the pod IP
+      when the client dials an endpoint directly); the endpoint's node counts it as
+      request/response.
+    * ``EGRESS`` otherwise: kept (each pod's outbound bytes are counted at that pod).
+    * ``INGRESS`` otherwise: kept only when the remote is not a pod. When it is a pod,
+      the remote pod's own veth counted the same bytes as its ``EGRESS`` (on the same or
+      another node); a node, a host-network pod, a managed database or the internet has
+      no veth of ours, so its bytes into the pod are counted here.
+
+    Args:
+        delta: a non-overflow delta from :meth:`FlowTables.drain`.
+        remote_is_pod: ``delta.remote`` is the IP of a pod that is not host-network (so
+            some agent watches its veth).
+        remote_is_frontend: ``(delta.remote, delta.port, delta.protocol)`` is a ClusterIP
+            Service port whose endpoints are pods, or an endpoint (EndpointSlice address
+            and port) that is a non-host-network pod: its node's agent counts these bytes
+            as request/response. Pass False for a ClusterIP whose endpoints are all
+            host-network (no veth sees them there, so the client side counts them, DESIGN.md
+            "Host-network endpoints"); a ClusterIP with both kinds of endpoints cannot be
+            split at the client and is a known gap (docs/datapath.md).
+
+    Returns:
+        True when the bytes of ``delta`` belong in this node's totals.
+
+    Raises:
+        ValueError: ``delta`` is an EGRESS/INGRESS overflow delta: it has no remote, so
+            the rule cannot be applied; report its bytes as unattributed
+            (``flow_table_full``). REQUEST/RESPONSE overflow deltas return True.
+    """
+    if delta.kind in (FlowKind.REQUEST, FlowKind.RESPONSE):
+        return True
+    if delta.overflow:
+        raise ValueError(f"{delta.kind.value} overflow delta has no remote: report it as unattributed")
+    if remote_is_frontend:
+        return False
+    if delta.kind is FlowKind.EGRESS:
+        return True
+    return not remote_is_pod
+
+

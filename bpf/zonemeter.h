@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * zonemeter.h - structs and maps shared by every zonemeter BPF program.
+ *
+ * One concern per header: this one holds the layout of everything that crosses the
+ * kernel/user boundary (mirrored field by field in agent/bpf_types.py, checked by
+ * tests/unit/test_bpf_types.py, which compiles this header with plain gcc), maps.h the
+ * map definitions, classify.h the logic.
+ *
+ * Addresses are 16 bytes in network byte order; IPv4 addresses are stored in their
+ * IPv4-mapped IPv6 form (::ffff:a.b.c.d, RFC 4291 2.5.5.2) so one key type serves both
+ * families and an IPv4 key can never equal an IPv6 key. Ports are __be16 (network byte
+ * order). Counters are host byte order __u64.
+ *
+ * Options (pass as -D defines, agent/datapath.py does):
+ *   ZM_FLOW_CAPACITY      flow entries per table before bytes go to the overflow entries
+ *   ZM_ENDPOINT_CAPACITY  local endpoints (address, port, protocol) the agent may write
+ *   ZM_EPHEMERAL_MIN/MAX  ephemeral port range, host byte order, inclusive: a remote port
+ *                         in it is recorded as 0 for non-Service flows
+ */
+#ifndef ZONEMETER_H
+#define ZONEMETER_H
+
+#include <linux/types.h>
+
+#ifndef ZM_FLOW_CAPACITY
+#define ZM_FLOW_CAPACITY 65536
+#endif
+#ifndef ZM_ENDPOINT_CAPACITY
+#define ZM_ENDPOINT_CAPACITY 16384
+#endif
+#ifndef ZM_EPHEMERAL_MIN
+#define ZM_EPHEMERAL_MIN 32768
+#endif
+#ifndef ZM_EPHEMERAL_MAX
+#define ZM_EPHEMERAL_MAX 60999
+#endif
+
+/* One overflow entry per (kind, family): 4 kinds x 2 families. The agent seeds them in
+ * both flow tables, so a table holds ZM_FLOW_CAPACITY flows plus these. */
+#define ZM_OVERFLOW_SLOTS 8
+
+/* enum zm_kind: values of zm_flow_key.kind (agent.records.FlowKind). */
+#define ZM_KIND_REQUEST  0 /* into a local Service endpoint */
+#define ZM_KIND_RESPONSE 1 /* out of a local Service endpoint */
+#define ZM_KIND_EGRESS   2 /* non-Service, leaving a local pod */
+#define ZM_KIND_INGRESS  3 /* non-Service, entering a local pod */
+
+#define ZM_FAMILY_INET  4
+#define ZM_FAMILY_INET6 6
+
+/* Key of a flow entry. 40 bytes, no implicit padding; zeroed before use so the padding
+ * bytes never carry garbage into the hash. */
+struct zm_flow_key {
+	__u8 local[16];  /* 0:  this node's side: endpoint (REQUEST/RESPONSE) or pod; network order */
+	__u8 remote[16]; /* 16: the peer: client (REQUEST/RESPONSE) or other side; network order */
+	__be16 port;     /* 32: endpoint port (REQUEST/RESPONSE); remote port or 0 (EGRESS/INGRESS) */
+	__u8 proto;      /* 34: IP protocol number (IPPROTO_TCP 6, UDP 17, SCTP 132, others) */
+	__u8 kind;       /* 35: ZM_KIND_* */
+	__u8 family;     /* 36: ZM_FAMILY_INET or ZM_FAMILY_INET6 */
+	__u8 overflow;   /* 37: 1 for the per-(kind, family) overflow entry: addresses, port, proto 0 */
+	__u8 _pad[2];    /* 38: always 0 */
+};
+
+/* Value of a flow entry: host byte order, updated with atomic adds. 16 bytes. */
+struct zm_flow_value {
+	__u64 bytes;   /* L3 bytes (IP header included) as on the wire, GSO segments expanded */
+	__u64 packets; /* packets as on the wire (a GSO packet counts gso_segs) */
+};
+
+/* Key of the local endpoint map: a Service endpoint on this node. 20 bytes. */
+struct zm_endpoint_key {
+	__u8 addr[16]; /* 0:  endpoint address, network order, IPv4 as ::ffff:a.b.c.d */
+	__be16 port;   /* 16: endpoint (target) port, network order */
+	__u8 proto;    /* 18: IP protocol number */
+	__u8 _pad;     /* 19: always 0 */
+};
+
+#endif /* ZONEMETER_H */

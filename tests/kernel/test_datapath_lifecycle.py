@@ -1,0 +1,330 @@
+"""Datapath lifecycle on a real kernel: coexistence with an existing TC filter, pods
+created after start, overflow with a tiny table, clean exit on SIGTERM, idempotent
+re-attach after a crash. Each test builds its own two-node lab (tests/kernel/_dp_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig
+from agent.records import FlowKind
+from tests.kernel._dp_fixtures import Flow, MiniLab, pod_ip
+
+pytestmark = pytest.mark.kernel
+ROOT = Path(__file__).resolve().parents[2]
+OUR_HANDLE = DatapathConfig().tc_handle
+
+CNI_C = b"""
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+BPF_ARRAY(seen, u64, 2);   /* IPv4 UDP packets: 0 on ingress, 1 on egress */
+static inline int count(struct __sk_buff *skb, int i) {
+    __u8 proto = 0;
+    if (skb->protocol != bpf_htons(ETH_P_IP))
+        return TC_ACT_OK;
+    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, protocol), &proto, 1);
+    u64 *v = seen.lookup(&i);
+    if (v && proto == 17)
+        __sync_fetch_and_add(v, 1);
+    return TC_ACT_OK;
+}
+int cni_ingress(struct __sk_buff *skb) { return count(skb, 0); }
+int cni_egress(struct __sk_buff *skb) { return count(skb, 1); }
+"""
+
+
+@pytest.fixture()
+def lab() -> Iterator[MiniLab]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, BPF)")
+    lab = MiniLab("flat").up()
+    for fam in (4, 6):
+        lab.watch_pair(fam, "a1", "a2")
+        lab.watch_pair(fam, "a1", "b1")
+    yield lab
+    lab.down()
+
+
+def _config(lab: MiniLab, node: str, **kw: object) -> DatapathConfig:
+    return DatapathConfig(netns=lab.nodes[node], exclude_patterns=(f"{lab.prefix}u",), **kw)
+
+
+def _filters(netns: str) -> dict[str, list[tuple[int, int, int, str]]]:
+    """{ifname: [(parent, prio, handle, name)]} of every bpf filter in netns."""
+    from pyroute2 import IPRoute
+
+    out: dict[str, list[tuple[int, int, int, str]]] = {}
+    with IPRoute(netns=netns) as ipr:
+        for link in ipr.get_links():
+            name = link.get_attr("IFLA_IFNAME")
+            for parent in (PARENT_INGRESS, PARENT_EGRESS):
+                try:
+                    filters = ipr.get_filters(index=link["index"], parent=parent)
+                except Exception:  # no clsact on this link
+                    continue
+                for f in filters:
+                    opts = f.get_attr("TCA_OPTIONS")
+                    if f["handle"] == 0 or opts is None:
+                        continue  # the chain head entry of a priority
+                    out.setdefault(name, []).append(
+                        (parent, f["info"] >> 16, f["handle"], opts.get_attr("TCA_BPF_NAME")))
+    return out
+
+
+def _ours(netns: str) -> list[tuple[str, int]]:
+    return [(ifname, parent) for ifname, fl in _filters(netns).items()
+            for parent, _prio, handle, _ in fl if handle == OUR_HANDLE]
+
+
+def test_existing_filter_still_sees_every_packet(lab: MiniLab) -> None:
+    from bcc import BPF
+    from pyroute2 import IPRoute
+
+    cni = BPF(text=CNI_C)
+    fns = {p: cni.load_func(n, BPF.SCHED_CLS)
+           for p, n in ((PARENT_INGRESS, b"cni_ingress"), (PARENT_EGRESS, b"cni_egress"))}
+    node_ns, host = lab.host_veth("a2")
+    with IPRoute(netns=node_ns) as ipr:  # the "CNI" was there first, returning TC_ACT_OK
+        idx = ipr.link_lookup(ifname=host)[0]
+        ipr.tc("add", "clsact", idx)
+        for parent, fn in fns.items():
+            ipr.tc("add-filter", "bpf", idx, 1, fd=fn.fd, name=fn.name.decode(), parent=parent,
+                   classid=1, direct_action=True, prio=1, protocol=ETH_P_ALL)
+    with Datapath(_config(lab, "a")) as dp:
+        assert host in dp.attach()
+        lab.ground_truth()
+        flow = Flow("a1", "a2", pod_ip("a2", 4), 9090, 9090, "udp", 4)
+        lab.run_flow(flow, request_bytes=5000, response_bytes=3000, count=3)
+        truth = lab.ground_truth()
+        deltas = dp.drain()
+    req_bytes, req_pkts = truth[("a1", "a2", "request")]
+    resp_bytes, resp_pkts = truth[("a1", "a2", "response")]
+    # the CNI filter saw every packet in both directions (our filter returned UNSPEC)
+    assert cni[b"seen"][0].value == resp_pkts    # leaving a2
+    assert cni[b"seen"][1].value == req_pkts     # entering a2
+    a2 = ipaddress.ip_address(pod_ip("a2", 4))
+    a1 = ipaddress.ip_address(pod_ip("a1", 4))
+    into = [d for d in deltas if d.local == a2 and d.remote == a1 and d.kind is FlowKind.INGRESS]
+    out = [d for d in deltas if d.local == a2 and d.remote == a1 and d.kind is FlowKind.EGRESS]
+    assert (sum(d.bytes for d in into), sum(d.packets for d in into)) == (req_bytes, req_pkts)
+    assert (sum(d.bytes for d in out), sum(d.packets for d in out)) == (resp_bytes, resp_pkts)
+    # after close the CNI's filters and its clsact qdisc are untouched
+    left = _filters(node_ns)[host]
+    assert sorted((p, h, n) for p, _, h, n in left) == sorted(
+        [(PARENT_INGRESS, 1, "cni_ingress"), (PARENT_EGRESS, 1, "cni_egress")])
+
+
+def test_pod_created_after_start_is_counted_within_one_second(lab: MiniLab) -> None:
+    with Datapath(_config(lab, "b")) as dp:
+        dp.watch()
+        t0 = time.monotonic()
+        lab.add_pod_later("b2", "b")
+        host = lab.host_veth("b2")[1]
+        while host not in dp.attached() and time.monotonic() - t0 < 3:
+            time.sleep(0.02)
+        elapsed = time.monotonic() - t0
+        assert host in dp.attached()
+        assert elapsed < 1.0, f"attached after {elapsed:.2f} s"
+        lab.watch_pair(4, "a1", "b2")
+        lab.ground_truth()
+        lab.run_flow(Flow("a1", "b2", pod_ip("b2", 4), 9090, 9090, "tcp", 4), 4000, 9000, 2)
+        truth = lab.ground_truth()
+        deltas = dp.drain()
+        # the pod goes away: its veth disappears (RTM_DELLINK) and is forgotten
+        subprocess.run(["ip", "netns", "del", lab.pod_ns["b2"]], check=True)
+        t0 = time.monotonic()
+        while host in dp.attached() and time.monotonic() - t0 < 3:
+            time.sleep(0.02)
+        assert host not in dp.attached()
+    b2 = ipaddress.ip_address(pod_ip("b2", 4))
+    got = {k: sum(d.bytes for d in deltas if d.local == b2 and d.kind is k)
+           for k in (FlowKind.INGRESS, FlowKind.EGRESS)}
+    assert got[FlowKind.INGRESS] == truth[("a1", "b2", "request")][0] > 0
+    assert got[FlowKind.EGRESS] == truth[("a1", "b2", "response")][0] > 0
+
+
+def test_tiny_table_overflow_keeps_totals_exact(lab: MiniLab) -> None:
+    with Datapath(_config(lab, "a", flow_capacity=8)) as dp:
+        dp.attach()
+        lab.ground_truth()
+        # 24 distinct non-ephemeral ports -> far more than 8 flow keys
+        for port in range(9100, 9124):
+            lab.run_flow(Flow("a1", "a2", pod_ip("a2", 4), port, port, "udp", 4), 300, 200, 1)
+        truth = lab.ground_truth()
+        deltas = dp.drain()
+        stats = dp.stats()
+    expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
+    v4 = [d for d in deltas if d.local.version == 4]  # IPv6 ND/MLD noise has its own entries
+    overflow = sum(d.bytes for d in v4 if d.overflow)
+    keyed = sum(d.bytes for d in v4 if not d.overflow)
+    assert overflow > 0 and keyed > 0
+    assert stats.table.entries <= 8
+    assert (stats.table.lost_bytes, stats.table.lost_packets) == (0, 0)
+    # every a1<->a2 packet crosses two veths of node a; no other IPv4 traffic exists
+    # (ARP is not IP)
+    assert keyed + overflow == 2 * expected
+    # a fresh datapath with the same tiny capacity counts exactly again
+    with Datapath(_config(lab, "a", flow_capacity=8)) as dp2:
+        dp2.attach()
+        lab.ground_truth()
+        lab.run_flow(Flow("a1", "a2", pod_ip("a2", 4), 9200, 9200, "udp", 4), 300, 200, 1)
+        truth = lab.ground_truth()
+        again = dp2.drain()
+    expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
+    assert sum(d.bytes for d in again if d.local.version == 4) == 2 * expected
+
+
+def _agent(lab: MiniLab, node: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.datapath", "--netns", lab.nodes[node], "--interval", "0.5",
+         "--exclude", f"{lab.prefix}u"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise AssertionError(f"agent did not start: {proc.stderr.read() if proc.stderr else ''}")
+    pods = [p for p in ("a1", "a2", "b1") if p[0] == node]
+    assert json.loads(line)["attached"] == sorted(lab.host_veth(p)[1] for p in pods)
+    return proc
+
+
+def test_sigterm_leaves_no_filter_of_ours(lab: MiniLab) -> None:
+    proc = _agent(lab, "a")
+    try:
+        ours = _ours(lab.nodes["a"])
+        assert len(ours) == 4  # two pod veths x (ingress, egress)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _ours(lab.nodes["a"]) == []
+
+
+def test_reattach_after_crash_is_idempotent(lab: MiniLab) -> None:
+    proc = _agent(lab, "a")
+    proc.send_signal(signal.SIGKILL)  # a crash: nothing is cleaned up
+    proc.wait(10)
+    assert len(_ours(lab.nodes["a"])) == 4
+    with Datapath(_config(lab, "a")) as dp:
+        dp.attach()
+        dp.attach()
+        assert sorted(_ours(lab.nodes["a"])) == sorted(
+            (lab.host_veth(p)[1], parent) for p in ("a1", "a2")
+            for parent in (PARENT_INGRESS, PARENT_EGRESS))
+        lab.ground_truth()
+        lab.run_flow(Flow("a1", "a2", pod_ip("a2", 6), 9090, 9090, "udp", 6), 2000, 1000, 1)
+        truth = lab.ground_truth()
+        a2 = ipaddress.ip_address(pod_ip("a2", 6))
+        got = sum(d.bytes for d in dp.drain() if d.local == a2 and d.kind is FlowKind.INGRESS
+                  and d.remote == ipaddress.ip_address(pod_ip("a1", 6)))
+        assert got == truth[("a1", "a2", "request")][0] > 0  # counted once, not twice
+    assert _ours(lab.nodes["a"]) == []
+
+
+@pytest.mark.parametrize("family,headers", [(4, 20 + 32), (6, 40 + 32)])
+def test_gso_packets_are_counted_as_wire_segments(family: int, headers: int) -> None:
+    """With TSO/GSO on, iptables counts each GSO skb once with its skb->len; the datapath
+    counts the wire segments: packets = gso_segs and the L3+L4 headers of the
+    gso_segs - 1 further segments are added (IP header + TCP header with the 12-byte
+    timestamp option, which Linux sends on every segment)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, BPF)")
+    lab = MiniLab("flat", offload=True).up()
+    try:
+        lab.watch_pair(family, "a1", "a2")
+        with Datapath(_config(lab, "a")) as dp:
+            dp.attach()
+            lab.ground_truth()
+            lab.run_flow(Flow("a1", "a2", pod_ip("a2", family), 9090, 9090, "tcp", family),
+                         200_000, 300_000, 1)
+            truth = lab.ground_truth()
+            deltas = dp.drain()
+    finally:
+        lab.down()
+    a1, a2 = (ipaddress.ip_address(pod_ip(p, family)) for p in ("a1", "a2"))
+    for direction, sender, receiver in (("request", a1, a2), ("response", a2, a1)):
+        ipt_bytes, ipt_pkts = truth[("a1", "a2", direction)]
+        # the sender's veth (EGRESS at the sender) sees each packet once
+        ours = [d for d in deltas if d.kind is FlowKind.EGRESS and d.local == sender
+                and d.remote == receiver]
+        our_bytes, our_pkts = sum(d.bytes for d in ours), sum(d.packets for d in ours)
+        assert our_pkts > ipt_pkts, "no GSO packet was seen: the test proves nothing"
+        assert our_bytes - ipt_bytes == (our_pkts - ipt_pkts) * headers
+
+
+def test_draining_during_traffic_loses_nothing(lab: MiniLab) -> None:
+    """Drains every few milliseconds while packets flow: the sum of all drains equals the
+    ground truth, so no increment fell between a read and its delete."""
+    import threading
+
+    with Datapath(_config(lab, "a")) as dp:
+        dp.attach()
+        lab.ground_truth()
+        flow = Flow("a1", "a2", pod_ip("a2", 4), 9090, 9090, "udp", 4)
+        errors: list[BaseException] = []
+
+        def traffic() -> None:
+            try:
+                lab.run_flow(flow, request_bytes=20_000, response_bytes=20_000, count=40)
+            except BaseException as err:  # noqa: BLE001
+                errors.append(err)
+
+        th = threading.Thread(target=traffic)
+        th.start()
+        deltas = []
+        drains = 0
+        while th.is_alive():
+            deltas += dp.drain()
+            drains += 1
+            time.sleep(0.002)
+        th.join()
+        deltas += dp.drain()
+        truth = lab.ground_truth()
+    assert not errors, errors
+    assert drains > 10
+    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
+    mine = [d for d in deltas if {d.local, d.remote} == {a1, a2}]
+    expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
+    assert sum(d.bytes for d in mine) == 2 * expected > 0
+    assert len(mine) > 4  # the flow really was split over many drains
+
+
+def test_priority_held_by_another_protocol_is_reported_per_link(lab: MiniLab) -> None:
+    from bcc import BPF
+    from pyroute2 import IPRoute
+
+    from agent.errors import RuntimeFailure
+
+    other = BPF(text=CNI_C)
+    fn = other.load_func(b"cni_egress", BPF.SCHED_CLS)
+    node_ns, host = lab.host_veth("a1")
+    with IPRoute(netns=node_ns) as ipr:  # egress priority 1 taken by an IPv4-only filter
+        idx = ipr.link_lookup(ifname=host)[0]
+        ipr.tc("add", "clsact", idx)
+        ipr.tc("add-filter", "bpf", idx, 1, fd=fn.fd, name="other", parent=PARENT_EGRESS,
+               classid=1, direct_action=True, prio=1, protocol=0x0800)
+    with Datapath(_config(lab, "a")) as dp:
+        with pytest.raises(RuntimeFailure, match=host):
+            dp.attach()
+        assert dp.attached() == (lab.host_veth("a2")[1],)  # the other pod is still attached
+        # our ingress filter went in before egress was refused: it was rolled back
+        assert (host, PARENT_INGRESS) not in _ours(node_ns)
+    with Datapath(_config(lab, "a", tc_priority=2)) as dp:
+        assert dp.attach() == tuple(sorted(lab.host_veth(p)[1] for p in ("a1", "a2")))
+    assert _ours(node_ns) == []
+    assert [n for _, _, _, n in _filters(node_ns)[host]] == ["other"]

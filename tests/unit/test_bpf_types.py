@@ -1,0 +1,101 @@
+"""The ctypes mirror in agent/bpf_types.py matches bpf/zonemeter.h field by field.
+
+The C side is measured, not assumed: a tiny C program including the real header is
+built with gcc and prints sizeof/offsetof of every field; the test compares them with
+the ctypes structures. Also checks the key encoders (byte order, IPv4 mapping).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent import bpf_types as bt
+from agent.records import FlowKind
+
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+
+STRUCTS = {
+    "zm_flow_key": bt.FlowKey,
+    "zm_flow_value": bt.FlowValue,
+    "zm_endpoint_key": bt.EndpointKey,
+}
+
+
+def _c_layout(tmp_path: Path) -> dict[str, int]:
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "zonemeter.h"',
+             "int main(void) {"]
+    for cname, cls in STRUCTS.items():
+        lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
+        for fname, _ in cls._fields_:
+            lines.append(f'printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
+    for macro in ("ZM_KIND_REQUEST", "ZM_KIND_RESPONSE", "ZM_KIND_EGRESS", "ZM_KIND_INGRESS",
+                  "ZM_FAMILY_INET", "ZM_FAMILY_INET6", "ZM_OVERFLOW_SLOTS"):
+        lines.append(f'printf("{macro} %d\\n", (int){macro});')
+    lines.append("return 0; }")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "layout"
+    subprocess.run(["gcc", "-Wall", "-Werror", f"-I{BPF_DIR}", "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def c_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is needed to measure the C struct layout (apt-get install gcc)")
+    return _c_layout(tmp_path_factory.mktemp("layout"))
+
+
+@pytest.mark.parametrize("cname", sorted(STRUCTS))
+def test_sizes_and_offsets_match_c(c_layout: dict[str, int], cname: str) -> None:
+    cls = STRUCTS[cname]
+    assert ct.sizeof(cls) == c_layout[cname]
+    for fname, _ in cls._fields_:
+        assert getattr(cls, fname).offset == c_layout[f"{cname}.{fname}"], fname
+
+
+def test_constants_match_c(c_layout: dict[str, int]) -> None:
+    for kind, name in ((FlowKind.REQUEST, "ZM_KIND_REQUEST"), (FlowKind.RESPONSE, "ZM_KIND_RESPONSE"),
+                       (FlowKind.EGRESS, "ZM_KIND_EGRESS"), (FlowKind.INGRESS, "ZM_KIND_INGRESS")):
+        assert bt.VALUE_BY_KIND[kind] == c_layout[name]
+    assert bt.FAMILY_INET == c_layout["ZM_FAMILY_INET"]
+    assert bt.FAMILY_INET6 == c_layout["ZM_FAMILY_INET6"]
+    assert bt.OVERFLOW_SLOTS == c_layout["ZM_OVERFLOW_SLOTS"]
+
+
+def test_endpoint_key_is_network_order_and_v4_mapped() -> None:
+    key = bt.endpoint_key(ipaddress.ip_address("10.1.2.3"), 8080, 6)
+    raw = bytes(key)
+    assert raw[:16] == bytes(10) + b"\xff\xff" + bytes([10, 1, 2, 3])
+    assert raw[16:18] == (8080).to_bytes(2, "big")
+    assert raw[18] == 6 and raw[19] == 0
+
+
+def test_address_round_trip() -> None:
+    for text, fam in (("192.0.2.7", 4), ("2001:db8::7", 6), ("::ffff:1.2.3.4", 6)):
+        ip = ipaddress.ip_address(text)
+        assert bt.addr_from_bytes(bt.addr_to_bytes(ip), fam) == ip
+    with pytest.raises(ValueError):
+        bt.addr_from_bytes(ipaddress.ip_address("2001:db8::7").packed, 4)
+
+
+def test_endpoint_key_rejects_bad_port() -> None:
+    with pytest.raises(ValueError):
+        bt.endpoint_key(ipaddress.ip_address("10.0.0.1"), 0, 6)
+    with pytest.raises(ValueError):
+        bt.endpoint_key(ipaddress.ip_address("10.0.0.1"), 65536, 6)
+
+
+def test_overflow_key_has_only_kind_family_flag() -> None:
+    key = bt.overflow_key(FlowKind.EGRESS, 6)
+    raw = bytes(key)
+    assert raw[:35] == bytes(35)
+    assert raw[35:38] == bytes([2, 6, 1]) and raw[38:] == bytes(2)

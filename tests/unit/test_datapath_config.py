@@ -1,0 +1,45 @@
+"""agent.datapath without a kernel: settings validation, cflags, the debug entry point."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import datapath
+from agent.datapath import DatapathConfig, flags_for
+from agent.errors import InputError
+
+
+@pytest.mark.parametrize("field,value", [
+    ("hook", "cgroup_skb"), ("flow_capacity", 4), ("endpoint_capacity", 0),
+    ("ephemeral_ports", (60000, 1000)), ("tc_priority", 0), ("tc_handle", 0),
+])
+def test_bad_setting_names_its_field(field: str, value: object) -> None:
+    with pytest.raises(InputError) as err:
+        DatapathConfig(**{field: value}).validate()  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+def test_cflags_carry_every_option() -> None:
+    flags = flags_for(DatapathConfig(flow_capacity=1000, endpoint_capacity=50), (40000, 50000))
+    assert "-DZM_FLOW_CAPACITY=1000" in flags
+    assert "-DZM_ENDPOINT_CAPACITY=50" in flags
+    assert "-DZM_EPHEMERAL_MIN=40000" in flags and "-DZM_EPHEMERAL_MAX=50000" in flags
+    assert any(f.startswith("-I") and f.endswith("bpf") for f in flags)
+
+
+def test_print_c_shows_flags_and_every_source(capsys: pytest.CaptureFixture[str]) -> None:
+    assert datapath.main(["--print-c", "--capacity", "128"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("/* cflags: ") and "-DZM_FLOW_CAPACITY=128" in out
+    for name in ("zonemeter.h", "maps.h", "classify.h", "tc.c"):
+        assert f"bpf/{name}" in out
+    assert "TC_ACT_UNSPEC" in out
+
+
+@pytest.mark.parametrize("argv", [["--print-c", "--endpoint", "10.0.0.1:80"],
+                                  ["--print-c", "--endpoint", "nohost,80,6"],
+                                  ["--print-c", "--capacity", "1"]])
+def test_bad_flag_is_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert datapath.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err

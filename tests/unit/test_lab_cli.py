@@ -1,0 +1,86 @@
+"""`zonemeter lab` CLI (help, error paths) and the traffic generator over loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from tools.lab import traffic
+
+
+def test_lab_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["lab", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for action in ("up", "down", "status", "traffic"):
+        assert action in out
+
+
+def test_lab_up_with_bad_topology_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    bad = tmp_path / "lab.yaml"
+    bad.write_text("zones: [{name: z}]\nnodes: [{name: n1, zone: nowhere}]\n")
+    assert main(["lab", "up", "--topology", str(bad), "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zonemeter: error: ") and str(bad) in err
+    assert "Node n1: zone: unknown zone" in err and "\n" not in err
+
+
+def test_lab_status_without_lab_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                        ) -> None:
+    assert main(["lab", "status", "--prefix", "zmnone", "--state-dir", str(tmp_path)]) == 2
+    assert "no running lab with this prefix" in capsys.readouterr().err
+
+
+def test_lab_down_rejects_bad_prefix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lab", "down", "--prefix", "Bad!", "--state-dir", str(tmp_path)]) == 2
+    assert "not a lab prefix" in capsys.readouterr().err
+
+
+def test_lab_without_action_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lab"]) == 2
+    assert "choose an action" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def loopback_server() -> tuple[int, int]:
+    tcp = traffic._bind("tcp", 0)
+    udp = traffic._bind("udp", 0)
+    for target, sock in ((traffic._tcp_loop, tcp), (traffic._udp_loop, udp)):
+        threading.Thread(target=target, args=(sock,), daemon=True).start()
+    return tcp.getsockname()[1], udp.getsockname()[1]
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+@pytest.mark.parametrize("reuse", [False, True])
+def test_client_exchanges_exact_sizes(loopback_server: tuple[int, int], proto: str,
+                                      reuse: bool) -> None:
+    port = loopback_server[0] if proto == "tcp" else loopback_server[1]
+    res = traffic.run_client(proto, "127.0.0.1", port, 300, 5000 if proto == "tcp" else 700,
+                             count=4, rate=None, timeout=2.0, reuse=reuse)
+    assert (res["ok"], res["failed"]) == (4, 0), res["errors"]
+    assert res["request_payload_bytes"] == 1200
+    assert res["response_payload_bytes"] == 4 * (5000 if proto == "tcp" else 700)
+
+
+def test_client_reports_refused_connections() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    res = traffic.run_client("tcp", "127.0.0.1", port, 8, 8, count=2, rate=None, timeout=1.0,
+                             reuse=False)
+    assert (res["ok"], res["failed"]) == (0, 2)
+    assert "ConnectionRefusedError" in res["errors"][0]
+
+
+def test_client_rejects_tiny_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        traffic.main(["client", "--dst", "127.0.0.1", "--port", "1", "--request-bytes", "4"])
+    assert info.value.code == 2
+    assert "at least 8" in capsys.readouterr().err

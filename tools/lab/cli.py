@@ -1,0 +1,184 @@
+"""``zonemeter lab``: build, inspect, drive and tear down the network-namespace lab.
+
+Examples::
+
+    zonemeter lab up                                 # default 2-zone, 3-node topology
+    zonemeter lab up --topology lab.yaml --prefix zmdemo --mode vxlan --ipv6
+    zonemeter lab status --prefix zmdemo -o json
+    zonemeter lab traffic --prefix zmdemo --from client-a1 --to shop/web --port 80 --count 50
+    zonemeter lab snapshot --prefix zmdemo --out lab.json   # Kubernetes objects
+    zonemeter lab down --prefix zmdemo               # also cleans a half-built lab
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from agent.errors import InputError
+from tools.lab.examples import DEFAULT_TOPOLOGY
+from tools.lab.lab import DEFAULT_STATE_DIR, Lab, list_prefixes
+from tools.lab.topology import Topology
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``lab`` verb and its sub-verbs to the CLI."""
+    parser = subparsers.add_parser(
+        "lab", help="multi-zone lab cluster in network namespaces",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help=f"where lab state files live (default {DEFAULT_STATE_DIR})")
+    sub = parser.add_subparsers(dest="lab_verb", metavar="ACTION",
+                                parser_class=type(parser))
+    up = sub.add_parser("up", help="build a lab (leaves it running)", parents=[common])
+    up.add_argument("--topology", help="topology YAML file (default: built-in 2 zones, 3 nodes)")
+    up.add_argument("--prefix", help="name prefix (default zm + 4 random hex digits)")
+    up.add_argument("--mode", choices=("flat", "vxlan"), help="override options.mode")
+    up.add_argument("--ipv6", action="store_true", help="override options.ipv6 to true")
+    up.add_argument("--server-seconds", type=float, default=86400.0,
+                    help="lifetime of the pod servers in seconds (default 86400)")
+    up.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    down = sub.add_parser("down", parents=[common], help="remove a lab, its namespaces, links, rules, processes")
+    down.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
+    status = sub.add_parser("status", parents=[common], help="show a running lab")
+    status.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    snap = sub.add_parser("snapshot", parents=[common],
+                          help="write the lab's Nodes, Pods, Services, EndpointSlices as JSON")
+    snap.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
+    snap.add_argument("--out", help="file to write (default: standard output)")
+    traffic = sub.add_parser("traffic", parents=[common], help="run request/response traffic from a pod")
+    traffic.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
+    traffic.add_argument("--from", dest="client", required=True, help="client pod name")
+    traffic.add_argument("--to", dest="target", required=True,
+                         help="Service (namespace/name), pod name, or IP address")
+    traffic.add_argument("--port", type=int, required=True,
+                         help="destination port (the Service port for a Service)")
+    traffic.add_argument("--proto", choices=("tcp", "udp"), default="tcp")
+    traffic.add_argument("--family", type=int, choices=(4, 6), default=4)
+    traffic.add_argument("--request-bytes", type=int, default=100)
+    traffic.add_argument("--response-bytes", type=int, default=1000)
+    traffic.add_argument("--count", type=int, default=10)
+    traffic.add_argument("--rate", type=float, default=None, help="exchanges per second")
+    traffic.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.set_defaults(func=run)
+
+
+def _pick_prefix(args: argparse.Namespace) -> str:
+    if args.prefix:
+        return str(args.prefix)
+    # only labs with a state file: a bare namespace may be another run's test lab
+    found = list_prefixes(args.state_dir, include_orphans=False)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise InputError("no lab is running", field="--prefix")
+    raise InputError(f"several labs exist ({', '.join(found)}); choose one", field="--prefix")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``zonemeter lab ACTION``; returns the exit code."""
+    verb = getattr(args, "lab_verb", None)
+    if verb is None:
+        raise InputError("choose an action: up, down, status, snapshot or traffic", field="ACTION")
+    if verb == "up":
+        return _up(args)
+    if verb == "down":
+        prefix = _pick_prefix(args)
+        removed = Lab.down_prefix(prefix, args.state_dir)
+        print(f"lab {prefix}: removed {len(removed)} network namespaces")
+        return 0
+    lab = Lab.attach(_pick_prefix(args), args.state_dir)
+    if verb == "status":
+        _print_status(lab.status(), args.output)
+        return 0
+    if verb == "snapshot":
+        if args.out:
+            lab.write_snapshot(args.out)
+        else:
+            print(json.dumps(lab.snapshot(), indent=1))
+        return 0
+    return _traffic(lab, args)
+
+
+def _up(args: argparse.Namespace) -> int:
+    if args.topology:
+        topo = Topology.from_yaml(Path(args.topology))
+    else:
+        topo = Topology.from_yaml(DEFAULT_TOPOLOGY)
+    if args.mode or args.ipv6:
+        data = topo.to_dict()
+        opts = data["options"]
+        if args.mode:
+            opts["mode"] = args.mode
+        if args.ipv6:
+            opts["ipv6"] = True
+        # addresses were resolved for the old options: let them be chosen again
+        for pod in data["pods"]:
+            pod.pop("ip", None)
+            pod.pop("ip6", None)
+        for svc in data["services"]:
+            svc.pop("clusterIP", None)
+            svc.pop("clusterIP6", None)
+        topo = Topology.from_dict(data, source=args.topology or "<default topology>")
+    lab = Lab(topo, prefix=args.prefix, state_dir=args.state_dir,
+              server_max_seconds=args.server_seconds)
+    lab.up()
+    _print_status(lab.status(), args.output)
+    if args.output == "table":
+        print(f"\ntear down with: zonemeter lab down --prefix {lab.prefix}")
+    return 0
+
+
+def _traffic(lab: Lab, args: argparse.Namespace) -> int:
+    target = args.target
+    topo = lab.topology
+    if "/" in target or any(s.name == target for s in topo.services):
+        dst = lab.cluster_ip(target, args.family)
+    elif any(p.name == target for p in topo.pods):
+        dst = lab.pod_ip(target, args.family)
+    else:
+        dst = target
+    before = lab.ground_truth()
+    result = lab.run_flow(args.client, dst, args.port, args.proto, args.request_bytes,
+                          args.response_bytes, args.count, args.rate)
+    after = lab.ground_truth()
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    if args.output == "json":
+        print(json.dumps({
+            "ok": result.ok, "failed": result.failed, "errors": list(result.errors),
+            "ground_truth_delta": [{"client": c, "server": s, "direction": d, "bytes": b}
+                                   for (c, s, d), b in sorted(delta.items())]}, indent=1))
+    else:
+        print(f"{result.ok} exchanges ok, {result.failed} failed"
+              + (f" ({result.errors[0]})" if result.errors else ""))
+        print(f"{'CLIENT':<20} {'SERVER':<20} {'DIRECTION':<9} {'L3 BYTES':>12}")
+        for (c, s, d), b in sorted(delta.items()):
+            print(f"{c:<20} {s:<20} {d:<9} {b:>12}")
+    return 0 if result.failed == 0 else 1
+
+
+def _print_status(status: dict[str, Any], output: str) -> None:
+    if output == "json":
+        print(json.dumps(status, indent=1))
+        return
+    missing = [n for n, ok in status["netns"].items() if not ok]
+    print(f"lab {status['prefix']}  mode={status['mode']}  ipv6={status['ipv6']}  "
+          f"namespaces={len(status['netns']) - len(missing)}/{len(status['netns'])}")
+    print(f"\n{'NODE':<12} {'ZONE':<12} {'IP':<16} {'POD CIDR':<18} NETNS")
+    for n in status["nodes"]:
+        print(f"{n['name']:<12} {n['zone']:<12} {n['ip']:<16} {n['podCIDR']:<18} {n['netns']}")
+    print(f"\n{'POD':<20} {'NODE':<8} {'IP':<16} {'VETH':<14} PORTS")
+    for p in status["pods"]:
+        print(f"{p['name']:<20} {p['node']:<8} {p['ip']:<16} {p['hostVeth'] or '(host)':<14} "
+              f"{','.join(p['ports'])}")
+    print(f"\n{'SERVICE':<24} {'CLUSTER IP':<14} PORTS / ENDPOINTS BY NODE")
+    for s in status["services"]:
+        print(f"{s['service']:<24} {s['clusterIP']:<14} {' '.join(s['ports'])}")
+        for node, eps in s["endpointsByNode"].items():
+            print(f"{'':<24} {'':<14}   {node}: {', '.join(eps) or '(none)'}")
+    if missing:
+        print(f"\nmissing namespaces: {', '.join(missing)}")

@@ -1,0 +1,815 @@
+"""Declarative lab topology: zones, nodes, pods, Services, options.
+
+A topology is plain data (YAML or a dict)::
+
+    options: {mode: flat, ipv6: false}          # mode: flat | vxlan
+    zones:
+      - {name: zone-a, region: region-1}
+    nodes:
+      - {name: a1, zone: zone-a, cpu: 4}
+    pods:
+      - name: web-a1
+        node: a1
+        namespace: shop                          # default "default"
+        ip: auto                                 # or an address inside the node's pod CIDR
+        ports: [{port: 8080, protocol: TCP, name: http}]
+        labels: {app: web}                       # or app: web
+        hostNetwork: false
+    services:
+      - name: web
+        namespace: shop
+        clusterIP: auto                          # or an address inside options.service_cidr
+        ports: [{port: 80, targetPort: 8080, protocol: TCP, name: http}]
+        selector: {app: web}                     # or endpoints: [pod names]
+        annotations: {service.kubernetes.io/topology-mode: Auto}
+        trafficDistribution: PreferSameZone
+        internalTrafficPolicy: Cluster           # or Local
+
+:meth:`Topology.from_dict` validates everything and resolves ``auto`` addresses, so a
+:class:`Topology` is always complete: every pod has its IPv4 (and IPv6 when enabled)
+address, every Service its ClusterIP(s) and endpoint pods. Bad input raises
+:class:`agent.errors.InputError` naming the object and field.
+
+Address plan (defaults, all only ever configured inside the lab's namespaces): node ``i``
+(0-based, file order) gets ``node_cidr`` host ``i+1`` on the fabric, pod CIDR number
+``i+1`` of size /24 inside ``pod_cidr`` (IPv6: /64 number ``i+1`` inside ``pod_cidr_v6``)
+and, in vxlan mode, ``overlay_cidr`` host ``i+1`` on its VXLAN device. Pods get hosts
+``.2`` upwards of their node's pod CIDR in file order.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import InputError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+#: accepted spec.trafficDistribution values (KEP-4444, KEP-3015)
+TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
+MODES = ("flat", "vxlan")
+PROTOCOLS = ("TCP", "UDP")
+#: clients' ephemeral source ports (the kernel's default net.ipv4.ip_local_port_range)
+EPHEMERAL_PORTS = (32768, 60999)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Lab-wide settings.
+
+    Attributes:
+        mode: ``flat`` (node netns route each other's pod CIDRs via the fabric) or
+            ``vxlan`` (an overlay device per node, VNI ``vni``, UDP port 4789).
+        ipv6: give every pod, node and ClusterIP an IPv6 address as well (dual stack).
+        node_cidr, node_cidr_v6: fabric (underlay) subnets of the node addresses.
+        pod_cidr, pod_cidr_v6: cluster pod ranges, cut into one /24 (/64) per node.
+        service_cidr, service_cidr_v6: ClusterIP ranges.
+        overlay_cidr, overlay_cidr_v6: addresses of the VXLAN devices (vxlan mode).
+        mtu: MTU of the fabric links (bytes); VXLAN devices and, in vxlan mode, pod veths
+            use ``mtu - 50``.
+        vni: VXLAN network identifier.
+    """
+
+    mode: str = "flat"
+    ipv6: bool = False
+    node_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("192.168.100.0/24")
+    node_cidr_v6: ipaddress.IPv6Network = ipaddress.IPv6Network("fd00:100::/64")
+    pod_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.244.0.0/16")
+    pod_cidr_v6: ipaddress.IPv6Network = ipaddress.IPv6Network("fd00:244::/48")
+    service_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("10.96.0.0/16")
+    service_cidr_v6: ipaddress.IPv6Network = ipaddress.IPv6Network("fd00:96::/108")
+    overlay_cidr: ipaddress.IPv4Network = ipaddress.IPv4Network("192.168.101.0/24")
+    overlay_cidr_v6: ipaddress.IPv6Network = ipaddress.IPv6Network("fd00:101::/64")
+    mtu: int = 1500
+    vni: int = 42
+
+    @property
+    def pod_mtu(self) -> int:
+        """MTU of pod veths (bytes): the fabric MTU, minus VXLAN overhead in vxlan mode."""
+        return self.mtu - 50 if self.mode == "vxlan" else self.mtu
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """A zone (``topology.kubernetes.io/zone``), optionally in a region."""
+
+    name: str
+    region: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A lab node: one network namespace.
+
+    Attributes:
+        name: Node name.
+        zone: zone name (label ``topology.kubernetes.io/zone``).
+        cpu: allocatable CPUs (the EndpointSlice controller weighs zones by it).
+        index: position in the topology (0-based), fixes the node's address block.
+        ip, ip6: fabric address(es); ``ip6`` is ``None`` without IPv6.
+        overlay_ip, overlay_ip6: VXLAN device addresses (vxlan mode), else ``None``.
+        pod_cidr, pod_cidr_v6: this node's pod ranges.
+        ignore_hints: this node's kube-proxy emulation ignores hints (a data plane that
+            does not honour them); recorded for the caller that programs endpoints.
+    """
+
+    name: str
+    zone: str
+    cpu: float
+    index: int
+    ip: ipaddress.IPv4Address
+    ip6: ipaddress.IPv6Address | None
+    overlay_ip: ipaddress.IPv4Address | None
+    overlay_ip6: ipaddress.IPv6Address | None
+    pod_cidr: ipaddress.IPv4Network
+    pod_cidr_v6: ipaddress.IPv6Network | None
+    ignore_hints: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PodPort:
+    """A container port: ``port`` (host byte order), ``protocol`` TCP|UDP, optional name."""
+
+    port: int
+    protocol: str = "TCP"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A lab pod: its own network namespace (or its node's when ``host_network``).
+
+    Attributes:
+        name: Pod name, unique in the lab (the lab keys everything by it).
+        namespace: Kubernetes namespace.
+        node: node name.
+        index: names its host-side veth and ground-truth table: the position in the
+            topology (0-based), unless given as ``labIndex`` (the lab writes it in
+            :meth:`Topology.to_dict` so indexes stay put when pods come and go).
+        ip, ip6: pod address(es); the node's fabric address(es) when ``host_network``.
+        ports: listening ports; the lab starts a server for each.
+        labels: pod labels (``app`` given alone becomes ``{"app": value}``).
+        host_network: runs in the node's namespace, no veth.
+    """
+
+    name: str
+    namespace: str
+    node: str
+    index: int
+    ip: ipaddress.IPv4Address
+    ip6: ipaddress.IPv6Address | None
+    ports: tuple[PodPort, ...]
+    labels: Mapping[str, str]
+    host_network: bool = False
+
+    def address(self, family: int = 4) -> IPAddress:
+        """Return the pod's IPv4 (``family=4``) or IPv6 (``6``) address.
+
+        Raises:
+            InputError: IPv6 requested in a lab without IPv6.
+        """
+        if family == 6:
+            if self.ip6 is None:
+                raise InputError("the lab has no IPv6 (options.ipv6 is false)",
+                                 obj=f"Pod {self.name}", field="ip6")
+            return self.ip6
+        return self.ip
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """A Service port: ``port`` on the ClusterIP, ``target_port`` (number or a pod port
+    name), ``protocol`` TCP|UDP, optional ``name``."""
+
+    port: int
+    target_port: int | str
+    protocol: str = "TCP"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A ClusterIP Service with its locality settings.
+
+    Attributes:
+        name, namespace: identity; :attr:`key` is ``namespace/name``.
+        cluster_ip, cluster_ip6: ClusterIP(s) (``cluster_ip6`` only with IPv6).
+        ports: Service ports.
+        selector: pod label selector, or ``None`` when ``endpoints`` were listed.
+        endpoints: endpoint pod names (from the selector, or listed), in topology order.
+        annotations: ``metadata.annotations`` (e.g. ``service.kubernetes.io/topology-mode``).
+        traffic_distribution: ``spec.trafficDistribution`` or ``None``.
+        internal_traffic_policy: ``Cluster`` or ``Local``.
+    """
+
+    name: str
+    namespace: str
+    cluster_ip: ipaddress.IPv4Address
+    cluster_ip6: ipaddress.IPv6Address | None
+    ports: tuple[ServicePort, ...]
+    selector: Mapping[str, str] | None
+    endpoints: tuple[str, ...]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    traffic_distribution: str | None = None
+    internal_traffic_policy: str = "Cluster"
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """A validated, fully resolved lab topology (see the module docstring for the format)."""
+
+    zones: tuple[Zone, ...]
+    nodes: tuple[Node, ...]
+    pods: tuple[Pod, ...]
+    services: tuple[Service, ...]
+    options: Options
+    source: str = "<memory>"
+
+    # ------------------------------------------------------------ constructors
+
+    @classmethod
+    def from_yaml(cls, path_or_text: str | Path) -> "Topology":
+        """Parse a topology from a YAML file path or YAML text.
+
+        A ``Path``, or a ``str`` without a newline that names an existing file, is read
+        as a file; any other string is YAML text.
+
+        Raises:
+            InputError: unreadable file, invalid YAML, or an invalid topology (the error
+                names the file, object and field).
+        """
+        source = "<yaml>"
+        text: str
+        if isinstance(path_or_text, Path) or ("\n" not in path_or_text
+                                               and Path(path_or_text).is_file()):
+            source = str(path_or_text)
+            try:
+                text = Path(path_or_text).read_text()
+            except OSError as err:
+                raise InputError(f"cannot read: {err.strerror}", source=source) from None
+        else:
+            text = str(path_or_text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark else None
+            raise InputError(f"invalid YAML: {getattr(err, 'problem', err)}", source=source,
+                             obj=where) from None
+        try:
+            return cls.from_dict(data, source=source)
+        except InputError as err:
+            raise err.with_source(source) from None
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<memory>") -> "Topology":
+        """Validate a topology given as plain data and resolve ``auto`` addresses.
+
+        Raises:
+            InputError: naming the object (``Pod web-a1``) and field (``ports[0].port``).
+        """
+        return _Parser(source).parse(data)
+
+    # ------------------------------------------------------------ lookups
+
+    def node(self, name: str) -> Node:
+        """Return the node called ``name``.
+
+        Raises:
+            InputError: no such node.
+        """
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise InputError("no such node in the lab topology", obj=f"Node {name}")
+
+    def pod(self, name: str) -> Pod:
+        """Return the pod called ``name``.
+
+        Raises:
+            InputError: no such pod.
+        """
+        for pod in self.pods:
+            if pod.name == name:
+                return pod
+        raise InputError("no such pod in the lab topology", obj=f"Pod {name}")
+
+    def service(self, key: str) -> Service:
+        """Return the Service ``namespace/name`` (or ``name`` when that is unambiguous).
+
+        Raises:
+            InputError: no such Service, or ``name`` alone matches several namespaces.
+        """
+        if "/" in key:
+            found = [s for s in self.services if s.key == key]
+        else:
+            found = [s for s in self.services if s.name == key]
+        if len(found) == 1:
+            return found[0]
+        problem = "no such Service in the lab topology" if not found else \
+            "Service name is ambiguous, use namespace/name"
+        raise InputError(problem, obj=f"Service {key}")
+
+    def zone_of(self, node: str) -> str:
+        """Return the zone name of ``node``."""
+        return self.node(node).zone
+
+    def pods_on(self, node: str) -> tuple[Pod, ...]:
+        """Return the pods scheduled on ``node``, in topology order."""
+        return tuple(p for p in self.pods if p.node == node)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the resolved topology as plain data (addresses filled in), suitable for
+        :meth:`from_dict` and for the lab's state file."""
+        opt = self.options
+        return {
+            "options": {
+                "mode": opt.mode, "ipv6": opt.ipv6, "mtu": opt.mtu, "vni": opt.vni,
+                **{k: str(getattr(opt, k)) for k in (
+                    "node_cidr", "node_cidr_v6", "pod_cidr", "pod_cidr_v6", "service_cidr",
+                    "service_cidr_v6", "overlay_cidr", "overlay_cidr_v6")},
+            },
+            "zones": [{"name": z.name, **({"region": z.region} if z.region else {})}
+                      for z in self.zones],
+            "nodes": [{"name": n.name, "zone": n.zone, "cpu": n.cpu,
+                       "ignoreHints": n.ignore_hints} for n in self.nodes],
+            "pods": [{
+                "name": p.name, "namespace": p.namespace, "node": p.node, "labIndex": p.index,
+                **({} if p.host_network else {"ip": str(p.ip)}),
+                **({"ip6": str(p.ip6)} if p.ip6 and not p.host_network else {}),
+                "ports": [{"port": pp.port, "protocol": pp.protocol,
+                           **({"name": pp.name} if pp.name else {})} for pp in p.ports],
+                "labels": dict(p.labels), "hostNetwork": p.host_network,
+            } for p in self.pods],
+            "services": [{
+                "name": s.name, "namespace": s.namespace, "clusterIP": str(s.cluster_ip),
+                **({"clusterIP6": str(s.cluster_ip6)} if s.cluster_ip6 else {}),
+                "ports": [{"port": sp.port, "targetPort": sp.target_port,
+                           "protocol": sp.protocol, **({"name": sp.name} if sp.name else {})}
+                          for sp in s.ports],
+                **({"selector": dict(s.selector)} if s.selector is not None
+                   else {"endpoints": list(s.endpoints)}),
+                "annotations": dict(s.annotations),
+                **({"trafficDistribution": s.traffic_distribution}
+                   if s.traffic_distribution else {}),
+                "internalTrafficPolicy": s.internal_traffic_policy,
+            } for s in self.services],
+        }
+
+
+# ---------------------------------------------------------------- parsing
+
+
+class _Parser:
+    """Validates one topology document; every error names the object and field."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, problem: str, obj: str | None = None, fld: str | None = None) -> InputError:
+        return InputError(problem, source=self.source, obj=obj, field=fld)
+
+    # --- small typed readers ------------------------------------------------
+
+    def mapping(self, value: Any, obj: str | None, fld: str | None) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.fail(f"must be a mapping, got {type(value).__name__}", obj, fld)
+        return value
+
+    def seq(self, value: Any, obj: str | None, fld: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(f"must be a list, got {type(value).__name__}", obj, fld)
+        return value
+
+    def name(self, value: Any, obj: str | None, fld: str, subdomain: bool = False) -> str:
+        pattern = _DNS_SUBDOMAIN if subdomain else _DNS_LABEL
+        if not isinstance(value, str) or not value or len(value) > 63 or not pattern.match(value):
+            raise self.fail(f"must be a DNS label (lowercase letters, digits, '-'), got {value!r}",
+                            obj, fld)
+        return value
+
+    def port(self, value: Any, obj: str, fld: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise self.fail(f"must be a port number 1-65535, got {value!r}", obj, fld)
+        return value
+
+    def protocol(self, value: Any, obj: str, fld: str) -> str:
+        text = "TCP" if value is None else value
+        if not isinstance(text, str) or text.upper() not in PROTOCOLS:
+            raise self.fail(f"must be TCP or UDP, got {value!r}", obj, fld)
+        return text.upper()
+
+    def labels(self, value: Any, obj: str, fld: str) -> dict[str, str]:
+        if value is None:
+            return {}
+        m = self.mapping(value, obj, fld)
+        out = {}
+        for k, v in m.items():
+            if not isinstance(k, str) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                raise self.fail(f"labels must map strings to strings, got {k!r}: {v!r}", obj, fld)
+            out[k] = str(v)
+        return out
+
+    def network(self, value: Any, version: int, fld: str) -> Any:
+        try:
+            net = ipaddress.ip_network(str(value), strict=True)
+        except ValueError as err:
+            raise self.fail(f"not a CIDR: {err}", "options", fld) from None
+        if net.version != version:
+            raise self.fail(f"must be an IPv{version} CIDR, got {value!r}", "options", fld)
+        return net
+
+    def unknown_keys(self, m: Mapping[str, Any], allowed: set[str], obj: str | None) -> None:
+        for key in m:
+            if key not in allowed:
+                raise self.fail(f"unknown field (allowed: {', '.join(sorted(allowed))})", obj,
+                                str(key))
+
+    # --- sections -------------------------------------------------------------
+
+    def parse(self, data: Any) -> Topology:
+        top = self.mapping(data, None, "topology")
+        self.unknown_keys(top, {"options", "zones", "nodes", "pods", "services"}, None)
+        options = self.options(top.get("options") or {})
+        zones = self.zones(self.seq(top.get("zones"), None, "zones"))
+        nodes = self.nodes(self.seq(top.get("nodes"), None, "nodes"), zones, options)
+        pods = self.pods(self.seq(top.get("pods"), None, "pods"), nodes, options)
+        services = self.services(self.seq(top.get("services"), None, "services"), pods, options)
+        return Topology(zones=tuple(zones), nodes=tuple(nodes), pods=tuple(pods),
+                        services=tuple(services), options=options, source=self.source)
+
+    def options(self, raw: Any) -> Options:
+        m = self.mapping(raw, "options", None)
+        nets = {"node_cidr": 4, "node_cidr_v6": 6, "pod_cidr": 4, "pod_cidr_v6": 6,
+                "service_cidr": 4, "service_cidr_v6": 6, "overlay_cidr": 4, "overlay_cidr_v6": 6}
+        self.unknown_keys(m, {"mode", "ipv6", "mtu", "vni", *nets}, "options")
+        kwargs: dict[str, Any] = {}
+        mode = m.get("mode", "flat")
+        if mode not in MODES:
+            raise self.fail(f"must be one of {', '.join(MODES)}, got {mode!r}", "options", "mode")
+        kwargs["mode"] = mode
+        ipv6 = m.get("ipv6", False)
+        if not isinstance(ipv6, bool):
+            raise self.fail(f"must be true or false, got {ipv6!r}", "options", "ipv6")
+        kwargs["ipv6"] = ipv6
+        mtu = m.get("mtu", 1500)
+        if isinstance(mtu, bool) or not isinstance(mtu, int) or not 1280 <= mtu <= 9000:
+            raise self.fail(f"must be an integer 1280-9000, got {mtu!r}", "options", "mtu")
+        kwargs["mtu"] = mtu
+        vni = m.get("vni", 42)
+        if isinstance(vni, bool) or not isinstance(vni, int) or not 1 <= vni < 2**24:
+            raise self.fail(f"must be an integer 1-16777215, got {vni!r}", "options", "vni")
+        kwargs["vni"] = vni
+        for key, version in nets.items():
+            if key in m:
+                kwargs[key] = self.network(m[key], version, key)
+        opt = Options(**kwargs)
+        if opt.pod_cidr.prefixlen > 22:
+            raise self.fail("must be /22 or larger (one /24 per node)", "options", "pod_cidr")
+        if opt.pod_cidr_v6.prefixlen > 56:
+            raise self.fail("must be /56 or larger (one /64 per node)", "options", "pod_cidr_v6")
+        return opt
+
+    def zones(self, raw: list[Any]) -> list[Zone]:
+        if not raw:
+            raise self.fail("at least one zone is required", None, "zones")
+        zones: list[Zone] = []
+        for i, item in enumerate(raw):
+            obj = f"zones[{i}]"
+            m = self.mapping(item, obj, None)
+            self.unknown_keys(m, {"name", "region"}, obj)
+            name = self.name(m.get("name"), obj, "name", subdomain=True)
+            obj = f"Zone {name}"
+            region = m.get("region")
+            if region is not None:
+                region = self.name(region, obj, "region", subdomain=True)
+            if any(z.name == name for z in zones):
+                raise self.fail("duplicate zone name", obj, "name")
+            zones.append(Zone(name, region))
+        return zones
+
+    def nodes(self, raw: list[Any], zones: list[Zone], opt: Options) -> list[Node]:
+        if not raw:
+            raise self.fail("at least one node is required", None, "nodes")
+        zone_names = {z.name for z in zones}
+        fabric = list(opt.node_cidr.hosts())
+        overlay = list(opt.overlay_cidr.hosts())
+        pod_blocks = opt.pod_cidr.subnets(new_prefix=24)
+        pod_blocks6 = opt.pod_cidr_v6.subnets(new_prefix=64)
+        next(pod_blocks)  # block 0 stays unused: node i gets block i+1
+        next(pod_blocks6)
+        nodes: list[Node] = []
+        for i, item in enumerate(raw):
+            obj = f"nodes[{i}]"
+            m = self.mapping(item, obj, None)
+            self.unknown_keys(m, {"name", "zone", "cpu", "ignoreHints"}, obj)
+            name = self.name(m.get("name"), obj, "name", subdomain=True)
+            obj = f"Node {name}"
+            if any(n.name == name for n in nodes):
+                raise self.fail("duplicate node name", obj, "name")
+            zone = m.get("zone")
+            if zone not in zone_names:
+                raise self.fail(f"unknown zone {zone!r} (zones: {', '.join(sorted(zone_names))})",
+                                obj, "zone")
+            cpu = m.get("cpu", 4)
+            if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or cpu <= 0:
+                raise self.fail(f"must be a positive number of CPUs, got {cpu!r}", obj, "cpu")
+            ignore = m.get("ignoreHints", False)
+            if not isinstance(ignore, bool):
+                raise self.fail(f"must be true or false, got {ignore!r}", obj, "ignoreHints")
+            if i >= len(fabric) or i >= len(overlay):
+                raise self.fail("too many nodes for options.node_cidr/overlay_cidr", obj, "name")
+            try:
+                block, block6 = next(pod_blocks), next(pod_blocks6)
+            except StopIteration:
+                raise self.fail("too many nodes for options.pod_cidr", obj, "name") from None
+            vx = opt.mode == "vxlan"
+            nodes.append(Node(
+                name=name, zone=zone, cpu=float(cpu), index=i, ip=fabric[i],
+                ip6=opt.node_cidr_v6[i + 1] if opt.ipv6 else None,
+                overlay_ip=overlay[i] if vx else None,
+                overlay_ip6=opt.overlay_cidr_v6[i + 1] if vx and opt.ipv6 else None,
+                pod_cidr=block, pod_cidr_v6=block6 if opt.ipv6 else None, ignore_hints=ignore))
+        return nodes
+
+    def pods(self, raw: list[Any], nodes: list[Node], opt: Options) -> list[Pod]:
+        by_name = {n.name: n for n in nodes}
+        next_host: dict[str, int] = {n.name: 2 for n in nodes}
+        used: dict[IPAddress, str] = {}
+        host_ports: dict[tuple[str, str, int], str] = {}
+        parsed: list[tuple[dict[str, Any], Any, Any]] = []
+        pods: list[Pod] = []
+        names: set[str] = set()
+        indexes: set[int] = set()
+        # first pass: fields and explicit addresses; second: auto addresses
+        for i, item in enumerate(raw):
+            obj = f"pods[{i}]"
+            m = self.mapping(item, obj, None)
+            self.unknown_keys(m, {"name", "namespace", "node", "ip", "ip6", "ports", "labels",
+                                  "app", "hostNetwork", "labIndex"}, obj)
+            name = self.name(m.get("name"), obj, "name", subdomain=True)
+            obj = f"Pod {name}"
+            if name in names:
+                raise self.fail("duplicate pod name (pod names are unique in a lab)", obj, "name")
+            names.add(name)
+            namespace = self.name(m.get("namespace", "default"), obj, "namespace")
+            node_name = m.get("node")
+            if node_name not in by_name:
+                raise self.fail(f"unknown node {node_name!r}", obj, "node")
+            node = by_name[node_name]
+            host = m.get("hostNetwork", False)
+            if not isinstance(host, bool):
+                raise self.fail(f"must be true or false, got {host!r}", obj, "hostNetwork")
+            ports: list[PodPort] = []
+            for j, p in enumerate(self.seq(m.get("ports"), obj, "ports")):
+                fld = f"ports[{j}]"
+                if isinstance(p, int) and not isinstance(p, bool):
+                    p = {"port": p}
+                pm = self.mapping(p, obj, fld)
+                self.unknown_keys(pm, {"port", "containerPort", "protocol", "name"}, obj)
+                number = self.port(pm.get("port", pm.get("containerPort")), obj, f"{fld}.port")
+                if EPHEMERAL_PORTS[0] <= number <= EPHEMERAL_PORTS[1]:
+                    raise self.fail(f"port {number} lies in the clients' ephemeral range "
+                                    f"{EPHEMERAL_PORTS[0]}-{EPHEMERAL_PORTS[1]}, where the lab's "
+                                    "ground truth could not tell requests from responses",
+                                    obj, f"{fld}.port")
+                proto = self.protocol(pm.get("protocol"), obj, f"{fld}.protocol")
+                pname = pm.get("name")
+                if pname is not None:
+                    pname = self.name(pname, obj, f"{fld}.name")
+                if any(q.port == number and q.protocol == proto for q in ports):
+                    raise self.fail(f"duplicate port {number}/{proto}", obj, f"{fld}.port")
+                if host:
+                    other = host_ports.get((node.name, proto, number))
+                    if other:
+                        raise self.fail(f"hostNetwork port {number}/{proto} already used on node "
+                                        f"{node.name} by pod {other}", obj, f"{fld}.port")
+                    host_ports[(node.name, proto, number)] = name
+                ports.append(PodPort(number, proto, pname))
+            labels = self.labels(m.get("labels"), obj, "labels")
+            if "app" in m:
+                labels.setdefault("app", str(self.labels({"app": m["app"]}, obj, "app")["app"]))
+            ip: Any = None
+            ip6: Any = None
+            if host:
+                if m.get("ip", "auto") != "auto" or m.get("ip6", "auto") != "auto":
+                    raise self.fail("a hostNetwork pod uses its node's address; omit ip", obj, "ip")
+                ip, ip6 = node.ip, node.ip6
+            else:
+                ip = self.pod_ip(m.get("ip", "auto"), 4, node.pod_cidr, obj, "ip", used, name)
+                if opt.ipv6:
+                    ip6 = self.pod_ip(m.get("ip6", "auto"), 6, node.pod_cidr_v6, obj, "ip6", used,
+                                      name)
+                elif m.get("ip6", "auto") != "auto":
+                    raise self.fail("options.ipv6 is false", obj, "ip6")
+            index = m.get("labIndex")
+            if index is not None:
+                if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 10**5:
+                    raise self.fail(f"must be an integer 0-99999, got {index!r}", obj, "labIndex")
+                if index in indexes:
+                    raise self.fail(f"labIndex {index} is already used", obj, "labIndex")
+                indexes.add(index)
+            parsed.append((dict(name=name, namespace=namespace, node=node.name, index=index,
+                                ports=tuple(ports), labels=labels, host_network=host), ip, ip6))
+        free = (i for i in range(10**6) if i not in indexes)
+        for kwargs, ip, ip6 in parsed:
+            if kwargs["index"] is None:
+                kwargs["index"] = next(free)
+            node = by_name[kwargs["node"]]
+            if ip == "auto":
+                ip = self.next_free(node.pod_cidr, next_host, node.name, used, kwargs["name"])
+            if ip6 == "auto":
+                ip6 = self.next_free(node.pod_cidr_v6, next_host, node.name + "/6", used,
+                                     kwargs["name"])
+            pods.append(Pod(ip=ip, ip6=ip6, **kwargs))
+        return pods
+
+    def pod_ip(self, value: Any, version: int, cidr: Any, obj: str, fld: str,
+               used: dict[IPAddress, str], name: str) -> Any:
+        if value == "auto" or value is None:
+            return "auto"
+        try:
+            addr = ipaddress.ip_address(str(value))
+        except ValueError:
+            raise self.fail(f"not an IP address: {value!r}", obj, fld) from None
+        if addr.version != version:
+            raise self.fail(f"must be an IPv{version} address, got {value!r}", obj, fld)
+        if addr not in cidr or addr in (cidr.network_address, cidr.network_address + 1) or (
+                version == 4 and addr == cidr.broadcast_address):
+            raise self.fail(f"{addr} is not a usable address of its node's pod CIDR {cidr} "
+                            f"(.0, .1 and broadcast are reserved)", obj, fld)
+        if addr in used:
+            raise self.fail(f"{addr} is already used by pod {used[addr]}", obj, fld)
+        used[addr] = name
+        return addr
+
+    def next_free(self, cidr: Any, next_host: dict[str, int], key: str,
+                  used: dict[IPAddress, str], name: str) -> Any:
+        n = next_host.get(key, 2)
+        while True:
+            if n >= cidr.num_addresses - 1:
+                raise self.fail(f"no free address left in pod CIDR {cidr}", f"Pod {name}", "ip")
+            addr = cidr[n]
+            n += 1
+            if addr not in used:
+                next_host[key] = n
+                used[addr] = name
+                return addr
+
+    def services(self, raw: list[Any], pods: list[Pod], opt: Options) -> list[Service]:
+        services: list[Service] = []
+        used: dict[IPAddress, str] = {}
+        pending: list[tuple[dict[str, Any], Any, Any]] = []
+        pod_by_name = {p.name: p for p in pods}
+        for i, item in enumerate(raw):
+            obj = f"services[{i}]"
+            m = self.mapping(item, obj, None)
+            self.unknown_keys(m, {"name", "namespace", "clusterIP", "clusterIP6", "ports",
+                                  "selector", "endpoints", "annotations", "trafficDistribution",
+                                  "internalTrafficPolicy"}, obj)
+            name = self.name(m.get("name"), obj, "name")
+            namespace = self.name(m.get("namespace", "default"), f"Service {name}", "namespace")
+            obj = f"Service {namespace}/{name}"
+            if any(s[0]["name"] == name and s[0]["namespace"] == namespace for s in pending):
+                raise self.fail("duplicate Service", obj, "name")
+            ports: list[ServicePort] = []
+            raw_ports = self.seq(m.get("ports"), obj, "ports")
+            if not raw_ports:
+                raise self.fail("at least one port is required", obj, "ports")
+            for j, p in enumerate(raw_ports):
+                fld = f"ports[{j}]"
+                pm = self.mapping(p, obj, fld)
+                self.unknown_keys(pm, {"port", "targetPort", "protocol", "name"}, obj)
+                number = self.port(pm.get("port"), obj, f"{fld}.port")
+                target = pm.get("targetPort", number)
+                if isinstance(target, str):
+                    target = self.name(target, obj, f"{fld}.targetPort")
+                else:
+                    target = self.port(target, obj, f"{fld}.targetPort")
+                proto = self.protocol(pm.get("protocol"), obj, f"{fld}.protocol")
+                pname = pm.get("name")
+                if pname is not None:
+                    pname = self.name(pname, obj, f"{fld}.name")
+                elif len(raw_ports) > 1:
+                    raise self.fail("ports need names when a Service has several", obj,
+                                    f"{fld}.name")
+                if any(q.port == number and q.protocol == proto for q in ports):
+                    raise self.fail(f"duplicate port {number}/{proto}", obj, f"{fld}.port")
+                ports.append(ServicePort(number, target, proto, pname))
+            if ("selector" in m) == ("endpoints" in m):
+                raise self.fail("give exactly one of selector or endpoints", obj, "selector")
+            selector: dict[str, str] | None = None
+            if "selector" in m:
+                selector = self.labels(m["selector"], obj, "selector")
+                if not selector:
+                    raise self.fail("an empty selector would select every pod", obj, "selector")
+                endpoints = [p.name for p in pods if p.namespace == namespace
+                             and all(p.labels.get(k) == v for k, v in selector.items())]
+            else:
+                endpoints = []
+                for j, ep in enumerate(self.seq(m["endpoints"], obj, "endpoints")):
+                    if ep not in pod_by_name:
+                        raise self.fail(f"unknown pod {ep!r}", obj, f"endpoints[{j}]")
+                    if pod_by_name[ep].namespace != namespace:
+                        raise self.fail(f"pod {ep} is in namespace {pod_by_name[ep].namespace}",
+                                        obj, f"endpoints[{j}]")
+                    endpoints.append(ep)
+            for ep in endpoints:
+                for j, sp in enumerate(ports):
+                    pod = pod_by_name[ep]
+                    if not any(_pod_port_matches(pp, sp) for pp in pod.ports):
+                        raise self.fail(f"endpoint pod {ep} has no port {sp.target_port}/"
+                                        f"{sp.protocol}", obj, f"ports[{j}].targetPort")
+            annotations = self.labels(m.get("annotations"), obj, "annotations")
+            td = m.get("trafficDistribution")
+            if td is not None and td not in TRAFFIC_DISTRIBUTIONS:
+                raise self.fail(f"must be one of {', '.join(TRAFFIC_DISTRIBUTIONS)}, got {td!r}",
+                                obj, "trafficDistribution")
+            itp = m.get("internalTrafficPolicy", "Cluster")
+            if itp not in ("Cluster", "Local"):
+                raise self.fail(f"must be Cluster or Local, got {itp!r}", obj,
+                                "internalTrafficPolicy")
+            cip = self.cluster_ip(m.get("clusterIP", "auto"), opt.service_cidr, obj, "clusterIP",
+                                  used)
+            cip6 = None
+            if opt.ipv6:
+                cip6 = self.cluster_ip(m.get("clusterIP6", "auto"), opt.service_cidr_v6, obj,
+                                       "clusterIP6", used)
+            elif m.get("clusterIP6", "auto") != "auto":
+                raise self.fail("options.ipv6 is false", obj, "clusterIP6")
+            pending.append((dict(name=name, namespace=namespace, ports=tuple(ports),
+                                 selector=selector, endpoints=tuple(endpoints),
+                                 annotations=annotations, traffic_distribution=td,
+                                 internal_traffic_policy=itp), cip, cip6))
+        nxt = {4: 10, 6: 10}
+        for kwargs, cip, cip6 in pending:
+            key = f"{kwargs['namespace']}/{kwargs['name']}"
+            if cip == "auto":
+                cip = self.next_cluster_ip(opt.service_cidr, nxt, 4, used, key)
+            if opt.ipv6 and cip6 == "auto":
+                cip6 = self.next_cluster_ip(opt.service_cidr_v6, nxt, 6, used, key)
+            services.append(Service(cluster_ip=cip, cluster_ip6=cip6, **kwargs))
+        return services
+
+    def cluster_ip(self, value: Any, cidr: Any, obj: str, fld: str,
+                   used: dict[IPAddress, str]) -> Any:
+        if value in ("auto", None):
+            return "auto"
+        try:
+            addr = ipaddress.ip_address(str(value))
+        except ValueError:
+            raise self.fail(f"not an IP address: {value!r}", obj, fld) from None
+        if addr not in cidr or addr == cidr.network_address:
+            raise self.fail(f"{addr} is outside options.service_cidr {cidr}", obj, fld)
+        if addr in used:
+            raise self.fail(f"{addr} is already the ClusterIP of {used[addr]}", obj, fld)
+        used[addr] = obj
+        return addr
+
+    def next_cluster_ip(self, cidr: Any, nxt: dict[int, int], version: int,
+                        used: dict[IPAddress, str], key: str) -> Any:
+        while nxt[version] < cidr.num_addresses - 1:
+            addr = cidr[nxt[version]]
+            nxt[version] += 1
+            if addr not in used:
+                used[addr] = key
+                return addr
+        raise self.fail("service CIDR exhausted", f"Service {key}", "clusterIP")
+
+
+def _pod_port_matches(pp: PodPort, sp: ServicePort) -> bool:
+    if pp.protocol != sp.protocol:
+        return False
+    if isinstance(sp.target_port, str):
+        return pp.name == sp.target_port
+    return pp.port == sp.target_port
+
+
+def resolve_target_port(pod: Pod, sp: ServicePort) -> int:
+    """Return the pod port number a Service port targets on ``pod`` (host byte order).
+
+    Raises:
+        InputError: the pod has no matching port.
+    """
+    for pp in pod.ports:
+        if _pod_port_matches(pp, sp):
+            return pp.port
+    if isinstance(sp.target_port, int):
+        return sp.target_port
+    raise InputError(f"no port named {sp.target_port}", obj=f"Pod {pod.name}", field="ports")
