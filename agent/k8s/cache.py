@@ -1,0 +1,1022 @@
+"""Slim, thread-safe cache of Pods, Nodes, Services and EndpointSlices, and IP resolution.
+
+Watch threads (:mod:`agent.k8s.watch`) or a snapshot file (:mod:`agent.k8s.snapshot`)
+write; the agent loop reads. Pods are kept only as slim records indexed by IP (the raw
+Pod objects are the bulk of a cluster's state and nobody downstream needs them). Nodes,
+Services and EndpointSlices are kept twice: slim indexes for resolution, and pruned raw
+dicts in the API's JSON shape for the hint model (:mod:`agent.hints`).
+
+Resolution order (:meth:`ClusterMetadata.resolve`):
+
+1. a pod IP of a live (or recently deleted, within the grace) non-host-network pod: POD;
+2. a node address (InternalIP, ExternalIP) or a host-network pod's IP: NODE;
+3. a ``--zone-cidrs`` range: CIDR;
+4. inside a node's ``spec.podCIDRs`` (or an extra pod CIDR) but no pod: UNKNOWN, reason
+   ``no_pod_for_ip``;
+5. anything else: EXTERNAL.
+
+Workloads: ownerReferences are walked one level. A pod owned by a ReplicaSet whose name is
+``<deployment>-<pod-template-hash>`` (the ``pod-template-hash`` label) is attributed to the
+Deployment ``<deployment>``: the Deployment controller names ReplicaSets that way
+(kubernetes ``pkg/controller/deployment/sync.go`` ``getNewReplicaSet``, name
+``deployment.Name + "-" + podTemplateSpecHash``). ReplicaSets themselves are not watched:
+RBAC grants only pods, nodes, services and endpointslices.
+
+IP reuse: each IP keeps its tenures ``(pod, first_seen, deleted_at)``; deleted tenures stay
+in a bounded :class:`cachetools.TTLCache` for ``grace_seconds`` so bytes counted just
+before a pod went away (or just before its IP went to a new pod) still go to the pod that
+owned the IP at that time. ``first_seen`` is when this cache learnt of the assignment (watch
+latency, typically well under a second, is the error bar). Pods in phase Succeeded or
+Failed release their IPs (the kubelet and CNI reuse them) even though the object remains.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachetools import TTLCache
+
+from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
+from agent.records import IPAddress, Peer, PeerKind, ServicePort
+
+log = logging.getLogger(__name__)
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+ZONE_LABEL_BETA = "failure-domain.beta.kubernetes.io/zone"
+REGION_LABEL = "topology.kubernetes.io/region"
+REGION_LABEL_BETA = "failure-domain.beta.kubernetes.io/region"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+#: annotations kept on pruned raw objects (the hint model reads them; everything else goes)
+KEPT_ANNOTATIONS = frozenset({
+    "service.kubernetes.io/topology-mode",
+    "service.kubernetes.io/topology-aware-hints",
+    "endpointslice.kubernetes.io/skip-mirror",
+})
+
+#: resource names used for per-kind state (synced flags, generations)
+RESOURCES = ("pods", "nodes", "services", "endpointslices")
+
+#: IANA protocol numbers of the protocols a Service port can name
+PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+
+ServiceKey = tuple[str, str]  # (namespace, name)
+
+
+def _intern(value: Any) -> str | None:
+    return sys.intern(value) if isinstance(value, str) and value else None
+
+
+def _ip(value: Any) -> IPAddress | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """The slice of a Pod the agent needs.
+
+    Attributes:
+        namespace, name: the pod.
+        node: ``spec.nodeName`` (None while unscheduled).
+        ips: ``status.podIPs`` (falls back to ``status.podIP``).
+        workload, workload_kind: owning workload after walking ReplicaSet -> Deployment;
+            the pod itself (kind ``Pod``) when it has no owner.
+        host_network: ``spec.hostNetwork``.
+        terminal: phase Succeeded or Failed (its IPs are released).
+    """
+
+    namespace: str
+    name: str
+    node: str | None
+    ips: tuple[IPAddress, ...]
+    workload: str
+    workload_kind: str
+    host_network: bool
+    terminal: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """The slice of a Node the agent needs.
+
+    Attributes:
+        name: the node.
+        zone: ``topology.kubernetes.io/zone`` (fallback ``failure-domain.beta...``), or None.
+        region: ``topology.kubernetes.io/region`` (same fallback), or None.
+        addresses: InternalIP and ExternalIP addresses.
+        pod_cidrs: ``spec.podCIDRs`` (or ``spec.podCIDR``).
+    """
+
+    name: str
+    zone: str | None
+    region: str | None
+    addresses: tuple[IPAddress, ...]
+    pod_cidrs: tuple[IPNetwork, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePortSpec:
+    """One entry of ``Service.spec.ports``.
+
+    Attributes:
+        name: the port's name ("" when unnamed).
+        port: the Service port number.
+        protocol: IP protocol number.
+        target_port: numeric ``targetPort`` (defaults to ``port``), or 0 when it names a
+            container port (resolved per endpoint by EndpointSlices).
+    """
+
+    name: str
+    port: int
+    protocol: int
+    target_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRecord:
+    """The slice of a Service the agent needs.
+
+    Attributes:
+        namespace, name: the Service.
+        cluster_ips: ``spec.clusterIPs`` (or ``spec.clusterIP``); empty for headless.
+        ports: ``spec.ports``.
+    """
+
+    namespace: str
+    name: str
+    cluster_ips: tuple[IPAddress, ...]
+    ports: tuple[ServicePortSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    """One pod's hold on one IP.
+
+    Attributes:
+        pod: the pod.
+        first_seen: when the cache learnt of it (seconds since the epoch, cache clock).
+        deleted_at: when the pod (or its hold on the IP) went away, or None if current.
+    """
+
+    pod: PodRecord
+    first_seen: float
+    deleted_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DirtySet:
+    """What changed since the last :meth:`ClusterMetadata.take_dirty`.
+
+    Attributes:
+        services: Services whose Service object or EndpointSlices changed.
+        all: True when every Service must be re-evaluated (a Node changed, a relist or a
+            snapshot load happened).
+    """
+
+    services: frozenset[ServiceKey]
+    all: bool
+
+
+@dataclass
+class MetadataSettings:
+    """Settings of :class:`ClusterMetadata`.
+
+    Attributes:
+        grace_seconds: how long a deleted pod (or a released IP) stays resolvable.
+        max_deleted: bound on remembered deleted tenures (oldest dropped first when full).
+        zone_cidrs: ranges outside the cluster mapped to zones (``--zone-cidrs``).
+        extra_pod_cidrs: pod ranges not declared in ``node.spec.podCIDRs`` (e.g. a VPC CNI
+            subnet); unknown addresses inside them resolve to UNKNOWN, not EXTERNAL.
+    """
+
+    grace_seconds: float = 60.0
+    max_deleted: int = 65536
+    zone_cidrs: tuple[ZoneCidr, ...] = ()
+    extra_pod_cidrs: tuple[IPNetwork, ...] = field(default_factory=tuple)
+
+
+class BadObject(ValueError):
+    """An API object this cache cannot use (counted and logged once, never fatal)."""
+
+
+# ----------------------------------------------------------------------------- parsing
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise BadObject("metadata.name missing")
+    return meta
+
+
+def _labels(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    labels = meta.get("labels")
+    return labels if isinstance(labels, dict) else {}
+
+
+def workload_of(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """Return ``(workload, kind)`` of a Pod from its metadata.
+
+    The controller ownerReference (else the first one) names the workload; a ReplicaSet
+    named ``<deployment>-<pod-template-hash label>`` maps to Deployment ``<deployment>``
+    (Deployment controller naming, ``pkg/controller/deployment/sync.go``). Without owners
+    the pod is its own workload (kind ``Pod``).
+    """
+    owners = meta.get("ownerReferences")
+    owner: Mapping[str, Any] | None = None
+    if isinstance(owners, list):
+        refs = [o for o in owners if isinstance(o, dict) and isinstance(o.get("name"), str)]
+        owner = next((o for o in refs if o.get("controller") is True), refs[0] if refs else None)
+    if owner is None:
+        return str(meta.get("name")), "Pod"
+    kind = str(owner.get("kind") or "unknown")
+    name = str(owner["name"])
+    if kind == "ReplicaSet":
+        tmpl_hash = _labels(meta).get(POD_TEMPLATE_HASH_LABEL)
+        if isinstance(tmpl_hash, str) and tmpl_hash and name.endswith("-" + tmpl_hash):
+            return name[: -len(tmpl_hash) - 1], "Deployment"
+    return name, kind
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
+    """Slim a Pod (API JSON shape) into a :class:`PodRecord`.
+
+    Raises:
+        BadObject: metadata.name missing or the object is not a mapping.
+    """
+    meta = _meta(obj)
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    ips: list[IPAddress] = []
+    pod_ips = status.get("podIPs")
+    if isinstance(pod_ips, list):
+        for entry in pod_ips:
+            ip = _ip(entry.get("ip")) if isinstance(entry, dict) else None
+            if ip is not None and ip not in ips:
+                ips.append(ip)
+    if not ips:
+        ip = _ip(status.get("podIP"))
+        if ip is not None:
+            ips.append(ip)
+    workload, kind = workload_of(meta)
+    return PodRecord(
+        namespace=_intern(meta.get("namespace")) or "default",
+        name=meta["name"],
+        node=_intern(spec.get("nodeName")),
+        ips=tuple(ips),
+        workload=sys.intern(workload),
+        workload_kind=sys.intern(kind),
+        host_network=spec.get("hostNetwork") is True,
+        terminal=status.get("phase") in ("Succeeded", "Failed"),
+    )
+
+
+def _label2(labels: Mapping[str, Any], first: str, second: str) -> str | None:
+    value = labels.get(first)
+    if not isinstance(value, str) or not value:
+        value = labels.get(second)
+    return _intern(value)
+
+
+def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
+    """Slim a Node into a :class:`NodeRecord` (zone and region labels with beta fallback).
+
+    Raises:
+        BadObject: metadata.name missing.
+    """
+    meta = _meta(obj)
+    labels = _labels(meta)
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    addrs: list[IPAddress] = []
+    for entry in status.get("addresses") or ():
+        if isinstance(entry, dict) and entry.get("type") in ("InternalIP", "ExternalIP"):
+            ip = _ip(entry.get("address"))
+            if ip is not None and ip not in addrs:
+                addrs.append(ip)
+    cidrs: list[IPNetwork] = []
+    raw_cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    for c in raw_cidrs if isinstance(raw_cidrs, list) else ():
+        try:
+            cidrs.append(ipaddress.ip_network(c, strict=False))
+        except (ValueError, TypeError):
+            continue
+    return NodeRecord(
+        name=sys.intern(meta["name"]),
+        zone=_label2(labels, ZONE_LABEL, ZONE_LABEL_BETA),
+        region=_label2(labels, REGION_LABEL, REGION_LABEL_BETA),
+        addresses=tuple(addrs),
+        pod_cidrs=tuple(cidrs),
+    )
+
+
+def protocol_number(value: Any) -> int:
+    """Map a Kubernetes protocol name (default TCP) to its IANA number.
+
+    Raises:
+        BadObject: an unknown protocol name.
+    """
+    if value is None:
+        return 6
+    try:
+        return PROTOCOLS[value]
+    except (KeyError, TypeError):
+        raise BadObject(f"unknown protocol {value!r}") from None
+
+
+def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
+    """Slim a Service into a :class:`ServiceRecord`.
+
+    Raises:
+        BadObject: metadata.name missing, a port without a number, an unknown protocol.
+    """
+    meta = _meta(obj)
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    ips: list[IPAddress] = []
+    for raw in spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else []):
+        ip = _ip(raw)  # "None" (headless) is not an address and drops out here
+        if ip is not None and ip not in ips:
+            ips.append(ip)
+    ports: list[ServicePortSpec] = []
+    for i, p in enumerate(spec.get("ports") or ()):
+        if not isinstance(p, dict) or not isinstance(p.get("port"), int):
+            raise BadObject(f"spec.ports[{i}].port missing or not a number")
+        target = p.get("targetPort", p["port"])
+        ports.append(ServicePortSpec(
+            name=sys.intern(str(p.get("name") or "")),
+            port=p["port"],
+            protocol=protocol_number(p.get("protocol")),
+            target_port=target if isinstance(target, int) else (
+                int(target) if isinstance(target, str) and target.isdigit() else 0),
+        ))
+    return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
+                         name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports))
+
+
+def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+    meta = obj.get("metadata") or {}
+    slim_meta = {k: v for k, v in meta.items()
+                 if k in ("name", "namespace", "labels", "uid", "resourceVersion", "generation",
+                          "ownerReferences", "creationTimestamp", "deletionTimestamp")}
+    ann = meta.get("annotations")
+    if isinstance(ann, dict):
+        kept = {k: v for k, v in ann.items() if k in KEPT_ANNOTATIONS}
+        if kept:
+            slim_meta["annotations"] = kept
+    out["metadata"] = slim_meta
+    return out
+
+
+def prune_node(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a Node without managedFields, annotations and status beyond what the hint
+    model reads (``status.conditions``, ``status.allocatable``, ``status.addresses``)."""
+    out = _prune_common(obj)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        out["status"] = {k: v for k, v in status.items()
+                         if k in ("conditions", "allocatable", "addresses")}
+    return out
+
+
+def prune_service(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a Service without managedFields and non-topology annotations (status kept)."""
+    out = _prune_common(obj)
+    if "status" in obj:
+        out["status"] = obj["status"]
+    return out
+
+
+_ENDPOINT_KEYS = ("addresses", "conditions", "hints", "nodeName", "zone")
+
+
+def prune_endpointslice(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Return an EndpointSlice without managedFields, non-topology annotations and the
+    endpoints' ``targetRef``/``deprecatedTopology`` (the bulk of a large slice)."""
+    out = _prune_common(obj)
+    eps = obj.get("endpoints")
+    if isinstance(eps, list):
+        slim = []
+        for ep in eps:
+            if isinstance(ep, dict):
+                e = {k: ep[k] for k in _ENDPOINT_KEYS if k in ep}
+                if isinstance(e.get("nodeName"), str):
+                    e["nodeName"] = sys.intern(e["nodeName"])
+                if isinstance(e.get("zone"), str):
+                    e["zone"] = sys.intern(e["zone"])
+                slim.append(e)
+            else:
+                slim.append(ep)
+        out["endpoints"] = slim
+    return out
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _meta(obj)
+    ns = meta.get("namespace")
+    return (ns if isinstance(ns, str) and ns else ""), meta["name"]
+
+
+# ----------------------------------------------------------------------------- the cache
+
+#: one endpoint-index entry: (namespace, service, slice port name) served at (ip, port, proto)
+_EpEntry = tuple[str, str, str, str]  # (slice name, namespace, service, port name)
+
+
+class ClusterMetadata:
+    """Thread-safe cache of cluster metadata with IP and endpoint resolution.
+
+    Writers: :meth:`apply` (one watch event), :meth:`replace` (a full list),
+    :meth:`load_snapshot`. Readers: :meth:`resolve`, :meth:`endpoint_services`,
+    :meth:`service_address`, :meth:`local_endpoints`, :meth:`raw_objects`,
+    :meth:`take_dirty`, :meth:`synced`. All methods may be called from any thread.
+
+    Args:
+        settings: see :class:`MetadataSettings`.
+        clock: seconds since the epoch (the same clock as the ``at`` passed to
+            :meth:`resolve`); injectable for tests.
+    """
+
+    def __init__(self, settings: MetadataSettings | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings or MetadataSettings()
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._pods: dict[tuple[str, str], PodRecord] = {}
+        self._pod_first_seen: dict[tuple[str, str], float] = {}
+        self._live_by_ip: dict[IPAddress, Tenure] = {}
+        self._deleted: TTLCache[IPAddress, tuple[Tenure, ...]] = TTLCache(
+            maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
+        self._hostnet_by_ip: dict[IPAddress, str] = {}
+        self._nodes: dict[str, NodeRecord] = {}
+        self._node_by_ip: dict[IPAddress, str] = {}
+        self._pod_cidrs: PrefixTable[bool] = PrefixTable()
+        self._zone_cidrs: PrefixTable[ZoneCidr] = PrefixTable(
+            (z.network, z) for z in self.settings.zone_cidrs)
+        self._services: dict[ServiceKey, ServiceRecord] = {}
+        self._cluster_ips: dict[IPAddress, ServiceKey] = {}
+        self._raw_nodes: dict[str, dict[str, Any]] = {}
+        self._raw_services: dict[ServiceKey, dict[str, Any]] = {}
+        self._raw_slices: dict[tuple[str, str], dict[str, Any]] = {}
+        self._slices_by_service: dict[ServiceKey, set[tuple[str, str]]] = {}
+        self._slice_service: dict[tuple[str, str], ServiceKey] = {}
+        self._ep_index: dict[tuple[IPAddress, int, int], tuple[_EpEntry, ...]] = {}
+        self._generation: dict[str, int] = {r: 0 for r in RESOURCES}
+        self._dirty: set[ServiceKey] = set()
+        self._dirty_all = False
+        self._synced: dict[str, bool] = {r: False for r in RESOURCES}
+        self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
+        self._bad_logged: set[tuple[str, tuple[str, str]]] = set()
+        self._local_cache: dict[str, tuple[int, frozenset[tuple[IPAddress, int, int]]]] = {}
+
+    # ------------------------------------------------------------------ writers
+
+    def apply(self, resource: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """Apply one watch event.
+
+        Args:
+            resource: one of :data:`RESOURCES`.
+            event_type: ``ADDED``, ``MODIFIED`` or ``DELETED`` (others are ignored).
+            obj: the object in API JSON shape.
+
+        A malformed object is counted (:meth:`bad_objects`), logged once, and skipped.
+        """
+        with self._lock:
+            try:
+                if event_type in ("ADDED", "MODIFIED"):
+                    self._upsert(resource, obj)
+                elif event_type == "DELETED":
+                    self._delete(resource, _key(obj))
+                else:
+                    return
+            except (BadObject, AttributeError) as err:
+                self._count_bad(resource, obj, err)
+                return
+            self._generation[resource] += 1
+
+    def replace(self, resource: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace every object of ``resource`` with ``objects`` (a fresh list).
+
+        Objects absent from the list are deleted (pods go to the grace cache); present
+        ones are upserted, so a relist after 410 Gone repairs missed events. Marks every
+        Service dirty. ``objects`` may be a lazy iterator over list pages: it is consumed
+        outside the lock in batches, so readers are not blocked while pages download and
+        memory stays bounded by the page size.
+        """
+        seen: set[tuple[str, str]] = set()
+        batch: list[Mapping[str, Any]] = []
+        for obj in objects:
+            batch.append(obj)
+            if len(batch) >= 500:
+                self._replace_batch(resource, batch, seen)
+                batch = []
+        self._replace_batch(resource, batch, seen)
+        with self._lock:
+            for key in [k for k in self._keys(resource) if k not in seen]:
+                self._delete(resource, key)
+            self._generation[resource] += 1
+            self._dirty_all = True
+
+    def _replace_batch(self, resource: str, batch: list[Mapping[str, Any]],
+                       seen: set[tuple[str, str]]) -> None:
+        with self._lock:
+            for obj in batch:
+                try:
+                    seen.add(_key(obj))
+                    self._upsert(resource, obj)
+                except (BadObject, AttributeError) as err:
+                    self._count_bad(resource, obj, err)
+
+    def load_snapshot(self, snap: Any) -> None:
+        """Fill the cache from an :class:`agent.k8s.snapshot.Snapshot` and mark it synced."""
+        with self._lock:
+            self.replace("nodes", snap.nodes)
+            self.replace("services", snap.services)
+            self.replace("endpointslices", snap.endpointslices)
+            self.replace("pods", snap.pods)
+            for r in RESOURCES:
+                self._synced[r] = True
+
+    def set_synced(self, resource: str, synced: bool) -> None:
+        """Record whether ``resource`` is in sync with the API (see :mod:`agent.k8s.watch`)."""
+        with self._lock:
+            self._synced[resource] = synced
+
+    def _keys(self, resource: str) -> list[tuple[str, str]]:
+        if resource == "pods":
+            return list(self._pods)
+        if resource == "nodes":
+            return [("", n) for n in self._nodes]
+        if resource == "services":
+            return list(self._raw_services)
+        if resource == "endpointslices":
+            return list(self._raw_slices)
+        raise ValueError(f"unknown resource {resource!r}")
+
+    def _count_bad(self, resource: str, obj: Any, err: Exception) -> None:
+        self._bad[resource] = self._bad.get(resource, 0) + 1
+        try:
+            key = _key(obj)
+        except (BadObject, AttributeError):
+            key = ("?", "?")
+        if (resource, key) not in self._bad_logged and len(self._bad_logged) < 10000:
+            self._bad_logged.add((resource, key))
+            log.warning("skipping bad %s %s/%s: %s", resource, key[0], key[1], err)
+
+    def _upsert(self, resource: str, obj: Mapping[str, Any]) -> None:
+        if not isinstance(obj, Mapping):
+            raise BadObject("not an object")
+        if resource == "pods":
+            self._upsert_pod(parse_pod(obj))
+        elif resource == "nodes":
+            rec = parse_node(obj)
+            self._remove_node(rec.name)
+            self._nodes[rec.name] = rec
+            for ip in rec.addresses:
+                self._node_by_ip[ip] = rec.name
+            self._raw_nodes[rec.name] = prune_node(obj)
+            self._rebuild_pod_cidrs()
+            self._dirty_all = True
+        elif resource == "services":
+            rec_s = parse_service(obj)
+            key = (rec_s.namespace, rec_s.name)
+            self._remove_service(key)
+            self._services[key] = rec_s
+            for ip in rec_s.cluster_ips:
+                self._cluster_ips[ip] = key
+            self._raw_services[key] = prune_service(obj)
+            self._dirty.add(key)
+        elif resource == "endpointslices":
+            self._upsert_slice(obj)
+        else:
+            raise ValueError(f"unknown resource {resource!r}")
+
+    def _delete(self, resource: str, key: tuple[str, str]) -> None:
+        if resource == "pods":
+            rec = self._pods.pop(key, None)
+            first = self._pod_first_seen.pop(key, None)
+            if rec is not None:
+                self._release(rec, rec.ips, first)
+        elif resource == "nodes":
+            self._remove_node(key[1])
+            self._raw_nodes.pop(key[1], None)
+            self._rebuild_pod_cidrs()
+            self._dirty_all = True
+        elif resource == "services":
+            self._remove_service(key)
+            self._raw_services.pop(key, None)
+            self._dirty.add(key)
+        elif resource == "endpointslices":
+            self._remove_slice(key)
+        else:
+            raise ValueError(f"unknown resource {resource!r}")
+
+    # pods ------------------------------------------------------------------
+
+    def _upsert_pod(self, rec: PodRecord) -> None:
+        key = (rec.namespace, rec.name)
+        now = self._clock()
+        old = self._pods.get(key)
+        self._pods[key] = rec
+        self._pod_first_seen.setdefault(key, now)
+        old_ips = old.ips if old is not None and not old.terminal else ()
+        new_ips = rec.ips if not rec.terminal else ()
+        if old is not None:
+            gone = [ip for ip in old_ips if ip not in new_ips]
+            if old.host_network:
+                for ip in old.ips:
+                    if self._hostnet_by_ip.get(ip) == old.node:
+                        del self._hostnet_by_ip[ip]
+            self._release(old, gone, None)
+        if rec.host_network:
+            for ip in rec.ips:
+                if rec.node:
+                    self._hostnet_by_ip[ip] = rec.node
+            return
+        for ip in new_ips:
+            cur = self._live_by_ip.get(ip)
+            if cur is not None and (cur.pod.namespace, cur.pod.name) == key:
+                # same pod, new details (node, workload): keep its first_seen
+                self._live_by_ip[ip] = Tenure(rec, cur.first_seen, None)
+                continue
+            if cur is not None:  # the IP went to another pod before we saw the old one go
+                self._bury(ip, Tenure(cur.pod, cur.first_seen, now))
+            self._live_by_ip[ip] = Tenure(rec, now, None)
+
+    def _release(self, rec: PodRecord, ips: Iterable[IPAddress], _first: float | None) -> None:
+        now = self._clock()
+        key = (rec.namespace, rec.name)
+        for ip in ips:
+            if rec.host_network:
+                if self._hostnet_by_ip.get(ip) == rec.node:
+                    del self._hostnet_by_ip[ip]
+                continue
+            cur = self._live_by_ip.get(ip)
+            if cur is not None and (cur.pod.namespace, cur.pod.name) == key:
+                del self._live_by_ip[ip]
+                self._bury(ip, Tenure(cur.pod, cur.first_seen, now))
+
+    def _bury(self, ip: IPAddress, tenure: Tenure) -> None:
+        past = self._deleted.get(ip, ())
+        # keep the newest few tenures per IP: enough for a reuse or two within the grace
+        self._deleted[ip] = (past + (tenure,))[-4:]
+
+    # nodes -----------------------------------------------------------------
+
+    def _remove_node(self, name: str) -> None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            for ip in old.addresses:
+                if self._node_by_ip.get(ip) == name:
+                    del self._node_by_ip[ip]
+
+    def _rebuild_pod_cidrs(self) -> None:
+        table: PrefixTable[bool] = PrefixTable()
+        for rec in self._nodes.values():
+            for net in rec.pod_cidrs:
+                table.add(net, True)
+        for net in self.settings.extra_pod_cidrs:
+            table.add(net, True)
+        self._pod_cidrs = table
+
+    # services --------------------------------------------------------------
+
+    def _remove_service(self, key: ServiceKey) -> None:
+        old = self._services.pop(key, None)
+        if old is not None:
+            for ip in old.cluster_ips:
+                if self._cluster_ips.get(ip) == key:
+                    del self._cluster_ips[ip]
+
+    # endpointslices --------------------------------------------------------
+
+    def _upsert_slice(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        svc_name = _labels(_meta(obj)).get(SERVICE_NAME_LABEL)
+        ports = obj.get("ports")
+        eps = obj.get("endpoints")
+        if ports is not None and not isinstance(ports, list):
+            raise BadObject("ports is not a list")
+        if eps is not None and not isinstance(eps, list):
+            raise BadObject("endpoints is not a list")
+        entries: list[tuple[int, int, _EpEntry]] = []
+        if isinstance(svc_name, str) and svc_name:
+            for p in ports or ():
+                if not isinstance(p, dict):
+                    raise BadObject("ports[] is not an object")
+                port = p.get("port")
+                if not isinstance(port, int):
+                    continue  # nil port: "all ports" (no Service maps to it)
+                entries.append((port, protocol_number(p.get("protocol")),
+                                (key[1], key[0], svc_name, str(p.get("name") or ""))))
+        addresses: list[IPAddress] = []
+        for ep in eps or ():
+            if not isinstance(ep, dict):
+                raise BadObject("endpoints[] is not an object")
+            for a in ep.get("addresses") or ():
+                ip = _ip(a)  # FQDN address type: not an IP, not indexed
+                if ip is not None and ip not in addresses:
+                    addresses.append(ip)
+        self._remove_slice(key)
+        for port, proto, entry in entries:
+            for ip in addresses:
+                k = (ip, port, proto)
+                self._ep_index[k] = self._ep_index.get(k, ()) + (entry,)
+        self._raw_slices[key] = prune_endpointslice(obj)
+        if isinstance(svc_name, str) and svc_name:
+            skey = (key[0], svc_name)
+            self._slice_service[key] = skey
+            self._slices_by_service.setdefault(skey, set()).add(key)
+            self._dirty.add(skey)
+
+    def _remove_slice(self, key: tuple[str, str]) -> None:
+        old = self._raw_slices.pop(key, None)
+        if old is None:
+            return
+        skey = self._slice_service.pop(key, None)
+        if skey is not None:
+            members = self._slices_by_service.get(skey)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self._slices_by_service[skey]
+            self._dirty.add(skey)
+        for ep in old.get("endpoints") or ():
+            if not isinstance(ep, dict):
+                continue
+            for a in ep.get("addresses") or ():
+                ip = _ip(a)
+                if ip is None:
+                    continue
+                for p in old.get("ports") or ():
+                    if not isinstance(p, dict) or not isinstance(p.get("port"), int):
+                        continue
+                    try:
+                        k = (ip, p["port"], protocol_number(p.get("protocol")))
+                    except BadObject:
+                        continue
+                    entries = self._ep_index.get(k)
+                    if entries is None:
+                        continue
+                    kept = tuple(e for e in entries if (e[1], e[0]) != key)
+                    if kept:
+                        self._ep_index[k] = kept
+                    else:
+                        del self._ep_index[k]
+
+    # ------------------------------------------------------------------ readers
+
+    def resolve(self, ip: IPAddress, at: float | None = None) -> Peer:
+        """Resolve an address to a :class:`Peer` (order in the module docstring).
+
+        Args:
+            ip: the address (IPv4 or IPv6).
+            at: when the bytes were counted (seconds since the epoch, cache clock); with
+                IP reuse the pod that held the IP at ``at`` wins. None means now.
+
+        Returns:
+            a Peer; never raises for any address.
+        """
+        with self._lock:
+            tenure = self._tenure_at(ip, at)
+            if tenure is not None:
+                return self._pod_peer(tenure.pod)
+            node_name = self._node_by_ip.get(ip) or self._hostnet_by_ip.get(ip)
+            if node_name is not None:
+                return self._node_peer(node_name)
+            zc = self._zone_cidrs.lookup(ip)
+            if zc is not None:
+                return Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region)
+            if self._pod_cidrs.lookup(ip):
+                return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+            return Peer(PeerKind.EXTERNAL)
+
+    def _tenure_at(self, ip: IPAddress, at: float | None) -> Tenure | None:
+        live = self._live_by_ip.get(ip)
+        past = self._deleted.get(ip)
+        if not past:
+            return live
+        if at is None:
+            return live or past[-1]
+        for t in reversed(past):
+            if t.first_seen <= at < (t.deleted_at or float("inf")):
+                return t
+        if live is not None and at >= live.first_seen:
+            return live
+        # before anything we saw (or in a gap): the nearest earlier tenure, else the live one
+        earlier = [t for t in past if t.first_seen <= at]
+        if earlier:
+            return earlier[-1]
+        return live or past[0]
+
+    def _pod_peer(self, pod: PodRecord) -> Peer:
+        zone = region = None
+        reason = None
+        if pod.node is None:
+            reason = "pod_without_node"
+        else:
+            node = self._nodes.get(pod.node)
+            if node is None:
+                reason = "node_not_in_cache"
+            else:
+                zone, region = node.zone, node.region
+                if zone is None:
+                    reason = "node_without_zone"
+        return Peer(PeerKind.POD, zone=zone, region=region, node=pod.node,
+                    namespace=pod.namespace, name=pod.name, workload=pod.workload,
+                    workload_kind=pod.workload_kind, host_network=pod.host_network,
+                    reason=reason)
+
+    def _node_peer(self, name: str) -> Peer:
+        node = self._nodes.get(name)
+        if node is None:
+            return Peer(PeerKind.NODE, node=name, reason="node_not_in_cache")
+        return Peer(PeerKind.NODE, zone=node.zone, region=node.region, node=name,
+                    reason=None if node.zone is not None else "node_without_zone")
+
+    def pod_at(self, ip: IPAddress, at: float | None = None) -> PodRecord | None:
+        """Return the (non-host-network) pod holding ``ip`` at ``at`` (see :meth:`resolve`)."""
+        with self._lock:
+            t = self._tenure_at(ip, at)
+            return t.pod if t is not None else None
+
+    def node_of(self, ip: IPAddress, at: float | None = None) -> str | None:
+        """Return the node name an address lives on (pod's node, or the node itself)."""
+        peer = self.resolve(ip, at)
+        return peer.node if peer.kind in (PeerKind.POD, PeerKind.NODE) else None
+
+    def zone_of(self, ip: IPAddress, at: float | None = None) -> str | None:
+        """Return the zone of an address (pod's node, node, or zone CIDR), or None."""
+        return self.resolve(ip, at).zone
+
+    def node(self, name: str) -> NodeRecord | None:
+        """Return the cached Node record, or None."""
+        with self._lock:
+            return self._nodes.get(name)
+
+    def node_zone(self, name: str) -> str | None:
+        """Return the zone label of a node, or None (unknown node or no label)."""
+        with self._lock:
+            rec = self._nodes.get(name)
+            return rec.zone if rec is not None else None
+
+    def service(self, namespace: str, name: str) -> ServiceRecord | None:
+        """Return the cached Service record, or None."""
+        with self._lock:
+            return self._services.get((namespace, name))
+
+    def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
+        """Return the Service ports an endpoint ``ip:port/protocol`` serves.
+
+        ``port`` is the endpoint (target) port as in EndpointSlice ``ports[].port``. Each
+        slice port maps back to the Service port with the same name (EndpointSlice
+        controller: ``pkg/controller/endpointslice`` ``getEndpointPorts`` copies the
+        Service port's name), via the slice's ``kubernetes.io/service-name`` label. If the
+        Service is not cached (yet), the slice port is reported with ``port`` 0.
+
+        Returns:
+            ServicePort records, sorted, without duplicates; empty when not an endpoint.
+        """
+        with self._lock:
+            entries = self._ep_index.get((ip, port, protocol), ())
+            out: set[ServicePort] = set()
+            for _slice, ns, svc, port_name in entries:
+                rec = self._services.get((ns, svc))
+                svc_port = 0
+                if rec is not None:
+                    for sp in rec.ports:
+                        if sp.name == port_name and sp.protocol == protocol:
+                            svc_port = sp.port
+                            break
+                out.add(ServicePort(ns, svc, svc_port, port_name, port, protocol))
+            return tuple(sorted(out, key=lambda s: (s.namespace, s.service, s.port, s.port_name)))
+
+    def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
+        """Return the Service port behind a ClusterIP ``ip:port/protocol`` (client-side copy).
+
+        ``target_port`` is the numeric targetPort, or 0 when the Service names a container
+        port (the number differs per endpoint). None when not a ClusterIP:port.
+        """
+        with self._lock:
+            key = self._cluster_ips.get(ip)
+            if key is None:
+                return None
+            rec = self._services.get(key)
+            if rec is None:
+                return None
+            for sp in rec.ports:
+                if sp.port == port and sp.protocol == protocol:
+                    return ServicePort(rec.namespace, rec.name, sp.port, sp.name,
+                                       sp.target_port, protocol)
+            return None
+
+    def is_cluster_ip(self, ip: IPAddress) -> bool:
+        """True when ``ip`` is some Service's ClusterIP (any port)."""
+        with self._lock:
+            return ip in self._cluster_ips
+
+    def local_endpoints(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
+        """Return this node's Service endpoints for the datapath's endpoint map.
+
+        An endpoint counts when its ``nodeName`` is ``node_name`` and it is ready or
+        serving (a nil condition counts as true, as the EndpointSlice API defines).
+        FQDN addresses and slices without a service-name label are skipped.
+
+        Returns:
+            ``{(address, target port, IP protocol number)}``, port in host byte order.
+            Memoized per EndpointSlice generation.
+        """
+        with self._lock:
+            gen = self._generation["endpointslices"]
+            hit = self._local_cache.get(node_name)
+            if hit is not None and hit[0] == gen:
+                return hit[1]
+            out: set[tuple[IPAddress, int, int]] = set()
+            for key, sl in self._raw_slices.items():
+                if key not in self._slice_service:
+                    continue
+                ports = []
+                for p in sl.get("ports") or ():
+                    if isinstance(p, dict) and isinstance(p.get("port"), int):
+                        try:
+                            ports.append((p["port"], protocol_number(p.get("protocol"))))
+                        except BadObject:
+                            continue
+                if not ports:
+                    continue
+                for ep in sl.get("endpoints") or ():
+                    if not isinstance(ep, dict) or ep.get("nodeName") != node_name:
+                        continue
+                    cond = ep.get("conditions") if isinstance(ep.get("conditions"), dict) else {}
+                    if cond.get("ready") is False and cond.get("serving") is False:
+                        continue
+                    if cond.get("ready") is False and "serving" not in cond:
+                        continue
+                    for a in ep.get("addresses") or ():
+                        ip = _ip(a)
+                        if ip is not None:
+                            for port, proto in ports:
+                                out.add((ip, port, proto))
+            result = frozenset(out)
+            self._local_cache[node_name] = (gen, result)
+            return result
+
+    def raw_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """Return ``(nodes, services, endpointslices)``: pruned API-shaped dicts.
+
+        The dicts are shared with the cache and replaced (never mutated) on updates:
+        callers must treat them as read-only.
+        """
+        with self._lock:
+            return (list(self._raw_nodes.values()), list(self._raw_services.values()),
+                    list(self._raw_slices.values()))
+
+    def raw_service(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Return ``(service, its endpointslices)`` as pruned dicts (read-only), for
+        re-evaluating one dirty Service."""
+        with self._lock:
+            key = (namespace, name)
+            slices = [self._raw_slices[k] for k in sorted(self._slices_by_service.get(key, ()))]
+            return self._raw_services.get(key), slices
+
+    def take_dirty(self) -> DirtySet:
+        """Return and clear the Services changed since the previous call."""
+        with self._lock:
+            out = DirtySet(frozenset(self._dirty), self._dirty_all)
+            self._dirty = set()
+            self._dirty_all = False
+            return out
+
+    def generation(self, resource: str) -> int:
+        """Return a counter that increases on every change to ``resource``."""
+        with self._lock:
+            return self._generation[resource]
+
+    def synced(self) -> dict[str, bool]:
+        """Return ``{resource: in sync}`` for the four resources."""
+        with self._lock:
+            return dict(self._synced)
+
+    def bad_objects(self) -> dict[str, int]:
+        """Return ``{resource: objects skipped as malformed}``."""
+        with self._lock:
+            return dict(self._bad)
+
+    def counts(self) -> dict[str, int]:
+        """Return object counts: pods, nodes, services, endpointslices, deleted_ips."""
+        with self._lock:
+            return {"pods": len(self._pods), "nodes": len(self._nodes),
+                    "services": len(self._services), "endpointslices": len(self._raw_slices),
+                    "deleted_ips": len(self._deleted)}

@@ -1,0 +1,52 @@
+"""The one place that builds the official ``kubernetes`` ApiClient.
+
+Three sources, first match wins: an explicit ``host`` (tests, ``kubectl proxy``), a
+kubeconfig file, or the in-cluster service account (``KUBERNETES_SERVICE_HOST`` and the
+mounted token). The agent only ever reads pods, nodes, services and endpointslices.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+from agent.errors import InputError, RuntimeFailure
+
+
+def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None = None,
+                     context: str | None = None, pool_maxsize: int = 8) -> client.ApiClient:
+    """Return a configured :class:`kubernetes.client.ApiClient`.
+
+    Args:
+        kubeconfig: path of a kubeconfig file; None with no ``host`` means in-cluster.
+        host: API server URL (``http://127.0.0.1:8001``) used as is, without credentials;
+            for tests and ``kubectl proxy``.
+        context: kubeconfig context (default: the file's current context).
+        pool_maxsize: HTTP connections kept per host; the watcher holds one per watched
+            resource, so at least 5.
+
+    Raises:
+        InputError: the kubeconfig cannot be read or is invalid (names the file).
+        RuntimeFailure: no kubeconfig given and not running inside a cluster.
+    """
+    cfg = client.Configuration()
+    if host is not None:
+        cfg.host = host
+    elif kubeconfig is not None:
+        path = str(kubeconfig)
+        if not os.path.exists(path):
+            raise InputError("cannot read: no such file", source=path)
+        try:
+            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+        except (ConfigException, ValueError, TypeError, OSError) as err:
+            raise InputError(f"invalid kubeconfig: {' '.join(str(err).split())}", source=path) from None
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except ConfigException as err:
+            raise RuntimeFailure(f"not running in a cluster and no --kubeconfig given: {err}") from None
+    cfg.connection_pool_maxsize = max(pool_maxsize, 5)
+    return client.ApiClient(configuration=cfg)
