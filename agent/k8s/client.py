@@ -49,4 +49,7 @@ def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None =
         except ConfigException as err:
             raise RuntimeFailure(f"not running in a cluster and no --kubeconfig given: {err}") from None
     cfg.connection_pool_maxsize = max(pool_maxsize, 5)
+    # no urllib3-level retries: the watch loop retries with its own bounded backoff and
+    # must see each failure to judge how long the API has been unreachable
+    cfg.retries = False
     return client.ApiClient(configuration=cfg)

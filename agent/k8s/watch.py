@@ -122,6 +122,13 @@ class ResourceWatcher:
         self.stats = WatchStats()
         self._resp: Any = None
         self._resp_lock = threading.Lock()
+        self._failing_since: float | None = None
+        self._backoff = settings.backoff_initial_seconds
+
+    def _answered(self) -> None:
+        """The API answered a request: the failure streak (and its backoff) is over."""
+        self._failing_since = None
+        self._backoff = self.settings.backoff_initial_seconds
 
     # ---------------------------------------------------------------- requests
 
@@ -156,6 +163,7 @@ class ResourceWatcher:
             data = json.loads(resp.data)
         finally:
             resp.release_conn()
+        self._answered()
         if not isinstance(data, dict):
             raise ValueError("list response is not an object")
         return data
@@ -204,6 +212,7 @@ class ResourceWatcher:
                 raise _Gone() from None
             raise
         self.stats.watches += 1
+        self._answered()
         with self._resp_lock:
             self._resp = resp
         try:
@@ -263,16 +272,12 @@ class ResourceWatcher:
     def run(self) -> None:
         """Run the loop until the stop event is set. Never raises."""
         rv: str | None = None
-        backoff = self.settings.backoff_initial_seconds
-        failing_since: float | None = None
         went_unsynced = False
         while not self.stop_event.is_set():
             try:
                 if rv is None or went_unsynced:
                     rv = self.list_once()
                     went_unsynced = False
-                failing_since = None
-                backoff = self.settings.backoff_initial_seconds
                 started, events = time.monotonic(), self.stats.events
                 rv = self.watch_once(rv)
                 if time.monotonic() - started < 1.0 and self.stats.events == events:
@@ -288,16 +293,18 @@ class ResourceWatcher:
                 self.stats.errors += 1
                 self.stats.last_error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
                 now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
-                if now - failing_since >= self.settings.unsynced_after_seconds and not went_unsynced:
+                if self._failing_since is None:
+                    self._failing_since = now
+                failing_for = now - self._failing_since
+                if failing_for >= self.settings.unsynced_after_seconds and not went_unsynced:
                     went_unsynced = True
                     self.cache.set_synced(self.resource, False)
-                    log.warning("%s: API failing for %.0f s, metadata marked unsynced",
-                                self.resource, now - failing_since)
-                log.warning("%s: %s; retrying in %.1f s", self.resource, self.stats.last_error, backoff)
-                self.stop_event.wait(backoff)
-                backoff = min(backoff * 2, self.settings.backoff_max_seconds)
+                    log.warning("%s: API failing for %.1f s, metadata marked unsynced",
+                                self.resource, failing_for)
+                log.warning("%s: %s; retrying in %.2f s", self.resource, self.stats.last_error,
+                            self._backoff)
+                self.stop_event.wait(self._backoff)
+                self._backoff = min(self._backoff * 2, self.settings.backoff_max_seconds)
 
     def interrupt(self) -> None:
         """Shut down the socket of an open watch so :meth:`run` notices the stop event."""
