@@ -33,6 +33,7 @@ Failed release their IPs (the kubelet and CNI reuse them) even though the object
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import sys
 import threading
@@ -73,6 +74,25 @@ ServiceKey = tuple[str, str]  # (namespace, name)
 
 def _intern(value: Any) -> str | None:
     return sys.intern(value) if isinstance(value, str) and value else None
+
+
+_V6_TAG = 1 << 128
+
+
+def _ikey(ip: IPAddress) -> int:
+    """Index key of an address: its integer, tagged so IPv6 never collides with IPv4.
+
+    Indexes are keyed by int, not by the address object: ``ipaddress`` hashes through
+    ``hex()``, which made lookups several times slower, and an int key shares the address
+    object's own integer instead of holding a second object.
+    """
+    n = int(ip)
+    return n if ip.version == 4 else n | _V6_TAG
+
+
+def _epkey(ip: IPAddress, port: int, protocol: int) -> int:
+    """Endpoint index key: address key, port (16 bits) and protocol (8 bits) in one int."""
+    return (_ikey(ip) << 24) | ((port & 0xFFFF) << 8) | (protocol & 0xFF)
 
 
 def _ip(value: Any) -> IPAddress | None:
@@ -380,20 +400,33 @@ def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def prune_node(obj: Mapping[str, Any]) -> dict[str, Any]:
+def prune_node(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
     """Return a Node without managedFields, annotations and status beyond what the hint
-    model reads (``status.conditions``, ``status.allocatable``, ``status.addresses``)."""
+    model reads (``status.allocatable``, ``status.addresses``, and ``status.conditions``
+    cut to ``type``/``status``/``reason``: heartbeat timestamps only cost memory)."""
+    shared = shared or _Shared()
     out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
     status = obj.get("status")
     if isinstance(status, dict):
-        out["status"] = {k: v for k, v in status.items()
-                         if k in ("conditions", "allocatable", "addresses")}
+        slim: dict[str, Any] = {}
+        if "addresses" in status:
+            slim["addresses"] = status["addresses"]
+        if "allocatable" in status:
+            slim["allocatable"] = shared.get(status["allocatable"])
+        conds = status.get("conditions")
+        if isinstance(conds, list):
+            slim["conditions"] = shared.get([
+                {k: c[k] for k in ("type", "status", "reason") if k in c} if isinstance(c, dict) else c
+                for c in conds])
+        out["status"] = slim
     return out
 
 
-def prune_service(obj: Mapping[str, Any]) -> dict[str, Any]:
+def prune_service(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
     """Return a Service without managedFields and non-topology annotations (status kept)."""
     out = _prune_common(obj)
+    _share_labels(out["metadata"], shared or _Shared())
     if "status" in obj:
         out["status"] = obj["status"]
     return out
@@ -402,10 +435,49 @@ def prune_service(obj: Mapping[str, Any]) -> dict[str, Any]:
 _ENDPOINT_KEYS = ("addresses", "conditions", "hints", "nodeName", "zone")
 
 
-def prune_endpointslice(obj: Mapping[str, Any]) -> dict[str, Any]:
+class _Shared:
+    """Canonical copies of small JSON values that repeat across objects (endpoint
+    conditions and hints, node allocatable and conditions, labels): equal values become
+    one shared object, which is what keeps 150,000 endpoints affordable. Shared values
+    must never be mutated (the cache hands its dicts out read-only). Bounded: when full
+    it starts over (old objects stay valid, they just stop being shared)."""
+
+    __slots__ = ("_seen", "max_entries")
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._seen: dict[str, Any] = {}
+        self.max_entries = max_entries
+
+    def get(self, value: Any) -> Any:
+        try:
+            key = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return value
+        hit = self._seen.get(key)
+        if hit is None:
+            if len(self._seen) >= self.max_entries:
+                self._seen.clear()
+            self._seen[key] = hit = value
+        return hit
+
+
+def _share_labels(meta: dict[str, Any], shared: _Shared) -> None:
+    labels = meta.get("labels")
+    if isinstance(labels, dict):
+        meta["labels"] = shared.get({sys.intern(k) if isinstance(k, str) else k:
+                                     sys.intern(v) if isinstance(v, str) and len(v) < 128 else v
+                                     for k, v in labels.items()})
+
+
+def prune_endpointslice(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
     """Return an EndpointSlice without managedFields, non-topology annotations and the
-    endpoints' ``targetRef``/``deprecatedTopology`` (the bulk of a large slice)."""
+    endpoints' ``targetRef``/``deprecatedTopology`` (the bulk of a large slice); repeated
+    ``conditions`` and ``hints`` values become shared read-only objects."""
+    shared = shared or _Shared()
     out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
+    if isinstance(out.get("ports"), list):
+        out["ports"] = shared.get(out["ports"])
     eps = obj.get("endpoints")
     if isinstance(eps, list):
         slim = []
@@ -416,6 +488,10 @@ def prune_endpointslice(obj: Mapping[str, Any]) -> dict[str, Any]:
                     e["nodeName"] = sys.intern(e["nodeName"])
                 if isinstance(e.get("zone"), str):
                     e["zone"] = sys.intern(e["zone"])
+                if "conditions" in e:
+                    e["conditions"] = shared.get(e["conditions"])
+                if "hints" in e:
+                    e["hints"] = shared.get(e["hints"])
                 slim.append(e)
             else:
                 slim.append(ep)
@@ -455,24 +531,28 @@ class ClusterMetadata:
         self._clock = clock
         self._lock = threading.RLock()
         self._pods: dict[tuple[str, str], PodRecord] = {}
-        self._pod_first_seen: dict[tuple[str, str], float] = {}
-        self._live_by_ip: dict[IPAddress, Tenure] = {}
-        self._deleted: TTLCache[IPAddress, tuple[Tenure, ...]] = TTLCache(
+        self._live_by_ip: dict[int, Tenure] = {}
+        self._deleted: TTLCache[int, tuple[Tenure, ...]] = TTLCache(
             maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
-        self._hostnet_by_ip: dict[IPAddress, str] = {}
+        self._hostnet_by_ip: dict[int, str] = {}
+        # resolve() results per address key; entries are dropped whenever the address's
+        # pod or host-network pod changes, all of them on any node change; bounded
+        self._memo: dict[int, Peer] = {}
+        self._memo_max = 1 << 17
+        self._shared = _Shared()
         self._nodes: dict[str, NodeRecord] = {}
-        self._node_by_ip: dict[IPAddress, str] = {}
+        self._node_by_ip: dict[int, str] = {}
         self._pod_cidrs: PrefixTable[bool] = PrefixTable()
         self._zone_cidrs: PrefixTable[ZoneCidr] = PrefixTable(
             (z.network, z) for z in self.settings.zone_cidrs)
         self._services: dict[ServiceKey, ServiceRecord] = {}
-        self._cluster_ips: dict[IPAddress, ServiceKey] = {}
+        self._cluster_ips: dict[int, ServiceKey] = {}
         self._raw_nodes: dict[str, dict[str, Any]] = {}
         self._raw_services: dict[ServiceKey, dict[str, Any]] = {}
         self._raw_slices: dict[tuple[str, str], dict[str, Any]] = {}
         self._slices_by_service: dict[ServiceKey, set[tuple[str, str]]] = {}
         self._slice_service: dict[tuple[str, str], ServiceKey] = {}
-        self._ep_index: dict[tuple[IPAddress, int, int], tuple[_EpEntry, ...]] = {}
+        self._ep_index: dict[int, tuple[_EpEntry, ...]] = {}
         self._generation: dict[str, int] = {r: 0 for r in RESOURCES}
         self._dirty: set[ServiceKey] = set()
         self._dirty_all = False
@@ -585,9 +665,10 @@ class ClusterMetadata:
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
-                self._node_by_ip[ip] = rec.name
-            self._raw_nodes[rec.name] = prune_node(obj)
+                self._node_by_ip[_ikey(ip)] = rec.name
+            self._raw_nodes[rec.name] = prune_node(obj, self._shared)
             self._rebuild_pod_cidrs()
+            self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
             rec_s = parse_service(obj)
@@ -595,8 +676,8 @@ class ClusterMetadata:
             self._remove_service(key)
             self._services[key] = rec_s
             for ip in rec_s.cluster_ips:
-                self._cluster_ips[ip] = key
-            self._raw_services[key] = prune_service(obj)
+                self._cluster_ips[_ikey(ip)] = key
+            self._raw_services[key] = prune_service(obj, self._shared)
             self._dirty.add(key)
         elif resource == "endpointslices":
             self._upsert_slice(obj)
@@ -606,13 +687,13 @@ class ClusterMetadata:
     def _delete(self, resource: str, key: tuple[str, str]) -> None:
         if resource == "pods":
             rec = self._pods.pop(key, None)
-            first = self._pod_first_seen.pop(key, None)
             if rec is not None:
-                self._release(rec, rec.ips, first)
+                self._release(rec, rec.ips)
         elif resource == "nodes":
             self._remove_node(key[1])
             self._raw_nodes.pop(key[1], None)
             self._rebuild_pod_cidrs()
+            self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
             self._remove_service(key)
@@ -630,48 +711,53 @@ class ClusterMetadata:
         now = self._clock()
         old = self._pods.get(key)
         self._pods[key] = rec
-        self._pod_first_seen.setdefault(key, now)
+        memo = self._memo
         old_ips = old.ips if old is not None and not old.terminal else ()
         new_ips = rec.ips if not rec.terminal else ()
         if old is not None:
-            gone = [ip for ip in old_ips if ip not in new_ips]
             if old.host_network:
-                for ip in old.ips:
-                    if self._hostnet_by_ip.get(ip) == old.node:
-                        del self._hostnet_by_ip[ip]
-            self._release(old, gone, None)
+                self._release(old, old.ips)
+            else:
+                self._release(old, [ip for ip in old_ips if ip not in new_ips or rec.host_network])
         if rec.host_network:
-            for ip in rec.ips:
-                if rec.node:
-                    self._hostnet_by_ip[ip] = rec.node
+            if rec.node:
+                for ip in rec.ips:
+                    k = _ikey(ip)
+                    self._hostnet_by_ip[k] = rec.node
+                    memo.pop(k, None)
             return
         for ip in new_ips:
-            cur = self._live_by_ip.get(ip)
+            k = _ikey(ip)
+            memo.pop(k, None)
+            cur = self._live_by_ip.get(k)
             if cur is not None and (cur.pod.namespace, cur.pod.name) == key:
                 # same pod, new details (node, workload): keep its first_seen
-                self._live_by_ip[ip] = Tenure(rec, cur.first_seen, None)
+                self._live_by_ip[k] = Tenure(rec, cur.first_seen, None)
                 continue
             if cur is not None:  # the IP went to another pod before we saw the old one go
-                self._bury(ip, Tenure(cur.pod, cur.first_seen, now))
-            self._live_by_ip[ip] = Tenure(rec, now, None)
+                self._bury(k, Tenure(cur.pod, cur.first_seen, now))
+            self._live_by_ip[k] = Tenure(rec, now, None)
 
-    def _release(self, rec: PodRecord, ips: Iterable[IPAddress], _first: float | None) -> None:
+    def _release(self, rec: PodRecord, ips: Iterable[IPAddress]) -> None:
         now = self._clock()
         key = (rec.namespace, rec.name)
         for ip in ips:
+            k = _ikey(ip)
+            self._memo.pop(k, None)
             if rec.host_network:
-                if self._hostnet_by_ip.get(ip) == rec.node:
-                    del self._hostnet_by_ip[ip]
+                if self._hostnet_by_ip.get(k) == rec.node:
+                    del self._hostnet_by_ip[k]
                 continue
-            cur = self._live_by_ip.get(ip)
+            cur = self._live_by_ip.get(k)
             if cur is not None and (cur.pod.namespace, cur.pod.name) == key:
-                del self._live_by_ip[ip]
-                self._bury(ip, Tenure(cur.pod, cur.first_seen, now))
+                del self._live_by_ip[k]
+                self._bury(k, Tenure(cur.pod, cur.first_seen, now))
 
-    def _bury(self, ip: IPAddress, tenure: Tenure) -> None:
-        past = self._deleted.get(ip, ())
+    def _bury(self, k: int, tenure: Tenure) -> None:
+        self._memo.pop(k, None)
+        past = self._deleted.get(k, ())
         # keep the newest few tenures per IP: enough for a reuse or two within the grace
-        self._deleted[ip] = (past + (tenure,))[-4:]
+        self._deleted[k] = (past + (tenure,))[-4:]
 
     # nodes -----------------------------------------------------------------
 
@@ -679,8 +765,8 @@ class ClusterMetadata:
         old = self._nodes.pop(name, None)
         if old is not None:
             for ip in old.addresses:
-                if self._node_by_ip.get(ip) == name:
-                    del self._node_by_ip[ip]
+                if self._node_by_ip.get(_ikey(ip)) == name:
+                    del self._node_by_ip[_ikey(ip)]
 
     def _rebuild_pod_cidrs(self) -> None:
         table: PrefixTable[bool] = PrefixTable()
@@ -697,8 +783,8 @@ class ClusterMetadata:
         old = self._services.pop(key, None)
         if old is not None:
             for ip in old.cluster_ips:
-                if self._cluster_ips.get(ip) == key:
-                    del self._cluster_ips[ip]
+                if self._cluster_ips.get(_ikey(ip)) == key:
+                    del self._cluster_ips[_ikey(ip)]
 
     # endpointslices --------------------------------------------------------
 
@@ -711,7 +797,7 @@ class ClusterMetadata:
             raise BadObject("ports is not a list")
         if eps is not None and not isinstance(eps, list):
             raise BadObject("endpoints is not a list")
-        entries: list[tuple[int, int, _EpEntry]] = []
+        entries: list[tuple[int, int, tuple[_EpEntry, ...]]] = []
         if isinstance(svc_name, str) and svc_name:
             for p in ports or ():
                 if not isinstance(p, dict):
@@ -719,8 +805,9 @@ class ClusterMetadata:
                 port = p.get("port")
                 if not isinstance(port, int):
                     continue  # nil port: "all ports" (no Service maps to it)
+                # one shared 1-tuple per slice port: most endpoints back a single Service
                 entries.append((port, protocol_number(p.get("protocol")),
-                                (key[1], key[0], svc_name, str(p.get("name") or ""))))
+                                ((key[1], key[0], sys.intern(svc_name), sys.intern(str(p.get("name") or ""))),)))
         addresses: list[IPAddress] = []
         for ep in eps or ():
             if not isinstance(ep, dict):
@@ -730,11 +817,13 @@ class ClusterMetadata:
                 if ip is not None and ip not in addresses:
                     addresses.append(ip)
         self._remove_slice(key)
+        index = self._ep_index
         for port, proto, entry in entries:
             for ip in addresses:
-                k = (ip, port, proto)
-                self._ep_index[k] = self._ep_index.get(k, ()) + (entry,)
-        self._raw_slices[key] = prune_endpointslice(obj)
+                k = _epkey(ip, port, proto)
+                have = index.get(k)
+                index[k] = entry if have is None else have + entry
+        self._raw_slices[key] = prune_endpointslice(obj, self._shared)
         if isinstance(svc_name, str) and svc_name:
             skey = (key[0], svc_name)
             self._slice_service[key] = skey
@@ -764,7 +853,7 @@ class ClusterMetadata:
                     if not isinstance(p, dict) or not isinstance(p.get("port"), int):
                         continue
                     try:
-                        k = (ip, p["port"], protocol_number(p.get("protocol")))
+                        k = _epkey(ip, p["port"], protocol_number(p.get("protocol")))
                     except BadObject:
                         continue
                     entries = self._ep_index.get(k)
@@ -789,23 +878,36 @@ class ClusterMetadata:
         Returns:
             a Peer; never raises for any address.
         """
+        k = _ikey(ip)
         with self._lock:
-            tenure = self._tenure_at(ip, at)
+            hit = self._memo.get(k)
+            if hit is not None:
+                return hit
+            past = self._deleted.get(k)
+            tenure = self._tenure_at(k, at, past)
             if tenure is not None:
-                return self._pod_peer(tenure.pod)
-            node_name = self._node_by_ip.get(ip) or self._hostnet_by_ip.get(ip)
-            if node_name is not None:
-                return self._node_peer(node_name)
-            zc = self._zone_cidrs.lookup(ip)
-            if zc is not None:
-                return Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region)
-            if self._pod_cidrs.lookup(ip):
-                return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
-            return Peer(PeerKind.EXTERNAL)
+                peer = self._pod_peer(tenure.pod)
+            else:
+                node_name = self._node_by_ip.get(k) or self._hostnet_by_ip.get(k)
+                if node_name is not None:
+                    peer = self._node_peer(node_name)
+                else:
+                    zc = self._zone_cidrs.lookup(ip)
+                    if zc is not None:
+                        peer = Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region)
+                    elif self._pod_cidrs.lookup(ip):
+                        peer = Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+                    else:
+                        peer = Peer(PeerKind.EXTERNAL)
+            if not past:  # the answer does not depend on ``at``: remember it
+                if len(self._memo) >= self._memo_max:
+                    self._memo.clear()
+                self._memo[k] = peer
+            return peer
 
-    def _tenure_at(self, ip: IPAddress, at: float | None) -> Tenure | None:
-        live = self._live_by_ip.get(ip)
-        past = self._deleted.get(ip)
+    def _tenure_at(self, k: int, at: float | None,
+                   past: tuple[Tenure, ...] | None) -> Tenure | None:
+        live = self._live_by_ip.get(k)
         if not past:
             return live
         if at is None:
@@ -849,7 +951,8 @@ class ClusterMetadata:
     def pod_at(self, ip: IPAddress, at: float | None = None) -> PodRecord | None:
         """Return the (non-host-network) pod holding ``ip`` at ``at`` (see :meth:`resolve`)."""
         with self._lock:
-            t = self._tenure_at(ip, at)
+            k = _ikey(ip)
+            t = self._tenure_at(k, at, self._deleted.get(k))
             return t.pod if t is not None else None
 
     def node_of(self, ip: IPAddress, at: float | None = None) -> str | None:
@@ -890,7 +993,7 @@ class ClusterMetadata:
             ServicePort records, sorted, without duplicates; empty when not an endpoint.
         """
         with self._lock:
-            entries = self._ep_index.get((ip, port, protocol), ())
+            entries = self._ep_index.get(_epkey(ip, port, protocol), ())
             out: set[ServicePort] = set()
             for _slice, ns, svc, port_name in entries:
                 rec = self._services.get((ns, svc))
@@ -910,7 +1013,7 @@ class ClusterMetadata:
         port (the number differs per endpoint). None when not a ClusterIP:port.
         """
         with self._lock:
-            key = self._cluster_ips.get(ip)
+            key = self._cluster_ips.get(_ikey(ip))
             if key is None:
                 return None
             rec = self._services.get(key)
@@ -925,7 +1028,7 @@ class ClusterMetadata:
     def is_cluster_ip(self, ip: IPAddress) -> bool:
         """True when ``ip`` is some Service's ClusterIP (any port)."""
         with self._lock:
-            return ip in self._cluster_ips
+            return _ikey(ip) in self._cluster_ips
 
     def local_endpoints(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
         """Return this node's Service endpoints for the datapath's endpoint map.
