@@ -116,6 +116,8 @@ class PodRecord:
             the pod itself (kind ``Pod``) when it has no owner.
         host_network: ``spec.hostNetwork``.
         terminal: phase Succeeded or Failed (its IPs are released).
+        since: when the cache first saw the pod holding its IPs (seconds since the epoch,
+            cache clock); 0.0 straight out of :func:`parse_pod`.
     """
 
     namespace: str
@@ -126,6 +128,7 @@ class PodRecord:
     workload_kind: str
     host_network: bool
     terminal: bool
+    since: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,15 +533,19 @@ class ClusterMetadata:
         self.settings = settings or MetadataSettings()
         self._clock = clock
         self._lock = threading.RLock()
-        self._pods: dict[tuple[str, str], PodRecord] = {}
-        self._live_by_ip: dict[int, Tenure] = {}
+        # namespace -> name -> record: no (namespace, name) tuple per pod (8 MiB at 150k)
+        self._pods: dict[str, dict[str, PodRecord]] = {}
+        self._pod_count = 0
+        self._live_by_ip: dict[int, PodRecord] = {}
         self._deleted: TTLCache[int, tuple[Tenure, ...]] = TTLCache(
             maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
         self._hostnet_by_ip: dict[int, str] = {}
         # resolve() results per address key; entries are dropped whenever the address's
         # pod or host-network pod changes, all of them on any node change; bounded
         self._memo: dict[int, Peer] = {}
-        self._memo_max = 1 << 17
+        self._memo_max = 1 << 15
+        # endpoint_services() results; cleared on any Service or EndpointSlice change
+        self._ep_memo: dict[int, tuple[ServicePort, ...]] = {}
         self._shared = _Shared()
         self._nodes: dict[str, NodeRecord] = {}
         self._node_by_ip: dict[int, str] = {}
@@ -636,7 +643,7 @@ class ClusterMetadata:
 
     def _keys(self, resource: str) -> list[tuple[str, str]]:
         if resource == "pods":
-            return list(self._pods)
+            return [(ns, name) for ns, names in self._pods.items() for name in names]
         if resource == "nodes":
             return [("", n) for n in self._nodes]
         if resource == "services":
@@ -658,6 +665,8 @@ class ClusterMetadata:
     def _upsert(self, resource: str, obj: Mapping[str, Any]) -> None:
         if not isinstance(obj, Mapping):
             raise BadObject("not an object")
+        if resource in ("services", "endpointslices"):
+            self._ep_memo.clear()
         if resource == "pods":
             self._upsert_pod(parse_pod(obj))
         elif resource == "nodes":
@@ -685,9 +694,15 @@ class ClusterMetadata:
             raise ValueError(f"unknown resource {resource!r}")
 
     def _delete(self, resource: str, key: tuple[str, str]) -> None:
+        if resource in ("services", "endpointslices"):
+            self._ep_memo.clear()
         if resource == "pods":
-            rec = self._pods.pop(key, None)
+            names = self._pods.get(key[0])
+            rec = names.pop(key[1], None) if names is not None else None
+            if names is not None and not names:
+                del self._pods[key[0]]
             if rec is not None:
+                self._pod_count -= 1
                 self._release(rec, rec.ips)
         elif resource == "nodes":
             self._remove_node(key[1])
@@ -707,13 +722,19 @@ class ClusterMetadata:
     # pods ------------------------------------------------------------------
 
     def _upsert_pod(self, rec: PodRecord) -> None:
-        key = (rec.namespace, rec.name)
         now = self._clock()
-        old = self._pods.get(key)
-        self._pods[key] = rec
+        names = self._pods.setdefault(rec.namespace, {})
+        old = names.get(rec.name)
         memo = self._memo
         old_ips = old.ips if old is not None and not old.terminal else ()
         new_ips = rec.ips if not rec.terminal else ()
+        # a pod keeps its "since" while it keeps an address; a first address starts it
+        since = old.since if old is not None and old_ips and new_ips else now
+        rec = PodRecord(rec.namespace, rec.name, rec.node, rec.ips, rec.workload,
+                        rec.workload_kind, rec.host_network, rec.terminal, since)
+        names[rec.name] = rec
+        if old is None:
+            self._pod_count += 1
         if old is not None:
             if old.host_network:
                 self._release(old, old.ips)
@@ -726,21 +747,18 @@ class ClusterMetadata:
                     self._hostnet_by_ip[k] = rec.node
                     memo.pop(k, None)
             return
+        live = self._live_by_ip
         for ip in new_ips:
             k = _ikey(ip)
             memo.pop(k, None)
-            cur = self._live_by_ip.get(k)
-            if cur is not None and (cur.pod.namespace, cur.pod.name) == key:
-                # same pod, new details (node, workload): keep its first_seen
-                self._live_by_ip[k] = Tenure(rec, cur.first_seen, None)
-                continue
-            if cur is not None:  # the IP went to another pod before we saw the old one go
-                self._bury(k, Tenure(cur.pod, cur.first_seen, now))
-            self._live_by_ip[k] = Tenure(rec, now, None)
+            cur = live.get(k)
+            if cur is not None and (cur.namespace != rec.namespace or cur.name != rec.name):
+                # the IP went to another pod before we saw the old one go
+                self._bury(k, Tenure(cur, cur.since, now))
+            live[k] = rec
 
     def _release(self, rec: PodRecord, ips: Iterable[IPAddress]) -> None:
         now = self._clock()
-        key = (rec.namespace, rec.name)
         for ip in ips:
             k = _ikey(ip)
             self._memo.pop(k, None)
@@ -749,9 +767,9 @@ class ClusterMetadata:
                     del self._hostnet_by_ip[k]
                 continue
             cur = self._live_by_ip.get(k)
-            if cur is not None and (cur.pod.namespace, cur.pod.name) == key:
+            if cur is not None and cur.namespace == rec.namespace and cur.name == rec.name:
                 del self._live_by_ip[k]
-                self._bury(k, Tenure(cur.pod, cur.first_seen, now))
+                self._bury(k, Tenure(cur, cur.since, now))
 
     def _bury(self, k: int, tenure: Tenure) -> None:
         self._memo.pop(k, None)
@@ -884,9 +902,9 @@ class ClusterMetadata:
             if hit is not None:
                 return hit
             past = self._deleted.get(k)
-            tenure = self._tenure_at(k, at, past)
-            if tenure is not None:
-                peer = self._pod_peer(tenure.pod)
+            owner = self._owner_at(k, at, past)
+            if owner is not None:
+                peer = self._pod_peer(owner)
             else:
                 node_name = self._node_by_ip.get(k) or self._hostnet_by_ip.get(k)
                 if node_name is not None:
@@ -905,23 +923,23 @@ class ClusterMetadata:
                 self._memo[k] = peer
             return peer
 
-    def _tenure_at(self, k: int, at: float | None,
-                   past: tuple[Tenure, ...] | None) -> Tenure | None:
+    def _owner_at(self, k: int, at: float | None,
+                  past: tuple[Tenure, ...] | None) -> PodRecord | None:
         live = self._live_by_ip.get(k)
         if not past:
             return live
         if at is None:
-            return live or past[-1]
+            return live or past[-1].pod
         for t in reversed(past):
             if t.first_seen <= at < (t.deleted_at or float("inf")):
-                return t
-        if live is not None and at >= live.first_seen:
+                return t.pod
+        if live is not None and at >= live.since:
             return live
         # before anything we saw (or in a gap): the nearest earlier tenure, else the live one
         earlier = [t for t in past if t.first_seen <= at]
         if earlier:
-            return earlier[-1]
-        return live or past[0]
+            return earlier[-1].pod
+        return live or past[0].pod
 
     def _pod_peer(self, pod: PodRecord) -> Peer:
         zone = region = None
@@ -952,8 +970,7 @@ class ClusterMetadata:
         """Return the (non-host-network) pod holding ``ip`` at ``at`` (see :meth:`resolve`)."""
         with self._lock:
             k = _ikey(ip)
-            t = self._tenure_at(k, at, self._deleted.get(k))
-            return t.pod if t is not None else None
+            return self._owner_at(k, at, self._deleted.get(k))
 
     def node_of(self, ip: IPAddress, at: float | None = None) -> str | None:
         """Return the node name an address lives on (pod's node, or the node itself)."""
@@ -992,8 +1009,12 @@ class ClusterMetadata:
         Returns:
             ServicePort records, sorted, without duplicates; empty when not an endpoint.
         """
+        ek = _epkey(ip, port, protocol)
         with self._lock:
-            entries = self._ep_index.get(_epkey(ip, port, protocol), ())
+            hit = self._ep_memo.get(ek)
+            if hit is not None:
+                return hit
+            entries = self._ep_index.get(ek, ())
             out: set[ServicePort] = set()
             for _slice, ns, svc, port_name in entries:
                 rec = self._services.get((ns, svc))
@@ -1004,7 +1025,11 @@ class ClusterMetadata:
                             svc_port = sp.port
                             break
                 out.add(ServicePort(ns, svc, svc_port, port_name, port, protocol))
-            return tuple(sorted(out, key=lambda s: (s.namespace, s.service, s.port, s.port_name)))
+            result = tuple(sorted(out, key=lambda s: (s.namespace, s.service, s.port, s.port_name)))
+            if len(self._ep_memo) >= self._memo_max:
+                self._ep_memo.clear()
+            self._ep_memo[ek] = result
+            return result
 
     def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
         """Return the Service port behind a ClusterIP ``ip:port/protocol`` (client-side copy).
@@ -1120,6 +1145,6 @@ class ClusterMetadata:
     def counts(self) -> dict[str, int]:
         """Return object counts: pods, nodes, services, endpointslices, deleted_ips."""
         with self._lock:
-            return {"pods": len(self._pods), "nodes": len(self._nodes),
+            return {"pods": self._pod_count, "nodes": len(self._nodes),
                     "services": len(self._services), "endpointslices": len(self._raw_slices),
                     "deleted_ips": len(self._deleted)}
