@@ -240,6 +240,12 @@ def _values(key: Any) -> list[str]:
     return [label(getattr(key, f.name)) for f in fields(key)]
 
 
+def _add_all(family: Metric, series: Mapping[Any, float]) -> None:
+    """Add one sample per key (labels from the key's fields), in key order."""
+    for key in sorted(series):
+        family.add_metric(_values(key), series[key])  # type: ignore[attr-defined]
+
+
 class Exporter(Collector):
     """A prometheus-client Collector over the current :class:`ExportSnapshot`.
 
@@ -282,20 +288,17 @@ class Exporter(Collector):
 
         fam = counter("zonemeter_service_bytes", _SERVICE_BYTES_LABELS)
         if snap:
-            for k in sorted(snap.service_bytes):
-                fam.add_metric(_values(k), snap.service_bytes[k])
+            _add_all(fam, snap.service_bytes)
         yield fam
 
         fam = counter("zonemeter_service_hint_ignored_bytes", _HINT_IGNORED_LABELS)
         if snap:
-            for k in sorted(snap.hint_ignored_bytes):
-                fam.add_metric(_values(k), snap.hint_ignored_bytes[k])
+            _add_all(fam, snap.hint_ignored_bytes)
         yield fam
 
         g = gauge("zonemeter_service_locality_in_effect", _LOCALITY_LABELS)
         if snap:
-            for k in sorted(snap.locality_in_effect):
-                g.add_metric(_values(k), 1 if snap.locality_in_effect[k] else 0)
+            _add_all(g, {k: 1 if on else 0 for k, on in snap.locality_in_effect.items()})
         yield g
 
         g = gauge("zonemeter_service_locality_info", ["namespace", "service", "mode", "reason"])
@@ -313,8 +316,7 @@ class Exporter(Collector):
 
         fam = counter("zonemeter_workload_egress_bytes", _EGRESS_LABELS)
         if snap:
-            for k in sorted(snap.workload_egress_bytes):
-                fam.add_metric(_values(k), snap.workload_egress_bytes[k])
+            _add_all(fam, snap.workload_egress_bytes)
         yield fam
 
         fam = counter("zonemeter_unattributed_bytes", ["reason"])
@@ -378,8 +380,8 @@ class Exporter(Collector):
             e["bytes_total"] += v
             e["by_crossing"][label(k.crossing)] = e["by_crossing"].get(label(k.crossing), 0) + v
             e["by_direction"][label(k.direction)] = e["by_direction"].get(label(k.direction), 0) + v
-        for hk, v in snap.hint_ignored_bytes.items():
-            entry(hk.namespace, hk.service)["hint_ignored_bytes"] += v
+        for hk, hv in snap.hint_ignored_bytes.items():
+            entry(hk.namespace, hk.service)["hint_ignored_bytes"] += hv
         for sid, info in snap.locality_info.items():
             e = entry(sid.namespace, sid.service)
             e["mode"], e["reason"] = label(info.mode), label(info.reason)
@@ -499,8 +501,8 @@ class MetricsServer:
 
     def __init__(self, server: WSGIServer) -> None:
         self._server = server
-        self.host = server.server_address[0]
-        self.port = server.server_address[1]
+        self.host = str(server.server_address[0])
+        self.port = int(server.server_address[1])
         self._thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()
 

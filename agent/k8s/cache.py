@@ -237,6 +237,12 @@ class BadObject(ValueError):
 
 # ----------------------------------------------------------------------------- parsing
 
+def _sub(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """Return ``obj[key]`` when it is an object, else an empty dict."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
@@ -280,8 +286,8 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
         BadObject: metadata.name missing or the object is not a mapping.
     """
     meta = _meta(obj)
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
-    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    spec = _sub(obj, "spec")
+    status = _sub(obj, "status")
     ips: list[IPAddress] = []
     pod_ips = status.get("podIPs")
     if isinstance(pod_ips, list):
@@ -321,8 +327,8 @@ def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
     """
     meta = _meta(obj)
     labels = _labels(meta)
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
-    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    spec = _sub(obj, "spec")
+    status = _sub(obj, "status")
     addrs: list[IPAddress] = []
     for entry in status.get("addresses") or ():
         if isinstance(entry, dict) and entry.get("type") in ("InternalIP", "ExternalIP"):
@@ -366,7 +372,7 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
         BadObject: metadata.name missing, a port without a number, an unknown protocol.
     """
     meta = _meta(obj)
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    spec = _sub(obj, "spec")
     ips: list[IPAddress] = []
     for raw in spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else []):
         ip = _ip(raw)  # "None" (headless) is not an address and drops out here
@@ -1087,7 +1093,7 @@ class ClusterMetadata:
                 for ep in sl.get("endpoints") or ():
                     if not isinstance(ep, dict) or ep.get("nodeName") != node_name:
                         continue
-                    cond = ep.get("conditions") if isinstance(ep.get("conditions"), dict) else {}
+                    cond = _sub(ep, "conditions")
                     if cond.get("ready") is False and cond.get("serving") is False:
                         continue
                     if cond.get("ready") is False and "serving" not in cond:

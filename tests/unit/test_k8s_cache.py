@@ -377,3 +377,59 @@ def test_load_snapshot_fills_the_same_cache() -> None:
     assert c.resolve(ip("10.0.1.5")).workload == "db"
     assert c.endpoint_services(ip("10.0.1.5"), 5432, 6)[0].port == 5432
     assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.5"), 5432, 6)})
+
+
+def test_memoized_answers_follow_changes() -> None:
+    c = make()
+    assert c.resolve(ip("10.0.1.30")).kind is PeerKind.UNKNOWN          # memoized miss
+    c.apply("pods", "ADDED", pod("ns", "p", "10.0.1.30", "n1"))
+    assert c.resolve(ip("10.0.1.30")).zone == "zone-a"                 # memo dropped on add
+    c.apply("nodes", "MODIFIED", node("n1", "zone-q", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"]))
+    assert c.resolve(ip("10.0.1.30")).zone == "zone-q"                 # memo dropped on node change
+    c.apply("pods", "ADDED", pod("kube-system", "hn", "10.0.1.31", "n2", host_network=True))
+    assert c.resolve(ip("10.0.1.31")).kind is PeerKind.NODE
+    c.apply("pods", "DELETED", pod("kube-system", "hn", "10.0.1.31", "n2", host_network=True))
+    assert c.resolve(ip("10.0.1.31")).kind is PeerKind.UNKNOWN         # host-network pod gone
+
+
+def test_concurrent_writers_and_readers() -> None:
+    """Watch threads write while the agent reads: no exception, and a consistent end."""
+    import threading
+
+    c = make()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        try:
+            for round_ in range(30):
+                c.replace("pods", [pod("ns", f"p{i}", f"10.0.1.{i + 1}", "n1") for i in range(100)])
+                for i in range(100):
+                    c.apply("pods", "DELETED", pod("ns", f"p{i}", f"10.0.1.{i + 1}", "n1"))
+                c.apply("endpointslices", "ADDED", endpointslice(
+                    "ns", "s-1", "s", [{"port": 80 + round_ % 2}], [endpoint("10.0.1.1")]))
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+        finally:
+            stop.set()
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                for i in range(100):
+                    c.resolve(ip(f"10.0.1.{i + 1}"), at=1000.0)
+                    c.endpoint_services(ip("10.0.1.1"), 80, 6)
+                c.local_endpoints("n1")
+                c.raw_objects()
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=churn)] + [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert c.counts()["pods"] == 0
+    assert c.resolve(ip("10.0.1.5")).name == "p4"  # deleted, within the grace
+    assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.1"), 81, 6)})
