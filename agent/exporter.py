@@ -241,9 +241,10 @@ def _values(key: Any) -> list[str]:
 
 
 def _add_all(family: Metric, series: Mapping[Any, float]) -> None:
-    """Add one sample per key (labels from the key's fields), in key order."""
-    for key in sorted(series):
-        family.add_metric(_values(key), series[key])  # type: ignore[attr-defined]
+    """Add one sample per key (labels from the key's fields), sorted by label values
+    (not by the keys themselves: a producer may mix None and str, or int and str ports)."""
+    for values, value in sorted((_values(k), v) for k, v in series.items()):
+        family.add_metric(values, value)  # type: ignore[attr-defined]
 
 
 class Exporter(Collector):
@@ -303,15 +304,14 @@ class Exporter(Collector):
 
         g = gauge("zonemeter_service_locality_info", ["namespace", "service", "mode", "reason"])
         if snap:
-            for sid in sorted(snap.locality_info):
-                info = snap.locality_info[sid]
-                g.add_metric(_values(sid) + [label(info.mode), label(info.reason)], 1)
+            for values in sorted(_values(sid) + [label(info.mode), label(info.reason)]
+                                 for sid, info in snap.locality_info.items()):
+                g.add_metric(values, 1)
         yield g
 
         g = gauge("zonemeter_service_locality_last_change_timestamp_seconds", ["namespace", "service"])
         if snap:
-            for sid in sorted(snap.locality_last_change):
-                g.add_metric(_values(sid), snap.locality_last_change[sid])
+            _add_all(g, snap.locality_last_change)
         yield g
 
         fam = counter("zonemeter_workload_egress_bytes", _EGRESS_LABELS)
@@ -321,8 +321,8 @@ class Exporter(Collector):
 
         fam = counter("zonemeter_unattributed_bytes", ["reason"])
         if snap:
-            for reason in sorted(snap.unattributed_bytes):
-                fam.add_metric([label(reason)], snap.unattributed_bytes[reason])
+            for reason, value in sorted((label(r), v) for r, v in snap.unattributed_bytes.items()):
+                fam.add_metric([reason], value)
         yield fam
 
         for name, attr in (("zonemeter_flow_table_entries", "flow_table_entries"),
@@ -336,8 +336,8 @@ class Exporter(Collector):
 
         g = gauge("zonemeter_metadata_synced", ["resource"])
         if snap:
-            for res in sorted(snap.metadata_synced):
-                g.add_metric([label(res)], 1 if snap.metadata_synced[res] else 0)
+            for res, ok in sorted((label(r), ok) for r, ok in snap.metadata_synced.items()):
+                g.add_metric([res], 1 if ok else 0)
         yield g
 
         g = gauge("zonemeter_build_info", ["version"])
@@ -388,18 +388,18 @@ class Exporter(Collector):
         for lk, on in snap.locality_in_effect.items():
             entry(lk.namespace, lk.service)["locality_in_effect"][label(lk.client_zone)] = bool(on)
         rows = sorted(services.values(), key=lambda e: (-e["bytes_total"], e["namespace"], e["service"]))
-        pairs = sorted(snap.pairs, key=lambda p: (-p.bytes, p.client, p.server))[:max(0, top)]
+        pairs = sorted(snap.pairs, key=lambda p: (-p.bytes, str(p.client), str(p.server)))[:max(0, top)]
         return {
             "generated_at": snap.generated_at,
             "interval_seconds": snap.interval_seconds,
             "services": rows,
             "pairs": [asdict(p) for p in pairs],
-            "unattributed_bytes": dict(sorted(snap.unattributed_bytes.items())),
+            "unattributed_bytes": dict(sorted((label(r), v) for r, v in snap.unattributed_bytes.items())),
             "self": {"flow_table_entries": snap.flow_table_entries,
                      "flow_table_capacity": snap.flow_table_capacity,
                      "attached_interfaces": snap.attached_interfaces,
                      "collector_duration_seconds": snap.collector_duration_seconds,
-                     "metadata_synced": dict(sorted(snap.metadata_synced.items()))},
+                     "metadata_synced": dict(sorted((label(r), ok) for r, ok in snap.metadata_synced.items()))},
         }
 
 

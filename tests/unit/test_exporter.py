@@ -257,3 +257,19 @@ def test_readiness_check_that_raises_is_not_ready() -> None:
     finally:
         server.close()
     assert status == 503 and "boom" in body
+
+
+def test_mixed_none_and_int_labels_from_a_sloppy_producer_do_not_break_scrapes() -> None:
+    exp = Exporter()
+    exp.update(ExportSnapshot(
+        service_bytes={ServiceBytesKey("a", "s", 80, None, "z", "unknown", "request"): 1,  # type: ignore[arg-type]
+                       ServiceBytesKey("a", "s", "443", "z", "z", "same_zone", "request"): 2},
+        unattributed_bytes={None: 3, "no_pod_for_ip": 4},  # type: ignore[dict-item]
+        locality_info={ServiceId("a", "s"): LocalityInfo("none", None),  # type: ignore[arg-type]
+                       ServiceId("a", None): LocalityInfo("Auto", "none")},  # type: ignore[arg-type]
+    ))
+    text = generate_latest(exp.registry()).decode()
+    assert 'client_zone="unknown",crossing="unknown",direction="request",namespace="a",port="80"' in text
+    assert 'zonemeter_unattributed_bytes_total{reason="unknown"} 3.0' in text
+    assert 'zonemeter_service_locality_info{mode="none",namespace="a",reason="unknown",service="s"} 1.0' in text
+    assert exp.flows()["unattributed_bytes"] == {"no_pod_for_ip": 4, "unknown": 3}
