@@ -235,6 +235,10 @@ class BadObject(ValueError):
     """An API object this cache cannot use (counted and logged once, never fatal)."""
 
 
+#: what parsing an object of unexpected shape can raise (all mean "skip this object")
+_BAD_SHAPE = (BadObject, AttributeError, TypeError, ValueError, KeyError, IndexError)
+
+
 # ----------------------------------------------------------------------------- parsing
 
 def _sub(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -514,6 +518,51 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     return (ns if isinstance(ns, str) and ns else ""), meta["name"]
 
 
+def _slice_ports(sl: Mapping[str, Any]) -> list[tuple[int, int, str]]:
+    """``[(port, protocol number, name)]`` of a slice's usable ports (nil ports, which mean
+    "all ports", out-of-range ports and unknown protocols are skipped)."""
+    out = []
+    ports = sl.get("ports")
+    for p in ports if isinstance(ports, list) else ():
+        if not isinstance(p, dict):
+            continue
+        port = p.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
+            continue
+        try:
+            proto = protocol_number(p.get("protocol"))
+        except BadObject:
+            continue
+        name = p.get("name")
+        out.append((port, proto, sys.intern(name) if isinstance(name, str) else ""))
+    return out
+
+
+def _slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> list[IPAddress]:
+    """Distinct IP addresses of a slice's endpoints (FQDN and malformed ones skipped); with
+    ``node_name``, only endpoints on that node that are ready or serving (nil counts as
+    true, as the EndpointSlice API defines)."""
+    out: list[IPAddress] = []
+    seen: set[int] = set()
+    eps = sl.get("endpoints")
+    for ep in eps if isinstance(eps, list) else ():
+        if not isinstance(ep, dict):
+            continue
+        if node_name is not None:
+            if ep.get("nodeName") != node_name:
+                continue
+            cond = _sub(ep, "conditions")
+            if cond.get("ready") is False and cond.get("serving", False) is False:
+                continue
+        addrs = ep.get("addresses")
+        for a in addrs if isinstance(addrs, list) else ():
+            ip = _ip(a)
+            if ip is not None and _ikey(ip) not in seen:
+                seen.add(_ikey(ip))
+                out.append(ip)
+    return out
+
+
 # ----------------------------------------------------------------------------- the cache
 
 #: one endpoint-index entry: (namespace, service, slice port name) served at (ip, port, proto)
@@ -594,7 +643,7 @@ class ClusterMetadata:
                     self._delete(resource, _key(obj))
                 else:
                     return
-            except (BadObject, AttributeError) as err:
+            except _BAD_SHAPE as err:
                 self._count_bad(resource, obj, err)
                 return
             self._generation[resource] += 1
@@ -629,7 +678,7 @@ class ClusterMetadata:
                 try:
                     seen.add(_key(obj))
                     self._upsert(resource, obj)
-                except (BadObject, AttributeError) as err:
+                except _BAD_SHAPE as err:
                     self._count_bad(resource, obj, err)
 
     def load_snapshot(self, snap: Any) -> None:
@@ -662,7 +711,7 @@ class ClusterMetadata:
         self._bad[resource] = self._bad.get(resource, 0) + 1
         try:
             key = _key(obj)
-        except (BadObject, AttributeError):
+        except _BAD_SHAPE:
             key = ("?", "?")
         if (resource, key) not in self._bad_logged and len(self._bad_logged) < 10000:
             self._bad_logged.add((resource, key))
@@ -677,22 +726,24 @@ class ClusterMetadata:
             self._upsert_pod(parse_pod(obj))
         elif resource == "nodes":
             rec = parse_node(obj)
+            raw = prune_node(obj, self._shared)
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
                 self._node_by_ip[_ikey(ip)] = rec.name
-            self._raw_nodes[rec.name] = prune_node(obj, self._shared)
+            self._raw_nodes[rec.name] = raw
             self._rebuild_pod_cidrs()
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
             rec_s = parse_service(obj)
+            raw_s = prune_service(obj, self._shared)
             key = (rec_s.namespace, rec_s.name)
             self._remove_service(key)
             self._services[key] = rec_s
             for ip in rec_s.cluster_ips:
                 self._cluster_ips[_ikey(ip)] = key
-            self._raw_services[key] = prune_service(obj, self._shared)
+            self._raw_services[key] = raw_s
             self._dirty.add(key)
         elif resource == "endpointslices":
             self._upsert_slice(obj)
@@ -815,79 +866,56 @@ class ClusterMetadata:
     def _upsert_slice(self, obj: Mapping[str, Any]) -> None:
         key = _key(obj)
         svc_name = _labels(_meta(obj)).get(SERVICE_NAME_LABEL)
-        ports = obj.get("ports")
-        eps = obj.get("endpoints")
-        if ports is not None and not isinstance(ports, list):
+        if obj.get("ports") is not None and not isinstance(obj.get("ports"), list):
             raise BadObject("ports is not a list")
-        if eps is not None and not isinstance(eps, list):
+        if obj.get("endpoints") is not None and not isinstance(obj.get("endpoints"), list):
             raise BadObject("endpoints is not a list")
-        entries: list[tuple[int, int, tuple[_EpEntry, ...]]] = []
-        if isinstance(svc_name, str) and svc_name:
-            for p in ports or ():
-                if not isinstance(p, dict):
-                    raise BadObject("ports[] is not an object")
-                port = p.get("port")
-                if not isinstance(port, int):
-                    continue  # nil port: "all ports" (no Service maps to it)
-                # one shared 1-tuple per slice port: most endpoints back a single Service
-                entries.append((port, protocol_number(p.get("protocol")),
-                                ((key[1], key[0], sys.intern(svc_name), sys.intern(str(p.get("name") or ""))),)))
-        addresses: list[IPAddress] = []
-        for ep in eps or ():
-            if not isinstance(ep, dict):
-                raise BadObject("endpoints[] is not an object")
-            for a in ep.get("addresses") or ():
-                ip = _ip(a)  # FQDN address type: not an IP, not indexed
-                if ip is not None and ip not in addresses:
-                    addresses.append(ip)
+        # everything that can fail happens before the first mutation
+        pruned = prune_endpointslice(obj, self._shared)
+        ports = _slice_ports(pruned)
+        addresses = _slice_addresses(pruned)
         self._remove_slice(key)
-        index = self._ep_index
-        for port, proto, entry in entries:
-            for ip in addresses:
-                k = _epkey(ip, port, proto)
-                have = index.get(k)
-                index[k] = entry if have is None else have + entry
-        self._raw_slices[key] = prune_endpointslice(obj, self._shared)
         if isinstance(svc_name, str) and svc_name:
-            skey = (key[0], svc_name)
+            svc = sys.intern(svc_name)
+            index = self._ep_index
+            for port, proto, name in ports:
+                # one shared 1-tuple per slice port: most endpoints back a single Service
+                entry: tuple[_EpEntry, ...] = ((key[1], key[0], svc, name),)
+                for ip in addresses:
+                    k = _epkey(ip, port, proto)
+                    have = index.get(k)
+                    index[k] = entry if have is None else have + entry
+            skey = (key[0], svc)
             self._slice_service[key] = skey
             self._slices_by_service.setdefault(skey, set()).add(key)
             self._dirty.add(skey)
+        self._raw_slices[key] = pruned
 
     def _remove_slice(self, key: tuple[str, str]) -> None:
         old = self._raw_slices.pop(key, None)
         if old is None:
             return
         skey = self._slice_service.pop(key, None)
-        if skey is not None:
-            members = self._slices_by_service.get(skey)
-            if members is not None:
-                members.discard(key)
-                if not members:
-                    del self._slices_by_service[skey]
-            self._dirty.add(skey)
-        for ep in old.get("endpoints") or ():
-            if not isinstance(ep, dict):
-                continue
-            for a in ep.get("addresses") or ():
-                ip = _ip(a)
-                if ip is None:
+        if skey is None:
+            return  # never indexed (no service-name label)
+        members = self._slices_by_service.get(skey)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._slices_by_service[skey]
+        self._dirty.add(skey)
+        index = self._ep_index
+        for ip in _slice_addresses(old):
+            for port, proto, _name in _slice_ports(old):
+                k = _epkey(ip, port, proto)
+                entries = index.get(k)
+                if entries is None:
                     continue
-                for p in old.get("ports") or ():
-                    if not isinstance(p, dict) or not isinstance(p.get("port"), int):
-                        continue
-                    try:
-                        k = _epkey(ip, p["port"], protocol_number(p.get("protocol")))
-                    except BadObject:
-                        continue
-                    entries = self._ep_index.get(k)
-                    if entries is None:
-                        continue
-                    kept = tuple(e for e in entries if (e[1], e[0]) != key)
-                    if kept:
-                        self._ep_index[k] = kept
-                    else:
-                        del self._ep_index[k]
+                kept = tuple(e for e in entries if (e[1], e[0]) != key)
+                if kept:
+                    index[k] = kept
+                else:
+                    del index[k]
 
     # ------------------------------------------------------------------ readers
 
@@ -1081,28 +1109,12 @@ class ClusterMetadata:
             for key, sl in self._raw_slices.items():
                 if key not in self._slice_service:
                     continue
-                ports = []
-                for p in sl.get("ports") or ():
-                    if isinstance(p, dict) and isinstance(p.get("port"), int):
-                        try:
-                            ports.append((p["port"], protocol_number(p.get("protocol"))))
-                        except BadObject:
-                            continue
+                ports = _slice_ports(sl)
                 if not ports:
                     continue
-                for ep in sl.get("endpoints") or ():
-                    if not isinstance(ep, dict) or ep.get("nodeName") != node_name:
-                        continue
-                    cond = _sub(ep, "conditions")
-                    if cond.get("ready") is False and cond.get("serving") is False:
-                        continue
-                    if cond.get("ready") is False and "serving" not in cond:
-                        continue
-                    for a in ep.get("addresses") or ():
-                        ip = _ip(a)
-                        if ip is not None:
-                            for port, proto in ports:
-                                out.add((ip, port, proto))
+                for ip in _slice_addresses(sl, node_name):
+                    for port, proto, _name in ports:
+                        out.add((ip, port, proto))
             result = frozenset(out)
             self._local_cache[node_name] = (gen, result)
             return result
