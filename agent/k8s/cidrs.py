@@ -104,7 +104,16 @@ def _make(cidr: object, zone: object, region: object, source: str, where: str) -
 
 
 def _parse_csv(text: str, source: str) -> Iterator[ZoneCidr]:
-    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+    reader = csv.reader(io.StringIO(text, newline=""))
+    lineno = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise InputError(f"not CSV: {err}", source=source, obj=f"line {reader.line_num}") from None
+        lineno = reader.line_num
         cells = [c.strip() for c in row]
         if not cells or not any(cells) or cells[0].startswith("#"):
             continue
