@@ -305,3 +305,21 @@ async def test_stop_interrupts_an_open_watch_quickly(kmock: Any) -> None:
     await asyncio.to_thread(watcher.stop, 5.0)
     assert not watcher.alive()
     assert loop.time() - t0 < 3.0
+
+
+async def test_paged_list_follows_continue_and_watches_from_the_first_page_version(rig: Rig) -> None:
+    km = rig.km
+    page1 = {"kind": "PodList", "apiVersion": "v1",
+             "metadata": {"resourceVersion": "77", "continue": "tok-1"},
+             "items": [pod("shop", "p1", "10.0.1.101", "n1")]}
+    page2 = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "77"},
+             "items": [pod("shop", "p2", "10.0.1.102", "n1")]}
+    km[kmock_lib.action.LIST, PODS][lambda request: "continue" not in request.params] << page1
+    km[kmock_lib.action.LIST, PODS][lambda request: request.params.get("continue") == "tok-1"] << page2
+    await start(rig)
+    lists = rig.requests(kmock_lib.action.LIST, PODS)
+    assert [r.params.get("limit") for r in lists] == ["500", "500"]
+    assert rig.cache.resolve(ip("10.0.1.101")).name == "p1"
+    assert rig.cache.resolve(ip("10.0.1.102")).name == "p2"
+    await until(lambda: len(rig.requests(kmock_lib.action.WATCH, PODS)) >= 1)
+    assert rig.requests(kmock_lib.action.WATCH, PODS)[0].params["resourceVersion"] == "77"
