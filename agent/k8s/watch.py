@@ -123,6 +123,9 @@ class ResourceWatcher:
         self._resp: Any = None
         self._resp_lock = threading.Lock()
         self._failing_since: float | None = None
+        #: the newest resourceVersion seen (list, event or bookmark); a watch that fails
+        #: mid-stream resumes from here, not from where it started
+        self.resource_version: str | None = None
         self._backoff = settings.backoff_initial_seconds
 
     def _answered(self) -> None:
@@ -222,6 +225,7 @@ class ResourceWatcher:
                 if not line:
                     continue
                 rv = self._handle_line(line, rv)
+                self.resource_version = rv
                 if self.stop_event.is_set():
                     break
         except urllib3.exceptions.ReadTimeoutError:
@@ -277,6 +281,7 @@ class ResourceWatcher:
             try:
                 if rv is None or went_unsynced:
                     rv = self.list_once()
+                    self.resource_version = rv
                     went_unsynced = False
                 started, events = time.monotonic(), self.stats.events
                 rv = self.watch_once(rv)
@@ -290,6 +295,8 @@ class ResourceWatcher:
             except Exception as err:  # noqa: BLE001 - the loop must survive any error
                 if self.stop_event.is_set():
                     break
+                if rv is not None and self.resource_version is not None:
+                    rv = self.resource_version  # resume after the last event applied
                 self.stats.errors += 1
                 self.stats.last_error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
                 now = time.monotonic()

@@ -323,3 +323,30 @@ async def test_paged_list_follows_continue_and_watches_from_the_first_page_versi
     assert rig.cache.resolve(ip("10.0.1.102")).name == "p2"
     await until(lambda: len(rig.requests(kmock_lib.action.WATCH, PODS)) >= 1)
     assert rig.requests(kmock_lib.action.WATCH, PODS)[0].params["resourceVersion"] == "77"
+
+
+@pytest.mark.parametrize("event, errors", [
+    ({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                                     "metadata": {"resourceVersion": "55"}}}, 0),
+    ({"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "internal"}}, 1),
+])
+async def test_bookmark_advances_version_and_error_event_backs_off(rig: Rig, event: dict[str, Any],
+                                                                    errors: int) -> None:
+    km = rig.km
+    fired: list[int] = []
+    added = pod("shop", "v", "10.0.1.88", "n1")
+    added["metadata"]["resourceVersion"] = "50"
+
+    def stream_once(request: Any) -> Any:
+        if fired:
+            return NotImplemented
+        fired.append(1)
+        return ({"type": "ADDED", "object": added}, event)
+
+    km[kmock_lib.action.WATCH, PODS] << stream_once
+    await start(rig)
+    await until(lambda: len(rig.requests(kmock_lib.action.WATCH, PODS)) >= 2)
+    expected_rv = "55" if event["type"] == "BOOKMARK" else "50"
+    assert rig.requests(kmock_lib.action.WATCH, PODS)[1].params["resourceVersion"] == expected_rv
+    assert rig.stats("pods").errors == errors
+    assert len(rig.requests(kmock_lib.action.LIST, PODS)) == 1
