@@ -350,3 +350,17 @@ async def test_bookmark_advances_version_and_error_event_backs_off(rig: Rig, eve
     assert rig.requests(kmock_lib.action.WATCH, PODS)[1].params["resourceVersion"] == expected_rv
     assert rig.stats("pods").errors == errors
     assert len(rig.requests(kmock_lib.action.LIST, PODS)) == 1
+
+
+async def test_open_metadata_live_source(kmock: Any) -> None:
+    from agent.k8s.source import open_metadata
+
+    seed(kmock)
+    src = open_metadata(host=str(kmock.url).rstrip("/"), watch_settings=FAST)
+    try:
+        assert src.origin.startswith("host:http://")
+        await until(lambda: all(src.cache.synced().values()))
+        assert src.cache.resolve(ip("10.0.1.5")).workload == "web"
+    finally:
+        await asyncio.to_thread(src.stop)
+    assert src.watcher is not None and not src.watcher.alive()
