@@ -90,6 +90,11 @@ class _Gone(Exception):
     """The resourceVersion is too old (410): list again."""
 
 
+class _Stopped(Exception):
+    """The stop event was set in the middle of a paged list: abandon it (the cache keeps
+    what it had; a half list must not delete the objects of the pages never read)."""
+
+
 def _list_functions(api_client: client.ApiClient) -> dict[str, Callable[..., Any]]:
     core = client.CoreV1Api(api_client)
     discovery = client.DiscoveryV1Api(api_client)
@@ -145,8 +150,10 @@ class ResourceWatcher:
             for item in page.get("items") or ():
                 yield item
             token = (page.get("metadata") or {}).get("continue")
-            if not token or self.stop_event.is_set():
+            if not token:
                 return
+            if self.stop_event.is_set():
+                raise _Stopped()
             page = self._get_page(token)
 
     def _get_page(self, token: str | None) -> dict[str, Any]:
@@ -162,9 +169,13 @@ class ResourceWatcher:
             if err.status == 410:
                 raise _Gone() from None
             raise
+        with self._resp_lock:
+            self._resp = resp
         try:
             data = json.loads(resp.data)
         finally:
+            with self._resp_lock:
+                self._resp = None
             resp.release_conn()
         self._answered()
         if not isinstance(data, dict):

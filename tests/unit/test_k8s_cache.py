@@ -433,3 +433,23 @@ def test_concurrent_writers_and_readers() -> None:
     assert c.counts()["pods"] == 0
     assert c.resolve(ip("10.0.1.5")).name == "p4"  # deleted, within the grace
     assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.1"), 81, 6)})
+
+
+def test_interrupted_relist_deletes_nothing() -> None:
+    """A list that fails after some pages (410 on a continue token, stop) must not delete
+    the objects of the pages it never read."""
+    c = make()
+    def addr(i: int) -> str:
+        return f"10.0.{i // 200 + 1}.{i % 200 + 1}"
+
+    c.replace("pods", [pod("ns", f"p{i}", addr(i)) for i in range(600)])
+
+    def pages():  # type: ignore[no-untyped-def]
+        yield from (pod("ns", f"p{i}", addr(i), "n2") for i in range(550))
+        raise RuntimeError("continue token expired")
+
+    with pytest.raises(RuntimeError):
+        c.replace("pods", pages())
+    assert c.counts()["pods"] == 600
+    assert c.resolve(ip(addr(0))).node == "n2"    # applied pages stay applied
+    assert c.resolve(ip(addr(599))).node == "n1"  # unread pages untouched
