@@ -247,6 +247,10 @@ class ResourceWatcher:
         finally:
             with self._resp_lock:
                 self._resp = None
+            # close, never hand a half-read stream back to the pool: the next request on
+            # that connection would read the rest of this watch, and the server would keep
+            # a handler streaming into a connection nobody reads
+            resp.close()
             resp.release_conn()
         return rv
 

@@ -364,3 +364,40 @@ async def test_open_metadata_live_source(kmock: Any) -> None:
     finally:
         await asyncio.to_thread(src.stop)
     assert src.watcher is not None and not src.watcher.alive()
+
+
+def _server_side_connections(port: int) -> int:
+    """ESTABLISHED TCP sockets whose local port is ``port`` (this netns, IPv4 and IPv6)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01":
+                count += 1
+    return count
+
+
+async def test_quiet_watches_that_time_out_are_closed_not_pooled(kmock: Any) -> None:
+    """kmock never ends a watch, so every 1.5 s the client gives up on a quiet one and
+    watches again: the abandoned connection must be closed, or the server keeps a handler
+    streaming into it and the pool hands half-read streams to later requests."""
+    seed(kmock)
+    api = build_api_client(host=str(kmock.url).rstrip("/"))
+    cache = ClusterMetadata()
+    watcher = MetadataWatcher(api, cache, FAST, resources=("pods",))
+    watcher.start()
+    try:
+        await until(lambda: watcher.watchers["pods"].stats.watches >= 3)
+        await until(lambda: _server_side_connections(kmock.servers[0].port) == 1)
+        await kmock.post("/api/v1/namespaces/shop/pods", json=pod("shop", "after", "10.0.1.99", "n1"))
+        await until(lambda: cache.resolve(ip("10.0.1.99")).name == "after")
+        assert watcher.watchers["pods"].stats.errors == 0
+        assert watcher.watchers["pods"].stats.lists == 1
+    finally:
+        await asyncio.to_thread(watcher.stop, 5.0)
