@@ -281,7 +281,7 @@ class ResourceWatcher:
             pass
         else:
             self.stats.unknown_events += 1
-            if etype not in self.stats.unknown_types:
+            if str(etype) not in self.stats.unknown_types:
                 self.stats.unknown_types.add(str(etype))
                 log.warning("watch of %s: skipping unknown event type %r", self.resource, etype)
         return str(new_rv) if new_rv else rv
