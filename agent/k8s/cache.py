@@ -621,7 +621,9 @@ class ClusterMetadata:
         self._synced: dict[str, bool] = {r: False for r in RESOURCES}
         self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
         self._bad_logged: set[tuple[str, tuple[str, str]]] = set()
-        self._local_cache: dict[str, tuple[int, frozenset[tuple[IPAddress, int, int]]]] = {}
+        self._local_cache: dict[str, tuple[tuple[int, int, int],
+                                          frozenset[tuple[IPAddress, int, int]]]] = {}
+        self._hostnet_gen = 0  # bumped whenever the host-network address set changes
 
     # ------------------------------------------------------------------ writers
 
@@ -802,6 +804,7 @@ class ClusterMetadata:
                 for ip in rec.ips:
                     k = _ikey(ip)
                     self._hostnet_by_ip[k] = rec.node
+                    self._hostnet_gen += 1
                     memo.pop(k, None)
             return
         live = self._live_by_ip
@@ -822,6 +825,7 @@ class ClusterMetadata:
             if rec.host_network:
                 if self._hostnet_by_ip.get(k) == rec.node:
                     del self._hostnet_by_ip[k]
+                    self._hostnet_gen += 1
                 continue
             cur = self._live_by_ip.get(k)
             if cur is not None and cur.namespace == rec.namespace and cur.name == rec.name:
@@ -1094,14 +1098,16 @@ class ClusterMetadata:
 
         An endpoint counts when its ``nodeName`` is ``node_name`` and it is ready or
         serving (a nil condition counts as true, as the EndpointSlice API defines).
-        FQDN addresses and slices without a service-name label are skipped.
+        FQDN addresses, slices without a service-name label, and host-network endpoints
+        (a node address or a host-network pod's IP: they have no veth, so DESIGN.md counts
+        their traffic on the client side) are skipped. Memoized per EndpointSlice
+        generation (and Node and host-network pod changes).
 
         Returns:
             ``{(address, target port, IP protocol number)}``, port in host byte order.
-            Memoized per EndpointSlice generation.
         """
         with self._lock:
-            gen = self._generation["endpointslices"]
+            gen = (self._generation["endpointslices"], self._generation["nodes"], self._hostnet_gen)
             hit = self._local_cache.get(node_name)
             if hit is not None and hit[0] == gen:
                 return hit[1]
@@ -1113,6 +1119,9 @@ class ClusterMetadata:
                 if not ports:
                     continue
                 for ip in _slice_addresses(sl, node_name):
+                    k = _ikey(ip)
+                    if k in self._node_by_ip or k in self._hostnet_by_ip:
+                        continue  # host-network endpoint: no veth, counted client-side
                     for port, proto, _name in ports:
                         out.add((ip, port, proto))
             result = frozenset(out)

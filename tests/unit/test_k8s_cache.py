@@ -453,3 +453,18 @@ def test_interrupted_relist_deletes_nothing() -> None:
     assert c.counts()["pods"] == 600
     assert c.resolve(ip(addr(0))).node == "n2"    # applied pages stay applied
     assert c.resolve(ip(addr(599))).node == "n1"  # unread pages untouched
+
+
+def test_local_endpoints_skip_host_network_endpoints() -> None:
+    c = make()
+    c.apply("endpointslices", "ADDED", endpointslice("kube-system", "dns-1", "dns", [{"port": 53, "protocol": "UDP"}], [
+        endpoint("192.168.0.1", "n1"),   # the node's own address (a host-network endpoint)
+        endpoint("10.0.1.40", "n1"),
+        endpoint("10.0.1.41", "n1")]))
+    assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40"), ip("10.0.1.41")}
+    c.apply("pods", "ADDED", pod("kube-system", "hn", "10.0.1.41", "n1", host_network=True))
+    assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40")}
+    c.apply("pods", "DELETED", pod("kube-system", "hn", "10.0.1.41", "n1", host_network=True))
+    assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40"), ip("10.0.1.41")}
+    # the Service mapping still knows them: client-side counting needs it
+    assert c.endpoint_services(ip("192.168.0.1"), 53, 17)[0].service == "dns"
