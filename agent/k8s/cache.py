@@ -438,10 +438,14 @@ def prune_node(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[st
 
 def prune_service(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
     """Return a Service without managedFields and non-topology annotations (status kept)."""
+    shared = shared or _Shared()
     out = _prune_common(obj)
-    _share_labels(out["metadata"], shared or _Shared())
+    _share_labels(out["metadata"], shared)
+    spec = out.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("ports"), list):
+        out["spec"] = {**spec, "ports": shared.get(spec["ports"])}  # port lists repeat a lot
     if "status" in obj:
-        out["status"] = obj["status"]
+        out["status"] = shared.get(obj["status"])
     return out
 
 
@@ -477,9 +481,11 @@ class _Shared:
 def _share_labels(meta: dict[str, Any], shared: _Shared) -> None:
     labels = meta.get("labels")
     if isinstance(labels, dict):
-        meta["labels"] = shared.get({sys.intern(k) if isinstance(k, str) else k:
-                                     sys.intern(v) if isinstance(v, str) and len(v) < 128 else v
-                                     for k, v in labels.items()})
+        # labels differ per object (hostname, service-name), so only their strings are
+        # shared (interned), not the dicts
+        meta["labels"] = {sys.intern(k) if isinstance(k, str) else k:
+                          sys.intern(v) if isinstance(v, str) and len(v) < 128 else v
+                          for k, v in labels.items()}
 
 
 def prune_endpointslice(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
