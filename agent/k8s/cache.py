@@ -610,7 +610,10 @@ class ClusterMetadata:
         self._shared = _Shared()
         self._nodes: dict[str, NodeRecord] = {}
         self._node_by_ip: dict[int, str] = {}
+        self._pod_cidr_refs: dict[IPNetwork, int] = {}
         self._pod_cidrs: PrefixTable[bool] = PrefixTable()
+        for net in self.settings.extra_pod_cidrs:
+            self._pod_cidr_ref(net, +1)
         self._zone_cidrs: PrefixTable[ZoneCidr] = PrefixTable(
             (z.network, z) for z in self.settings.zone_cidrs)
         self._services: dict[ServiceKey, ServiceRecord] = {}
@@ -740,7 +743,8 @@ class ClusterMetadata:
             for ip in rec.addresses:
                 self._node_by_ip[_ikey(ip)] = rec.name
             self._raw_nodes[rec.name] = raw
-            self._rebuild_pod_cidrs()
+            for net in rec.pod_cidrs:
+                self._pod_cidr_ref(net, +1)
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
@@ -772,7 +776,6 @@ class ClusterMetadata:
         elif resource == "nodes":
             self._remove_node(key[1])
             self._raw_nodes.pop(key[1], None)
-            self._rebuild_pod_cidrs()
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
@@ -852,15 +855,20 @@ class ClusterMetadata:
             for ip in old.addresses:
                 if self._node_by_ip.get(_ikey(ip)) == name:
                     del self._node_by_ip[_ikey(ip)]
+            for net in old.pod_cidrs:
+                self._pod_cidr_ref(net, -1)
 
-    def _rebuild_pod_cidrs(self) -> None:
-        table: PrefixTable[bool] = PrefixTable()
-        for rec in self._nodes.values():
-            for net in rec.pod_cidrs:
-                table.add(net, True)
-        for net in self.settings.extra_pod_cidrs:
-            table.add(net, True)
-        self._pod_cidrs = table
+    def _pod_cidr_ref(self, net: IPNetwork, delta: int) -> None:
+        """Count the nodes declaring ``net``; the table holds the nets counted above 0.
+        (Incremental: rebuilding the table on every Node event was O(nodes) per event.)"""
+        n = self._pod_cidr_refs.get(net, 0) + delta
+        if n > 0:
+            self._pod_cidr_refs[net] = n
+            if n == delta:
+                self._pod_cidrs.add(net, True)
+        else:
+            self._pod_cidr_refs.pop(net, None)
+            self._pod_cidrs.remove(net)
 
     # services --------------------------------------------------------------
 

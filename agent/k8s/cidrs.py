@@ -55,6 +55,14 @@ class PrefixTable(Generic[V]):
             self._by_len = dict(sorted(self._by_len.items(), key=lambda kv: -kv[0][1]))
         self._by_len[key][int(net.network_address)] = value
 
+    def remove(self, net: IPNetwork) -> None:
+        """Forget ``net`` (no error when absent)."""
+        nets = self._by_len.get((net.version, net.prefixlen))
+        if nets is not None:
+            nets.pop(int(net.network_address), None)
+            if not nets:
+                del self._by_len[(net.version, net.prefixlen)]
+
     def lookup(self, ip: IPAddress) -> V | None:
         """Return the value of the longest network containing ``ip``, or None."""
         version = ip.version

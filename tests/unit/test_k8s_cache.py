@@ -468,3 +468,18 @@ def test_local_endpoints_skip_host_network_endpoints() -> None:
     assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40"), ip("10.0.1.41")}
     # the Service mapping still knows them: client-side counting needs it
     assert c.endpoint_services(ip("192.168.0.1"), 53, 17)[0].service == "dns"
+
+
+def test_pod_cidrs_follow_node_changes() -> None:
+    c = make()
+    assert c.resolve(ip("10.0.2.200")).reason == "no_pod_for_ip"
+    c.apply("nodes", "DELETED", node("n2"))
+    assert c.resolve(ip("10.0.2.200")).kind is PeerKind.EXTERNAL
+    # two nodes declaring one range (a misconfiguration, but possible): both must go
+    c.apply("nodes", "ADDED", node("x1", pod_cidrs=["10.9.0.0/16"]))
+    c.apply("nodes", "ADDED", node("x2", pod_cidrs=["10.9.0.0/16"]))
+    c.apply("nodes", "DELETED", node("x1"))
+    assert c.resolve(ip("10.9.1.1")).kind is PeerKind.UNKNOWN
+    c.apply("nodes", "MODIFIED", node("x2", pod_cidrs=["10.8.0.0/16"]))
+    assert c.resolve(ip("10.9.1.1")).kind is PeerKind.EXTERNAL
+    assert c.resolve(ip("10.8.1.1")).kind is PeerKind.UNKNOWN

@@ -64,3 +64,11 @@ def test_prefix_table_longest_match_v4_v6() -> None:
     assert t.lookup(ipaddress.ip_address("fd12::1")) == "ula"
     assert t.lookup(ipaddress.ip_address("2001:db8::1")) is None  # /0 is IPv4 only
     assert len(t) == 4
+
+
+def test_prefix_table_remove() -> None:
+    t: PrefixTable[str] = PrefixTable([(net("10.0.0.0/8"), "wide"), (net("10.1.0.0/16"), "narrow")])
+    t.remove(net("10.1.0.0/16"))
+    t.remove(net("192.168.0.0/16"))  # absent: no error
+    assert t.lookup(ipaddress.ip_address("10.1.2.3")) == "wide"
+    assert len(t) == 1
