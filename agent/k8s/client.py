@@ -8,6 +8,7 @@ mounted token). The agent only ever reads pods, nodes, services and endpointslic
 from __future__ import annotations
 
 import os
+from typing import Any
 from pathlib import Path
 
 from kubernetes import client, config
