@@ -110,7 +110,12 @@ def _check(obj: dict[str, Any], where: str) -> None:
 
 
 def parse_documents(text: str, source: str) -> Iterable[Any]:
-    """Parse JSON or (multi-document) YAML text; raise InputError naming ``source``."""
+    """Parse JSON or (multi-document) YAML text; raise InputError naming ``source``.
+
+    A leading byte-order mark is ignored; nesting too deep for the parsers (a hostile or
+    corrupt file: ``[[[[...``) is an InputError, not a RecursionError.
+    """
+    text = text.removeprefix("\ufeff")
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")):
         try:
@@ -118,8 +123,12 @@ def parse_documents(text: str, source: str) -> Iterable[Any]:
         except json.JSONDecodeError as err:
             raise InputError(f"invalid JSON at line {err.lineno} column {err.colno}: {err.msg}",
                              source=source) from None
+        except RecursionError:
+            raise InputError("invalid JSON: nested too deeply", source=source) from None
     try:
         return list(yaml.safe_load_all(text))
+    except RecursionError:
+        raise InputError("invalid YAML: nested too deeply", source=source) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -134,13 +143,13 @@ def load_text(text: str, source: str = "<memory>") -> Snapshot:
         InputError: syntax errors, non-object items, objects without kind or metadata.name.
     """
     snap = Snapshot(source=source)
-    for d, doc in enumerate(parse_documents(text, source)):
-        for where, obj in _items(doc, f"document {d + 1}"):
-            try:
+    try:
+        for d, doc in enumerate(parse_documents(text, source)):
+            for where, obj in _items(doc, f"document {d + 1}"):
                 _check(obj, where)
-            except InputError as err:
-                raise err.with_source(source) from None
-            snap.add(obj)
+                snap.add(obj)
+    except InputError as err:  # _items' shape errors too must name the file
+        raise err.with_source(source) from None
     return snap
 
 
