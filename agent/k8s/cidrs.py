@@ -111,7 +111,7 @@ def _make(cidr: object, zone: object, region: object, source: str, where: str) -
     return ZoneCidr(net, zone.strip(), reg)
 
 
-def _parse_csv(text: str, source: str) -> Iterator[ZoneCidr]:
+def _parse_csv(text: str, source: str) -> Iterator[tuple[str, ZoneCidr]]:
     reader = csv.reader(io.StringIO(text, newline=""))
     lineno = 0
     while True:
@@ -133,7 +133,7 @@ def _parse_csv(text: str, source: str) -> Iterator[ZoneCidr]:
                              field="zone")
         if len(cells) > 3:
             raise InputError(f"expected at most 3 fields, got {len(cells)}", source=source, obj=where)
-        yield _make(cells[0], cells[1], cells[2] if len(cells) == 3 else None, source, where)
+        yield where, _make(cells[0], cells[1], cells[2] if len(cells) == 3 else None, source, where)
 
 
 def _scalar(node: yaml.Node) -> object:
@@ -143,9 +143,11 @@ def _scalar(node: yaml.Node) -> object:
     return node  # a non-scalar: _make rejects it as "not a string"
 
 
-def _parse_yaml(text: str, source: str) -> Iterator[ZoneCidr]:
+def _parse_yaml(text: str, source: str) -> Iterator[tuple[str, ZoneCidr]]:
     try:
         root = yaml.compose(text)
+    except RecursionError:
+        raise InputError("invalid YAML: nested too deeply", source=source) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None
@@ -175,7 +177,7 @@ def _parse_yaml(text: str, source: str) -> Iterator[ZoneCidr]:
                 raise InputError("unknown field (expected cidr, zone, region)", source=source,
                                  obj=f"line {k.start_mark.line + 1}", field=str(key))
             fields[key] = _scalar(v)
-        yield _make(fields.get("cidr"), fields.get("zone"), fields.get("region"), source, where)
+        yield where, _make(fields.get("cidr"), fields.get("zone"), fields.get("region"), source, where)
 
 
 def parse_zone_cidrs(text: str, source: str = "<memory>") -> tuple[ZoneCidr, ...]:
@@ -187,12 +189,22 @@ def parse_zone_cidrs(text: str, source: str = "<memory>") -> tuple[ZoneCidr, ...
     Raises:
         InputError: naming ``source``, the line and the field (cidr, zone, region).
     """
+    text = text.removeprefix("\ufeff")  # a BOM would make the CSV header a bad cidr
     first = next((ln.strip() for ln in text.splitlines()
                   if ln.strip() and not ln.strip().startswith("#")), "")
     looks_yaml = first.startswith(("-", "[", "{", "cidrs:", "---"))
-    if looks_yaml:
-        return tuple(_parse_yaml(text, source))
-    return tuple(_parse_csv(text, source))
+    entries = list(_parse_yaml(text, source) if looks_yaml else _parse_csv(text, source))
+    # One network given twice with different zones: the lookup table keeps one value per
+    # network, so the later line would silently win. Overlapping ranges of different lengths
+    # are fine (the longest prefix wins, by design).
+    seen: dict[IPNetwork, tuple[str, ZoneCidr]] = {}
+    for where, zc in entries:
+        prev = seen.setdefault(zc.network, (where, zc))
+        if (prev[1].zone, prev[1].region) != (zc.zone, zc.region):
+            raise InputError(f"{zc.network} is already mapped to zone {prev[1].zone!r} "
+                             f"(region {prev[1].region!r}) on {prev[0]}", source=source,
+                             obj=where, field="cidr")
+    return tuple(zc for _, zc in entries)
 
 
 def load_zone_cidrs(path: str | Path) -> tuple[ZoneCidr, ...]:
