@@ -586,11 +586,15 @@ def cpu_millis(quantity: Any, where: str, fld: str = "status.allocatable.cpu") -
 
     if quantity is None:
         return 0
+    if isinstance(quantity, bool):  # JSON true is no quantity (Go's Quantity refuses it)
+        raise InputError(f"bad quantity {quantity!r}: not a number", obj=where, field=fld)
     try:
         q = parse_quantity(quantity)
     except (ValueError, TypeError, InvalidOperation) as err:
         raise InputError(f"bad quantity {quantity!r}: {err}", obj=where, field=fld) from None
-    if not isinstance(q, Decimal) or q < 0:
+    if not isinstance(q, Decimal) or not q.is_finite():  # "NaN", "Infinity": no quantity
+        raise InputError(f"bad quantity {quantity!r}: not a finite number", obj=where, field=fld)
+    if q < 0:
         raise InputError(f"bad quantity {quantity!r}: negative", obj=where, field=fld)
     return int(math.ceil(q * 1000))
 
