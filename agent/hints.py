@@ -657,9 +657,10 @@ def zone_capacity(nodes: Sequence[NodeInfo]) -> ZoneCapacity:
         if n.excluded or not n.ready:
             continue
         eligible += 1
-        if not n.zone or n.cpu_milli == 0:
-            return ZoneCapacity(None, n.name, "no zone label" if not n.zone else "zero allocatable CPU",
-                                eligible)
+        if not n.zone or n.cpu_milli <= 0:
+            problem = ("no zone label" if not n.zone else "zero allocatable CPU" if n.cpu_milli == 0
+                       else "unreadable allocatable CPU")
+            return ZoneCapacity(None, n.name, problem, eligible)
         cpu[n.zone] = cpu.get(n.zone, 0) + n.cpu_milli
         total += n.cpu_milli
     if total == 0 or len(cpu) < 2:
@@ -1430,7 +1431,10 @@ def index_nodes(nodes: Sequence[dict[str, Any]]) -> ClusterIndex:
     Raises:
         InputError: a malformed Node.
     """
-    infos = tuple(parse_node(n) for n in nodes)
+    return _index(tuple(parse_node(n) for n in nodes))
+
+
+def _index(infos: tuple[NodeInfo, ...]) -> ClusterIndex:
     node_zone = {n.name: (n.zone or "") for n in infos}
     zones: dict[str, list[str]] = {}
     for n in infos:
@@ -1438,6 +1442,31 @@ def index_nodes(nodes: Sequence[dict[str, Any]]) -> ClusterIndex:
     return ClusterIndex(infos, node_zone, {z: tuple(v) for z, v in sorted(zones.items())},
                         zone_capacity(infos), frozenset(n.zone or UNKNOWN_ZONE for n in infos if n.ready),
                         tuple(n.name for n in infos if not n.zone))
+
+
+def _unreadable_node(obj: Any) -> NodeInfo | None:
+    """A Node :func:`parse_node` refused, as the topology cache must count it.
+
+    Its allocatable CPU is unknown (``cpu_milli`` -1), so when it is an eligible worker it
+    makes the zone ratios insufficient, as zero CPU does (HINTS.md §4.1, ``SetNodes``):
+    dropping it would give every Auto Service ratios computed from the other nodes only,
+    a silently wrong answer. Zone, exclusion and readiness are read when readable; an
+    unreadable Ready condition counts as Ready (the conservative side: Auto refuses).
+    Returns None when the object has no name (no Node the API server could hold).
+    """
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    zone = labels.get(LABEL_ZONE)
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    conds = status.get("conditions") if isinstance(status.get("conditions"), list) else None
+    ready = True
+    if conds is not None and all(isinstance(c, dict) for c in conds):
+        ready = next((c.get("status") == "True" for c in conds if c.get("type") == "Ready"), False)
+    return NodeInfo(name=name, zone=zone if isinstance(zone, str) else None, ready=ready,
+                    excluded=any(k in labels for k in EXCLUDED_NODE_LABELS), cpu_milli=-1)
 
 
 def _zone_groups(idx: ClusterIndex, proxy: Mapping[str, ProxyDecision], special: Collection[str]
@@ -1688,6 +1717,17 @@ def _families(svc: ServiceInfo, slices: Sequence[Slice]) -> list[str]:
     return fams or ["IPv4"]
 
 
+def _slice_owner(obj: Any) -> tuple[str, str]:
+    """(namespace, ``kubernetes.io/service-name`` label) of a slice, read leniently."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return ("", "")
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    ns = meta.get("namespace", "default")
+    name = labels.get(LABEL_SERVICE_NAME)
+    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+
+
 def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
                      endpointslices: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
                      *, version: str = DEFAULT_VERSION, feature_gates: Mapping[str, bool] | None = None,
@@ -1707,6 +1747,10 @@ def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
             trafficDistribution is not what wrote them.
         strict: raise on the first malformed object instead of skipping it.
         errors: when given (and not strict), skipped objects' errors are appended here.
+            Skipping never yields a confident wrong answer: a malformed Node still counts
+            in the zone capacity with unknown CPU (so Auto is refused while it is an
+            eligible worker), and a Service with a malformed EndpointSlice gets no
+            diagnosis.
 
     Returns:
         ServiceDiagnosis list, Services in input order, IPv4 before IPv6. ExternalName
@@ -1737,20 +1781,26 @@ def _evaluate(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
         if errors is not None:
             errors.append(err)
 
-    node_objs = []
+    infos = []
     for n in nodes:
         try:
-            parse_node(n)
-            node_objs.append(n)
+            infos.append(parse_node(n))
         except InputError as err:
             bad(err)
-    idx = index_nodes(node_objs)
+            unreadable = _unreadable_node(n)
+            if unreadable is not None:
+                infos.append(unreadable)
+    idx = _index(tuple(infos))
     by_svc: dict[tuple[str, str], list[Slice]] = {}
+    # Services with a slice the model cannot read: diagnosing them from their other slices
+    # would be a confident answer about endpoints it has not seen, so they get none.
+    unreadable_svc: set[tuple[str, str]] = set()
     for obj in endpointslices:
         try:
             ns, sname, sl = parse_slice(obj)
         except InputError as err:
             bad(err)
+            unreadable_svc.add(_slice_owner(obj))
             continue
         if sname:
             by_svc.setdefault((ns, sname), []).append(sl)
@@ -1761,7 +1811,7 @@ def _evaluate(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
         except InputError as err:
             bad(err)
             continue
-        if svc.type == "ExternalName":
+        if svc.type == "ExternalName" or (svc.namespace, svc.name) in unreadable_svc:
             continue
         slices = by_svc.get((svc.namespace, svc.name), [])
         if hints_populated is not None:
