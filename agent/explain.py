@@ -342,14 +342,24 @@ def what_if(zones: dict[str, str], replicas: range, spread: dict[str, int] | Non
     return {"rows": rows}
 
 
+#: largest replica count (or --spread count) what-if models: beyond any real Service
+MAX_WHATIF_REPLICAS = 100_000
+#: most endpoints what-if builds over a whole range (about 1 s per million)
+MAX_WHATIF_ENDPOINTS = 5_000_000
+
+
 def _parse_range(text: str) -> range:
-    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", text)
     if not m:
         raise InputError(f"expected A-B or N, got {text!r}", field="--replicas")
     a = int(m.group(1))
     b = int(m.group(2)) if m.group(2) else a
-    if a < 1 or b < a or b - a > 10000:
-        raise InputError(f"bad range {text!r} (1 <= A <= B, at most 10000 counts)", field="--replicas")
+    if a < 1 or b < a or b - a > 10000 or b > MAX_WHATIF_REPLICAS:
+        raise InputError(f"bad range {text!r} (1 <= A <= B <= {MAX_WHATIF_REPLICAS}, at most "
+                         "10000 counts)", field="--replicas")
+    if (a + b) * (b - a + 1) // 2 > MAX_WHATIF_ENDPOINTS:
+        raise InputError(f"range {text!r} models more than {MAX_WHATIF_ENDPOINTS} endpoints in "
+                         "all; narrow it", field="--replicas")
     return range(a, b + 1)
 
 
@@ -363,8 +373,9 @@ def run_what_if(args: argparse.Namespace) -> int:
         raw = _parse_pairs([args.spread], "--spread")
         spread = {}
         for z, v in raw.items():
-            if not v.isdigit():
-                raise InputError(f"count for {z!r} must be a non-negative integer", field="--spread")
+            if not re.fullmatch(r"[0-9]+", v) or int(v) > MAX_WHATIF_REPLICAS:
+                raise InputError(f"count for {z!r} must be an integer 0..{MAX_WHATIF_REPLICAS}",
+                                 field="--spread")
             spread[z] = int(v)
     doc = what_if(zones, _parse_range(args.replicas), spread)
     if args.output == "json":
