@@ -28,6 +28,12 @@ _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _RFC3339_RE = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})$")
 
+#: longest duration accepted (100 years): longer ones are typos, and infinite ones broke
+#: the PromQL range formatting
+MAX_DURATION_SECONDS = 100 * 365 * 86400
+#: latest time accepted, Unix seconds (9999-12-31T23:59:59Z, the last one RFC 3339 can write)
+MAX_TIME_SECONDS = 253402300799.0
+
 #: query steps the report picks from, in seconds
 NICE_STEPS_SECONDS: tuple[int, ...] = (
     1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
@@ -76,6 +82,8 @@ def parse_duration(text: str, *, flag: str = "--window") -> float:
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART_RE.findall(s))
     if seconds <= 0:
         raise InputError(f"duration {text!r} must be longer than zero", source=flag)
+    if not seconds <= MAX_DURATION_SECONDS:  # also catches inf from 400-digit numbers
+        raise InputError(f"duration {text!r} is longer than 100 years", source=flag)
     return seconds
 
 
@@ -89,11 +97,18 @@ def parse_time(text: str, now: float, *, flag: str = "--before") -> float:
         flag: the flag name used in error messages.
 
     Returns:
-        Unix seconds (float).
+        Unix seconds (float), within 1970-01-01 .. 9999-12-31 UTC.
 
     Raises:
-        InputError: the text is none of the accepted forms.
+        InputError: the text is none of the accepted forms, or lies outside that range.
     """
+    t = _parse_time(text, now, flag)
+    if not 0.0 <= t <= MAX_TIME_SECONDS:
+        raise InputError(f"{text!r} lies outside 1970-01-01..9999-12-31 UTC", source=flag)
+    return t
+
+
+def _parse_time(text: str, now: float, flag: str) -> float:
     s = text.strip()
     if s.lower() == "now":
         return now
