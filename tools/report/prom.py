@@ -6,6 +6,8 @@ Only ``requests`` is used; results come back as plain records, never ``requests`
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,17 @@ class Series:
     points: list[tuple[float, float]]
 
 
+@contextlib.contextmanager
+def _result_shape(kind: str) -> Iterator[None]:
+    """Turn a malformed Prometheus result (missing keys, non-numeric values) into an
+    InputError instead of a KeyError/TypeError/ValueError traceback."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"malformed {kind} result from Prometheus ({type(err).__name__}: {err})",
+                         source="--prometheus") from None
+
+
 class PromClient:
     """Query a Prometheus HTTP API at ``base_url``.
 
@@ -76,6 +89,8 @@ class PromClient:
         if not isinstance(body, dict) or body.get("status") != "success":
             why = body.get("error", "no error text") if isinstance(body, dict) else "not an object"
             raise InputError(f"{url} refused the query: {why}", source="--prometheus")
+        if not isinstance(body.get("data"), dict):
+            raise InputError(f"{url} answered without a 'data' object", source="--prometheus")
         return body["data"]
 
     def query(self, promql: str, at: float) -> list[Sample]:
@@ -89,11 +104,12 @@ class PromClient:
         """
         data = self._get("/api/v1/query", {"query": promql, "time": repr(float(at))})
         kind = data.get("resultType")
-        if kind == "scalar":
-            return [Sample({}, float(data["result"][1]))]
-        if kind != "vector":
+        if kind not in ("scalar", "vector"):
             raise InputError(f"expected an instant vector, got {kind}", source="--prometheus")
-        return [Sample(dict(r["metric"]), float(r["value"][1])) for r in data["result"]]
+        with _result_shape(kind):
+            if kind == "scalar":
+                return [Sample({}, float(data["result"][1]))]
+            return [Sample(dict(r["metric"]), float(r["value"][1])) for r in data["result"]]
 
     def raw_samples(self, selector: str, seconds: float, at: float) -> list[Series]:
         """The stored samples of ``selector`` in ``[at - seconds, at]`` (a range-vector
@@ -107,8 +123,9 @@ class PromClient:
         if data.get("resultType") != "matrix":
             raise InputError(f"expected a range vector, got {data.get('resultType')}",
                              source="--prometheus")
-        return [Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]])
-                for r in data["result"]]
+        with _result_shape("matrix"):
+            return [Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]])
+                    for r in data["result"]]
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
         """Evaluate ``promql`` at ``start, start+step, ...`` up to ``end`` (Unix seconds).
@@ -125,5 +142,6 @@ class PromClient:
         if data.get("resultType") != "matrix":
             raise InputError(f"expected a range vector, got {data.get('resultType')}",
                              source="--prometheus")
-        return [Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]])
-                for r in data["result"]]
+        with _result_shape("matrix"):
+            return [Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r["values"]])
+                    for r in data["result"]]
