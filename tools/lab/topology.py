@@ -40,6 +40,7 @@ and, in vxlan mode, ``overlay_cidr`` host ``i+1`` on its VXLAN device. Pods get 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -508,8 +509,6 @@ class _Parser:
         if not raw:
             raise self.fail("at least one node is required", None, "nodes")
         zone_names = {z.name for z in zones}
-        fabric = list(opt.node_cidr.hosts())
-        overlay = list(opt.overlay_cidr.hosts())
         pod_blocks = opt.pod_cidr.subnets(new_prefix=24)
         pod_blocks6 = opt.pod_cidr_v6.subnets(new_prefix=64)
         next(pod_blocks)  # block 0 stays unused: node i gets block i+1
@@ -528,22 +527,26 @@ class _Parser:
                 raise self.fail(f"unknown zone {zone!r} (zones: {', '.join(sorted(zone_names))})",
                                 obj, "zone")
             cpu = m.get("cpu", 4)
-            if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or cpu <= 0:
+            if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0 < cpu < math.inf:
                 raise self.fail(f"must be a positive number of CPUs, got {cpu!r}", obj, "cpu")
             ignore = m.get("ignoreHints", False)
             if not isinstance(ignore, bool):
                 raise self.fail(f"must be true or false, got {ignore!r}", obj, "ignoreHints")
-            if i >= len(fabric) or i >= len(overlay):
+            ip, overlay_ip = _nth_host(opt.node_cidr, i), _nth_host(opt.overlay_cidr, i)
+            if ip is None or overlay_ip is None:
                 raise self.fail("too many nodes for options.node_cidr/overlay_cidr", obj, "name")
             try:
                 block, block6 = next(pod_blocks), next(pod_blocks6)
             except StopIteration:
                 raise self.fail("too many nodes for options.pod_cidr", obj, "name") from None
             vx = opt.mode == "vxlan"
+            for key in ("node_cidr_v6", "overlay_cidr_v6"):
+                if opt.ipv6 and i + 1 >= getattr(opt, key).num_addresses:
+                    raise self.fail(f"too many nodes for options.{key}", obj, "name")
             nodes.append(Node(
-                name=name, zone=zone, cpu=float(cpu), index=i, ip=fabric[i],
+                name=name, zone=zone, cpu=float(cpu), index=i, ip=ip,
                 ip6=opt.node_cidr_v6[i + 1] if opt.ipv6 else None,
-                overlay_ip=overlay[i] if vx else None,
+                overlay_ip=overlay_ip if vx else None,
                 overlay_ip6=opt.overlay_cidr_v6[i + 1] if vx and opt.ipv6 else None,
                 pod_cidr=block, pod_cidr_v6=block6 if opt.ipv6 else None, ignore_hints=ignore))
         return nodes
@@ -791,6 +794,16 @@ class _Parser:
                 used[addr] = key
                 return addr
         raise self.fail("service CIDR exhausted", f"Service {key}", "clusterIP")
+
+
+def _nth_host(net: Any, i: int) -> Any:
+    """``list(net.hosts())[i]``, or None past the end, without building the list (a /8
+    has 16 million hosts, and building them took gigabytes)."""
+    if net.num_addresses <= 4:
+        hosts = list(net.hosts())
+        return hosts[i] if i < len(hosts) else None
+    count = net.num_addresses - (2 if net.version == 4 else 1)  # hosts() rules per family
+    return net.network_address + 1 + i if i < count else None
 
 
 def _pod_port_matches(pp: PodPort, sp: ServicePort) -> bool:
