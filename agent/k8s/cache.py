@@ -369,6 +369,11 @@ def protocol_number(value: Any) -> int:
         raise BadObject(f"unknown protocol {value!r}") from None
 
 
+def _port_number(value: Any) -> bool:
+    """True for an int port 1..65535 (bool excluded)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535
+
+
 def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
     """Slim a Service into a :class:`ServiceRecord`.
 
@@ -384,15 +389,18 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
             ips.append(ip)
     ports: list[ServicePortSpec] = []
     for i, p in enumerate(spec.get("ports") or ()):
-        if not isinstance(p, dict) or not isinstance(p.get("port"), int):
-            raise BadObject(f"spec.ports[{i}].port missing or not a number")
+        # JSON true is an int to Python, and would become port 1 labelled "True"; a port
+        # outside 1..65535 would become a label no Service can have (the API refuses both)
+        if not isinstance(p, dict) or not _port_number(p.get("port")):
+            raise BadObject(f"spec.ports[{i}].port missing or not a port number 1..65535")
         target = p.get("targetPort", p["port"])
+        if isinstance(target, str) and target.isascii() and target.isdigit():
+            target = int(target)
         ports.append(ServicePortSpec(
             name=sys.intern(str(p.get("name") or "")),
             port=p["port"],
             protocol=protocol_number(p.get("protocol")),
-            target_port=target if isinstance(target, int) else (
-                int(target) if isinstance(target, str) and target.isdigit() else 0),
+            target_port=target if _port_number(target) else 0,  # 0: named, per endpoint
         ))
     return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
                          name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports))
