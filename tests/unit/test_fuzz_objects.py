@@ -416,3 +416,27 @@ def test_service_with_an_unreadable_slice_gets_no_diagnosis() -> None:
     assert _diag_view(diags, ("shop", "web")) == []
     with pytest.raises(InputError):
         _evaluate(snap, strict=True)
+
+
+@pytest.mark.parametrize("port", [True, 70000, -1, 0, "80", None])
+def test_cache_refuses_a_service_port_that_is_not_a_port(port: Any) -> None:
+    # port true used to match port 1 and be exported as port label "True"; 70000 as "70000"
+    snap = good_cluster()
+    snap.services[0]["spec"]["ports"][0]["port"] = port
+    c = ClusterMetadata()
+    c.load_snapshot(snap)
+    assert c.bad_objects()["services"] == 1
+    assert c.service_address(ipaddress.ip_address("10.96.0.10"), 1, 6) is None
+    got = c.endpoint_services(ipaddress.ip_address("10.0.1.5"), 8080, 6)
+    assert [(s.service, s.port) for s in got] == [("web", 0)]  # slice known, Service not
+
+
+@pytest.mark.parametrize("target,want", [(8080, 8080), ("8080", 8080), ("http", 0), (True, 0), (70000, 0),
+                                         ("８０８０", 0)])
+def test_cache_target_port(target: Any, want: int) -> None:
+    snap = good_cluster()
+    snap.services[0]["spec"]["ports"][0]["targetPort"] = target
+    c = ClusterMetadata()
+    c.load_snapshot(snap)
+    sp = c.service_address(ipaddress.ip_address("10.96.0.10"), 80, 6)
+    assert sp is not None and sp.target_port == want
