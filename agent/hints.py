@@ -826,8 +826,9 @@ def parse_slice(obj: dict[str, Any]) -> tuple[str, str, Slice]:
         if not isinstance(p, dict):
             raise InputError("must be an object", obj=where, field=f"ports[{i}]")
         num = p.get("port")
-        if num is not None and not isinstance(num, int):
-            raise InputError("must be an integer", obj=where, field=f"ports[{i}].port")
+        if num is not None and (not isinstance(num, int) or isinstance(num, bool)
+                                or not 0 < num <= 65535):  # true was "ip:True" in explain
+            raise InputError("must be a port number 1..65535", obj=where, field=f"ports[{i}].port")
         ports.append((_opt_str(p.get("name"), where, f"ports[{i}].name") or "", num))
     eps_raw = obj.get("endpoints") or []
     if not isinstance(eps_raw, list):
