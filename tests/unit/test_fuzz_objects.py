@@ -440,3 +440,12 @@ def test_cache_target_port(target: Any, want: int) -> None:
     c.load_snapshot(snap)
     sp = c.service_address(ipaddress.ip_address("10.96.0.10"), 80, 6)
     assert sp is not None and sp.target_port == want
+
+
+@pytest.mark.parametrize("port", [True, 70000, -1, 0, "8080"])
+def test_hint_model_refuses_a_slice_port_that_is_not_a_port(port: Any) -> None:
+    snap = good_cluster()
+    snap.endpointslices[0]["ports"] = [{"name": "http", "port": port, "protocol": "TCP"}]
+    errors: list[InputError] = []
+    assert _diag_view(_evaluate(snap, errors=errors), ("shop", "web")) == []
+    assert [(e.obj, e.field) for e in errors] == [("EndpointSlice shop/web-1", "ports[0].port")]
