@@ -1456,10 +1456,13 @@ def _unreadable_node(obj: Any) -> NodeInfo | None:
     Returns None when the object has no name (no Node the API server could hold).
     """
     meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    name = meta.get("name")
     if not isinstance(name, str) or not name:
         return None
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    raw_labels = meta.get("labels")
+    labels: dict[str, Any] = raw_labels if isinstance(raw_labels, dict) else {}
     zone = labels.get(LABEL_ZONE)
     status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
     conds = status.get("conditions") if isinstance(status.get("conditions"), list) else None
@@ -1723,9 +1726,9 @@ def _slice_owner(obj: Any) -> tuple[str, str]:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     if not isinstance(meta, dict):
         return ("", "")
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    labels = meta.get("labels")
     ns = meta.get("namespace", "default")
-    name = labels.get(LABEL_SERVICE_NAME)
+    name = labels.get(LABEL_SERVICE_NAME) if isinstance(labels, dict) else None
     return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
 
 

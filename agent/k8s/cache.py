@@ -393,7 +393,7 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
         # outside 1..65535 would become a label no Service can have (the API refuses both)
         if not isinstance(p, dict) or not _port_number(p.get("port")):
             raise BadObject(f"spec.ports[{i}].port missing or not a port number 1..65535")
-        target = p.get("targetPort", p["port"])
+        target: Any = p.get("targetPort", p["port"])
         if isinstance(target, str) and target.isascii() and target.isdigit():
             target = int(target)
         ports.append(ServicePortSpec(
