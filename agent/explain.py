@@ -114,7 +114,9 @@ def _has_selector(obj: dict[str, Any]) -> bool:
 def _slice_service(obj: dict[str, Any]) -> tuple[str, str]:
     meta: dict[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), dict) else {}
     labels: dict[str, Any] = meta["labels"] if isinstance(meta.get("labels"), dict) else {}
-    return meta.get("namespace", "default"), labels.get(hints.LABEL_SERVICE_NAME, "")
+    ns, svc = meta.get("namespace", "default"), labels.get(hints.LABEL_SERVICE_NAME, "")
+    # a list here (service-name: [web]) made the set below raise TypeError: unhashable
+    return (ns if isinstance(ns, str) else "", svc if isinstance(svc, str) else "")
 
 
 def diagnose(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
