@@ -449,3 +449,17 @@ def test_hint_model_refuses_a_slice_port_that_is_not_a_port(port: Any) -> None:
     errors: list[InputError] = []
     assert _diag_view(_evaluate(snap, errors=errors), ("shop", "web")) == []
     assert [(e.obj, e.field) for e in errors] == [("EndpointSlice shop/web-1", "ports[0].port")]
+
+
+@pytest.mark.parametrize("label", [["web"], {"a": 1}, 5, None])
+def test_explain_slice_service_label_of_any_type(tmp_path: Path, capsys: Any, label: Any) -> None:
+    # a list label value made explain's pre-check raise TypeError (unhashable)
+    snap = good_cluster()
+    snap.endpointslices.append(eslice("odd", "x", []))
+    snap.endpointslices[-1]["metadata"]["labels"][hints.LABEL_SERVICE_NAME] = label
+    path = tmp_path / "dump.json"
+    path.write_text(_dump(snap))
+    code = main(["explain", "--snapshot", str(path)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and code in (0, 2)
+    assert code == 0 or len(err.splitlines()) == 1
