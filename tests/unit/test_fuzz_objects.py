@@ -463,3 +463,76 @@ def test_explain_slice_service_label_of_any_type(tmp_path: Path, capsys: Any, la
     out, err = capsys.readouterr()
     assert "Traceback" not in err and code in (0, 2)
     assert code == 0 or len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- random mutations
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, prefix + (i,))
+    return out
+
+
+ANY_JSON = st.recursive(ODD_VALUES, lambda kids: st.lists(kids, max_size=2)
+                        | st.dictionaries(st.sampled_from(["name", "port", "ready", "forZones", "x"]), kids,
+                                          max_size=2), max_leaves=5)
+
+
+@st.composite
+def mutated(draw: Any) -> Snapshot:
+    """The good cluster with 1-3 values anywhere replaced by odd JSON, or deleted."""
+    snap = copy.deepcopy(good_cluster())
+    objs = snap.nodes + snap.services + snap.endpointslices + snap.pods
+    for _ in range(draw(st.integers(1, 3))):
+        obj = draw(st.sampled_from(objs))
+        paths = [p for p in _paths(obj) if p and p[0] not in ("kind", "apiVersion")]
+        if not paths:  # an earlier mutation left only kind/apiVersion
+            continue
+        path = draw(st.sampled_from(paths))
+        parent = obj
+        for k in path[:-1]:
+            parent = parent[k]
+        if draw(st.booleans()) and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = copy.deepcopy(draw(ANY_JSON))  # sampled values are shared objects
+    return snap
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_any_mutation_of_a_good_cluster(snap: Snapshot) -> None:
+    c = ClusterMetadata()
+    c.load_snapshot(snap)
+    _cache_view(c)
+    json.dumps(c.raw_objects())
+    errors: list[InputError] = []
+    diags = _evaluate(snap, errors=errors)
+    for err in errors:
+        one_line_naming(err)
+    for d in diags:
+        json.dumps(d.to_json())
+    try:
+        _evaluate(snap, strict=True)
+    except InputError as err:
+        assert errors and str(err) == str(errors[0])
+    else:
+        assert not errors
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(mutated(), st.sampled_from([[], ["-o", "json"], ["--node", "n1"]]))
+def test_explain_any_mutation(tmp_path: Path, capsys: Any, snap: Snapshot, extra: list[str]) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text(_dump(snap))
+    capsys.readouterr()
+    code = main(["explain", "--snapshot", str(path), *extra])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert code == 0 or (code == 2 and len(err.splitlines()) == 1), (code, err)
