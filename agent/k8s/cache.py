@@ -553,11 +553,15 @@ def _slice_ports(sl: Mapping[str, Any]) -> list[tuple[int, int, str]]:
 
 
 def _slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> list[IPAddress]:
-    """Distinct IP addresses of a slice's endpoints (FQDN and malformed ones skipped); with
-    ``node_name``, only endpoints on that node that are ready or serving (nil counts as
-    true, as the EndpointSlice API defines)."""
+    """Distinct IP addresses of a slice's endpoints (FQDN slices and malformed addresses
+    skipped); with ``node_name``, only endpoints on that node that are ready or serving
+    (nil counts as true, as the EndpointSlice API defines)."""
     out: list[IPAddress] = []
     seen: set[int] = set()
+    if sl.get("addressType") == "FQDN":
+        # "10.0.1.5" is also a valid FQDN address (a DNS subdomain), and kube-proxy ignores
+        # FQDN slices (it reads IPv4/IPv6 ones only): such a slice names no IP endpoint
+        return out
     eps = sl.get("endpoints")
     for ep in eps if isinstance(eps, list) else ():
         if not isinstance(ep, dict):
