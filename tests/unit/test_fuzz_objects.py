@@ -536,3 +536,14 @@ def test_explain_any_mutation(tmp_path: Path, capsys: Any, snap: Snapshot, extra
     out, err = capsys.readouterr()
     assert "Traceback" not in err
     assert code == 0 or (code == 2 and len(err.splitlines()) == 1), (code, err)
+
+
+def test_cache_fqdn_slice_with_ip_looking_addresses_is_no_endpoint() -> None:
+    # "10.0.3.5" passes the API's FQDN validation (a DNS subdomain); kube-proxy ignores FQDN
+    # slices, so the cache must not index it nor write it into the kernel endpoint map
+    snap = good_cluster()
+    snap.endpointslices.append(eslice("fqdn", "web", [endpoint("10.0.3.5", "n1", "a")], family="FQDN"))
+    c = ClusterMetadata()
+    c.load_snapshot(snap)
+    assert c.endpoint_services(ipaddress.ip_address("10.0.3.5"), 8080, 6) == ()
+    assert _cache_view(c) == BASELINE_VIEW
