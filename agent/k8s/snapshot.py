@@ -109,6 +109,23 @@ def _check(obj: dict[str, Any], where: str) -> None:
         raise InputError("not a string", obj=object_name(obj), field="metadata.namespace")
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses YAML aliases (``*name``).
+
+    kubectl never writes them, and nested aliases let a 20-line file stand for 10^9
+    values ("billion laughs"): cheap to load as shared references, but the metadata cache
+    serialises objects to share them, which would then take minutes and gigabytes.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not accepted in a Kubernetes dump",
+                event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def parse_documents(text: str, source: str) -> Iterable[Any]:
     """Parse JSON or (multi-document) YAML text; raise InputError naming ``source``.
 
@@ -126,7 +143,7 @@ def parse_documents(text: str, source: str) -> Iterable[Any]:
         except RecursionError:
             raise InputError("invalid JSON: nested too deeply", source=source) from None
     try:
-        return list(yaml.safe_load_all(text))
+        return list(yaml.load_all(text, Loader=_NoAliasLoader))  # noqa: S506 - a SafeLoader
     except RecursionError:
         raise InputError("invalid YAML: nested too deeply", source=source) from None
     except yaml.YAMLError as err:
