@@ -266,3 +266,16 @@ def test_the_process_scan_would_see_an_offence() -> None:
     names = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.Call))]
     assert any(isinstance(n, ast.Import) and n.names[0].name == "subprocess" for n in names)
     assert any(isinstance(n, ast.Call) and ast.unparse(n.func) == "os.system" for n in names)
+
+
+def test_documented_listener_is_the_default() -> None:
+    # docs/security.md tells operators where /flows (pod names, peer IPs) is reachable
+    import inspect
+
+    from agent.exporter import start_server
+
+    default = inspect.signature(start_server).parameters["address"].default
+    doc = (ROOT / "docs/security.md").read_text()
+    ds = (ROOT / "deploy/daemonset/agent/daemonset.yaml").read_text()
+    assert default == "0.0.0.0:9808"
+    assert f"`{default}`" in doc and f"--metrics-address={default}" in ds
