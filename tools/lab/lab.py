@@ -129,6 +129,16 @@ class FlowHandle:
         self._args = (client, dst, port, proto)
         self._deadline = deadline_seconds
 
+    def done(self) -> bool:
+        """True once the client process has exited (:meth:`wait` then returns at once)."""
+        return self._proc.poll() is not None
+
+    def stop(self) -> None:
+        """End the client early (SIGTERM); :meth:`wait` then raises or reports what it
+        completed. Ground truth stays exact: counters only see packets that were sent."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+
     def wait(self) -> FlowResult:
         """Wait for the client to finish and return its :class:`FlowResult`.
 
