@@ -21,6 +21,7 @@ VERB_MODULES: tuple[str, ...] = (
     "agent.explain",
     "tools.report.cli",
     "tools.lab.cli",
+    "tools.demo.cli",
 )
 
 

@@ -278,13 +278,18 @@ class DemoCluster:
 
     # ------------------------------------------------------------------ traffic
 
-    def flow_specs(self, duration_seconds: float, rate: float | None = None) -> list[FlowSpec]:
+    def flow_specs(self, duration_seconds: float, rate: float | None = None,
+                   count: int | None = None) -> list[FlowSpec]:
         """Return the traffic matrix for ``duration_seconds``: every client calls every
         planned Service (each family) at the plan's rate (or ``rate``), one TCP connection
-        per request, ``max(1, round(rate * duration))`` requests each."""
+        per request, ``max(1, round(rate * duration))`` requests each; with ``count``,
+        that many requests back to back instead."""
         plan = self.traffic
-        r = plan.rate if rate is None else rate
-        count = max(1, round(r * duration_seconds))
+        r: float | None = plan.rate if rate is None else rate
+        if count is None:
+            count = max(1, round((r or 0) * duration_seconds))
+        else:
+            r = None
         specs = []
         for client in plan.clients:
             if client not in self.pod_node or client not in {p.name for p in self.topology.pods}:
@@ -300,12 +305,13 @@ class DemoCluster:
         return specs
 
     def start_traffic(self, duration_seconds: float, rate: float | None = None,
-                      clients: Iterable[str] | None = None) -> list[FlowHandle]:
+                      clients: Iterable[str] | None = None, count: int | None = None
+                      ) -> list[FlowHandle]:
         """Start :meth:`flow_specs` (optionally only for ``clients``) without waiting."""
         wanted = None if clients is None else set(clients)
         return [self.lab.start_flow(f.client, f.dst, f.port, f.proto, f.request_bytes,
                                     f.response_bytes, f.count, f.rate, f.timeout, f.reuse)
-                for f in self.flow_specs(duration_seconds, rate)
+                for f in self.flow_specs(duration_seconds, rate, count)
                 if wanted is None or f.client in wanted]
 
     # ------------------------------------------------------------------ pods come and go
@@ -396,7 +402,7 @@ class DemoCluster:
             while current in self.replaced_by:
                 current = self.replaced_by[current]
             # judged against the model's final state; a replaced pod stands for its successor
-            if model and cnode in model.filtering and model.filtering[cnode] \
+            if model and cnode is not None and model.filtering.get(cnode) \
                     and current not in model.selection[cnode]:
                 hk = (cz, sz)
                 t.hint_ignored[hk] = t.hint_ignored.get(hk, 0) + n
