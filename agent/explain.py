@@ -194,7 +194,7 @@ def _load(args: argparse.Namespace) -> tuple[str, dict[str, list[dict[str, Any]]
                                "endpointslices": snap.endpointslices, "pods": snap.pods}
     from agent.k8s.client import build_api_client, list_cluster
 
-    api = build_api_client(args.kubeconfig, args.context)
+    api = build_api_client(args.kubeconfig, context=args.context)
     return (args.kubeconfig or "in-cluster"), list_cluster(api)
 
 

@@ -1,39 +1,59 @@
-"""The one place that builds a Kubernetes API client (kubeconfig file or in-cluster)."""
+"""The one place that builds the official ``kubernetes`` ApiClient.
+
+Three sources, first match wins: an explicit ``host`` (tests, ``kubectl proxy``), a
+kubeconfig file, or the in-cluster service account (``KUBERNETES_SERVICE_HOST`` and the
+mounted token). The agent only ever reads pods, nodes, services and endpointslices.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
+from pathlib import Path
+
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
 
 from agent.errors import InputError, RuntimeFailure
 
 
-def build_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """Return a ``kubernetes.client.ApiClient``.
+def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None = None,
+                     context: str | None = None, pool_maxsize: int = 8) -> client.ApiClient:
+    """Return a configured :class:`kubernetes.client.ApiClient`.
 
     Args:
-        kubeconfig: path of a kubeconfig file; None means in-cluster service-account config.
-        context: kubeconfig context (None: the file's current context).
+        kubeconfig: path of a kubeconfig file; None with no ``host`` means in-cluster.
+        host: API server URL (``http://127.0.0.1:8001``) used as is, without credentials;
+            for tests and ``kubectl proxy``.
+        context: kubeconfig context (default: the file's current context).
+        pool_maxsize: HTTP connections kept per host; the watcher holds one per watched
+            resource, so at least 5.
 
     Raises:
-        InputError: the kubeconfig file is missing or malformed.
+        InputError: the kubeconfig cannot be read or is invalid (names the file).
         RuntimeFailure: no kubeconfig given and not running inside a cluster.
     """
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
-    if kubeconfig is None:
+    cfg = client.Configuration()
+    if host is not None:
+        cfg.host = host
+    elif kubeconfig is not None:
+        path = str(kubeconfig)
+        if not os.path.exists(path):
+            raise InputError("cannot read: no such file", source=path)
         try:
-            config.load_incluster_config()
+            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+        except (ConfigException, ValueError, TypeError, OSError) as err:
+            raise InputError(f"invalid kubeconfig: {' '.join(str(err).split())}", source=path) from None
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
         except ConfigException as err:
             raise RuntimeFailure(f"not running in a cluster and no --kubeconfig given: {err}") from None
-        return client.ApiClient()
-    cfg = client.Configuration()
-    try:
-        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-    except (ConfigException, OSError, TypeError, ValueError) as err:
-        raise InputError(f"cannot load kubeconfig: {' '.join(str(err).split())}",
-                         source=kubeconfig) from None
-    return client.ApiClient(cfg)
+    cfg.connection_pool_maxsize = max(pool_maxsize, 5)
+    # no urllib3-level retries: the watch loop retries with its own bounded backoff and
+    # must see each failure to judge how long the API has been unreachable
+    cfg.retries = False
+    return client.ApiClient(configuration=cfg)
 
 
 def list_cluster(api: Any, *, pods: bool = False) -> dict[str, list[dict[str, Any]]]:
@@ -44,7 +64,6 @@ def list_cluster(api: Any, *, pods: bool = False) -> dict[str, list[dict[str, An
     Raises:
         RuntimeFailure: the API server refused or could not be reached.
     """
-    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 

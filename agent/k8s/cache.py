@@ -1,0 +1,1191 @@
+"""Slim, thread-safe cache of Pods, Nodes, Services and EndpointSlices, and IP resolution.
+
+Watch threads (:mod:`agent.k8s.watch`) or a snapshot file (:mod:`agent.k8s.snapshot`)
+write; the agent loop reads. Pods are kept only as slim records indexed by IP (the raw
+Pod objects are the bulk of a cluster's state and nobody downstream needs them). Nodes,
+Services and EndpointSlices are kept twice: slim indexes for resolution, and pruned raw
+dicts in the API's JSON shape for the hint model (:mod:`agent.hints`).
+
+Resolution order (:meth:`ClusterMetadata.resolve`):
+
+1. a pod IP of a live (or recently deleted, within the grace) non-host-network pod: POD;
+2. a node address (InternalIP, ExternalIP) or a host-network pod's IP: NODE;
+3. a ``--zone-cidrs`` range: CIDR;
+4. inside a node's ``spec.podCIDRs`` (or an extra pod CIDR) but no pod: UNKNOWN, reason
+   ``no_pod_for_ip``;
+5. anything else: EXTERNAL.
+
+Workloads: ownerReferences are walked one level. A pod owned by a ReplicaSet whose name is
+``<deployment>-<pod-template-hash>`` (the ``pod-template-hash`` label) is attributed to the
+Deployment ``<deployment>``: the Deployment controller names ReplicaSets that way
+(kubernetes ``pkg/controller/deployment/sync.go`` ``getNewReplicaSet``, name
+``deployment.Name + "-" + podTemplateSpecHash``). ReplicaSets themselves are not watched:
+RBAC grants only pods, nodes, services and endpointslices.
+
+IP reuse: each IP keeps its tenures ``(pod, first_seen, deleted_at)``; deleted tenures stay
+in a bounded :class:`cachetools.TTLCache` for ``grace_seconds`` so bytes counted just
+before a pod went away (or just before its IP went to a new pod) still go to the pod that
+owned the IP at that time. ``first_seen`` is when this cache learnt of the assignment (watch
+latency, typically well under a second, is the error bar). Pods in phase Succeeded or
+Failed release their IPs (the kubelet and CNI reuse them) even though the object remains.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachetools import TTLCache
+
+from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
+from agent.records import IPAddress, Peer, PeerKind, ServicePort
+
+log = logging.getLogger(__name__)
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+ZONE_LABEL_BETA = "failure-domain.beta.kubernetes.io/zone"
+REGION_LABEL = "topology.kubernetes.io/region"
+REGION_LABEL_BETA = "failure-domain.beta.kubernetes.io/region"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
+
+#: annotations kept on pruned raw objects (the hint model reads them; everything else goes)
+KEPT_ANNOTATIONS = frozenset({
+    "service.kubernetes.io/topology-mode",
+    "service.kubernetes.io/topology-aware-hints",
+    "endpointslice.kubernetes.io/skip-mirror",
+})
+
+#: resource names used for per-kind state (synced flags, generations)
+RESOURCES = ("pods", "nodes", "services", "endpointslices")
+
+#: IANA protocol numbers of the protocols a Service port can name
+PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+
+ServiceKey = tuple[str, str]  # (namespace, name)
+
+
+def _intern(value: Any) -> str | None:
+    return sys.intern(value) if isinstance(value, str) and value else None
+
+
+_V6_TAG = 1 << 128
+
+
+def _ikey(ip: IPAddress) -> int:
+    """Index key of an address: its integer, tagged so IPv6 never collides with IPv4.
+
+    Indexes are keyed by int, not by the address object: ``ipaddress`` hashes through
+    ``hex()``, which made lookups several times slower, and an int key shares the address
+    object's own integer instead of holding a second object.
+    """
+    n = int(ip)
+    return n if ip.version == 4 else n | _V6_TAG
+
+
+def _epkey(ip: IPAddress, port: int, protocol: int) -> int:
+    """Endpoint index key: address key, port (16 bits) and protocol (8 bits) in one int."""
+    return (_ikey(ip) << 24) | ((port & 0xFFFF) << 8) | (protocol & 0xFF)
+
+
+def _ip(value: Any) -> IPAddress | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """The slice of a Pod the agent needs.
+
+    Attributes:
+        namespace, name: the pod.
+        node: ``spec.nodeName`` (None while unscheduled).
+        ips: ``status.podIPs`` (falls back to ``status.podIP``).
+        workload, workload_kind: owning workload after walking ReplicaSet -> Deployment;
+            the pod itself (kind ``Pod``) when it has no owner.
+        host_network: ``spec.hostNetwork``.
+        terminal: phase Succeeded or Failed (its IPs are released).
+        since: when the cache first saw the pod holding its IPs (seconds since the epoch,
+            cache clock); 0.0 straight out of :func:`parse_pod`.
+    """
+
+    namespace: str
+    name: str
+    node: str | None
+    ips: tuple[IPAddress, ...]
+    workload: str
+    workload_kind: str
+    host_network: bool
+    terminal: bool
+    since: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """The slice of a Node the agent needs.
+
+    Attributes:
+        name: the node.
+        zone: ``topology.kubernetes.io/zone`` (fallback ``failure-domain.beta...``), or None.
+        region: ``topology.kubernetes.io/region`` (same fallback), or None.
+        addresses: InternalIP and ExternalIP addresses.
+        pod_cidrs: ``spec.podCIDRs`` (or ``spec.podCIDR``).
+    """
+
+    name: str
+    zone: str | None
+    region: str | None
+    addresses: tuple[IPAddress, ...]
+    pod_cidrs: tuple[IPNetwork, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePortSpec:
+    """One entry of ``Service.spec.ports``.
+
+    Attributes:
+        name: the port's name ("" when unnamed).
+        port: the Service port number.
+        protocol: IP protocol number.
+        target_port: numeric ``targetPort`` (defaults to ``port``), or 0 when it names a
+            container port (resolved per endpoint by EndpointSlices).
+    """
+
+    name: str
+    port: int
+    protocol: int
+    target_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRecord:
+    """The slice of a Service the agent needs.
+
+    Attributes:
+        namespace, name: the Service.
+        cluster_ips: ``spec.clusterIPs`` (or ``spec.clusterIP``); empty for headless.
+        ports: ``spec.ports``.
+    """
+
+    namespace: str
+    name: str
+    cluster_ips: tuple[IPAddress, ...]
+    ports: tuple[ServicePortSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    """One pod's hold on one IP.
+
+    Attributes:
+        pod: the pod.
+        first_seen: when the cache learnt of it (seconds since the epoch, cache clock).
+        deleted_at: when the pod (or its hold on the IP) went away, or None if current.
+    """
+
+    pod: PodRecord
+    first_seen: float
+    deleted_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DirtySet:
+    """What changed since the last :meth:`ClusterMetadata.take_dirty`.
+
+    Attributes:
+        services: Services whose Service object or EndpointSlices changed.
+        all: True when every Service must be re-evaluated (a Node changed, a relist or a
+            snapshot load happened).
+    """
+
+    services: frozenset[ServiceKey]
+    all: bool
+
+
+@dataclass
+class MetadataSettings:
+    """Settings of :class:`ClusterMetadata`.
+
+    Attributes:
+        grace_seconds: how long a deleted pod (or a released IP) stays resolvable.
+        max_deleted: bound on remembered deleted tenures (oldest dropped first when full).
+        zone_cidrs: ranges outside the cluster mapped to zones (``--zone-cidrs``).
+        extra_pod_cidrs: pod ranges not declared in ``node.spec.podCIDRs`` (e.g. a VPC CNI
+            subnet); unknown addresses inside them resolve to UNKNOWN, not EXTERNAL.
+    """
+
+    grace_seconds: float = 60.0
+    max_deleted: int = 65536
+    zone_cidrs: tuple[ZoneCidr, ...] = ()
+    extra_pod_cidrs: tuple[IPNetwork, ...] = field(default_factory=tuple)
+
+
+class BadObject(ValueError):
+    """An API object this cache cannot use (counted and logged once, never fatal)."""
+
+
+#: what parsing an object of unexpected shape can raise (all mean "skip this object")
+_BAD_SHAPE = (BadObject, AttributeError, TypeError, ValueError, KeyError, IndexError)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+def _sub(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """Return ``obj[key]`` when it is an object, else an empty dict."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise BadObject("metadata.name missing")
+    return meta
+
+
+def _labels(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    labels = meta.get("labels")
+    return labels if isinstance(labels, dict) else {}
+
+
+def workload_of(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """Return ``(workload, kind)`` of a Pod from its metadata.
+
+    The controller ownerReference (else the first one) names the workload; a ReplicaSet
+    named ``<deployment>-<pod-template-hash label>`` maps to Deployment ``<deployment>``
+    (Deployment controller naming, ``pkg/controller/deployment/sync.go``). Without owners
+    the pod is its own workload (kind ``Pod``).
+    """
+    owners = meta.get("ownerReferences")
+    owner: Mapping[str, Any] | None = None
+    if isinstance(owners, list):
+        refs = [o for o in owners if isinstance(o, dict) and isinstance(o.get("name"), str)]
+        owner = next((o for o in refs if o.get("controller") is True), refs[0] if refs else None)
+    if owner is None:
+        return str(meta.get("name")), "Pod"
+    kind = str(owner.get("kind") or "unknown")
+    name = str(owner["name"])
+    if kind == "ReplicaSet":
+        tmpl_hash = _labels(meta).get(POD_TEMPLATE_HASH_LABEL)
+        if isinstance(tmpl_hash, str) and tmpl_hash and name.endswith("-" + tmpl_hash):
+            return name[: -len(tmpl_hash) - 1], "Deployment"
+    return name, kind
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
+    """Slim a Pod (API JSON shape) into a :class:`PodRecord`.
+
+    Raises:
+        BadObject: metadata.name missing or the object is not a mapping.
+    """
+    meta = _meta(obj)
+    spec = _sub(obj, "spec")
+    status = _sub(obj, "status")
+    ips: list[IPAddress] = []
+    pod_ips = status.get("podIPs")
+    if isinstance(pod_ips, list):
+        for entry in pod_ips:
+            ip = _ip(entry.get("ip")) if isinstance(entry, dict) else None
+            if ip is not None and ip not in ips:
+                ips.append(ip)
+    if not ips:
+        ip = _ip(status.get("podIP"))
+        if ip is not None:
+            ips.append(ip)
+    workload, kind = workload_of(meta)
+    return PodRecord(
+        namespace=_intern(meta.get("namespace")) or "default",
+        name=meta["name"],
+        node=_intern(spec.get("nodeName")),
+        ips=tuple(ips),
+        workload=sys.intern(workload),
+        workload_kind=sys.intern(kind),
+        host_network=spec.get("hostNetwork") is True,
+        terminal=status.get("phase") in ("Succeeded", "Failed"),
+    )
+
+
+def _label2(labels: Mapping[str, Any], first: str, second: str) -> str | None:
+    value = labels.get(first)
+    if not isinstance(value, str) or not value:
+        value = labels.get(second)
+    return _intern(value)
+
+
+def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
+    """Slim a Node into a :class:`NodeRecord` (zone and region labels with beta fallback).
+
+    Raises:
+        BadObject: metadata.name missing.
+    """
+    meta = _meta(obj)
+    labels = _labels(meta)
+    spec = _sub(obj, "spec")
+    status = _sub(obj, "status")
+    addrs: list[IPAddress] = []
+    for entry in status.get("addresses") or ():
+        if isinstance(entry, dict) and entry.get("type") in ("InternalIP", "ExternalIP"):
+            ip = _ip(entry.get("address"))
+            if ip is not None and ip not in addrs:
+                addrs.append(ip)
+    cidrs: list[IPNetwork] = []
+    raw_cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    for c in raw_cidrs if isinstance(raw_cidrs, list) else ():
+        try:
+            cidrs.append(ipaddress.ip_network(c, strict=False))
+        except (ValueError, TypeError):
+            continue
+    return NodeRecord(
+        name=sys.intern(meta["name"]),
+        zone=_label2(labels, ZONE_LABEL, ZONE_LABEL_BETA),
+        region=_label2(labels, REGION_LABEL, REGION_LABEL_BETA),
+        addresses=tuple(addrs),
+        pod_cidrs=tuple(cidrs),
+    )
+
+
+def protocol_number(value: Any) -> int:
+    """Map a Kubernetes protocol name (default TCP) to its IANA number.
+
+    Raises:
+        BadObject: an unknown protocol name.
+    """
+    if value is None:
+        return 6
+    try:
+        return PROTOCOLS[value]
+    except (KeyError, TypeError):
+        raise BadObject(f"unknown protocol {value!r}") from None
+
+
+def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
+    """Slim a Service into a :class:`ServiceRecord`.
+
+    Raises:
+        BadObject: metadata.name missing, a port without a number, an unknown protocol.
+    """
+    meta = _meta(obj)
+    spec = _sub(obj, "spec")
+    ips: list[IPAddress] = []
+    for raw in spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else []):
+        ip = _ip(raw)  # "None" (headless) is not an address and drops out here
+        if ip is not None and ip not in ips:
+            ips.append(ip)
+    ports: list[ServicePortSpec] = []
+    for i, p in enumerate(spec.get("ports") or ()):
+        if not isinstance(p, dict) or not isinstance(p.get("port"), int):
+            raise BadObject(f"spec.ports[{i}].port missing or not a number")
+        target = p.get("targetPort", p["port"])
+        ports.append(ServicePortSpec(
+            name=sys.intern(str(p.get("name") or "")),
+            port=p["port"],
+            protocol=protocol_number(p.get("protocol")),
+            target_port=target if isinstance(target, int) else (
+                int(target) if isinstance(target, str) and target.isdigit() else 0),
+        ))
+    return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
+                         name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports))
+
+
+def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+    meta = obj.get("metadata") or {}
+    slim_meta = {k: v for k, v in meta.items()
+                 if k in ("name", "namespace", "labels", "uid", "resourceVersion", "generation",
+                          "ownerReferences", "creationTimestamp", "deletionTimestamp")}
+    ann = meta.get("annotations")
+    if isinstance(ann, dict):
+        kept = {k: v for k, v in ann.items() if k in KEPT_ANNOTATIONS}
+        if kept:
+            slim_meta["annotations"] = kept
+    out["metadata"] = slim_meta
+    return out
+
+
+def prune_node(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
+    """Return a Node without managedFields, annotations and status beyond what the hint
+    model reads (``status.allocatable``, ``status.addresses``, and ``status.conditions``
+    cut to ``type``/``status``/``reason``: heartbeat timestamps only cost memory)."""
+    shared = shared or _Shared()
+    out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        slim: dict[str, Any] = {}
+        if "addresses" in status:
+            slim["addresses"] = status["addresses"]
+        if "allocatable" in status:
+            slim["allocatable"] = shared.get(status["allocatable"])
+        conds = status.get("conditions")
+        if isinstance(conds, list):
+            slim["conditions"] = shared.get([
+                {k: c[k] for k in ("type", "status", "reason") if k in c} if isinstance(c, dict) else c
+                for c in conds])
+        out["status"] = slim
+    return out
+
+
+def prune_service(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
+    """Return a Service without managedFields and non-topology annotations (status kept)."""
+    shared = shared or _Shared()
+    out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
+    spec = out.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("ports"), list):
+        out["spec"] = {**spec, "ports": shared.get(spec["ports"])}  # port lists repeat a lot
+    if "status" in obj:
+        out["status"] = shared.get(obj["status"])
+    return out
+
+
+_ENDPOINT_KEYS = ("addresses", "conditions", "hints", "nodeName", "zone")
+
+
+class _Shared:
+    """Canonical copies of small JSON values that repeat across objects (endpoint
+    conditions and hints, node allocatable and conditions, labels): equal values become
+    one shared object, which is what keeps 150,000 endpoints affordable. Shared values
+    must never be mutated (the cache hands its dicts out read-only). Bounded: when full
+    it starts over (old objects stay valid, they just stop being shared)."""
+
+    __slots__ = ("_seen", "max_entries")
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._seen: dict[str, Any] = {}
+        self.max_entries = max_entries
+
+    def get(self, value: Any) -> Any:
+        try:
+            key = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return value
+        hit = self._seen.get(key)
+        if hit is None:
+            if len(self._seen) >= self.max_entries:
+                self._seen.clear()
+            self._seen[key] = hit = value
+        return hit
+
+
+def _share_labels(meta: dict[str, Any], shared: _Shared) -> None:
+    labels = meta.get("labels")
+    if isinstance(labels, dict):
+        # labels differ per object (hostname, service-name), so only their strings are
+        # shared (interned), not the dicts
+        meta["labels"] = {sys.intern(k) if isinstance(k, str) else k:
+                          sys.intern(v) if isinstance(v, str) and len(v) < 128 else v
+                          for k, v in labels.items()}
+
+
+def prune_endpointslice(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
+    """Return an EndpointSlice without managedFields, non-topology annotations and the
+    endpoints' ``targetRef``/``deprecatedTopology`` (the bulk of a large slice); repeated
+    ``conditions`` and ``hints`` values become shared read-only objects."""
+    shared = shared or _Shared()
+    out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
+    if isinstance(out.get("ports"), list):
+        out["ports"] = shared.get(out["ports"])
+    eps = obj.get("endpoints")
+    if isinstance(eps, list):
+        slim = []
+        for ep in eps:
+            if isinstance(ep, dict):
+                e = {k: ep[k] for k in _ENDPOINT_KEYS if k in ep}
+                if isinstance(e.get("nodeName"), str):
+                    e["nodeName"] = sys.intern(e["nodeName"])
+                if isinstance(e.get("zone"), str):
+                    e["zone"] = sys.intern(e["zone"])
+                if "conditions" in e:
+                    e["conditions"] = shared.get(e["conditions"])
+                if "hints" in e:
+                    e["hints"] = shared.get(e["hints"])
+                slim.append(e)
+            else:
+                slim.append(ep)
+        out["endpoints"] = slim
+    return out
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _meta(obj)
+    ns = meta.get("namespace")
+    return (ns if isinstance(ns, str) and ns else ""), meta["name"]
+
+
+def _slice_ports(sl: Mapping[str, Any]) -> list[tuple[int, int, str]]:
+    """``[(port, protocol number, name)]`` of a slice's usable ports (nil ports, which mean
+    "all ports", out-of-range ports and unknown protocols are skipped)."""
+    out = []
+    ports = sl.get("ports")
+    for p in ports if isinstance(ports, list) else ():
+        if not isinstance(p, dict):
+            continue
+        port = p.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
+            continue
+        try:
+            proto = protocol_number(p.get("protocol"))
+        except BadObject:
+            continue
+        name = p.get("name")
+        out.append((port, proto, sys.intern(name) if isinstance(name, str) else ""))
+    return out
+
+
+def _slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> list[IPAddress]:
+    """Distinct IP addresses of a slice's endpoints (FQDN and malformed ones skipped); with
+    ``node_name``, only endpoints on that node that are ready or serving (nil counts as
+    true, as the EndpointSlice API defines)."""
+    out: list[IPAddress] = []
+    seen: set[int] = set()
+    eps = sl.get("endpoints")
+    for ep in eps if isinstance(eps, list) else ():
+        if not isinstance(ep, dict):
+            continue
+        if node_name is not None:
+            if ep.get("nodeName") != node_name:
+                continue
+            cond = _sub(ep, "conditions")
+            if cond.get("ready") is False and cond.get("serving", False) is False:
+                continue
+        addrs = ep.get("addresses")
+        for a in addrs if isinstance(addrs, list) else ():
+            ip = _ip(a)
+            if ip is not None and _ikey(ip) not in seen:
+                seen.add(_ikey(ip))
+                out.append(ip)
+    return out
+
+
+# ----------------------------------------------------------------------------- the cache
+
+#: one endpoint-index entry: (namespace, service, slice port name) served at (ip, port, proto)
+_EpEntry = tuple[str, str, str, str]  # (slice name, namespace, service, port name)
+
+
+class ClusterMetadata:
+    """Thread-safe cache of cluster metadata with IP and endpoint resolution.
+
+    Writers: :meth:`apply` (one watch event), :meth:`replace` (a full list),
+    :meth:`load_snapshot`. Readers: :meth:`resolve`, :meth:`endpoint_services`,
+    :meth:`service_address`, :meth:`local_endpoints`, :meth:`raw_objects`,
+    :meth:`take_dirty`, :meth:`synced`. All methods may be called from any thread.
+
+    Args:
+        settings: see :class:`MetadataSettings`.
+        clock: seconds since the epoch (the same clock as the ``at`` passed to
+            :meth:`resolve`); injectable for tests.
+    """
+
+    def __init__(self, settings: MetadataSettings | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings or MetadataSettings()
+        self._clock = clock
+        self._lock = threading.RLock()
+        # namespace -> name -> record: no (namespace, name) tuple per pod (8 MiB at 150k)
+        self._pods: dict[str, dict[str, PodRecord]] = {}
+        self._pod_count = 0
+        self._live_by_ip: dict[int, PodRecord] = {}
+        self._deleted: TTLCache[int, tuple[Tenure, ...]] = TTLCache(
+            maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
+        self._hostnet_by_ip: dict[int, str] = {}
+        # resolve() results per address key; entries are dropped whenever the address's
+        # pod or host-network pod changes, all of them on any node change; bounded
+        self._memo: dict[int, Peer] = {}
+        self._memo_max = 1 << 15
+        # endpoint_services() results; cleared on any Service or EndpointSlice change
+        self._ep_memo: dict[int, tuple[ServicePort, ...]] = {}
+        self._shared = _Shared()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._node_by_ip: dict[int, str] = {}
+        self._pod_cidr_refs: dict[IPNetwork, int] = {}
+        self._pod_cidrs: PrefixTable[bool] = PrefixTable()
+        for net in self.settings.extra_pod_cidrs:
+            self._pod_cidr_ref(net, +1)
+        self._zone_cidrs: PrefixTable[ZoneCidr] = PrefixTable(
+            (z.network, z) for z in self.settings.zone_cidrs)
+        self._services: dict[ServiceKey, ServiceRecord] = {}
+        self._cluster_ips: dict[int, ServiceKey] = {}
+        self._raw_nodes: dict[str, dict[str, Any]] = {}
+        self._raw_services: dict[ServiceKey, dict[str, Any]] = {}
+        self._raw_slices: dict[tuple[str, str], dict[str, Any]] = {}
+        self._slices_by_service: dict[ServiceKey, set[tuple[str, str]]] = {}
+        self._slice_service: dict[tuple[str, str], ServiceKey] = {}
+        self._ep_index: dict[int, tuple[_EpEntry, ...]] = {}
+        self._generation: dict[str, int] = {r: 0 for r in RESOURCES}
+        self._dirty: set[ServiceKey] = set()
+        self._dirty_all = False
+        self._synced: dict[str, bool] = {r: False for r in RESOURCES}
+        self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
+        self._bad_logged: set[tuple[str, tuple[str, str]]] = set()
+        self._local_cache: dict[str, tuple[tuple[int, int, int],
+                                          frozenset[tuple[IPAddress, int, int]]]] = {}
+        self._hostnet_gen = 0  # bumped whenever the host-network address set changes
+
+    # ------------------------------------------------------------------ writers
+
+    def apply(self, resource: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """Apply one watch event.
+
+        Args:
+            resource: one of :data:`RESOURCES`.
+            event_type: ``ADDED``, ``MODIFIED`` or ``DELETED`` (others are ignored).
+            obj: the object in API JSON shape.
+
+        A malformed object is counted (:meth:`bad_objects`), logged once, and skipped.
+        """
+        with self._lock:
+            try:
+                if event_type in ("ADDED", "MODIFIED"):
+                    self._upsert(resource, obj)
+                elif event_type == "DELETED":
+                    self._delete(resource, _key(obj))
+                else:
+                    return
+            except _BAD_SHAPE as err:
+                self._count_bad(resource, obj, err)
+                return
+            self._generation[resource] += 1
+
+    def replace(self, resource: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Replace every object of ``resource`` with ``objects`` (a fresh list).
+
+        Objects absent from the list are deleted (pods go to the grace cache); present
+        ones are upserted, so a relist after 410 Gone repairs missed events. Marks every
+        Service dirty. ``objects`` may be a lazy iterator over list pages: it is consumed
+        outside the lock in batches, so readers are not blocked while pages download and
+        memory stays bounded by the page size.
+        """
+        seen: set[tuple[str, str]] = set()
+        batch: list[Mapping[str, Any]] = []
+        for obj in objects:
+            batch.append(obj)
+            if len(batch) >= 500:
+                self._replace_batch(resource, batch, seen)
+                batch = []
+        self._replace_batch(resource, batch, seen)
+        with self._lock:
+            for key in [k for k in self._keys(resource) if k not in seen]:
+                self._delete(resource, key)
+            self._generation[resource] += 1
+            self._dirty_all = True
+
+    def _replace_batch(self, resource: str, batch: list[Mapping[str, Any]],
+                       seen: set[tuple[str, str]]) -> None:
+        with self._lock:
+            for obj in batch:
+                try:
+                    seen.add(_key(obj))
+                    self._upsert(resource, obj)
+                except _BAD_SHAPE as err:
+                    self._count_bad(resource, obj, err)
+
+    def load_snapshot(self, snap: Any) -> None:
+        """Fill the cache from an :class:`agent.k8s.snapshot.Snapshot` and mark it synced."""
+        with self._lock:
+            self.replace("nodes", snap.nodes)
+            self.replace("services", snap.services)
+            self.replace("endpointslices", snap.endpointslices)
+            self.replace("pods", snap.pods)
+            for r in RESOURCES:
+                self._synced[r] = True
+
+    def set_synced(self, resource: str, synced: bool) -> None:
+        """Record whether ``resource`` is in sync with the API (see :mod:`agent.k8s.watch`)."""
+        with self._lock:
+            self._synced[resource] = synced
+
+    def _keys(self, resource: str) -> list[tuple[str, str]]:
+        if resource == "pods":
+            return [(ns, name) for ns, names in self._pods.items() for name in names]
+        if resource == "nodes":
+            return [("", n) for n in self._nodes]
+        if resource == "services":
+            return list(self._raw_services)
+        if resource == "endpointslices":
+            return list(self._raw_slices)
+        raise ValueError(f"unknown resource {resource!r}")
+
+    def _count_bad(self, resource: str, obj: Any, err: Exception) -> None:
+        self._bad[resource] = self._bad.get(resource, 0) + 1
+        try:
+            key = _key(obj)
+        except _BAD_SHAPE:
+            key = ("?", "?")
+        if (resource, key) not in self._bad_logged and len(self._bad_logged) < 10000:
+            self._bad_logged.add((resource, key))
+            log.warning("skipping bad %s %s/%s: %s", resource, key[0], key[1], err)
+
+    def _upsert(self, resource: str, obj: Mapping[str, Any]) -> None:
+        if not isinstance(obj, Mapping):
+            raise BadObject("not an object")
+        if resource in ("services", "endpointslices"):
+            self._ep_memo.clear()
+        if resource == "pods":
+            self._upsert_pod(parse_pod(obj))
+        elif resource == "nodes":
+            rec = parse_node(obj)
+            raw = prune_node(obj, self._shared)
+            self._remove_node(rec.name)
+            self._nodes[rec.name] = rec
+            for ip in rec.addresses:
+                self._node_by_ip[_ikey(ip)] = rec.name
+            self._raw_nodes[rec.name] = raw
+            for net in rec.pod_cidrs:
+                self._pod_cidr_ref(net, +1)
+            self._memo.clear()
+            self._dirty_all = True
+        elif resource == "services":
+            rec_s = parse_service(obj)
+            raw_s = prune_service(obj, self._shared)
+            key = (rec_s.namespace, rec_s.name)
+            self._remove_service(key)
+            self._services[key] = rec_s
+            for ip in rec_s.cluster_ips:
+                self._cluster_ips[_ikey(ip)] = key
+            self._raw_services[key] = raw_s
+            self._dirty.add(key)
+        elif resource == "endpointslices":
+            self._upsert_slice(obj)
+        else:
+            raise ValueError(f"unknown resource {resource!r}")
+
+    def _delete(self, resource: str, key: tuple[str, str]) -> None:
+        if resource in ("services", "endpointslices"):
+            self._ep_memo.clear()
+        if resource == "pods":
+            names = self._pods.get(key[0])
+            rec = names.pop(key[1], None) if names is not None else None
+            if names is not None and not names:
+                del self._pods[key[0]]
+            if rec is not None:
+                self._pod_count -= 1
+                self._release(rec, rec.ips)
+        elif resource == "nodes":
+            self._remove_node(key[1])
+            self._raw_nodes.pop(key[1], None)
+            self._memo.clear()
+            self._dirty_all = True
+        elif resource == "services":
+            self._remove_service(key)
+            self._raw_services.pop(key, None)
+            self._dirty.add(key)
+        elif resource == "endpointslices":
+            self._remove_slice(key)
+        else:
+            raise ValueError(f"unknown resource {resource!r}")
+
+    # pods ------------------------------------------------------------------
+
+    def _upsert_pod(self, rec: PodRecord) -> None:
+        now = self._clock()
+        names = self._pods.setdefault(rec.namespace, {})
+        old = names.get(rec.name)
+        memo = self._memo
+        old_ips = old.ips if old is not None and not old.terminal else ()
+        new_ips = rec.ips if not rec.terminal else ()
+        # a pod keeps its "since" while it keeps an address; a first address starts it
+        since = old.since if old is not None and old_ips and new_ips else now
+        rec = PodRecord(rec.namespace, rec.name, rec.node, rec.ips, rec.workload,
+                        rec.workload_kind, rec.host_network, rec.terminal, since)
+        names[rec.name] = rec
+        if old is None:
+            self._pod_count += 1
+        if old is not None:
+            if old.host_network:
+                self._release(old, old.ips)
+            else:
+                self._release(old, [ip for ip in old_ips if ip not in new_ips or rec.host_network])
+        if rec.host_network:
+            if rec.node:
+                for ip in rec.ips:
+                    k = _ikey(ip)
+                    self._hostnet_by_ip[k] = rec.node
+                    self._hostnet_gen += 1
+                    memo.pop(k, None)
+            return
+        live = self._live_by_ip
+        for ip in new_ips:
+            k = _ikey(ip)
+            memo.pop(k, None)
+            cur = live.get(k)
+            if cur is not None and (cur.namespace != rec.namespace or cur.name != rec.name):
+                # the IP went to another pod before we saw the old one go
+                self._bury(k, Tenure(cur, cur.since, now))
+            live[k] = rec
+
+    def _release(self, rec: PodRecord, ips: Iterable[IPAddress]) -> None:
+        now = self._clock()
+        for ip in ips:
+            k = _ikey(ip)
+            self._memo.pop(k, None)
+            if rec.host_network:
+                if self._hostnet_by_ip.get(k) == rec.node:
+                    del self._hostnet_by_ip[k]
+                    self._hostnet_gen += 1
+                continue
+            cur = self._live_by_ip.get(k)
+            if cur is not None and cur.namespace == rec.namespace and cur.name == rec.name:
+                del self._live_by_ip[k]
+                self._bury(k, Tenure(cur, cur.since, now))
+
+    def _bury(self, k: int, tenure: Tenure) -> None:
+        self._memo.pop(k, None)
+        past = self._deleted.get(k, ())
+        # keep the newest few tenures per IP: enough for a reuse or two within the grace
+        self._deleted[k] = (past + (tenure,))[-4:]
+
+    # nodes -----------------------------------------------------------------
+
+    def _remove_node(self, name: str) -> None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            for ip in old.addresses:
+                if self._node_by_ip.get(_ikey(ip)) == name:
+                    del self._node_by_ip[_ikey(ip)]
+            for net in old.pod_cidrs:
+                self._pod_cidr_ref(net, -1)
+
+    def _pod_cidr_ref(self, net: IPNetwork, delta: int) -> None:
+        """Count the nodes declaring ``net``; the table holds the nets counted above 0.
+        (Incremental: rebuilding the table on every Node event was O(nodes) per event.)"""
+        n = self._pod_cidr_refs.get(net, 0) + delta
+        if n > 0:
+            self._pod_cidr_refs[net] = n
+            if n == delta:
+                self._pod_cidrs.add(net, True)
+        else:
+            self._pod_cidr_refs.pop(net, None)
+            self._pod_cidrs.remove(net)
+
+    # services --------------------------------------------------------------
+
+    def _remove_service(self, key: ServiceKey) -> None:
+        old = self._services.pop(key, None)
+        if old is not None:
+            for ip in old.cluster_ips:
+                if self._cluster_ips.get(_ikey(ip)) == key:
+                    del self._cluster_ips[_ikey(ip)]
+
+    # endpointslices --------------------------------------------------------
+
+    def _upsert_slice(self, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        svc_name = _labels(_meta(obj)).get(SERVICE_NAME_LABEL)
+        if obj.get("ports") is not None and not isinstance(obj.get("ports"), list):
+            raise BadObject("ports is not a list")
+        if obj.get("endpoints") is not None and not isinstance(obj.get("endpoints"), list):
+            raise BadObject("endpoints is not a list")
+        # everything that can fail happens before the first mutation
+        pruned = prune_endpointslice(obj, self._shared)
+        ports = _slice_ports(pruned)
+        addresses = _slice_addresses(pruned)
+        self._remove_slice(key)
+        if isinstance(svc_name, str) and svc_name:
+            svc = sys.intern(svc_name)
+            index = self._ep_index
+            for port, proto, name in ports:
+                # one shared 1-tuple per slice port: most endpoints back a single Service
+                entry: tuple[_EpEntry, ...] = ((key[1], key[0], svc, name),)
+                for ip in addresses:
+                    k = _epkey(ip, port, proto)
+                    have = index.get(k)
+                    index[k] = entry if have is None else have + entry
+            skey = (key[0], svc)
+            self._slice_service[key] = skey
+            self._slices_by_service.setdefault(skey, set()).add(key)
+            self._dirty.add(skey)
+        self._raw_slices[key] = pruned
+
+    def _remove_slice(self, key: tuple[str, str]) -> None:
+        old = self._raw_slices.pop(key, None)
+        if old is None:
+            return
+        skey = self._slice_service.pop(key, None)
+        if skey is None:
+            return  # never indexed (no service-name label)
+        members = self._slices_by_service.get(skey)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self._slices_by_service[skey]
+        self._dirty.add(skey)
+        index = self._ep_index
+        for ip in _slice_addresses(old):
+            for port, proto, _name in _slice_ports(old):
+                k = _epkey(ip, port, proto)
+                entries = index.get(k)
+                if entries is None:
+                    continue
+                kept = tuple(e for e in entries if (e[1], e[0]) != key)
+                if kept:
+                    index[k] = kept
+                else:
+                    del index[k]
+
+    # ------------------------------------------------------------------ readers
+
+    def resolve(self, ip: IPAddress, at: float | None = None) -> Peer:
+        """Resolve an address to a :class:`Peer` (order in the module docstring).
+
+        Args:
+            ip: the address (IPv4 or IPv6).
+            at: when the bytes were counted (seconds since the epoch, cache clock); with
+                IP reuse the pod that held the IP at ``at`` wins. None means now.
+
+        Returns:
+            a Peer; never raises for any address.
+        """
+        k = _ikey(ip)
+        with self._lock:
+            hit = self._memo.get(k)
+            if hit is not None:
+                return hit
+            past = self._deleted.get(k)
+            owner = self._owner_at(k, at, past)
+            if owner is not None:
+                peer = self._pod_peer(owner)
+            else:
+                node_name = self._node_by_ip.get(k) or self._hostnet_by_ip.get(k)
+                if node_name is not None:
+                    peer = self._node_peer(node_name)
+                else:
+                    zc = self._zone_cidrs.lookup(ip)
+                    if zc is not None:
+                        peer = Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region)
+                    elif self._pod_cidrs.lookup(ip):
+                        peer = Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+                    else:
+                        peer = Peer(PeerKind.EXTERNAL)
+            if not past:  # the answer does not depend on ``at``: remember it
+                if len(self._memo) >= self._memo_max:
+                    self._memo.clear()
+                self._memo[k] = peer
+            return peer
+
+    def _owner_at(self, k: int, at: float | None,
+                  past: tuple[Tenure, ...] | None) -> PodRecord | None:
+        live = self._live_by_ip.get(k)
+        if not past:
+            return live
+        if at is None:
+            return live or past[-1].pod
+        for t in reversed(past):
+            if t.first_seen <= at < (t.deleted_at or float("inf")):
+                return t.pod
+        if live is not None and at >= live.since:
+            return live
+        # before anything we saw (or in a gap): the nearest earlier tenure, else the live one
+        earlier = [t for t in past if t.first_seen <= at]
+        if earlier:
+            return earlier[-1].pod
+        return live or past[0].pod
+
+    def _pod_peer(self, pod: PodRecord) -> Peer:
+        zone = region = None
+        reason = None
+        if pod.node is None:
+            reason = "pod_without_node"
+        else:
+            node = self._nodes.get(pod.node)
+            if node is None:
+                reason = "node_not_in_cache"
+            else:
+                zone, region = node.zone, node.region
+                if zone is None:
+                    reason = "node_without_zone"
+        return Peer(PeerKind.POD, zone=zone, region=region, node=pod.node,
+                    namespace=pod.namespace, name=pod.name, workload=pod.workload,
+                    workload_kind=pod.workload_kind, host_network=pod.host_network,
+                    reason=reason)
+
+    def _node_peer(self, name: str) -> Peer:
+        node = self._nodes.get(name)
+        if node is None:
+            return Peer(PeerKind.NODE, node=name, reason="node_not_in_cache")
+        return Peer(PeerKind.NODE, zone=node.zone, region=node.region, node=name,
+                    reason=None if node.zone is not None else "node_without_zone")
+
+    def pod_at(self, ip: IPAddress, at: float | None = None) -> PodRecord | None:
+        """Return the (non-host-network) pod holding ``ip`` at ``at`` (see :meth:`resolve`)."""
+        with self._lock:
+            k = _ikey(ip)
+            return self._owner_at(k, at, self._deleted.get(k))
+
+    def node_of(self, ip: IPAddress, at: float | None = None) -> str | None:
+        """Return the node name an address lives on (pod's node, or the node itself)."""
+        peer = self.resolve(ip, at)
+        return peer.node if peer.kind in (PeerKind.POD, PeerKind.NODE) else None
+
+    def zone_of(self, ip: IPAddress, at: float | None = None) -> str | None:
+        """Return the zone of an address (pod's node, node, or zone CIDR), or None."""
+        return self.resolve(ip, at).zone
+
+    def node(self, name: str) -> NodeRecord | None:
+        """Return the cached Node record, or None."""
+        with self._lock:
+            return self._nodes.get(name)
+
+    def node_zone(self, name: str) -> str | None:
+        """Return the zone label of a node, or None (unknown node or no label)."""
+        with self._lock:
+            rec = self._nodes.get(name)
+            return rec.zone if rec is not None else None
+
+    def service(self, namespace: str, name: str) -> ServiceRecord | None:
+        """Return the cached Service record, or None."""
+        with self._lock:
+            return self._services.get((namespace, name))
+
+    def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
+        """Return the Service ports an endpoint ``ip:port/protocol`` serves.
+
+        ``port`` is the endpoint (target) port as in EndpointSlice ``ports[].port``. Each
+        slice port maps back to the Service port with the same name (EndpointSlice
+        controller: ``pkg/controller/endpointslice`` ``getEndpointPorts`` copies the
+        Service port's name), via the slice's ``kubernetes.io/service-name`` label. If the
+        Service is not cached (yet), the slice port is reported with ``port`` 0.
+
+        Returns:
+            ServicePort records, sorted, without duplicates; empty when not an endpoint.
+        """
+        ek = _epkey(ip, port, protocol)
+        with self._lock:
+            hit = self._ep_memo.get(ek)
+            if hit is not None:
+                return hit
+            entries = self._ep_index.get(ek, ())
+            out: set[ServicePort] = set()
+            for _slice, ns, svc, port_name in entries:
+                rec = self._services.get((ns, svc))
+                svc_port = 0
+                if rec is not None:
+                    for sp in rec.ports:
+                        if sp.name == port_name and sp.protocol == protocol:
+                            svc_port = sp.port
+                            break
+                out.add(ServicePort(ns, svc, svc_port, port_name, port, protocol))
+            result = tuple(sorted(out, key=lambda s: (s.namespace, s.service, s.port, s.port_name)))
+            if len(self._ep_memo) >= self._memo_max:
+                self._ep_memo.clear()
+            self._ep_memo[ek] = result
+            return result
+
+    def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
+        """Return the Service port behind a ClusterIP ``ip:port/protocol`` (client-side copy).
+
+        ``target_port`` is the numeric targetPort, or 0 when the Service names a container
+        port (the number differs per endpoint). None when not a ClusterIP:port.
+        """
+        with self._lock:
+            key = self._cluster_ips.get(_ikey(ip))
+            if key is None:
+                return None
+            rec = self._services.get(key)
+            if rec is None:
+                return None
+            for sp in rec.ports:
+                if sp.port == port and sp.protocol == protocol:
+                    return ServicePort(rec.namespace, rec.name, sp.port, sp.name,
+                                       sp.target_port, protocol)
+            return None
+
+    def is_cluster_ip(self, ip: IPAddress) -> bool:
+        """True when ``ip`` is some Service's ClusterIP (any port)."""
+        with self._lock:
+            return _ikey(ip) in self._cluster_ips
+
+    def local_endpoints(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
+        """Return this node's Service endpoints for the datapath's endpoint map.
+
+        An endpoint counts when its ``nodeName`` is ``node_name`` and it is ready or
+        serving (a nil condition counts as true, as the EndpointSlice API defines).
+        FQDN addresses, slices without a service-name label, and host-network endpoints
+        (a node address or a host-network pod's IP: they have no veth, so DESIGN.md counts
+        their traffic on the client side) are skipped. Memoized per EndpointSlice
+        generation (and Node and host-network pod changes).
+
+        Returns:
+            ``{(address, target port, IP protocol number)}``, port in host byte order.
+        """
+        with self._lock:
+            gen = (self._generation["endpointslices"], self._generation["nodes"], self._hostnet_gen)
+            hit = self._local_cache.get(node_name)
+            if hit is not None and hit[0] == gen:
+                return hit[1]
+            out: set[tuple[IPAddress, int, int]] = set()
+            for key, sl in self._raw_slices.items():
+                if key not in self._slice_service:
+                    continue
+                ports = _slice_ports(sl)
+                if not ports:
+                    continue
+                for ip in _slice_addresses(sl, node_name):
+                    k = _ikey(ip)
+                    if k in self._node_by_ip or k in self._hostnet_by_ip:
+                        continue  # host-network endpoint: no veth, counted client-side
+                    for port, proto, _name in ports:
+                        out.add((ip, port, proto))
+            result = frozenset(out)
+            self._local_cache[node_name] = (gen, result)
+            return result
+
+    def raw_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """Return ``(nodes, services, endpointslices)``: pruned API-shaped dicts.
+
+        The dicts are shared with the cache and replaced (never mutated) on updates:
+        callers must treat them as read-only.
+        """
+        with self._lock:
+            return (list(self._raw_nodes.values()), list(self._raw_services.values()),
+                    list(self._raw_slices.values()))
+
+    def raw_service(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """Return ``(service, its endpointslices)`` as pruned dicts (read-only), for
+        re-evaluating one dirty Service."""
+        with self._lock:
+            key = (namespace, name)
+            slices = [self._raw_slices[k] for k in sorted(self._slices_by_service.get(key, ()))]
+            return self._raw_services.get(key), slices
+
+    def take_dirty(self) -> DirtySet:
+        """Return and clear the Services changed since the previous call."""
+        with self._lock:
+            out = DirtySet(frozenset(self._dirty), self._dirty_all)
+            self._dirty = set()
+            self._dirty_all = False
+            return out
+
+    def generation(self, resource: str) -> int:
+        """Return a counter that increases on every change to ``resource``."""
+        with self._lock:
+            return self._generation[resource]
+
+    def synced(self) -> dict[str, bool]:
+        """Return ``{resource: in sync}`` for the four resources."""
+        with self._lock:
+            return dict(self._synced)
+
+    def bad_objects(self) -> dict[str, int]:
+        """Return ``{resource: objects skipped as malformed}``."""
+        with self._lock:
+            return dict(self._bad)
+
+    def counts(self) -> dict[str, int]:
+        """Return object counts: pods, nodes, services, endpointslices, deleted_ips."""
+        with self._lock:
+            return {"pods": self._pod_count, "nodes": len(self._nodes),
+                    "services": len(self._services), "endpointslices": len(self._raw_slices),
+                    "deleted_ips": len(self._deleted)}

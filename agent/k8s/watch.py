@@ -1,0 +1,394 @@
+"""List+watch Pods, Nodes, Services and EndpointSlices into :class:`ClusterMetadata`.
+
+The loop per resource follows kopf (``kopf/_cogs/clients/watching.py``) and client-go's
+reflector (``k8s.io/client-go/tools/cache/reflector.go`` ``ListAndWatch``):
+
+1. list (in pages of ``list_limit``), replace the cache's objects of that kind, remember
+   the list's ``resourceVersion``; the resource is now *synced*;
+2. watch from that resourceVersion (with bookmarks and a server-side timeout); every
+   ADDED/MODIFIED/DELETED event updates the cache and advances the resourceVersion;
+   unknown event types are logged once and skipped;
+3. when the watch ends normally (server timeout, quiet connection) watch again from the
+   last resourceVersion: never re-list on a timer;
+4. on 410 Gone (HTTP status or an ERROR event with code 410) list again;
+5. on any other error back off exponentially (bounded) and retry the watch from the last
+   resourceVersion; after ``unsynced_after`` seconds of continuous failure the resource is
+   marked unsynced (``zonemeter_metadata_synced`` 0, ``/readyz`` 503) and, once the API
+   answers again, listed again (its watch history may be gone).
+
+Each resource runs in its own daemon thread; :meth:`MetadataWatcher.stop` ends them
+promptly by setting an event and shutting down the sockets of open watches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from agent.k8s.cache import RESOURCES, ClusterMetadata
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WatchSettings:
+    """Settings of the list+watch loop.
+
+    Attributes:
+        timeout_seconds: server-side watch timeout (``timeoutSeconds``); the API server
+            ends the watch after it and the loop watches again from the last version.
+        read_margin_seconds: the client gives up on a silent connection after
+            ``timeout_seconds`` plus this, so a half-open TCP connection is noticed.
+        connect_timeout_seconds: TCP/TLS connect timeout per request.
+        list_limit: page size of list requests (``limit``/``continue``); 0 lists at once.
+        backoff_initial_seconds: first retry delay after an error.
+        backoff_max_seconds: cap of the exponential backoff.
+        unsynced_after_seconds: continuous failure after which a resource counts as
+            unsynced and is listed again on recovery.
+    """
+
+    timeout_seconds: int = 300
+    read_margin_seconds: float = 30.0
+    connect_timeout_seconds: float = 10.0
+    list_limit: int = 500
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    unsynced_after_seconds: float = 30.0
+
+
+@dataclass
+class WatchStats:
+    """Counters of one resource's loop (for logs, tests and self-metrics).
+
+    Attributes:
+        lists: successful lists; relists: lists after the first; watches: watch
+        requests opened; events: events applied; errors: failed requests;
+        unknown_events: events of unknown type skipped.
+    """
+
+    lists: int = 0
+    relists: int = 0
+    watches: int = 0
+    events: int = 0
+    errors: int = 0
+    unknown_events: int = 0
+    last_error: str = ""
+    unknown_types: set[str] = field(default_factory=set)
+
+
+class _Gone(Exception):
+    """The resourceVersion is too old (410): list again."""
+
+
+class _Stopped(Exception):
+    """The stop event was set in the middle of a paged list: abandon it (the cache keeps
+    what it had; a half list must not delete the objects of the pages never read)."""
+
+
+def _list_functions(api_client: client.ApiClient) -> dict[str, Callable[..., Any]]:
+    core = client.CoreV1Api(api_client)
+    discovery = client.DiscoveryV1Api(api_client)
+    return {
+        "pods": core.list_pod_for_all_namespaces,
+        "nodes": core.list_node,
+        "services": core.list_service_for_all_namespaces,
+        "endpointslices": discovery.list_endpoint_slice_for_all_namespaces,
+    }
+
+
+class ResourceWatcher:
+    """The list+watch loop of one resource (see the module docstring).
+
+    Args:
+        list_fn: the official client's list function (``CoreV1Api.list_node`` ...).
+        resource: one of :data:`agent.k8s.cache.RESOURCES`.
+        cache: where events go.
+        settings: see :class:`WatchSettings`.
+        stop_event: set it to end :meth:`run`.
+    """
+
+    def __init__(self, list_fn: Callable[..., Any], resource: str, cache: ClusterMetadata,
+                 settings: WatchSettings, stop_event: threading.Event) -> None:
+        self.list_fn = list_fn
+        self.resource = resource
+        self.cache = cache
+        self.settings = settings
+        self.stop_event = stop_event
+        self.stats = WatchStats()
+        self._resp: Any = None
+        self._resp_lock = threading.Lock()
+        self._failing_since: float | None = None
+        #: the newest resourceVersion seen (list, event or bookmark); a watch that fails
+        #: mid-stream resumes from here, not from where it started
+        self.resource_version: str | None = None
+        self._backoff = settings.backoff_initial_seconds
+
+    def _answered(self) -> None:
+        """The API answered a request: the failure streak (and its backoff) is over."""
+        self._failing_since = None
+        self._backoff = self.settings.backoff_initial_seconds
+
+    # ---------------------------------------------------------------- requests
+
+    def _timeout(self, read: float) -> tuple[float, float]:
+        return (self.settings.connect_timeout_seconds, read)
+
+    def _pages(self, first: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Yield the items of a list, fetching further pages lazily (``continue``)."""
+        page = first
+        while True:
+            for item in page.get("items") or ():
+                yield item
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            if self.stop_event.is_set():
+                raise _Stopped()
+            page = self._get_page(token)
+
+    def _get_page(self, token: str | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"_preload_content": False,
+                                  "_request_timeout": self._timeout(60.0 + self.settings.read_margin_seconds)}
+        if self.settings.list_limit:
+            kwargs["limit"] = self.settings.list_limit
+        if token:
+            kwargs["_continue"] = token
+        try:
+            resp = self.list_fn(**kwargs)
+        except ApiException as err:
+            if err.status == 410:
+                raise _Gone() from None
+            raise
+        with self._resp_lock:
+            self._resp = resp
+        try:
+            data = json.loads(resp.data)
+        finally:
+            with self._resp_lock:
+                self._resp = None
+            resp.release_conn()
+        self._answered()
+        if not isinstance(data, dict):
+            raise ValueError("list response is not an object")
+        return data
+
+    def list_once(self) -> str:
+        """List the resource into the cache; return the list's resourceVersion.
+
+        Raises:
+            ApiException, urllib3 errors, ValueError: the list failed (cache untouched
+            before the first page arrives).
+        """
+        first = self._get_page(None)
+        rv = str((first.get("metadata") or {}).get("resourceVersion") or "")
+        kinds = {"pods": "Pod", "nodes": "Node", "services": "Service",
+                 "endpointslices": "EndpointSlice"}
+        self.cache.replace(self.resource, ({**o, "kind": kinds[self.resource]}
+                                           if isinstance(o, dict) and "kind" not in o else o
+                                           for o in self._pages(first)))
+        self.stats.lists += 1
+        if self.stats.lists > 1:
+            self.stats.relists += 1
+        self.cache.set_synced(self.resource, True)
+        log.info("listed %s at resourceVersion %s", self.resource, rv)
+        return rv
+
+    def watch_once(self, rv: str) -> str:
+        """Watch from ``rv`` until the stream ends; return the last resourceVersion seen.
+
+        Raises:
+            _Gone: the server answered 410 (status or ERROR event).
+            ApiException, urllib3 errors: the watch failed.
+        """
+        kwargs: dict[str, Any] = {
+            "watch": True, "allow_watch_bookmarks": True,
+            "timeout_seconds": self.settings.timeout_seconds,
+            "_preload_content": False,
+            "_request_timeout": self._timeout(self.settings.timeout_seconds
+                                              + self.settings.read_margin_seconds),
+        }
+        if rv:
+            kwargs["resource_version"] = rv
+        try:
+            resp = self.list_fn(**kwargs)
+        except ApiException as err:
+            if err.status == 410:
+                raise _Gone() from None
+            raise
+        self.stats.watches += 1
+        self._answered()
+        with self._resp_lock:
+            self._resp = resp
+        try:
+            if self.stop_event.is_set():
+                return rv
+            for line in iter_resp_lines(resp):
+                if not line:
+                    continue
+                rv = self._handle_line(line, rv)
+                self.resource_version = rv
+                if self.stop_event.is_set():
+                    break
+        except urllib3.exceptions.ReadTimeoutError:
+            log.debug("watch of %s quiet for too long, watching again", self.resource)
+        except (urllib3.exceptions.ProtocolError, OSError):
+            if not self.stop_event.is_set():
+                raise
+        finally:
+            with self._resp_lock:
+                self._resp = None
+            # close, never hand a half-read stream back to the pool: the next request on
+            # that connection would read the rest of this watch, and the server would keep
+            # a handler streaming into a connection nobody reads
+            resp.close()
+            resp.release_conn()
+        return rv
+
+    def _handle_line(self, line: str, rv: str) -> str:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("watch of %s: skipping a line that is not JSON", self.resource)
+            return rv
+        if not isinstance(event, dict):
+            return rv
+        etype = event.get("type")
+        obj = event.get("object")
+        if etype == "ERROR":
+            code = obj.get("code") if isinstance(obj, dict) else None
+            if code == 410:
+                raise _Gone()
+            message = obj.get("message") if isinstance(obj, dict) else obj
+            raise ApiException(status=code if isinstance(code, int) else 500,
+                               reason=f"watch ERROR event: {message}")
+        if not isinstance(obj, dict):
+            return rv
+        new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if etype in ("ADDED", "MODIFIED", "DELETED"):
+            self.cache.apply(self.resource, etype, obj)
+            self.stats.events += 1
+        elif etype == "BOOKMARK":
+            pass
+        else:
+            self.stats.unknown_events += 1
+            if str(etype) not in self.stats.unknown_types:
+                self.stats.unknown_types.add(str(etype))
+                log.warning("watch of %s: skipping unknown event type %r", self.resource, etype)
+        return str(new_rv) if new_rv else rv
+
+    # ---------------------------------------------------------------- loop
+
+    def run(self) -> None:
+        """Run the loop until the stop event is set. Never raises."""
+        rv: str | None = None
+        went_unsynced = False
+        while not self.stop_event.is_set():
+            try:
+                if rv is None or went_unsynced:
+                    rv = self.list_once()
+                    self.resource_version = rv
+                    went_unsynced = False
+                started, events = time.monotonic(), self.stats.events
+                rv = self.watch_once(rv)
+                if time.monotonic() - started < 1.0 and self.stats.events == events:
+                    # a server that closes watches at once must not make us spin
+                    self.stop_event.wait(self.settings.backoff_initial_seconds)
+            except _Gone:
+                log.info("%s: resourceVersion %s expired (410 Gone), listing again", self.resource, rv)
+                rv = None
+                continue
+            except Exception as err:  # noqa: BLE001 - the loop must survive any error
+                if self.stop_event.is_set():
+                    break
+                if rv is not None and self.resource_version is not None:
+                    rv = self.resource_version  # resume after the last event applied
+                self.stats.errors += 1
+                self.stats.last_error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                now = time.monotonic()
+                if self._failing_since is None:
+                    self._failing_since = now
+                failing_for = now - self._failing_since
+                if failing_for >= self.settings.unsynced_after_seconds and not went_unsynced:
+                    went_unsynced = True
+                    self.cache.set_synced(self.resource, False)
+                    log.warning("%s: API failing for %.1f s, metadata marked unsynced",
+                                self.resource, failing_for)
+                log.warning("%s: %s; retrying in %.2f s", self.resource, self.stats.last_error,
+                            self._backoff)
+                self.stop_event.wait(self._backoff)
+                self._backoff = min(self._backoff * 2, self.settings.backoff_max_seconds)
+
+    def interrupt(self) -> None:
+        """Shut down the socket of an open watch so :meth:`run` notices the stop event."""
+        with self._resp_lock:
+            resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()
+            except Exception:  # noqa: BLE001 - best effort on a socket another thread reads
+                pass
+
+
+class MetadataWatcher:
+    """Runs one :class:`ResourceWatcher` thread per resource.
+
+    Args:
+        api_client: from :func:`agent.k8s.client.build_api_client`.
+        cache: the cache to fill.
+        settings: see :class:`WatchSettings`.
+        resources: which resources to watch (default all four).
+    """
+
+    def __init__(self, api_client: client.ApiClient, cache: ClusterMetadata,
+                 settings: WatchSettings | None = None,
+                 resources: tuple[str, ...] = RESOURCES) -> None:
+        self.cache = cache
+        self.settings = settings or WatchSettings()
+        self.stop_event = threading.Event()
+        fns = _list_functions(api_client)
+        self.watchers = {r: ResourceWatcher(fns[r], r, cache, self.settings, self.stop_event)
+                         for r in resources}
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start the threads (idempotent)."""
+        if self._threads:
+            return
+        for name, w in self.watchers.items():
+            t = threading.Thread(target=w.run, name=f"watch-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loops and join their threads (at most ``timeout`` seconds in total)."""
+        self.stop_event.set()
+        for w in self.watchers.values():
+            w.interrupt()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def alive(self) -> bool:
+        """True while every thread runs."""
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Block until every watched resource is synced, or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.cache.synced()
+            if all(state.get(r) for r in self.watchers):
+                return True
+            if self.stop_event.wait(0.05):
+                return False
+        return all(self.cache.synced().get(r) for r in self.watchers)

@@ -1,0 +1,485 @@
+"""agent.k8s.cache: slim records, IP resolution (every PeerKind), IP reuse by time,
+endpoint mapping, pruned raw objects, dirty tracking."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+from test_k8s_objects import endpoint, endpointslice, node, pod, service
+
+from agent.k8s import snapshot
+from agent.k8s.cache import ClusterMetadata, MetadataSettings, workload_of
+from agent.k8s.cidrs import parse_zone_cidrs
+from agent.records import Peer, PeerKind, ServicePort
+
+ip = ipaddress.ip_address
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(clock: Clock | None = None, **settings: object) -> ClusterMetadata:
+    c = ClusterMetadata(MetadataSettings(**settings), clock=clock or Clock())  # type: ignore[arg-type]
+    c.replace("nodes", [
+        node("n1", "zone-a", internal="192.168.0.1", external="203.0.113.1", pod_cidrs=["10.0.1.0/24", "fd00:1::/64"]),
+        node("n2", "zone-b", internal=["192.168.0.2", "2001:db8::2"], pod_cidrs=["10.0.2.0/24"]),
+        node("n3", None, region=None, internal="192.168.0.3", pod_cidrs=["10.0.3.0/24"]),
+        node("n4", "zone-old", internal="192.168.0.4", beta=True),
+    ])
+    return c
+
+
+# ---------------------------------------------------------------- resolution, every kind
+
+def test_pod_ip_resolves_to_pod_with_workload_node_zone_region() -> None:
+    c = make()
+    c.apply("pods", "ADDED", pod("shop", "cart-7d9f8-x2x", "10.0.1.5", "n1",
+                                 owner=("ReplicaSet", "cart-7d9f8"), template_hash="7d9f8"))
+    assert c.resolve(ip("10.0.1.5")) == Peer(
+        PeerKind.POD, zone="zone-a", region="region-1", node="n1", namespace="shop",
+        name="cart-7d9f8-x2x", workload="cart", workload_kind="Deployment")
+
+
+def test_ipv6_pod_and_dual_stack() -> None:
+    c = make()
+    c.apply("pods", "ADDED", pod("ns", "dual", ["10.0.2.7", "fd00:2::7"], "n2"))
+    for addr in ("10.0.2.7", "fd00:2::7"):
+        peer = c.resolve(ip(addr))
+        assert (peer.kind, peer.name, peer.zone) == (PeerKind.POD, "dual", "zone-b")
+
+
+@pytest.mark.parametrize("addr, node_name, zone", [
+    ("192.168.0.1", "n1", "zone-a"),   # InternalIP
+    ("203.0.113.1", "n1", "zone-a"),   # ExternalIP
+    ("2001:db8::2", "n2", "zone-b"),   # IPv6 InternalIP
+    ("192.168.0.4", "n4", "zone-old"),  # beta zone label fallback
+])
+def test_node_addresses_resolve_to_node(addr: str, node_name: str, zone: str) -> None:
+    peer = make().resolve(ip(addr))
+    assert (peer.kind, peer.node, peer.zone, peer.reason) == (PeerKind.NODE, node_name, zone, None)
+
+
+def test_node_without_zone_label() -> None:
+    c = make()
+    assert c.resolve(ip("192.168.0.3")) == Peer(PeerKind.NODE, node="n3", reason="node_without_zone")
+    c.apply("pods", "ADDED", pod("ns", "p", "10.0.3.9", "n3"))
+    peer = c.resolve(ip("10.0.3.9"))
+    assert (peer.kind, peer.zone, peer.reason) == (PeerKind.POD, None, "node_without_zone")
+
+
+def test_host_network_pod_resolves_to_its_node() -> None:
+    c = make()
+    # a host-network pod on a node whose object lists no such address (e.g. a secondary IP)
+    c.apply("pods", "ADDED", pod("kube-system", "agent", "192.168.9.9", "n2", host_network=True))
+    peer = c.resolve(ip("192.168.9.9"))
+    assert (peer.kind, peer.node, peer.zone) == (PeerKind.NODE, "n2", "zone-b")
+    # and it never shadows the node address as a pod
+    c.apply("pods", "ADDED", pod("kube-system", "proxy", "192.168.0.1", "n1", host_network=True))
+    assert c.resolve(ip("192.168.0.1")).kind is PeerKind.NODE
+
+
+def test_zone_cidr_then_pod_cidr_unknown_then_external() -> None:
+    cidrs = parse_zone_cidrs("cidr,zone,region\n172.16.0.0/16,zone-a,region-1\n"
+                             "172.16.5.0/24,zone-c,\n2001:db8:ff::/48,zone-b,region-1\n")
+    c = make(zone_cidrs=cidrs)
+    assert c.resolve(ip("172.16.9.9")) == Peer(PeerKind.CIDR, zone="zone-a", region="region-1")
+    assert c.resolve(ip("172.16.5.1")) == Peer(PeerKind.CIDR, zone="zone-c")  # longest prefix
+    assert c.resolve(ip("2001:db8:ff::1")).zone == "zone-b"
+    assert c.resolve(ip("10.0.2.200")) == Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+    assert c.resolve(ip("fd00:1::99")) == Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+    assert c.resolve(ip("8.8.8.8")) == Peer(PeerKind.EXTERNAL)
+    assert c.resolve(ip("2606:4700::1")) == Peer(PeerKind.EXTERNAL)
+
+
+def test_extra_pod_cidrs_mark_unknown() -> None:
+    c = make(extra_pod_cidrs=(ipaddress.ip_network("100.64.0.0/10"),))
+    assert c.resolve(ip("100.64.3.3")).reason == "no_pod_for_ip"
+
+
+def test_pod_on_unknown_node_and_unscheduled() -> None:
+    c = make()
+    c.apply("pods", "ADDED", pod("ns", "p", "10.9.0.1", "ghost"))
+    assert c.resolve(ip("10.9.0.1")).reason == "node_not_in_cache"
+    assert c.zone_of(ip("10.9.0.1")) is None
+    assert c.node_of(ip("10.9.0.1")) == "ghost"
+
+
+@pytest.mark.parametrize("owner, tmpl, expect", [
+    (("ReplicaSet", "web-5c6b7d"), "5c6b7d", ("web", "Deployment")),
+    (("ReplicaSet", "web-5c6b7d"), None, ("web-5c6b7d", "ReplicaSet")),     # no hash label
+    (("ReplicaSet", "standalone"), "abc", ("standalone", "ReplicaSet")),   # not the convention
+    (("StatefulSet", "db"), None, ("db", "StatefulSet")),
+    (("DaemonSet", "fluent"), None, ("fluent", "DaemonSet")),
+    (("Job", "backup-28911"), None, ("backup-28911", "Job")),
+    (None, None, ("solo", "Pod")),
+])
+def test_workload_walk(owner: tuple[str, str] | None, tmpl: str | None, expect: tuple[str, str]) -> None:
+    meta = pod("ns", "solo", "10.0.0.1", owner=owner, template_hash=tmpl)["metadata"]
+    assert workload_of(meta) == expect
+
+
+# ---------------------------------------------------------------- deletion, grace, reuse
+
+def test_deleted_pod_resolvable_within_grace_then_gone() -> None:
+    clock = Clock()
+    c = make(clock, grace_seconds=60)
+    c.apply("pods", "ADDED", pod("ns", "old", "10.0.1.10", "n1"))
+    clock.t += 5
+    c.apply("pods", "DELETED", pod("ns", "old", "10.0.1.10", "n1"))
+    clock.t += 59
+    assert c.resolve(ip("10.0.1.10")).name == "old"
+    clock.t += 2
+    assert c.resolve(ip("10.0.1.10")) == Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+
+
+def test_ip_reuse_resolves_by_time() -> None:
+    clock = Clock(1000)
+    c = make(clock)
+    c.apply("pods", "ADDED", pod("ns", "old", "10.0.1.10", "n1"))
+    clock.t = 1010
+    c.apply("pods", "DELETED", pod("ns", "old", "10.0.1.10", "n1"))
+    clock.t = 1012
+    c.apply("pods", "ADDED", pod("ns", "new", "10.0.1.10", "n1"))
+    assert c.resolve(ip("10.0.1.10"), at=1005).name == "old"
+    assert c.resolve(ip("10.0.1.10"), at=1011).name == "old"   # gap: the last owner before
+    assert c.resolve(ip("10.0.1.10"), at=1013).name == "new"
+    assert c.resolve(ip("10.0.1.10")).name == "new"            # now
+
+
+def test_ip_taken_by_new_pod_before_old_delete_event() -> None:
+    clock = Clock(1000)
+    c = make(clock)
+    c.apply("pods", "ADDED", pod("ns", "old", "10.0.1.11", "n1"))
+    clock.t = 1020
+    c.apply("pods", "ADDED", pod("ns", "new", "10.0.1.11", "n1"))
+    clock.t = 1021
+    c.apply("pods", "DELETED", pod("ns", "old", "10.0.1.11", "n1"))  # must not evict "new"
+    assert c.resolve(ip("10.0.1.11"), at=1010).name == "old"
+    assert c.resolve(ip("10.0.1.11"), at=1022).name == "new"
+
+
+def test_terminal_pod_releases_ip() -> None:
+    clock = Clock(1000)
+    c = make(clock)
+    c.apply("pods", "ADDED", pod("ns", "job", "10.0.1.12", "n1"))
+    clock.t = 1010
+    c.apply("pods", "MODIFIED", pod("ns", "job", "10.0.1.12", "n1", phase="Succeeded"))
+    clock.t = 1011
+    c.apply("pods", "ADDED", pod("ns", "next", "10.0.1.12", "n1"))
+    assert c.resolve(ip("10.0.1.12"), at=1005).name == "job"
+    assert c.resolve(ip("10.0.1.12"), at=1012).name == "next"
+
+
+def test_deleted_cache_is_bounded() -> None:
+    clock = Clock()
+    c = make(clock, max_deleted=10)
+    for i in range(50):
+        c.apply("pods", "ADDED", pod("ns", f"p{i}", f"10.0.1.{i + 1}", "n1"))
+        c.apply("pods", "DELETED", pod("ns", f"p{i}", f"10.0.1.{i + 1}", "n1"))
+    assert c.counts()["deleted_ips"] == 10
+    assert c.resolve(ip("10.0.1.50")).name == "p49"          # the newest survive
+    assert c.resolve(ip("10.0.1.1")).kind is PeerKind.UNKNOWN  # the oldest were dropped
+
+
+def test_relist_deletes_missing_and_keeps_them_in_grace() -> None:
+    c = make()
+    c.replace("pods", [pod("ns", "a", "10.0.1.1"), pod("ns", "b", "10.0.1.2")])
+    c.replace("pods", [pod("ns", "a", "10.0.1.1")])
+    assert c.counts()["pods"] == 1
+    assert c.resolve(ip("10.0.1.2")).name == "b"  # within grace
+
+
+def test_pod_ip_change_moves_index() -> None:
+    c = make()
+    c.apply("pods", "ADDED", pod("ns", "p", None, "n1"))
+    assert c.resolve(ip("10.0.1.20")).kind is PeerKind.UNKNOWN
+    c.apply("pods", "MODIFIED", pod("ns", "p", "10.0.1.20", "n1"))
+    assert c.resolve(ip("10.0.1.20")).name == "p"
+
+
+def test_bad_objects_are_counted_not_fatal() -> None:
+    c = make()
+    c.apply("pods", "ADDED", {"kind": "Pod", "metadata": {"namespace": "ns"}})
+    c.apply("services", "ADDED", service("ns", "s", "10.96.0.1", [{"port": "eighty"}]))
+    c.apply("services", "ADDED", service("ns", "s2", "10.96.0.2", [{"port": 80, "protocol": "ICMP"}]))
+    c.replace("endpointslices", [endpointslice("ns", "x", "s", [{"port": 1}], "nope"),  # type: ignore[arg-type]
+                                 "not an object"])  # type: ignore[list-item]
+    assert c.bad_objects() == {"pods": 1, "nodes": 0, "services": 2, "endpointslices": 2}
+    assert c.counts()["services"] == 0
+
+
+# ---------------------------------------------------------------- endpoints and services
+
+def _svc_cache() -> ClusterMetadata:
+    c = make()
+    c.apply("services", "ADDED", service("shop", "web", ["10.96.0.10", "fd00:96::10"], [
+        {"name": "http", "port": 80, "targetPort": "http-port", "protocol": "TCP"},
+        {"name": "metrics", "port": 9090, "targetPort": 9100, "protocol": "TCP"},
+        {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"},
+    ]))
+    c.apply("endpointslices", "ADDED", endpointslice("shop", "web-abc", "web", [
+        {"name": "http", "port": 8080, "protocol": "TCP"},
+        {"name": "metrics", "port": 9100, "protocol": "TCP"},
+        {"name": "dns", "port": 5353, "protocol": "UDP"},
+    ], [endpoint("10.0.1.5", "n1"), endpoint("10.0.2.5", "n2", "zone-b"),
+        endpoint("10.0.1.6", "n1", ready=False, serving=True),
+        endpoint("10.0.1.7", "n1", ready=False, serving=False),
+        endpoint("10.0.1.8", "n1", ready=None)]))
+    return c
+
+
+def test_endpoint_services_maps_target_port_back_by_name() -> None:
+    c = _svc_cache()
+    assert c.endpoint_services(ip("10.0.1.5"), 8080, 6) == (
+        ServicePort("shop", "web", 80, "http", 8080, 6),)
+    assert c.endpoint_services(ip("10.0.1.5"), 9100, 6) == (
+        ServicePort("shop", "web", 9090, "metrics", 9100, 6),)
+    assert c.endpoint_services(ip("10.0.2.5"), 5353, 17) == (
+        ServicePort("shop", "web", 53, "dns", 5353, 17),)
+    assert c.endpoint_services(ip("10.0.2.5"), 5353, 6) == ()  # TCP is not UDP
+    assert c.endpoint_services(ip("10.0.1.5"), 80, 6) == ()    # service port, not target port
+
+
+def test_endpoint_in_two_services_and_slice_update_and_delete() -> None:
+    c = _svc_cache()
+    c.apply("services", "ADDED", service("shop", "web-canary", "10.96.0.11", [{"port": 81, "targetPort": 8080}]))
+    c.apply("endpointslices", "ADDED", endpointslice("shop", "canary-1", "web-canary",
+                                                     [{"name": "", "port": 8080, "protocol": "TCP"}],
+                                                     [endpoint("10.0.1.5", "n1")]))
+    assert [s.service for s in c.endpoint_services(ip("10.0.1.5"), 8080, 6)] == ["web", "web-canary"]
+    c.apply("endpointslices", "MODIFIED", endpointslice("shop", "canary-1", "web-canary",
+                                                        [{"port": 8080}], [endpoint("10.0.1.99")]))
+    assert [s.service for s in c.endpoint_services(ip("10.0.1.5"), 8080, 6)] == ["web"]
+    assert c.endpoint_services(ip("10.0.1.99"), 8080, 6)[0].port == 81
+    c.apply("endpointslices", "DELETED", endpointslice("shop", "web-abc", "web", None, None))
+    assert c.endpoint_services(ip("10.0.1.5"), 8080, 6) == ()
+
+
+def test_slice_before_service_reports_port_zero_then_real_port() -> None:
+    c = make()
+    c.apply("endpointslices", "ADDED", endpointslice("ns", "s-1", "s", [{"name": "a", "port": 7000}],
+                                                     [endpoint("fd00:1::5", "n1")], "IPv6"))
+    assert c.endpoint_services(ip("fd00:1::5"), 7000, 6)[0].port == 0
+    c.apply("services", "ADDED", service("ns", "s", "fd00:96::1", [{"name": "a", "port": 70, "targetPort": 7000}]))
+    assert c.endpoint_services(ip("fd00:1::5"), 7000, 6)[0].port == 70
+
+
+def test_odd_slices_do_not_break_the_index() -> None:
+    c = make()
+    c.replace("endpointslices", [
+        endpointslice("ns", "noports", "s", None, [endpoint("10.0.1.1")]),
+        endpointslice("ns", "noeps", "s", [{"port": 80}], None),
+        endpointslice("ns", "nolabel", None, [{"port": 80}], [endpoint("10.0.1.2")]),
+        endpointslice("ns", "fqdn", "s", [{"port": 80}], [endpoint("db.example.com")], "FQDN"),
+        endpointslice("ns", "dups", "s", [{"port": 80}], [endpoint("10.0.1.3"), endpoint("10.0.1.3")]),
+        endpointslice("ns", "nilport", "s", [{"name": "all"}], [endpoint("10.0.1.4")]),
+    ])
+    assert c.bad_objects()["endpointslices"] == 0
+    assert c.endpoint_services(ip("10.0.1.2"), 80, 6) == ()
+    assert len(c.endpoint_services(ip("10.0.1.3"), 80, 6)) == 1
+    assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.3"), 80, 6)})
+
+
+def test_service_address_for_client_side_copies() -> None:
+    c = _svc_cache()
+    assert c.service_address(ip("10.96.0.10"), 80, 6) == ServicePort("shop", "web", 80, "http", 0, 6)
+    assert c.service_address(ip("fd00:96::10"), 9090, 6) == ServicePort("shop", "web", 9090, "metrics", 9100, 6)
+    assert c.service_address(ip("10.96.0.10"), 53, 17) == ServicePort("shop", "web", 53, "dns", 5353, 17)
+    assert c.service_address(ip("10.96.0.10"), 81, 6) is None
+    assert c.service_address(ip("10.0.1.5"), 80, 6) is None
+    c.apply("services", "DELETED", service("shop", "web", None, []))
+    assert c.service_address(ip("10.96.0.10"), 80, 6) is None
+    assert not c.is_cluster_ip(ip("10.96.0.10"))
+
+
+def test_headless_service_has_no_cluster_ip() -> None:
+    c = make()
+    c.apply("services", "ADDED", service("ns", "h", "None", [{"port": 80}]))
+    assert c.service("ns", "h").cluster_ips == ()  # type: ignore[union-attr]
+
+
+def test_local_endpoints_ready_or_serving_on_this_node() -> None:
+    c = _svc_cache()
+    local = c.local_endpoints("n1")
+    addrs = {a for a, _, _ in local}
+    assert addrs == {ip("10.0.1.5"), ip("10.0.1.6"), ip("10.0.1.8")}  # not 10.0.1.7, not n2's
+    assert (ip("10.0.1.5"), 8080, 6) in local and (ip("10.0.1.5"), 5353, 17) in local
+    assert len(local) == 9
+    assert c.local_endpoints("n2") == frozenset({(ip("10.0.2.5"), p, pr) for p, pr in
+                                                 ((8080, 6), (9100, 6), (5353, 17))})
+    c.apply("endpointslices", "DELETED", endpointslice("shop", "web-abc", "web", None, None))
+    assert c.local_endpoints("n1") == frozenset()
+
+
+# ---------------------------------------------------------------- raw objects, dirty, snapshot
+
+def test_raw_objects_are_pruned_api_shapes() -> None:
+    c = _svc_cache()
+    c.apply("services", "ADDED", service("ns", "td", "10.96.1.1", [{"port": 80}],
+                                         annotations={"service.kubernetes.io/topology-mode": "Auto"},
+                                         traffic_distribution="PreferClose"))
+    nodes, services, slices = c.raw_objects()
+    n1 = next(n for n in nodes if n["metadata"]["name"] == "n1")
+    assert "managedFields" not in n1["metadata"] and "annotations" not in n1["metadata"]
+    assert set(n1["status"]) == {"addresses", "allocatable", "conditions"}
+    assert n1["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-a"
+    td = next(s for s in services if s["metadata"]["name"] == "td")
+    assert td["metadata"]["annotations"] == {"service.kubernetes.io/topology-mode": "Auto"}
+    assert td["spec"]["trafficDistribution"] == "PreferClose"
+    sl = slices[0]
+    assert "annotations" not in sl["metadata"] and "managedFields" not in sl["metadata"]
+    assert sl["addressType"] == "IPv4" and sl["ports"][0]["name"] == "http"
+    assert sl["endpoints"][0] == {"addresses": ["10.0.1.5"], "conditions": {"ready": True},
+                                  "nodeName": "n1", "zone": "zone-a"}
+    svc, its_slices = c.raw_service("shop", "web")
+    assert svc is not None and [s["metadata"]["name"] for s in its_slices] == ["web-abc"]
+
+
+def test_take_dirty_tracks_services_and_nodes() -> None:
+    c = make()
+    c.take_dirty()
+    c.apply("services", "ADDED", service("ns", "a", "10.96.0.1", [{"port": 80}]))
+    c.apply("endpointslices", "ADDED", endpointslice("ns", "b-1", "b", [{"port": 80}], []))
+    d = c.take_dirty()
+    assert d.services == frozenset({("ns", "a"), ("ns", "b")}) and not d.all
+    assert c.take_dirty().services == frozenset()
+    gen = c.generation("nodes")
+    c.apply("nodes", "MODIFIED", node("n1", "zone-z", internal="192.168.0.1"))
+    assert c.take_dirty().all and c.generation("nodes") == gen + 1
+    assert c.resolve(ip("192.168.0.1")).zone == "zone-z"
+    c.apply("nodes", "DELETED", node("n1"))
+    assert c.resolve(ip("192.168.0.1")).kind is PeerKind.EXTERNAL
+
+
+def test_unknown_event_types_are_ignored() -> None:
+    c = make()
+    gen = c.generation("pods")
+    c.apply("pods", "BOOKMARK", pod("ns", "p", "10.0.1.1"))
+    assert c.generation("pods") == gen and c.counts()["pods"] == 0
+
+
+def test_load_snapshot_fills_the_same_cache() -> None:
+    items = [node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"]),
+             pod("ns", "p", "10.0.1.5", "n1", owner=("StatefulSet", "db")),
+             service("ns", "db", "10.96.0.5", [{"port": 5432}]),
+             endpointslice("ns", "db-1", "db", [{"port": 5432}], [endpoint("10.0.1.5", "n1")])]
+    snap = snapshot.load_text(json.dumps({"kind": "List", "items": items}), "dump.json")
+    c = ClusterMetadata()
+    c.load_snapshot(snap)
+    assert c.synced() == {"pods": True, "nodes": True, "services": True, "endpointslices": True}
+    assert c.resolve(ip("10.0.1.5")).workload == "db"
+    assert c.endpoint_services(ip("10.0.1.5"), 5432, 6)[0].port == 5432
+    assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.5"), 5432, 6)})
+
+
+def test_memoized_answers_follow_changes() -> None:
+    c = make()
+    assert c.resolve(ip("10.0.1.30")).kind is PeerKind.UNKNOWN          # memoized miss
+    c.apply("pods", "ADDED", pod("ns", "p", "10.0.1.30", "n1"))
+    assert c.resolve(ip("10.0.1.30")).zone == "zone-a"                 # memo dropped on add
+    c.apply("nodes", "MODIFIED", node("n1", "zone-q", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"]))
+    assert c.resolve(ip("10.0.1.30")).zone == "zone-q"                 # memo dropped on node change
+    c.apply("pods", "ADDED", pod("kube-system", "hn", "10.0.1.31", "n2", host_network=True))
+    assert c.resolve(ip("10.0.1.31")).kind is PeerKind.NODE
+    c.apply("pods", "DELETED", pod("kube-system", "hn", "10.0.1.31", "n2", host_network=True))
+    assert c.resolve(ip("10.0.1.31")).kind is PeerKind.UNKNOWN         # host-network pod gone
+
+
+def test_concurrent_writers_and_readers() -> None:
+    """Watch threads write while the agent reads: no exception, and a consistent end."""
+    import threading
+
+    c = make()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        try:
+            for round_ in range(30):
+                c.replace("pods", [pod("ns", f"p{i}", f"10.0.1.{i + 1}", "n1") for i in range(100)])
+                for i in range(100):
+                    c.apply("pods", "DELETED", pod("ns", f"p{i}", f"10.0.1.{i + 1}", "n1"))
+                c.apply("endpointslices", "ADDED", endpointslice(
+                    "ns", "s-1", "s", [{"port": 80 + round_ % 2}], [endpoint("10.0.1.1")]))
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+        finally:
+            stop.set()
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                for i in range(100):
+                    c.resolve(ip(f"10.0.1.{i + 1}"), at=1000.0)
+                    c.endpoint_services(ip("10.0.1.1"), 80, 6)
+                c.local_endpoints("n1")
+                c.raw_objects()
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=churn)] + [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert c.counts()["pods"] == 0
+    assert c.resolve(ip("10.0.1.5")).name == "p4"  # deleted, within the grace
+    assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.1"), 81, 6)})
+
+
+def test_interrupted_relist_deletes_nothing() -> None:
+    """A list that fails after some pages (410 on a continue token, stop) must not delete
+    the objects of the pages it never read."""
+    c = make()
+    def addr(i: int) -> str:
+        return f"10.0.{i // 200 + 1}.{i % 200 + 1}"
+
+    c.replace("pods", [pod("ns", f"p{i}", addr(i)) for i in range(600)])
+
+    def pages():  # type: ignore[no-untyped-def]
+        yield from (pod("ns", f"p{i}", addr(i), "n2") for i in range(550))
+        raise RuntimeError("continue token expired")
+
+    with pytest.raises(RuntimeError):
+        c.replace("pods", pages())
+    assert c.counts()["pods"] == 600
+    assert c.resolve(ip(addr(0))).node == "n2"    # applied pages stay applied
+    assert c.resolve(ip(addr(599))).node == "n1"  # unread pages untouched
+
+
+def test_local_endpoints_skip_host_network_endpoints() -> None:
+    c = make()
+    c.apply("endpointslices", "ADDED", endpointslice("kube-system", "dns-1", "dns", [{"port": 53, "protocol": "UDP"}], [
+        endpoint("192.168.0.1", "n1"),   # the node's own address (a host-network endpoint)
+        endpoint("10.0.1.40", "n1"),
+        endpoint("10.0.1.41", "n1")]))
+    assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40"), ip("10.0.1.41")}
+    c.apply("pods", "ADDED", pod("kube-system", "hn", "10.0.1.41", "n1", host_network=True))
+    assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40")}
+    c.apply("pods", "DELETED", pod("kube-system", "hn", "10.0.1.41", "n1", host_network=True))
+    assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40"), ip("10.0.1.41")}
+    # the Service mapping still knows them: client-side counting needs it
+    assert c.endpoint_services(ip("192.168.0.1"), 53, 17)[0].service == "dns"
+
+
+def test_pod_cidrs_follow_node_changes() -> None:
+    c = make()
+    assert c.resolve(ip("10.0.2.200")).reason == "no_pod_for_ip"
+    c.apply("nodes", "DELETED", node("n2"))
+    assert c.resolve(ip("10.0.2.200")).kind is PeerKind.EXTERNAL
+    # two nodes declaring one range (a misconfiguration, but possible): both must go
+    c.apply("nodes", "ADDED", node("x1", pod_cidrs=["10.9.0.0/16"]))
+    c.apply("nodes", "ADDED", node("x2", pod_cidrs=["10.9.0.0/16"]))
+    c.apply("nodes", "DELETED", node("x1"))
+    assert c.resolve(ip("10.9.1.1")).kind is PeerKind.UNKNOWN
+    c.apply("nodes", "MODIFIED", node("x2", pod_cidrs=["10.8.0.0/16"]))
+    assert c.resolve(ip("10.9.1.1")).kind is PeerKind.EXTERNAL
+    assert c.resolve(ip("10.8.1.1")).kind is PeerKind.UNKNOWN
