@@ -18,6 +18,7 @@ from agent.errors import InputError, ZonemeterError
 
 #: verb modules, in the order ``--help`` lists them
 VERB_MODULES: tuple[str, ...] = (
+    "agent.agent",
     "agent.explain",
     "tools.report.cli",
     "tools.lab.cli",
