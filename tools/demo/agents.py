@@ -136,14 +136,16 @@ class AgentProcess:
 
 
 def agent_argv(lab: Lab, node: str, snapshot: Path, address: str, interval: float,
-               python: str = sys.executable) -> list[str]:
-    """Return the command line of the agent for ``node`` (the CLI contract of issue 4)."""
+               python: str = sys.executable, command: list[str] | None = None) -> list[str]:
+    """Return the command line of the agent for ``node`` (the CLI contract of issue 4).
+
+    ``command`` replaces ``[python, "-m", "agent"]`` (another build of the agent)."""
     netns, uplink = lab.uplink(node)
     exclude = [uplink]
     vx = lab.vxlan_device(node)
     if vx is not None:
         exclude.append(vx[1])
-    return [python, "-m", "agent", "agent", "--node-name", node, "--snapshot", str(snapshot),
+    return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, "--snapshot", str(snapshot),
             "--netns", netns, "--metrics-address", address, "--interval", f"{interval:g}",
             "--exclude-interfaces", ",".join(exclude)]
 
@@ -164,9 +166,14 @@ class AgentFleet:
         snapshot: the snapshot file the agents read.
         logdir: each agent's stdout/stderr goes to ``<logdir>/agent-<node>.log``.
         interval: the agents' export interval (seconds).
+        command: the agent program (default ``python -m agent``; the environment variable
+            ``ZONEMETER_DEMO_AGENT``, split on spaces, overrides it).
     """
 
-    def __init__(self, lab: Lab, snapshot: Path, logdir: Path, interval: float = 2.0) -> None:
+    def __init__(self, lab: Lab, snapshot: Path, logdir: Path, interval: float = 2.0,
+                 command: list[str] | None = None) -> None:
+        env_cmd = os.environ.get("ZONEMETER_DEMO_AGENT", "").split()
+        self.command = command or env_cmd or None
         self.lab = lab
         self.snapshot = snapshot
         self.logdir = logdir
@@ -187,7 +194,8 @@ class AgentFleet:
                 log = self.logdir / f"agent-{node.name}.log"
                 with open(log, "wb") as fh:
                     proc = subprocess.Popen(
-                        agent_argv(self.lab, node.name, self.snapshot, address, self.interval),
+                        agent_argv(self.lab, node.name, self.snapshot, address, self.interval,
+                                   command=self.command),
                         stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
                         env=_env(), start_new_session=True)
                 self.agents.append(AgentProcess(node.name, address, proc, log))

@@ -141,6 +141,7 @@ class DemoRun:
         self._prom: subprocess.Popen[bytes] | None = None
         self._handles: list[FlowHandle] = []
         self._built = False
+        self._owner_pid = os.getpid()
 
     # ------------------------------------------------------------------ context
 
@@ -152,7 +153,10 @@ class DemoRun:
             self.teardown()
 
     def teardown(self) -> None:
-        """Stop traffic, Prometheus and agents, tear the lab down (idempotent)."""
+        """Stop traffic, Prometheus and agents, tear the lab down (idempotent; does
+        nothing in a forked child that unwound into it, e.g. on Ctrl-C)."""
+        if os.getpid() != self._owner_pid:
+            return
         for h in self._handles:
             h.stop()
         self._handles = []
@@ -345,8 +349,15 @@ def sigterm_as_interrupt() -> Callable[[], None]:
     """Make SIGTERM raise KeyboardInterrupt (like Ctrl-C) so ``finally`` blocks clean up;
     returns a function restoring the previous handler."""
     old = signal.getsignal(signal.SIGTERM)
+    owner = os.getpid()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            # a forked child (pyroute2 runs netlink in forked helpers and ends them with
+            # SIGTERM) must die as by default, not unwind into our cleanup code
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
