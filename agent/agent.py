@@ -380,25 +380,77 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
 
 
+class Stopper:
+    """SIGTERM/SIGINT -> a stop flag that wakes the loop at once, whichever thread the kernel
+    delivers the signal to.
+
+    Python runs signal handlers in the main thread, but the kernel may deliver the signal
+    to any thread (the HTTP server's, BCC's); a main thread blocked in a timed wait is then
+    not interrupted and would notice only when its timeout ends (a whole interval). The
+    C-level handler writes to :func:`signal.set_wakeup_fd` from whatever thread it runs in,
+    so :meth:`wait` selects on that socket instead.
+    """
+
+    def __init__(self) -> None:
+        import socket
+
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+        self._previous = {sig: signal.signal(sig, self._handler)
+                          for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.signal = signum  # no logging here: the handler may interrupt a log call
+        self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True as soon as a stop signal arrived."""
+        import select
+
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self.event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            readable, _, _ = select.select([self._r], [], [], min(left, 1.0))
+            if readable:
+                try:
+                    self._r.recv(4096)
+                except BlockingIOError:
+                    pass
+        return self.event.is_set()
+
+    def close(self) -> None:
+        """Restore the previous handlers and wakeup fd."""
+        signal.set_wakeup_fd(self._old_fd)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._r.close()
+        self._w.close()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT; returns 0 after the final export.
+
+    Must run in the main thread (signal handlers).
 
     Raises:
         InputError: bad flags, snapshot, CIDR file, version or gates (exit 2).
         RuntimeFailure: the datapath cannot load, or the metrics address cannot be bound
             (exit 1).
     """
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    stopper = Stopper()
     try:
-        return _run(args, stop)
+        return _run(args, stopper)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stopper.close()
 
 
-def _run(args: argparse.Namespace, stop: threading.Event) -> int:
+def _run(args: argparse.Namespace, stop: Stopper) -> int:
     from agent.datapath import Datapath, DatapathConfig
     from agent.explain import parse_feature_gates
     from agent.k8s.source import open_metadata
@@ -440,6 +492,7 @@ def _run(args: argparse.Namespace, stop: threading.Event) -> int:
                 attached.set()
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
                 _serve(loop, stop, args.interval)
+                log.info("stopping", extra={"fields": {"signal": stop.signal}})
                 # Final: stop counting first (watcher stopped, filters removed), then drain
                 # what the tables hold, so every byte the kernel counted is exported.
                 attached.clear()
@@ -460,7 +513,7 @@ def _run(args: argparse.Namespace, stop: threading.Event) -> int:
     return 0
 
 
-def _serve(loop: AgentLoop, stop: threading.Event, interval: float) -> None:
+def _serve(loop: AgentLoop, stop: Stopper, interval: float) -> None:
     """Tick at once, then every ``interval`` seconds (fixed schedule) until ``stop``."""
     start = time.monotonic()
     n = 0

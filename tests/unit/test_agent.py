@@ -12,7 +12,6 @@ import io
 import ipaddress
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -204,7 +203,9 @@ def test_sigterm_detaches_then_drains_and_exports_the_last_bytes(
             except OSError:
                 time.sleep(0.05)
         made[0].pending = list(DELTAS)  # counted after the last interval tick
-        os.kill(os.getpid(), signal.SIGTERM)
+        # delivered to this (non-main) thread: the agent must still wake at once, not at
+        # the end of its 60 s interval
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
         while time.monotonic() < deadline:  # scrape during the linger
             try:
                 text = urllib.request.urlopen(url + "/metrics", timeout=1).read().decode()
@@ -218,11 +219,13 @@ def test_sigterm_detaches_then_drains_and_exports_the_last_bytes(
 
     th = threading.Thread(target=driver)
     th.start()
+    started = time.monotonic()
     rc = cli.main(["agent", "--node-name", "nb", "--snapshot", str(snap), "--metrics-address",
                    f"127.0.0.1:{port}", "--interval", "60", "--final-linger-seconds", "3",
                    "--exclude-interfaces", "zmu*,zmx*", "--flow-capacity", "1024"])
     th.join()
     assert rc == 0
+    assert time.monotonic() - started < 30  # woke on the signal, not after the interval
     dp = made[0]
     assert dp.config.exclude_patterns == ("zmu*", "zmx*") and dp.config.flow_capacity == 1024
     assert dp.events[:3] == ["watch", "drain", "close"] and dp.events[3] == "drain"
