@@ -238,3 +238,62 @@ def test_agents_export_ground_truth_and_stop_cleanly(lab, tmp_path: Path) -> Non
         assert _filters_left(lab) == []
     finally:
         agents.kill()
+
+
+HINTED = (TOPOLOGY
+          .replace("  - {name: a2, zone: zone-a, cpu: 4}", "  - {name: a2, zone: zone-a, cpu: 4, ignoreHints: true}")
+          .replace("    selector: {app: web}\n", "    selector: {app: web}\n    trafficDistribution: PreferSameZone\n"))
+
+
+def hint_series(texts: list[str]) -> tuple[dict[tuple[str, str], int], dict[str, float], set[tuple[str, str]]]:
+    """(hint-ignored bytes by (client_zone, server_zone), in_effect by zone, (mode, reason))."""
+    ignored: dict[tuple[str, str], int] = defaultdict(int)
+    in_effect: dict[str, float] = {}
+    info: set[tuple[str, str]] = set()
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == "zonemeter_service_hint_ignored_bytes_total":
+                    ignored[(s.labels["client_zone"], s.labels["server_zone"])] += int(s.value)
+                elif s.name == "zonemeter_service_locality_in_effect":
+                    in_effect[s.labels["client_zone"]] = s.value
+                elif s.name == "zonemeter_service_locality_info":
+                    info.add((s.labels["mode"], s.labels["reason"]))
+    return dict(ignored), in_effect, info
+
+
+def test_hint_ignored_bytes_equal_the_ignoring_nodes_cross_zone_bytes(tmp_path: Path) -> None:
+    """Hints per zone are in effect (the model says so), but node a2's data plane ignores
+    them: every byte between client-a2 and web-b1 (zone-b), through the ClusterIP or
+    dialled directly, is hint-ignored; the other clients' kube-proxies honour the hints."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, BPF)")
+    from tools.lab import Lab, Topology
+
+    with Lab(Topology.from_yaml(HINTED)) as hl:
+        own_zone = {"web-a1": {"forZones": ["zone-a"]}, "web-b1": {"forZones": ["zone-b"]}}
+        snapshot = hl.write_snapshot(tmp_path / "lab.json", hints=lambda svc: own_zone)
+        zone_pod = {"zone-a": "web-a1", "zone-b": "web-b1"}
+        hl.program_proxies(lambda svc, node: [zone_pod[node.zone]])
+        agents = Agents(hl, snapshot, tmp_path)
+        try:
+            agents.wait_ready()
+            hl.reset_ground_truth()
+            traffic(hl)
+            time.sleep(INTERVAL * 1.5)
+            texts = [agents.scrape(n) for n in AGENT_NODES]
+            got, other = service_bytes(texts)
+            assert got == expected(hl)
+            ignored, in_effect, info = hint_series(texts)
+            truth = hl.ground_truth()
+            a2_to_b1 = sum(v for (c, s, _), v in truth.items() if (c, s) == ("client-a2", "web-b1"))
+            assert a2_to_b1 > 0
+            assert ignored == {("zone-a", "zone-b"): a2_to_b1}
+            # honouring nodes never crossed zones
+            assert all(v == 0 for (c, s, _), v in truth.items()
+                       if c in ("client-a1", "client-b1") and s != c.replace("client", "web"))
+            assert in_effect == {"zone-a": 1.0, "zone-b": 1.0}
+            assert info == {("PreferSameZone", "none")}
+            assert agents.stop() == {"a1": 0, "b1": 0}
+        finally:
+            agents.kill()
