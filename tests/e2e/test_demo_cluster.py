@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,3 +135,36 @@ def test_snapshot_file_is_rewritten_atomically(cluster: DemoCluster, tmp_path: P
     cluster.write_snapshot()
     assert cluster.snapshot_path.stat().st_mtime_ns >= before
     assert not cluster.snapshot_path.with_name("snapshot.json.tmp").exists()
+
+
+def _eth0(cluster: DemoCluster, pod: str) -> dict[str, int]:
+    ns = cluster.lab.pod_netns(pod)
+    out = {}
+    for name in ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets"):
+        out[name] = int(subprocess.run(
+            ["ip", "netns", "exec", ns, "cat", f"/sys/class/net/eth0/statistics/{name}"],
+            capture_output=True, text=True, check=True).stdout)
+    return out
+
+
+def test_ground_truth_survives_two_removals_during_traffic(cluster: DemoCluster) -> None:
+    """Regression: a second removal folded the archive into itself, and counters zeroed
+    after reading lost what arrived in between. Traffic keeps running across both removals
+    and the ground truth must equal the server's own interface counters (L2 bytes minus
+    14 per frame: the lab pins neighbours, so only the pods' IP packets cross eth0)."""
+    lab = cluster.lab
+    lab.reset_ground_truth()
+    before = _eth0(cluster, "catalog-a2")
+    handle = lab.start_flow("frontend-a1", lab.pod_ip("catalog-a2"), 8080, count=60, rate=20)
+    time.sleep(0.7)
+    lab.remove_pod("cart-7")
+    lab.remove_pod("cart-8")
+    assert handle.wait().ok == 60
+    after = _eth0(cluster, "catalog-a2")
+    gt = lab.ground_truth_counters()
+    req_b, req_p = gt[("frontend-a1", "catalog-a2", "request")]
+    resp_b, resp_p = gt[("frontend-a1", "catalog-a2", "response")]
+    assert req_p == after["rx_packets"] - before["rx_packets"]
+    assert req_b == after["rx_bytes"] - before["rx_bytes"] - 14 * req_p
+    assert resp_p == after["tx_packets"] - before["tx_packets"]
+    assert resp_b == after["tx_bytes"] - before["tx_bytes"] - 14 * resp_p

@@ -205,6 +205,8 @@ class DemoCluster:
         self.pod_service: dict[str, str] = {}
         #: removed pod -> the pod that replaced it (same node, address, Service)
         self.replaced_by: dict[str, str] = {}
+        #: the traffic plan's clients now (a replaced client's successor takes its place)
+        self.clients: list[str] = list(spec.traffic.clients)
         self._remember_pods()
 
     @property
@@ -291,9 +293,7 @@ class DemoCluster:
         else:
             r = None
         specs = []
-        for client in plan.clients:
-            if client not in self.pod_node or client not in {p.name for p in self.topology.pods}:
-                continue
+        for client in self.clients:
             for key in plan.services:
                 svc = self.topology.service(key)
                 for fam in plan.families:
@@ -316,7 +316,7 @@ class DemoCluster:
 
     # ------------------------------------------------------------------ pods come and go
 
-    def replace_pod(self, old: str, new: str, settle_seconds: float = 1.0) -> str:
+    def replace_pod(self, old: str, new: str, settle_seconds: float = 0.5) -> str:
         """Delete pod ``old`` and create ``new`` like it (same node, namespace, labels,
         ports), which takes the lowest free address of the node: ``old``'s.
 
@@ -349,6 +349,7 @@ class DemoCluster:
                 for s in self.lab.topology.services})
         added = self.lab.add_pod(spec)
         self.replaced_by[old] = new
+        self.clients = [new if c == old else c for c in self.clients]
         self.write_snapshot()
         time.sleep(settle_seconds)
         self.program()

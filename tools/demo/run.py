@@ -142,6 +142,8 @@ class DemoRun:
         self._handles: list[FlowHandle] = []
         self._built = False
         self._owner_pid = os.getpid()
+        #: (monotonic start, seconds) of the measured traffic while it runs
+        self._measure: tuple[float, float] | None = None
 
     # ------------------------------------------------------------------ context
 
@@ -230,6 +232,7 @@ class DemoRun:
                      during: Callable[["DemoRun"], None] | None, started: float,
                      total: float) -> list[FlowResult]:
         self._handles = self.cluster.start_traffic(duration, count=count)
+        self._measure = (time.monotonic(), duration) if count is None else None
         mid = time.monotonic() + duration / 2
         next_refresh = time.monotonic() + self.options.refresh_seconds
         while not all(h.done() for h in self._handles):
@@ -246,7 +249,34 @@ class DemoRun:
             during(self)
         results = [h.wait() for h in self._handles]
         self._handles = []
+        self._measure = None
         return results
+
+    def replace_pod(self, old: str, new: str) -> str:
+        """Delete pod ``old`` mid-run and create ``new`` in its place, which reuses its
+        address (:meth:`DemoCluster.replace_pod`). A client pod's requests stop first
+        (connections cut short are counted alike by agents and lab) and its successor
+        makes the remaining requests of the measured window.
+
+        Returns:
+            The new pod's IPv4 address.
+        """
+        mine = [h for h in self._handles if h.client == old]
+        for h in mine:
+            h.stop()
+        for h in mine:
+            try:
+                h.wait()
+            except RuntimeFailure:
+                pass  # ended by us
+        self._handles = [h for h in self._handles if h not in mine]
+        address = self.cluster.replace_pod(old, new)
+        if mine and self._measure is not None:
+            start, duration = self._measure
+            left = duration - (time.monotonic() - start)
+            if left >= 1:
+                self._handles += self.cluster.start_traffic(left, clients=[new])
+        return address
 
     def snapshot_summary(self, elapsed: float) -> dict[str, Any]:
         """The summary right now (agents scraped, ground truth read), for progress."""

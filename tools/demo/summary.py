@@ -14,8 +14,9 @@ JSON (``zonemeter demo -o json``), exactly the schema of issue 5::
 ``ground_truth_*`` come from the lab's nftables counters; ``warnings`` are the hint model's
 warning codes (``zonemeter explain --snapshot FILE`` prints their messages).
 
-``double_counted_bytes``: over every (Service, client zone, server zone, crossing,
-direction), the bytes the agents report above the lab's count, plus every byte in
+``double_counted_bytes``: over every (Service, client zone, server zone, direction), the
+bytes the agents report above the lab's count (same-node and same-zone are not told
+apart here: for host-network endpoints the agent may only know the zone), plus every byte in
 ``zonemeter_workload_egress_bytes_total`` (the demo sends only Service traffic, so a byte
 there is a Service byte counted a second time). 0 when every byte is counted once.
 """
@@ -48,14 +49,17 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
         ns, name = key.split("/", 1)
         t = truth.get(key) or ServiceTruth()
         got: dict[str, int] = {}
-        per_series: dict[tuple[str, str, str, str], int] = {}
+        per_key: dict[tuple[str, str, str], int] = {}
         for (sns, sname, cz, sz, crossing, direction), n in agents.service_bytes.items():
             if (sns, sname) == (ns, name):
                 got[crossing] = got.get(crossing, 0) + n
-                k4 = (cz, sz, crossing, direction)
-                per_series[k4] = per_series.get(k4, 0) + n
-        for k4, n in per_series.items():
-            double += max(0, n - t.by_series.get(k4, 0))
+                k3 = (cz, sz, direction)
+                per_key[k3] = per_key.get(k3, 0) + n
+        lab: dict[tuple[str, str, str], int] = {}
+        for (cz, sz, _, direction), n in t.by_series.items():
+            lab[(cz, sz, direction)] = lab.get((cz, sz, direction), 0) + n
+        for k3, n in per_key.items():
+            double += max(0, n - lab.get(k3, 0))
         hint = sum(n for (sns, sname, _, _), n in agents.hint_ignored.items()
                    if (sns, sname) == (ns, name))
         _, reason = agents.info.get((ns, name), ("", "unknown"))
