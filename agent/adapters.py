@@ -172,22 +172,31 @@ class HintModel:
             self._views = {}
             self.last_evaluated = len(self._diags)
             return self.last_evaluated
-        count = 0
-        for ns, name in sorted(dirty.services):
-            svc, svc_slices = self.cache.raw_service(ns, name)
-            key = (ns, name)
-            got = self._evaluate(nodes, [svc], svc_slices) if svc is not None else []
-            mine = tuple(d for d in got if (d.namespace, d.name) == key)
+        # one evaluate_cluster call for every dirty Service: the node index (O(nodes)) is
+        # built once per refresh, not once per Service
+        keys = sorted(dirty.services)
+        svcs: list[dict[str, Any]] = []
+        svc_slices: list[dict[str, Any]] = []
+        for ns, name in keys:
+            svc, slices_ = self.cache.raw_service(ns, name)
+            if svc is not None:
+                svcs.append(svc)
+                svc_slices.extend(slices_)
+        got: dict[ServiceName, list[ServiceDiagnosis]] = {}
+        for d in self._evaluate(nodes, svcs, svc_slices) if svcs else []:
+            got.setdefault((d.namespace, d.name), []).append(d)
+        for key in keys:
+            mine = got.get(key)
             if mine:
-                self._diags[key] = mine
+                self._diags[key] = tuple(mine)
                 self._locality[key] = merge_locality(mine)
             else:  # deleted, ExternalName, or malformed
                 self._diags.pop(key, None)
                 self._locality.pop(key, None)
-            self._views = {k: v for k, v in self._views.items() if (k[0], k[1]) != key}
-            count += 1
-        self.last_evaluated = count
-        return count
+        changed = set(keys)
+        self._views = {k: v for k, v in self._views.items() if (k[0], k[1]) not in changed}
+        self.last_evaluated = len(keys)
+        return len(keys)
 
     def _evaluate(self, nodes: list[dict[str, Any]], services: list[dict[str, Any]],
                   slices: list[dict[str, Any]]) -> list[ServiceDiagnosis]:

@@ -109,3 +109,22 @@ def test_merge_dual_stack() -> None:
         "PreferSameZone", frozenset({"10.0.0.1", "fd00::1", "fd00::2"}), "cluster")
     assert merge_views([None]) is None
     assert merge_views([pv6]) is pv6
+
+
+def test_several_dirty_services_in_one_refresh() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh(None)
+    cache.take_dirty()
+    c = cluster()
+    web = c["services"][0]
+    web["spec"].pop("trafficDistribution")  # locality no longer requested
+    cache.apply("services", "MODIFIED", web)
+    cache.apply("services", "DELETED", c["services"][1])
+    dirty = cache.take_dirty()
+    assert dirty.services == {("shop", "web"), ("shop", "db")}
+    assert h.refresh(dirty) == 2
+    assert list(h.services()) == [("shop", "web")]
+    assert h.locality("shop", "web") == Locality("none", "not-requested", {"zone-a": False, "zone-b": False})
+    assert h.proxy_view("shop", "web", "na") == ProxyView(
+        "", frozenset({"10.244.1.20", "10.244.2.20"}), "cluster")
