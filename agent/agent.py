@@ -360,6 +360,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hold-unresolved-seconds", type=float, default=0.0, metavar="SECONDS",
                    help="hold deltas whose pod is not known yet for up to this long "
                    "(default %(default)g: count at once, as unknown)")
+    p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
+                   help="live cluster: wait this long for the first list of every resource "
+                   "before attaching (default %(default)g)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -371,6 +374,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"must be > 0, got {args.interval:g}", source="--interval")
     if args.final_linger_seconds < 0:
         raise InputError("must be >= 0", source="--final-linger-seconds")
+    if args.sync_timeout_seconds < 0:
+        raise InputError("must be >= 0", source="--sync-timeout-seconds")
     if args.hold_unresolved_seconds < 0:
         raise InputError("must be >= 0", source="--hold-unresolved-seconds")
     ex.parse_address(args.metrics_address)
@@ -487,6 +492,10 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             try:
                 loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
                                  hold_unresolved_seconds=args.hold_unresolved_seconds)
+                # Live cluster: attach only once the endpoints are known, else Service bytes
+                # counted meanwhile would be classified as non-Service (and dropped as
+                # client copies on the other side); attach anyway after the timeout.
+                _wait_synced(source.cache, stop, args.sync_timeout_seconds)
                 loop.sync_endpoints()
                 dp.watch()
                 attached.set()
@@ -511,6 +520,19 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         source.stop()
     log.info("stopped")
     return 0
+
+
+def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:
+    """Block until every metadata resource is synced, a stop signal, or ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not all(cache.synced().values()):
+        if time.monotonic() >= deadline:
+            stale = sorted(r for r, ok in cache.synced().items() if not ok)
+            log.warning("metadata not synced, attaching anyway",
+                        extra={"fields": {"unsynced": stale, "waited_seconds": timeout}})
+            return
+        if stop.wait(0.1):
+            return
 
 
 def _serve(loop: AgentLoop, stop: Stopper, interval: float) -> None:
