@@ -273,9 +273,10 @@ class DemoRun:
         address = self.cluster.replace_pod(old, new)
         if mine and self._measure is not None:
             start, duration = self._measure
-            left = duration - (time.monotonic() - start)
-            if left >= 1:
-                self._handles += self.cluster.start_traffic(left, clients=[new])
+            # at least a second of traffic, so the successor is seen even when the
+            # replacement ate the rest of the window
+            left = max(1.0, duration - (time.monotonic() - start))
+            self._handles += self.cluster.start_traffic(left, clients=[new])
         return address
 
     def snapshot_summary(self, elapsed: float) -> dict[str, Any]:
