@@ -293,3 +293,18 @@ def test_node_name_defaults_to_env(monkeypatch: pytest.MonkeyPatch) -> None:
     args = cli.build_parser().parse_args(["agent"])
     assert isinstance(args, argparse.Namespace) and args.node_name == "from-env"
     assert (args.metrics_address, args.interval, args.final_linger_seconds) == ("0.0.0.0:9808", 10.0, 0.0)
+
+
+def test_metrics_port_in_use_is_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    snap = str(write_snapshot(tmp_path / "c.json"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        rc = cli.main(["agent", "--node-name", "nb", "--snapshot", snap,
+                       "--metrics-address", f"127.0.0.1:{port}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1].startswith("zonemeter: error: --metrics-address 127.0.0.1:")
+    assert all(json.loads(x) for x in err[:-1])  # anything before it is JSON log lines
