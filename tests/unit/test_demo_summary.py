@@ -6,7 +6,7 @@ import pytest
 
 from tools.demo.agents import merge, parse_metrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
-from tools.demo.summary import build_summary, render_table
+from tools.demo.summary import build_summary, findings, render_table
 
 NODE_B1 = """\
 # HELP zonemeter_service_bytes_total L3 bytes of Service traffic.
@@ -127,3 +127,16 @@ def test_table_marks_equal_and_different() -> None:
     assert "6,000 = 6,000" in row and "700" in row
     s["services"][0]["ground_truth_cross_zone_bytes"] = 6001
     assert "6,000 ! 6,001" in render_table(s, ["zone-a", "zone-b", "zone-c"])
+
+
+def test_findings_name_what_to_look_at() -> None:
+    s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    lines = findings(s)
+    assert lines[0] == "findings:"
+    assert any("6,000 bytes crossed zones; locality is off in zone-c (reason none)" in ln
+               for ln in lines)
+    assert any("6,000 bytes ignored the hints" in ln for ln in lines)
+    assert any("warnings single-endpoint-zone" in ln for ln in lines)
+    s["services"][0].update(hint_ignored_bytes=0, cross_zone_bytes=0, warnings=[])
+    assert findings(s) == []

@@ -108,7 +108,8 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
                 got = p.aligned.get(key, 0.0)
                 print(f"  {key:<22} {got:>14,.0f} vs {truth:>14,}   (plain increase, "
                       f"extrapolated: {p.plain.get(key, 0.0):,.0f})")
-        print(f"details: zonemeter explain --snapshot {run.cluster.snapshot_path}")
+        print(f"why: zonemeter explain --snapshot {run.cluster.snapshot_path} "
+              f"(snapshot and agent logs stay in {run.workdir})")
     out = sys.stdout if args.output == "table" else sys.stderr
     if args.keep:
         lines = [f"kept running (workdir {run.workdir}):"]

@@ -121,8 +121,24 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
     lines.append(f"LOCAL: locality in effect per client zone ({', '.join(zones)}): Y yes, n no. "
                  f"Bytes are L3 bytes (IP header included), both directions.")
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
-    for s in summary["services"]:
-        if s["warnings"]:
-            lines.append(f"  {s['namespace']}/{s['name']}: warnings {', '.join(s['warnings'])}")
+    lines += findings(summary)
     return "\n".join(lines)
+
+
+def findings(summary: Mapping[str, Any]) -> list[str]:
+    """One line per Service worth a look: cross-zone bytes while locality is off (and why),
+    hint-ignored bytes, and the hint model's warning codes."""
+    out = []
+    for s in summary["services"]:
+        key = f"{s['namespace']}/{s['name']}"
+        off = sorted(z for z, on in s["locality_in_effect"].items() if not on)
+        if s["cross_zone_bytes"] and off:
+            out.append(f"  {key}: {_n(s['cross_zone_bytes'])} bytes crossed zones; locality "
+                       f"is off in {', '.join(off)} (reason {s['reason']})")
+        if s["hint_ignored_bytes"]:
+            out.append(f"  {key}: {_n(s['hint_ignored_bytes'])} bytes ignored the hints "
+                       "(sent to endpoints kube-proxy would not select for the client's node)")
+        if s["warnings"]:
+            out.append(f"  {key}: warnings {', '.join(s['warnings'])}")
+    return ["findings:"] + out if out else []
 
