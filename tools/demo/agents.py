@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -306,7 +306,3 @@ def _env() -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
-
-def node_metrics(texts: Mapping[str, str]) -> dict[str, AgentMetrics]:
-    """Parse node -> exposition text into node -> :class:`AgentMetrics`."""
-    return {node: parse_metrics(text) for node, text in texts.items()}

@@ -53,7 +53,9 @@ def register(subparsers: Any) -> None:
                    help="also run Prometheus (/usr/bin/prometheus) scraping the agents and "
                    "check its sums against the lab")
     p.add_argument("--mode", choices=("flat", "vxlan"), help="override options.mode")
-    p.add_argument("--ipv6", action="store_true", help="dual-stack lab (options.ipv6: true)")
+    p.add_argument("--ipv6", action="store_true",
+                   help="dual-stack lab (options.ipv6: true); the traffic section's family "
+                   "decides which ClusterIPs clients call")
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                    help="agents' export interval (default 2)")
     p.add_argument("--workdir", type=Path, metavar="DIR",
