@@ -12,6 +12,7 @@ Metrics are parsed with ``prometheus_client.parser.text_string_to_metric_familie
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -252,14 +253,37 @@ class AgentFleet:
         """Return the sum of every agent's metrics (see :func:`merge`)."""
         return merge(parse_metrics(t) for t in self.scrape_text().values())
 
-    def scrape_settled(self, timeout: float = 60.0) -> AgentMetrics:
-        """Scrape until two scrapes at least one interval apart agree (traffic has
-        stopped and every agent exported its last drain); returns the last scrape.
+    def exported_at(self) -> dict[str, float | None]:
+        """Return node -> ``generated_at`` of each agent's last export (``/flows``; the
+        agent takes it just before draining), None where ``/flows`` is not served."""
+        out: dict[str, float | None] = {}
+        for a in self.agents:
+            try:
+                status, text = _get(a.url + "/flows?top=1")
+                out[a.node] = float(json.loads(text)["generated_at"]) if status == 200 else None
+            except (OSError, ValueError, KeyError, TypeError):
+                out[a.node] = None
+        return out
+
+    def scrape_settled(self, after: float | None = None, timeout: float = 60.0) -> AgentMetrics:
+        """Wait until every agent drained after ``after`` (Unix seconds: when the traffic
+        stopped) and two scrapes at least one interval apart agree; returns the last scrape.
 
         Raises:
-            RuntimeFailure: the numbers still moved after ``timeout`` seconds.
+            RuntimeFailure: an agent did not drain, or the numbers still moved, within
+                ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
+        if after is not None:
+            while True:
+                stamps = self.exported_at()
+                if all(t is None or t > after for t in stamps.values()):
+                    break
+                if time.monotonic() > deadline:
+                    late = [n for n, t in stamps.items() if t is not None and t <= after]
+                    raise RuntimeFailure(f"agents of {', '.join(late)} did not drain after the "
+                                         "traffic stopped")
+                time.sleep(0.2)
         time.sleep(self.interval * 1.2 + 0.3)
         last = self.scrape()
         while True:

@@ -14,8 +14,9 @@ Phases of :meth:`DemoRun.execute`:
 4. warm-up: every client sends ``warmup_requests`` back-to-back requests to every Service,
    so every series the run will produce exists before the measured window (Prometheus's
    ``increase`` cannot see the first value of a series that appears inside its window);
-5. wait until the agents' numbers settle (an agent exports once per interval), read the
-   ground truth: the window starts (``t0``);
+5. wait until every agent drained after the warm-up ended (its ``/flows`` ``generated_at``)
+   and two scrapes an interval apart agree, read the ground truth: the window starts
+   (``t0``);
 6. traffic for ``duration_seconds`` at the plan's rate, with a progress callback every
    ``refresh_seconds`` (agents scraped, ground truth read); ``during(run)`` is called once
    half-way (tests replace a pod there);
@@ -301,7 +302,7 @@ class DemoRun:
         started = time.monotonic()
         flows = self._run_traffic(0, opt.warmup_requests, None, None, started,
                                   opt.duration_seconds)
-        self.fleet.scrape_settled()
+        self.fleet.scrape_settled(after=time.time())
         g0 = self.cluster.truth()
         if self._prom is not None:
             time.sleep(opt.scrape_seconds * 3)
@@ -310,7 +311,7 @@ class DemoRun:
         flows += self._run_traffic(opt.duration_seconds, None, progress, during, started,
                                    opt.duration_seconds)
         duration = time.monotonic() - measured_start
-        agents = self.fleet.scrape_settled()
+        agents = self.fleet.scrape_settled(after=time.time())
         truth = self.cluster.truth()
         result = DemoResult(summary=build_summary(duration, agents, truth, self.cluster.models),
                             agents=agents, truth=truth, flows=flows)
