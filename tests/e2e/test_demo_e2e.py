@@ -122,6 +122,23 @@ def test_cross_zone_bytes_equal_ground_truth(name: str, request: pytest.FixtureR
 
 
 @pytest.mark.parametrize("name", RUNS)
+def test_each_agent_counts_its_own_node(name: str, request: pytest.FixtureRequest) -> None:
+    """Per node, not only in sum: an agent counts the Service bytes of endpoints with a veth
+    on its node, and of host-network endpoints those its node's clients sent; so no agent
+    makes up for another's error."""
+    r: Run = request.getfixturevalue(name)
+    cluster = r.run.cluster
+    hostnet = {p.name for p in cluster.topology.pods if p.host_network}
+    want: dict[str, int] = {n.name: 0 for n in cluster.topology.nodes}
+    for (client, server, _), n in r.gt.items():
+        node = cluster.pod_node[client] if server in hostnet else cluster.pod_node[server]
+        want[node] += n
+    got = {node: sum(m.service_bytes.values()) for node, m in r.result.per_node.items()}
+    assert got == want
+    assert all(v > 0 for v in want.values())
+
+
+@pytest.mark.parametrize("name", RUNS)
 def test_hint_ignored_bytes_are_c2s(name: str, request: pytest.FixtureRequest) -> None:
     r: Run = request.getfixturevalue(name)
     co = r.services["shop/checkout"]

@@ -180,6 +180,8 @@ class AgentFleet:
         self.logdir = logdir
         self.interval = interval
         self.agents: list[AgentProcess] = []
+        #: node -> metrics of the last scrape
+        self.last_nodes: dict[str, AgentMetrics] = {}
 
     def start(self, ready_timeout: float = 180.0) -> None:
         """Start every agent and wait until each answers ``/readyz`` with 200.
@@ -249,9 +251,14 @@ class AgentFleet:
             out[a.node] = text
         return out
 
+    def scrape_nodes(self) -> dict[str, AgentMetrics]:
+        """Return node -> that agent's metrics (also kept as :attr:`last_nodes`)."""
+        self.last_nodes = {node: parse_metrics(t) for node, t in self.scrape_text().items()}
+        return self.last_nodes
+
     def scrape(self) -> AgentMetrics:
         """Return the sum of every agent's metrics (see :func:`merge`)."""
-        return merge(parse_metrics(t) for t in self.scrape_text().values())
+        return merge(self.scrape_nodes().values())
 
     def exported_at(self) -> dict[str, float | None]:
         """Return node -> ``generated_at`` of each agent's last export (``/flows``; the

@@ -114,6 +114,7 @@ class DemoResult:
         flows: results of every traffic client (warm-up and measured).
         prometheus: the Prometheus check, when enabled.
         agent_exit_codes: node -> exit code after SIGTERM (empty with ``keep``).
+        per_node: node -> that agent's final metrics.
     """
 
     summary: dict[str, Any]
@@ -122,6 +123,7 @@ class DemoResult:
     flows: list[FlowResult]
     prometheus: PrometheusCheck | None = None
     agent_exit_codes: dict[str, int | None] = field(default_factory=dict)
+    per_node: dict[str, AgentMetrics] = field(default_factory=dict)
 
 
 Progress = Callable[[dict[str, Any], float, float], None]
@@ -314,7 +316,8 @@ class DemoRun:
         agents = self.fleet.scrape_settled(after=time.time())
         truth = self.cluster.truth()
         result = DemoResult(summary=build_summary(duration, agents, truth, self.cluster.models),
-                            agents=agents, truth=truth, flows=flows)
+                            agents=agents, truth=truth, flows=flows,
+                            per_node=dict(self.fleet.last_nodes))
         if self._prom is not None and self.prometheus_url is not None:
             time.sleep(opt.scrape_seconds * 3)
             t1 = time.time()
