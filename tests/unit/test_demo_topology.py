@@ -105,3 +105,11 @@ def test_topology_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("[1, 2]\n")
     with pytest.raises(InputError, match="must be a mapping"):
         load_demo(tmp_path / "list.yaml")
+
+
+def test_docs_example_parses() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "demo.md").read_text()
+    block = text.split("A complete small example", 1)[1].split("```yaml\n", 1)[1].split("```")[0]
+    spec = parse_demo(block, "docs/demo.md")
+    assert spec.traffic.families == (4, 6) and spec.topology.options.mode == "vxlan"
+    assert [n.name for n in spec.topology.nodes if n.ignore_hints] == ["n2"]
