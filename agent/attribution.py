@@ -258,7 +258,7 @@ class HintIgnoredKey:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadKey:
-    """Key of ``zonemeter_workload_egress_bytes_total`` (non-Service traffic of a local pod).
+    """Key of ``zonemeter_workload_bytes_total`` (non-Service traffic of a local pod).
 
     Attributes:
         namespace, workload, workload_kind: the local pod's owner (``unknown`` when the
@@ -268,8 +268,8 @@ class WorkloadKey:
         remote_kind: ``pod``, ``node``, ``cidr``, ``external`` or ``unknown``.
         crossing: one of :data:`CROSSINGS`.
         direction: ``egress`` (out of the local pod) or ``ingress`` (into it; only for
-            non-pod peers, which no other agent sees). The contract's metric has no
-            direction label: the exporter sums over it.
+            non-pod peers, which no other agent sees); exported as the ``direction``
+            label (docs/metrics.md).
     """
 
     namespace: str

@@ -18,9 +18,12 @@ from agent.errors import InputError, ZonemeterError
 
 #: verb modules, in the order ``--help`` lists them
 VERB_MODULES: tuple[str, ...] = (
+    "agent.agent",
+    "agent.top",
     "agent.explain",
     "tools.report.cli",
     "tools.lab.cli",
+    "tools.demo.cli",
 )
 
 

@@ -16,8 +16,11 @@ series:
 * ``zonemeter_service_locality_in_effect{namespace,service,client_zone}`` 0/1
 * ``zonemeter_service_locality_info{namespace,service,mode,reason}`` 1
 * ``zonemeter_service_locality_last_change_timestamp_seconds{namespace,service}``
-* ``zonemeter_workload_egress_bytes_total{namespace,workload,workload_kind,client_zone,remote_zone,remote_kind,crossing}``
-* ``zonemeter_unattributed_bytes_total{reason}``
+* ``zonemeter_workload_bytes_total{namespace,workload,workload_kind,client_zone,remote_zone,remote_kind,crossing,direction}``
+  (DESIGN.md's ``workload_egress_bytes_total``, renamed: bytes a pod receives from a non-pod
+  remote are billed too, see docs/metrics.md)
+* ``zonemeter_unattributed_bytes_total{reason}``, ``zonemeter_unknown_crossing_bytes_total{reason}``,
+  ``zonemeter_skipped_bytes_total{reason}``
 * ``zonemeter_flow_table_entries``, ``zonemeter_flow_table_capacity``,
   ``zonemeter_attached_interfaces``, ``zonemeter_collector_duration_seconds``,
   ``zonemeter_metadata_synced{resource}``, ``zonemeter_build_info{version}``
@@ -115,11 +118,16 @@ class LocalityInfo:
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class WorkloadEgressKey:
-    """Labels of ``zonemeter_workload_egress_bytes_total`` (non-Service traffic).
+class WorkloadBytesKey:
+    """Labels of ``zonemeter_workload_bytes_total`` (non-Service traffic of a local pod).
 
     Attributes:
+        namespace, workload, workload_kind: the local pod's owner.
+        client_zone: the local pod's zone; remote_zone: the peer's.
         remote_kind: pod, node, cidr, external (or unknown).
+        crossing: same_node, same_zone, cross_zone, cross_region, external, unknown.
+        direction: ``egress`` (out of the local pod) or ``ingress`` (into it; only from
+            non-pod remotes, which no other agent sees).
     """
 
     namespace: str
@@ -129,6 +137,7 @@ class WorkloadEgressKey:
     remote_zone: str
     remote_kind: str
     crossing: str
+    direction: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +148,7 @@ class PairRow:
         client, server: ``namespace/pod`` (or an address / ``node:NAME`` when not a pod).
         client_zone, server_zone, crossing: as on the service series.
         namespace, service, port: the Service ("" for non-Service traffic).
-        bytes: cumulative bytes (L3) since the agent started.
+        bytes: L3 bytes in the snapshot's ``pairs_interval`` (both directions).
     """
 
     client: str
@@ -170,13 +179,20 @@ class ExportSnapshot:
         locality_in_effect: ``{LocalityKey: in effect}``.
         locality_info: ``{ServiceId: LocalityInfo}``.
         locality_last_change: ``{ServiceId: seconds since the epoch}``.
-        workload_egress_bytes: ``{WorkloadEgressKey: bytes}``.
-        unattributed_bytes: ``{reason: bytes}``.
+        workload_bytes: ``{WorkloadBytesKey: bytes}``.
+        unattributed_bytes: ``{reason: bytes}``: bytes in no other series.
+        unknown_crossing_bytes: ``{reason: bytes}``: bytes already in service/workload
+            series with crossing ``unknown``, by why.
+        skipped_bytes: ``{reason: bytes}``: client-side copies another veth counts
+            (self-health, never billed).
         flow_table_entries, flow_table_capacity: kernel flow table fill and size.
         attached_interfaces: veths with the datapath attached.
         collector_duration_seconds: wall time of the last drain+attribute interval.
         metadata_synced: ``{resource: synced}``.
-        pairs: top client->server pairs for ``/flows`` (bounded by the producer).
+        pairs: top client->server pairs for ``/flows`` (bounded by the producer); their
+            bytes are those of ``pairs_interval``, not cumulative.
+        pairs_interval: ``(start, end)`` seconds since the epoch of the interval the pairs
+            cover, or None.
         generated_at: when this snapshot was built (seconds since the epoch).
         interval_seconds: the agent's interval.
     """
@@ -186,14 +202,17 @@ class ExportSnapshot:
     locality_in_effect: Mapping[LocalityKey, bool] = field(default_factory=dict)
     locality_info: Mapping[ServiceId, LocalityInfo] = field(default_factory=dict)
     locality_last_change: Mapping[ServiceId, float] = field(default_factory=dict)
-    workload_egress_bytes: Mapping[WorkloadEgressKey, int] = field(default_factory=dict)
+    workload_bytes: Mapping[WorkloadBytesKey, int] = field(default_factory=dict)
     unattributed_bytes: Mapping[str, int] = field(default_factory=dict)
+    unknown_crossing_bytes: Mapping[str, int] = field(default_factory=dict)
+    skipped_bytes: Mapping[str, int] = field(default_factory=dict)
     flow_table_entries: int = 0
     flow_table_capacity: int = 0
     attached_interfaces: int = 0
     collector_duration_seconds: float = 0.0
     metadata_synced: Mapping[str, bool] = field(default_factory=dict)
     pairs: tuple[PairRow, ...] = ()
+    pairs_interval: tuple[float, float] | None = None
     generated_at: float = 0.0
     interval_seconds: float = 0.0
 
@@ -219,9 +238,14 @@ _HELP = {
                                        "effect (reason none when it is); always 1.",
     "zonemeter_service_locality_last_change_timestamp_seconds": "When the Service's locality "
                                                                 "state last changed.",
-    "zonemeter_workload_egress_bytes": "L3 bytes of non-Service traffic by client workload, "
-                                       "remote zone and kind.",
+    "zonemeter_workload_bytes": "L3 bytes of non-Service traffic of a local pod by workload, "
+                                "remote zone and kind, crossing and direction (egress from / "
+                                "ingress to the workload).",
     "zonemeter_unattributed_bytes": "L3 bytes that could not be attributed, by reason.",
+    "zonemeter_unknown_crossing_bytes": "L3 bytes of service and workload series whose crossing "
+                                        "is unknown, by reason (a subset of those series).",
+    "zonemeter_skipped_bytes": "L3 bytes seen but not counted here because another veth counts "
+                               "them (client-side copies), by reason; never billed.",
     "zonemeter_flow_table_entries": "Entries in the kernel flow table at the last drain.",
     "zonemeter_flow_table_capacity": "Maximum entries of the kernel flow table.",
     "zonemeter_attached_interfaces": "Interfaces the datapath is attached to.",
@@ -233,7 +257,7 @@ _HELP = {
 _SERVICE_BYTES_LABELS = [f.name for f in fields(ServiceBytesKey)]
 _HINT_IGNORED_LABELS = [f.name for f in fields(HintIgnoredKey)]
 _LOCALITY_LABELS = [f.name for f in fields(LocalityKey)]
-_EGRESS_LABELS = [f.name for f in fields(WorkloadEgressKey)]
+_WORKLOAD_LABELS = [f.name for f in fields(WorkloadBytesKey)]
 
 
 def _values(key: Any) -> list[str]:
@@ -314,16 +338,19 @@ class Exporter(Collector):
             _add_all(g, snap.locality_last_change)
         yield g
 
-        fam = counter("zonemeter_workload_egress_bytes", _EGRESS_LABELS)
+        fam = counter("zonemeter_workload_bytes", _WORKLOAD_LABELS)
         if snap:
-            _add_all(fam, snap.workload_egress_bytes)
+            _add_all(fam, snap.workload_bytes)
         yield fam
 
-        fam = counter("zonemeter_unattributed_bytes", ["reason"])
-        if snap:
-            for reason, value in sorted((label(r), v) for r, v in snap.unattributed_bytes.items()):
-                fam.add_metric([reason], value)
-        yield fam
+        for name, attr in (("zonemeter_unattributed_bytes", "unattributed_bytes"),
+                           ("zonemeter_unknown_crossing_bytes", "unknown_crossing_bytes"),
+                           ("zonemeter_skipped_bytes", "skipped_bytes")):
+            fam = counter(name, ["reason"])
+            if snap:
+                for reason, value in sorted((label(r), v) for r, v in getattr(snap, attr).items()):
+                    fam.add_metric([reason], value)
+            yield fam
 
         for name, attr in (("zonemeter_flow_table_entries", "flow_table_entries"),
                            ("zonemeter_flow_table_capacity", "flow_table_capacity"),
@@ -357,12 +384,15 @@ class Exporter(Collector):
                            "by_crossing": {crossing: bytes}, "by_direction": {dir: bytes},
                            "hint_ignored_bytes", "mode", "reason",
                            "locality_in_effect": {client_zone: bool}}],   # by bytes, desc
-             "pairs": [PairRow as dict],                                  # top ``top`` by bytes
+             "pairs": [PairRow as dict],       # top ``top`` by bytes of pairs_interval
+             "pairs_interval": [start, end] | None,
              "unattributed_bytes": {reason: bytes},
+             "unknown_crossing_bytes": {reason: bytes}, "skipped_bytes": {reason: bytes},
              "self": {"flow_table_entries", "flow_table_capacity", "attached_interfaces",
                       "collector_duration_seconds", "metadata_synced": {resource: bool}}}
 
-        All byte counts are cumulative L3 bytes; a client computes rates by diffing two reads.
+        Service and reason byte counts are cumulative L3 bytes (a client computes rates by
+        diffing two reads); pair bytes are those of ``pairs_interval``.
         """
         snap = self._snapshot
         services: dict[tuple[str, str], dict[str, Any]] = {}
@@ -394,7 +424,10 @@ class Exporter(Collector):
             "interval_seconds": snap.interval_seconds,
             "services": rows,
             "pairs": [asdict(p) for p in pairs],
+            "pairs_interval": list(snap.pairs_interval) if snap.pairs_interval else None,
             "unattributed_bytes": dict(sorted((label(r), v) for r, v in snap.unattributed_bytes.items())),
+            "unknown_crossing_bytes": dict(sorted((label(r), v) for r, v in snap.unknown_crossing_bytes.items())),
+            "skipped_bytes": dict(sorted((label(r), v) for r, v in snap.skipped_bytes.items())),
             "self": {"flow_table_entries": snap.flow_table_entries,
                      "flow_table_capacity": snap.flow_table_capacity,
                      "attached_interfaces": snap.attached_interfaces,

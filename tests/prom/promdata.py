@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import requests
+
+from tools.demo.prometheus import running_prometheus as _running_prometheus
+from tools.demo.prometheus import scrape_config  # noqa: F401  (re-exported for the tests)
 
 #: 2025-01-06T00:00:00Z: start of the data
 T0 = 1736121600
@@ -125,12 +124,6 @@ def openmetrics_input() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _need(binary: str) -> str:
     path = shutil.which(binary) or (f"/usr/bin/{binary}" if os.path.exists(f"/usr/bin/{binary}")
                                     else None)
@@ -141,68 +134,18 @@ def _need(binary: str) -> str:
     return path
 
 
-def scrape_config(targets: list[str], interval_seconds: int = 1) -> str:
-    """``prometheus.yml`` that scrapes zonemeter agents at ``targets`` (``host:port``, which
-    must be loopback or inside the lab's own namespaces), for the live-lab test."""
-    listed = ", ".join(f"'{t}'" for t in targets)
-    return (f"global:\n  scrape_interval: {interval_seconds}s\n"
-            f"  scrape_timeout: {interval_seconds}s\n"
-            "scrape_configs:\n  - job_name: zonemeter\n"
-            f"    static_configs:\n      - targets: [{listed}]\n")
-
-
 @contextlib.contextmanager
 def running_prometheus(root: Path, config_text: str = "global:\n  scrape_interval: 1h\n"
                        "scrape_configs: []\n", *, openmetrics: str | None = None
                        ) -> Iterator[str]:
-    """Run Debian's Prometheus on 127.0.0.1 (a free port) with its TSDB under ``root``.
-
-    Args:
-        root: an empty directory for the TSDB, config and log.
-        config_text: ``prometheus.yml`` (the live-lab test passes scrape targets here).
-        openmetrics: when given, the TSDB is first built from this text with promtool.
-
-    Yields:
-        The base URL once ``/-/ready`` answers 200; the process is stopped on exit.
-    """
+    """:func:`tools.demo.prometheus.running_prometheus`, skipping (failing in CI) when
+    prometheus or promtool is not installed."""
     prometheus = _need("prometheus")
-    data = root / "data"
     if openmetrics is not None:
-        promtool = _need("promtool")
-        (root / "input.om").write_text(openmetrics)
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-                        str(root / "input.om"), str(data)], check=True, capture_output=True,
-                       timeout=120)
-    config = root / "prometheus.yml"
-    config.write_text(config_text)
-    port = _free_port()
-    with open(root / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen(
-            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=36500d"],
-            stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"prometheus exited: {(root / 'prometheus.log').read_text()}")
-                try:
-                    if requests.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("prometheus not ready after 60 s")
-                time.sleep(0.2)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _need("promtool")
+    with _running_prometheus(root, config_text, openmetrics=openmetrics,
+                             binary=prometheus) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

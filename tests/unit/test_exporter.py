@@ -22,7 +22,7 @@ from agent.exporter import (
     PairRow,
     ServiceBytesKey,
     ServiceId,
-    WorkloadEgressKey,
+    WorkloadBytesKey,
     make_readiness,
     parse_address,
     start_server,
@@ -41,9 +41,11 @@ def full_snapshot() -> ExportSnapshot:
                             LocalityKey("shop", "cart", "zone-b"): False},
         locality_info={ServiceId("shop", "cart"): LocalityInfo("PreferSameZone", "none")},
         locality_last_change={ServiceId("shop", "cart"): 1700000000.5},
-        workload_egress_bytes={WorkloadEgressKey("shop", "cart", "Deployment", "zone-a", "", "external",
-                                                 "external"): 77},
-        unattributed_bytes={"no_pod_for_ip": 9},
+        workload_bytes={WorkloadBytesKey("shop", "cart", "Deployment", "zone-a", "", "external",
+                                          "external", "ingress"): 77},
+        unattributed_bytes={"flow_table_full": 9},
+        unknown_crossing_bytes={"no_pod_for_ip": 4},
+        skipped_bytes={"clusterip_client_copy": 6200},
         flow_table_entries=12, flow_table_capacity=65536, attached_interfaces=3,
         collector_duration_seconds=0.25,
         metadata_synced={"pods": True, "nodes": False},
@@ -72,12 +74,18 @@ zonemeter_service_locality_info{mode="PreferSameZone",namespace="shop",reason="n
 # HELP zonemeter_service_locality_last_change_timestamp_seconds When the Service's locality state last changed.
 # TYPE zonemeter_service_locality_last_change_timestamp_seconds gauge
 zonemeter_service_locality_last_change_timestamp_seconds{namespace="shop",service="cart"} 1.7000000005e+09
-# HELP zonemeter_workload_egress_bytes_total L3 bytes of non-Service traffic by client workload, remote zone and kind.
-# TYPE zonemeter_workload_egress_bytes_total counter
-zonemeter_workload_egress_bytes_total{client_zone="zone-a",crossing="external",namespace="shop",remote_kind="external",remote_zone="unknown",workload="cart",workload_kind="Deployment"} 77.0
+# HELP zonemeter_workload_bytes_total L3 bytes of non-Service traffic of a local pod by workload, remote zone and kind, crossing and direction (egress from / ingress to the workload).
+# TYPE zonemeter_workload_bytes_total counter
+zonemeter_workload_bytes_total{client_zone="zone-a",crossing="external",direction="ingress",namespace="shop",remote_kind="external",remote_zone="unknown",workload="cart",workload_kind="Deployment"} 77.0
 # HELP zonemeter_unattributed_bytes_total L3 bytes that could not be attributed, by reason.
 # TYPE zonemeter_unattributed_bytes_total counter
-zonemeter_unattributed_bytes_total{reason="no_pod_for_ip"} 9.0
+zonemeter_unattributed_bytes_total{reason="flow_table_full"} 9.0
+# HELP zonemeter_unknown_crossing_bytes_total L3 bytes of service and workload series whose crossing is unknown, by reason (a subset of those series).
+# TYPE zonemeter_unknown_crossing_bytes_total counter
+zonemeter_unknown_crossing_bytes_total{reason="no_pod_for_ip"} 4.0
+# HELP zonemeter_skipped_bytes_total L3 bytes seen but not counted here because another veth counts them (client-side copies), by reason; never billed.
+# TYPE zonemeter_skipped_bytes_total counter
+zonemeter_skipped_bytes_total{reason="clusterip_client_copy"} 6200.0
 # HELP zonemeter_flow_table_entries Entries in the kernel flow table at the last drain.
 # TYPE zonemeter_flow_table_entries gauge
 zonemeter_flow_table_entries 12.0
@@ -116,8 +124,10 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_service_locality_in_effect": "gauge",
         "zonemeter_service_locality_info": "gauge",
         "zonemeter_service_locality_last_change_timestamp_seconds": "gauge",
-        "zonemeter_workload_egress_bytes": "counter",
+        "zonemeter_workload_bytes": "counter",
         "zonemeter_unattributed_bytes": "counter",
+        "zonemeter_unknown_crossing_bytes": "counter",
+        "zonemeter_skipped_bytes": "counter",
         "zonemeter_flow_table_entries": "gauge",
         "zonemeter_flow_table_capacity": "gauge",
         "zonemeter_attached_interfaces": "gauge",
@@ -152,7 +162,7 @@ def test_empty_exporter_exposes_families_and_gauges_at_zero() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 13 and all(not m.samples for m in described)
+    assert len(described) == 15 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:
@@ -181,7 +191,9 @@ def test_flows_document() -> None:
     }]
     assert [p["client"] for p in doc["pairs"]] == ["shop/ui-1"]
     assert doc["self"]["metadata_synced"] == {"nodes": False, "pods": True}
-    assert doc["unattributed_bytes"] == {"no_pod_for_ip": 9}
+    assert doc["unattributed_bytes"] == {"flow_table_full": 9}
+    assert doc["unknown_crossing_bytes"] == {"no_pod_for_ip": 4}
+    assert doc["skipped_bytes"] == {"clusterip_client_copy": 6200}
     json.dumps(doc)  # plain data only
 
 

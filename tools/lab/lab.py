@@ -129,6 +129,21 @@ class FlowHandle:
         self._args = (client, dst, port, proto)
         self._deadline = deadline_seconds
 
+    @property
+    def client(self) -> str:
+        """The client pod's name."""
+        return self._args[0]
+
+    def done(self) -> bool:
+        """True once the client process has exited (:meth:`wait` then returns at once)."""
+        return self._proc.poll() is not None
+
+    def stop(self) -> None:
+        """End the client early (SIGTERM); :meth:`wait` then raises or reports what it
+        completed. Ground truth stays exact: counters only see packets that were sent."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+
     def wait(self) -> FlowResult:
         """Wait for the client to finish and return its :class:`FlowResult`.
 
@@ -225,6 +240,8 @@ class Lab:
         self._servers: dict[str, int] = {}
         #: ground truth of counters folded away by remove_pod (see there)
         self._archived: dict[tuple[str, str, str], tuple[int, int]] = {}
+        #: nft counter values at the last removal (gains since then are not archived yet)
+        self._baseline: dict[tuple[IPAddress, str, str], tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ naming
 
@@ -652,9 +669,11 @@ class Lab:
         """Delete a pod from the running lab: its server, namespace (veth and route go with
         it) or, for a host-network pod, its server and counters in the node namespace.
 
-        Its ground truth is kept: before deleting, every counter of the lab is folded into
-        an archive (with the pod names addresses had at that time) and zeroed, so
-        :meth:`ground_truth` stays correct when a later pod reuses the address. The pod is
+        Its ground truth is kept: before deleting, what every counter of the lab gained since
+        the last removal is folded into an archive (with the pod names addresses had at
+        that time) and the counters' values become the new baseline (nothing is zeroed, so
+        traffic running meanwhile loses no byte), so :meth:`ground_truth` stays correct
+        when a later pod reuses the address. The pod is
         dropped from Services that list it and from per-node endpoint overrides.
 
         Raises:
@@ -662,10 +681,11 @@ class Lab:
             RuntimeFailure: a command failed.
         """
         pod = self.topology.pod(name)
-        for key, (b, p) in self.ground_truth_counters().items():
+        raw = self._raw_counters()
+        for key, (b, p) in self._since_baseline(raw).items():
             ob, op = self._archived.get(key, (0, 0))
             self._archived[key] = (ob + b, op + p)
-        self._reset_counters()
+        self._baseline = {k: v for k, v in raw.items() if k[1] != name}
         self._remove_pod_runtime(pod)
         data = self.topology.to_dict()
         data["pods"] = [p for p in data["pods"] if p["name"] != name]
@@ -955,15 +975,34 @@ class Lab:
             RuntimeFailure: nft failed.
         """
         out: dict[tuple[str, str, str], tuple[int, int]] = dict(self._archived)
+        for key, (b, p) in self._since_baseline(self._raw_counters()).items():
+            ob, op = out.get(key, (0, 0))
+            out[key] = (ob + b, op + p)
+        return out
+
+    def _raw_counters(self) -> dict[tuple[IPAddress, str, str], tuple[int, int]]:
+        """``{(peer address, server pod, direction): (bytes, packets)}`` as nft has them."""
+        out: dict[tuple[IPAddress, str, str], tuple[int, int]] = {}
         for pod in self.topology.pods:
             if not pod.ports:
                 continue
             proc = _nsexec(self.pod_netns(pod.name),
                            ["nft", "-j", "list", "table", "inet", groundtruth.table_name(pod.index)])
-            for (addr, direction), (b, p) in groundtruth.parse(proc.stdout).items():
-                key = (self.client_name(addr), pod.name, direction)
-                ob, op = out.get(key, (0, 0))
-                out[key] = (ob + b, op + p)
+            for (addr, direction), bp in groundtruth.parse(proc.stdout).items():
+                out[(addr, pod.name, direction)] = bp
+        return out
+
+    def _since_baseline(self, raw: Mapping[tuple[IPAddress, str, str], tuple[int, int]]
+                        ) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """Counter gains since the last removal, keyed by the addresses' current owners."""
+        out: dict[tuple[str, str, str], tuple[int, int]] = {}
+        for (addr, server, direction), (b, p) in raw.items():
+            bb, bp = self._baseline.get((addr, server, direction), (0, 0))
+            if b - bb <= 0 and p - bp <= 0:
+                continue
+            key = (self.client_name(addr), server, direction)
+            ob, op = out.get(key, (0, 0))
+            out[key] = (ob + b - bb, op + p - bp)
         return out
 
     def ground_truth(self) -> dict[tuple[str, str, str], int]:
@@ -985,6 +1024,7 @@ class Lab:
             RuntimeFailure: nft failed.
         """
         self._archived.clear()
+        self._baseline.clear()
         self._reset_counters()
 
     def _reset_counters(self) -> None:

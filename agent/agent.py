@@ -1,0 +1,557 @@
+"""``zonemeter agent``: the per-node loop that turns kernel flow counters into metrics.
+
+Per interval (docs/agent.md)::
+
+    metadata changed?  -> local endpoints -> Datapath.set_local_endpoints
+    dirty Services     -> HintModel.refresh (evaluate_cluster on those only; all on node changes)
+    Datapath.drain()   -> Attributor.attribute(deltas, at) -> close_interval(at)
+    AttributionTotals + locality + datapath stats + synced state -> ExportSnapshot
+    Exporter.update(snapshot)                                  (served on /metrics, /flows)
+
+On SIGTERM/SIGINT: stop the link watcher and detach (so nothing is counted after the
+last read), drain what the tables hold, attribute and export it, keep serving for
+``--final-linger-seconds``, exit 0.
+
+Examples::
+
+    zonemeter agent --node-name node-a --snapshot cluster.json
+    zonemeter agent --node-name a1 --snapshot lab.json --netns zm1a2b-node-a1 \\
+        --metrics-address 127.0.0.1:9808 --interval 2 --exclude-interfaces 'zm1a2bu*'
+    NODE_NAME=node-a zonemeter agent            # in-cluster (DaemonSet)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent import exporter as ex
+from agent.adapters import HintModel, MetadataAdapter
+from agent.attribution import AttributionTotals, Attributor
+from agent.errors import InputError, RuntimeFailure
+from agent.flows import TableStats
+from agent.hints import DEFAULT_VERSION
+from agent.k8s.cache import ClusterMetadata
+from agent.records import FlowDelta, IPAddress
+
+log = logging.getLogger("zonemeter.agent")
+
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:9808"
+DEFAULT_INTERVAL = 10.0
+
+_EPILOG = """\
+examples:
+  zonemeter agent --node-name node-a --snapshot cluster.json
+  zonemeter agent --node-name a1 --snapshot lab.json --netns zm1a2b-node-a1 \\
+      --metrics-address 127.0.0.1:9808 --interval 2 --exclude-interfaces 'zm1a2bu*'
+  NODE_NAME=node-a zonemeter agent                 # in-cluster (DaemonSet)
+
+Serves /metrics, /healthz, /readyz and /flows (read by `zonemeter top`).
+Logs one JSON object per line on stderr. SIGTERM: detach, final drain and export, exit 0.
+"""
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``{"ts", "level", "logger", "msg"}`` plus ``error`` (the
+    exception's one-line text) and any ``extra={"fields": {...}}`` given to the call."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, Mapping):
+            doc.update(fields)
+        if record.exc_info and record.exc_info[1] is not None:
+            err = record.exc_info[1]
+            doc["error"] = f"{type(err).__name__}: {err}".replace("\n", " ")
+        return json.dumps(doc, default=str, sort_keys=False)
+
+
+def setup_logging(level: str = "info", stream: Any = None) -> None:
+    """Send every log record to ``stream`` (default stderr) as one JSON line.
+
+    Raises:
+        InputError: unknown level name.
+    """
+    lvl = logging.getLevelName(level.upper())
+    if not isinstance(lvl, int):
+        raise InputError(f"unknown level {level!r} (debug, info, warning, error)",
+                         source="--log-level")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(lvl)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+class DatapathLike(Protocol):
+    """What the loop needs from :class:`agent.datapath.Datapath` (a fake in unit tests)."""
+
+    def set_local_endpoints(self, endpoints: Iterable[tuple[IPAddress | str, int, int]]) -> None:
+        """Replace the kernel's local endpoint set."""
+        ...
+
+    def drain(self) -> list[FlowDelta]:
+        """Flow deltas counted since the previous drain."""
+        ...
+
+    def stats(self) -> Any:
+        """``DatapathStats``: ``attached`` names, ``table`` (TableStats), ``endpoints``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one interval did (for logs and tests).
+
+    Attributes:
+        at: Unix seconds the drain was attributed at.
+        deltas: flow deltas drained.
+        bytes: L3 bytes in them.
+        services_evaluated: Services the hint model re-evaluated.
+        endpoints_changed: the local endpoint set was rewritten.
+        duration_seconds: wall time of the interval's work.
+    """
+
+    at: float
+    deltas: int
+    bytes: int
+    services_evaluated: int
+    endpoints_changed: bool
+    duration_seconds: float
+
+
+class AgentLoop:
+    """One node's interval work, without threads or signals (testable).
+
+    Args:
+        node: this node's name.
+        datapath: the loaded datapath (or a fake with the same three methods).
+        cache: the metadata cache.
+        hints: the hint model over ``cache``.
+        exporter: where snapshots go.
+        interval: the configured interval, seconds (exported in ``/flows``).
+        clock: Unix seconds (``at`` of each drain); perf: a monotonic clock for durations.
+        top_n: pair rows published per interval for ``/flows``.
+    """
+
+    def __init__(self, node: str, datapath: DatapathLike, cache: ClusterMetadata, hints: HintModel,
+                 exporter: ex.Exporter, *, interval: float = DEFAULT_INTERVAL,
+                 clock: Callable[[], float] = time.time,
+                 perf: Callable[[], float] = time.perf_counter, top_n: int = 50,
+                 hold_unresolved_seconds: float = 0.0) -> None:
+        self.node = node
+        self.datapath = datapath
+        self.cache = cache
+        self.hints = hints
+        self.exporter = exporter
+        self.interval = interval
+        self._clock = clock
+        self._perf = perf
+        self.attributor = Attributor(node, MetadataAdapter(cache), hints, top_n=top_n,
+                                     hold_unresolved_seconds=hold_unresolved_seconds)
+        self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
+        self._first = True
+        self._logged: set[str] = set()
+        self.ticks = 0
+
+    def _once(self, key: str, msg: str, *args: object, exc: BaseException | None = None) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.error(msg, *args, exc_info=exc)
+
+    def sync_endpoints(self) -> bool:
+        """Write this node's local endpoints to the datapath when they changed.
+
+        Returns:
+            True when the set was rewritten.
+        """
+        eps = self.cache.local_endpoints(self.node)  # memoized per slice/node generation
+        if eps == self._endpoints:
+            return False
+        try:
+            self.datapath.set_local_endpoints(eps)
+        except InputError as err:  # e.g. more endpoints than endpoint_capacity
+            self._once("endpoints", "cannot write local endpoints: %s", err)
+            return False
+        self._endpoints = eps
+        log.info("local endpoints updated", extra={"fields": {"endpoints": len(eps)}})
+        return True
+
+    def refresh_hints(self) -> int:
+        """Re-evaluate the hint model for Services that changed (all on the first call)."""
+        dirty = self.cache.take_dirty()
+        if self._first:
+            self._first = False
+            return self.hints.refresh(None)
+        if dirty.all or dirty.services:
+            return self.hints.refresh(dirty)
+        return 0
+
+    def tick(self) -> TickResult:
+        """Run one interval: endpoints, hints, drain, attribute, export.
+
+        Never raises for a failing stage: a drain error is logged (once per error type) and
+        the interval exports what it has; the bytes stay in the kernel table for the next
+        drain when the failure happened before the table swap.
+        """
+        t0 = self._perf()
+        changed = False
+        evaluated = 0
+        try:
+            changed = self.sync_endpoints()
+        except Exception as err:  # noqa: BLE001 - the agent never dies on one bad object
+            self._once("sync:" + type(err).__name__, "endpoint sync failed", exc=err)
+        try:
+            evaluated = self.refresh_hints()
+        except Exception as err:  # noqa: BLE001
+            self._once("hints:" + type(err).__name__, "hint model failed", exc=err)
+        at = self._clock()
+        deltas: list[FlowDelta] = []
+        try:
+            deltas = self.datapath.drain()
+        except Exception as err:  # noqa: BLE001
+            self._once("drain:" + type(err).__name__, "drain failed", exc=err)
+        self.attributor.attribute(deltas, at)
+        self.attributor.close_interval(at)
+        totals = self.attributor.totals()
+        duration = self._perf() - t0
+        self.exporter.update(self.snapshot(totals, at, duration))
+        self.ticks += 1
+        nbytes = sum(d.bytes for d in deltas)
+        return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
+
+    def snapshot(self, totals: AttributionTotals, at: float, duration: float) -> ex.ExportSnapshot:
+        """Convert attribution totals and self-health into an :class:`ExportSnapshot`."""
+        try:
+            st = self.datapath.stats()
+            table: TableStats | None = st.table
+            attached = len(st.attached)
+        except Exception as err:  # noqa: BLE001
+            self._once("stats", "datapath stats failed", exc=err)
+            table, attached = None, 0
+        return build_snapshot(totals, table=table, attached=attached, synced=self.cache.synced(),
+                              duration=duration, at=at, interval=self.interval)
+
+
+def build_snapshot(totals: AttributionTotals, *, table: TableStats | None, attached: int,
+                   synced: Mapping[str, bool], duration: float, at: float,
+                   interval: float) -> ex.ExportSnapshot:
+    """Map :class:`AttributionTotals` (cumulative bytes) and self-health onto the exporter's
+    records (docs/metrics.md says where each byte goes).
+
+    Args:
+        totals: the Attributor's totals.
+        table: flow table health, or None when unavailable.
+        attached: interfaces with the datapath attached.
+        synced: ``{resource: synced}``.
+        duration: seconds the interval's work took.
+        at: Unix seconds of the drain.
+        interval: configured interval, seconds.
+    """
+    locality_in_effect: dict[ex.LocalityKey, bool] = {}
+    info: dict[ex.ServiceId, ex.LocalityInfo] = {}
+    changed: dict[ex.ServiceId, float] = {}
+    for ref, st in totals.locality.items():
+        sid = ex.ServiceId(ref.namespace, ref.service)
+        info[sid] = ex.LocalityInfo(st.mode, st.reason)
+        changed[sid] = st.last_change
+        for zone, on in st.in_effect.items():
+            locality_in_effect[ex.LocalityKey(ref.namespace, ref.service, zone)] = bool(on)
+    return ex.ExportSnapshot(
+        service_bytes={ex.ServiceBytesKey(k.namespace, k.service, k.port, k.client_zone,
+                                          k.server_zone, k.crossing, k.direction): v
+                       for k, v in totals.service_bytes.items()},
+        hint_ignored_bytes={ex.HintIgnoredKey(k.namespace, k.service, k.client_zone,
+                                              k.server_zone): v
+                            for k, v in totals.hint_ignored_bytes.items()},
+        locality_in_effect=locality_in_effect,
+        locality_info=info,
+        locality_last_change=changed,
+        workload_bytes={ex.WorkloadBytesKey(k.namespace, k.workload, k.workload_kind,
+                                            k.client_zone, k.remote_zone, k.remote_kind,
+                                            k.crossing, k.direction): v
+                        for k, v in totals.workload_bytes.items()},
+        unattributed_bytes=totals.unattributed_bytes,
+        unknown_crossing_bytes=totals.unknown_crossing_bytes,
+        skipped_bytes=totals.skipped_bytes,
+        flow_table_entries=table.entries if table else 0,
+        flow_table_capacity=table.capacity if table else 0,
+        attached_interfaces=attached,
+        collector_duration_seconds=duration,
+        metadata_synced=synced,
+        pairs=tuple(ex.PairRow(p.client, p.server, p.client_zone, p.server_zone, p.crossing,
+                               p.namespace, p.service, "", p.bytes) for p in totals.top_pairs),
+        pairs_interval=totals.top_interval,
+        generated_at=at,
+        interval_seconds=interval,
+    )
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _patterns(text: str | None, flag: str) -> tuple[str, ...]:
+    if not text:
+        return ()
+    out = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not out:
+        raise InputError("expected GLOB[,GLOB...]", source=flag)
+    return out
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``agent`` verb."""
+    p = subparsers.add_parser(
+        "agent", help="run the per-node agent (datapath, attribution, /metrics)",
+        description="Count pod traffic on this node with eBPF, attribute it to Services, "
+        "zones and workloads, and serve Prometheus metrics.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NODE",
+                   help="this node's name (default: $NODE_NAME)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--snapshot", metavar="FILE",
+                     help="read Nodes, Pods, Services, EndpointSlices from a kubectl dump")
+    src.add_argument("--kubeconfig", metavar="FILE",
+                     help="list+watch a cluster with this kubeconfig (default: in-cluster)")
+    p.add_argument("--netns", metavar="NODE_NETNS",
+                   help="attach to pod veths inside this network namespace (/run/netns/NAME); "
+                   "metrics still listen in the agent's own namespace")
+    p.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
+                   help="where /metrics, /healthz, /readyz, /flows listen (default %(default)s)")
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
+                   help="drain and export period (default %(default)g)")
+    p.add_argument("--zone-cidrs", metavar="FILE",
+                   help="CIDR -> zone[, region] file for addresses outside the cluster")
+    p.add_argument("--exclude-interfaces", metavar="GLOB,...",
+                   help="interfaces never attached (fnmatch), e.g. an uplink veth")
+    p.add_argument("--interface-patterns", metavar="GLOB,...",
+                   help="extra interfaces attached whatever their kind (cali*, lxc*, eni*)")
+    p.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="X.Y",
+                   help="Kubernetes version the hint model reproduces (default %(default)s)")
+    p.add_argument("--feature-gates", default="", metavar="A=true,...",
+                   help="feature gate overrides for that version")
+    p.add_argument("--flow-capacity", type=int, default=65536, metavar="N",
+                   help="kernel flow entries per table (default %(default)s)")
+    p.add_argument("--final-linger-seconds", type=float, default=0.0, metavar="SECONDS",
+                   help="after SIGTERM and the final export, keep serving /metrics this long "
+                   "so a last scrape sees every byte (default %(default)g)")
+    p.add_argument("--hold-unresolved-seconds", type=float, default=0.0, metavar="SECONDS",
+                   help="hold deltas whose pod is not known yet for up to this long "
+                   "(default %(default)g: count at once, as unknown)")
+    p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
+                   help="live cluster: wait this long for the first list of every resource "
+                   "before attaching (default %(default)g)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if not args.node_name:
+        raise InputError("required (or set NODE_NAME)", source="--node-name")
+    if not args.interval > 0:
+        raise InputError(f"must be > 0, got {args.interval:g}", source="--interval")
+    if args.final_linger_seconds < 0:
+        raise InputError("must be >= 0", source="--final-linger-seconds")
+    if args.sync_timeout_seconds < 0:
+        raise InputError("must be >= 0", source="--sync-timeout-seconds")
+    if args.hold_unresolved_seconds < 0:
+        raise InputError("must be >= 0", source="--hold-unresolved-seconds")
+    ex.parse_address(args.metrics_address)
+    if args.netns is not None and (not args.netns or "/" in args.netns):
+        raise InputError(f"expected a name under /run/netns, got {args.netns!r}", source="--netns")
+    if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
+        raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
+
+
+class Stopper:
+    """SIGTERM/SIGINT -> a stop flag that wakes the loop at once, whichever thread the kernel
+    delivers the signal to.
+
+    Python runs signal handlers in the main thread, but the kernel may deliver the signal
+    to any thread (the HTTP server's, BCC's); a main thread blocked in a timed wait is then
+    not interrupted and would notice only when its timeout ends (a whole interval). The
+    C-level handler writes to :func:`signal.set_wakeup_fd` from whatever thread it runs in,
+    so :meth:`wait` selects on that socket instead.
+    """
+
+    def __init__(self) -> None:
+        import socket
+
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+        self._previous = {sig: signal.signal(sig, self._handler)
+                          for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.signal = signum  # no logging here: the handler may interrupt a log call
+        self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True as soon as a stop signal arrived."""
+        import select
+
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self.event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            readable, _, _ = select.select([self._r], [], [], min(left, 1.0))
+            if readable:
+                try:
+                    self._r.recv(4096)
+                except BlockingIOError:
+                    pass
+        return self.event.is_set()
+
+    def close(self) -> None:
+        """Restore the previous handlers and wakeup fd."""
+        signal.set_wakeup_fd(self._old_fd)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._r.close()
+        self._w.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns 0 after the final export.
+
+    Must run in the main thread (signal handlers).
+
+    Raises:
+        InputError: bad flags, snapshot, CIDR file, version or gates (exit 2).
+        RuntimeFailure: the datapath cannot load, or the metrics address cannot be bound
+            (exit 1).
+    """
+    stopper = Stopper()
+    try:
+        return _run(args, stopper)
+    finally:
+        stopper.close()
+
+
+def _run(args: argparse.Namespace, stop: Stopper) -> int:
+    from agent.datapath import Datapath, DatapathConfig
+    from agent.explain import parse_feature_gates
+    from agent.k8s.source import open_metadata
+
+    _validate(args)
+    gates = parse_feature_gates(args.feature_gates)
+    exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
+    include = _patterns(args.interface_patterns, "--interface-patterns")
+    config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
+                            flow_capacity=args.flow_capacity)
+    config.validate()
+    setup_logging(args.log_level)
+    node = args.node_name
+
+    source = open_metadata(snapshot=args.snapshot, kubeconfig=args.kubeconfig,
+                           zone_cidrs=args.zone_cidrs)
+    try:
+        if args.snapshot is not None and source.cache.node(node) is None:
+            raise InputError(f"node {node!r} is not in the snapshot", source=args.snapshot,
+                             field="--node-name")
+        hints = HintModel(source.cache, args.kubernetes_version, gates)
+        exporter = ex.Exporter()
+        attached = threading.Event()
+        readiness = ex.make_readiness(attached.is_set, source.cache.synced)
+        try:
+            server = ex.start_server(exporter, args.metrics_address, readiness)
+        except OSError as err:
+            raise RuntimeFailure(f"--metrics-address {args.metrics_address}: {err}") from None
+        try:
+            log.info("starting", extra={"fields": {
+                "node": node, "metadata": source.origin, "netns": args.netns,
+                "metrics": server.url, "interval_seconds": args.interval}})
+            dp = Datapath(config)
+            try:
+                loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
+                                 hold_unresolved_seconds=args.hold_unresolved_seconds)
+                # Live cluster: attach only once the endpoints are known, else Service bytes
+                # counted meanwhile would be classified as non-Service (and dropped as
+                # client copies on the other side); attach anyway after the timeout.
+                _wait_synced(source.cache, stop, args.sync_timeout_seconds)
+                loop.sync_endpoints()
+                dp.watch()
+                attached.set()
+                log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
+                _serve(loop, stop, args.interval)
+                log.info("stopping", extra={"fields": {"signal": stop.signal}})
+                # Final: stop counting first (watcher stopped, filters removed), then drain
+                # what the tables hold, so every byte the kernel counted is exported.
+                attached.clear()
+                dp.close()
+                res = loop.tick()
+                log.info("final export", extra={"fields": {
+                    "deltas": res.deltas, "bytes": res.bytes,
+                    "linger_seconds": args.final_linger_seconds}})
+            finally:
+                dp.close()
+            if args.final_linger_seconds > 0:
+                time.sleep(args.final_linger_seconds)
+        finally:
+            server.close()
+    finally:
+        source.stop()
+    log.info("stopped")
+    return 0
+
+
+def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:
+    """Block until every metadata resource is synced, a stop signal, or ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not all(cache.synced().values()):
+        if time.monotonic() >= deadline:
+            stale = sorted(r for r, ok in cache.synced().items() if not ok)
+            log.warning("metadata not synced, attaching anyway",
+                        extra={"fields": {"unsynced": stale, "waited_seconds": timeout}})
+            return
+        if stop.wait(0.1):
+            return
+
+
+def _serve(loop: AgentLoop, stop: Stopper, interval: float) -> None:
+    """Tick at once, then every ``interval`` seconds (fixed schedule) until ``stop``."""
+    start = time.monotonic()
+    n = 0
+    while True:
+        res = loop.tick()
+        log.debug("interval", extra={"fields": {
+            "deltas": res.deltas, "bytes": res.bytes, "services_evaluated": res.services_evaluated,
+            "duration_seconds": round(res.duration_seconds, 6)}})
+        if res.duration_seconds > interval:
+            log.warning("interval work took longer than the interval",
+                        extra={"fields": {"duration_seconds": res.duration_seconds}})
+        n += 1
+        next_at = start + n * interval
+        now = time.monotonic()
+        if next_at <= now:  # fell behind: skip the missed ticks, keep the phase
+            n = int((now - start) // interval) + 1
+            next_at = start + n * interval
+        if stop.wait(next_at - now):
+            return

@@ -1,0 +1,211 @@
+"""Issue 5 end to end: real lab traffic, one real ``zonemeter agent`` per node, a real
+Prometheus; the agents' numbers against the lab's own nftables counters.
+
+Two runs (module fixtures, to stay within a few minutes on two cores):
+
+* **default**: the embedded three-zone shop, flat routing, IPv4, Prometheus scraping the
+  six agents; half-way through, a client pod (``frontend-b1``) and a server pod
+  (``checkout-b1``) are deleted and new pods take over their addresses.
+* **overlay-v6-hostnet**: the same shop in VXLAN mode, dual stack, traffic to the IPv6
+  ClusterIPs only, plus ``shop/ledger``, whose two endpoints are host-network pods on b1
+  and b2 (no veth: counted on the client's node).
+
+For each: per-Service cross-zone bytes equal the lab's, hint-ignored bytes equal what
+``c2``'s clients sent to endpoints outside c2's model selection (other-zone ``checkout``,
+other-node ``node-cache``), nothing is counted twice, and the agents' locality state and
+reason equal the hint model's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tools.demo.run import DemoOptions, DemoResult, DemoRun
+from tools.demo.topology import DEFAULT_DEMO_TOPOLOGY, load_demo, parse_demo
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the lab and the agents need root")]
+
+HOSTNET = """\
+  - {name: ledger-b1, namespace: shop, node: b1, app: ledger, hostNetwork: true, ports: [{port: 9100, name: http}]}
+  - {name: ledger-b2, namespace: shop, node: b2, app: ledger, hostNetwork: true, ports: [{port: 9100, name: http}]}
+services:
+  - name: ledger
+    namespace: shop
+    selector: {app: ledger}
+    ports: [{name: http, port: 80, targetPort: http}]
+"""
+
+
+class Run:
+    def __init__(self, run: DemoRun, result: DemoResult, ground_truth: dict) -> None:  # type: ignore[type-arg]
+        self.run = run
+        self.result = result
+        self.gt = ground_truth
+        self.models = run.cluster.models
+        self.services = {f"{s['namespace']}/{s['name']}": s for s in result.summary["services"]}
+
+
+def _execute(spec, work: Path, prometheus: bool, during=None,  # type: ignore[no-untyped-def]
+             duration: float = 8) -> Iterator[Run]:
+    opts = DemoOptions(duration_seconds=duration, interval_seconds=1, prometheus=prometheus,
+                       scrape_seconds=0.5, warmup_requests=30, workdir=work,
+                       state_dir=work / "state")
+    with DemoRun(spec, opts) as run:
+        result = run.execute(during=during)
+        yield Run(run, result, run.cluster.lab.ground_truth())
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    replaced: dict[str, tuple[str, str]] = {}
+
+    def during(run: DemoRun) -> None:
+        for old, new in (("frontend-b1", "frontend-b1-new"), ("checkout-b1", "checkout-b1-new")):
+            before = str(run.cluster.lab.pod_ip(old))
+            replaced[old] = (before, run.replace_pod(old, new))
+
+    # 10 s: the replacements take about 3 s and the new client still sends for a while
+    for r in _execute(load_demo(), tmp_path_factory.mktemp("demo-default"), True, during,
+                      duration=10):
+        r.replaced = replaced  # type: ignore[attr-defined]
+        yield r
+
+
+@pytest.fixture(scope="module")
+def overlay_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    text = DEFAULT_DEMO_TOPOLOGY.replace("family: 4", "family: 6")
+    text = text.replace("services:\n", HOSTNET.split("services:\n")[0] + "services:\n", 1)
+    text = text.replace("traffic:", HOSTNET.split("services:\n")[1] + "traffic:", 1)
+    spec = parse_demo(text, "overlay-v6-hostnet", mode="vxlan", ipv6=True)
+    yield from _execute(spec, tmp_path_factory.mktemp("demo-overlay"), False)
+
+
+RUNS = ["default_run", "overlay_run"]
+
+
+def _c2_outside_selection(r: Run, service: str) -> int:
+    """Bytes (both directions) c2's client sent to endpoints outside c2's model selection,
+    from the raw counters."""
+    sel = set(r.models[service].selection["c2"])
+    svc_pods = {p for p, s in r.run.cluster.pod_service.items() if s == service}
+    return sum(n for (c, s, _), n in r.gt.items()
+               if c == "frontend-c2" and s in svc_pods and s not in sel)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_every_request_completed_and_agents_exit_cleanly(name: str,
+                                                         request: pytest.FixtureRequest) -> None:
+    r: Run = request.getfixturevalue(name)
+    assert sum(f.failed for f in r.result.flows) == 0
+    assert sum(f.ok for f in r.result.flows) > 0
+    assert r.result.agent_exit_codes and set(r.result.agent_exit_codes.values()) == {0}
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_cross_zone_bytes_equal_ground_truth(name: str, request: pytest.FixtureRequest) -> None:
+    r: Run = request.getfixturevalue(name)
+    for key, s in r.services.items():
+        assert s["cross_zone_bytes"] == s["ground_truth_cross_zone_bytes"], key
+        assert s["ground_truth_cross_zone_bytes"] == r.result.truth[key].cross_zone_bytes
+    # every Service but node-cache (each node has its own) sends across zones
+    assert all(s["cross_zone_bytes"] > 0 for k, s in r.services.items())
+    total_lab = sum(r.gt.values())
+    total_agents = sum(sum(s["bytes"].values()) for s in r.services.values())
+    assert total_agents == total_lab
+    assert r.result.summary["double_counted_bytes"] == 0
+    assert sum(r.result.agents.unattributed.values()) == 0
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_each_agent_counts_its_own_node(name: str, request: pytest.FixtureRequest) -> None:
+    """Per node, not only in sum: an agent counts the Service bytes of endpoints with a veth
+    on its node, and of host-network endpoints those its node's clients sent; so no agent
+    makes up for another's error."""
+    r: Run = request.getfixturevalue(name)
+    cluster = r.run.cluster
+    hostnet = {p.name for p in cluster.topology.pods if p.host_network}
+    want: dict[str, int] = {n.name: 0 for n in cluster.topology.nodes}
+    for (client, server, _), n in r.gt.items():
+        node = cluster.pod_node[client] if server in hostnet else cluster.pod_node[server]
+        want[node] += n
+    got = {node: sum(m.service_bytes.values()) for node, m in r.result.per_node.items()}
+    assert got == want
+    assert all(v > 0 for v in want.values())
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_hint_ignored_bytes_are_c2s(name: str, request: pytest.FixtureRequest) -> None:
+    r: Run = request.getfixturevalue(name)
+    co = r.services["shop/checkout"]
+    c2_other_zone = sum(n for (c, s, _), n in r.gt.items() if c == "frontend-c2"
+                        and r.run.cluster.pod_service.get(s) == "shop/checkout"
+                        and r.run.cluster.pod_node[s] not in ("c1", "c2"))
+    assert co["hint_ignored_bytes"] == co["ground_truth_hint_ignored_bytes"] == c2_other_zone > 0
+    assert co["cross_zone_bytes"] == c2_other_zone  # nobody else leaves its zone
+    nc = r.services["shop/node-cache"]
+    assert nc["hint_ignored_bytes"] == _c2_outside_selection(r, "shop/node-cache") > 0
+    for key in r.services:
+        assert r.services[key]["hint_ignored_bytes"] == _c2_outside_selection(r, key)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_locality_state_and_reason_match_model(name: str, request: pytest.FixtureRequest) -> None:
+    r: Run = request.getfixturevalue(name)
+    for key, s in r.services.items():
+        m = r.models[key]
+        assert s["locality_in_effect"] == dict(m.locality_in_effect), key
+        assert s["reason"] == m.reason, key
+        ns, svc = key.split("/")
+        assert r.result.agents.info[(ns, svc)] == (m.mode, m.reason)
+    assert r.services["shop/cart"]["reason"] == "min-allocation-exceeds-overload-threshold"
+    assert r.services["shop/checkout"]["locality_in_effect"] == {
+        "zone-a": True, "zone-b": True, "zone-c": True}
+
+
+def test_pod_deleted_and_ip_reused(default_run: Run) -> None:
+    replaced = default_run.replaced  # type: ignore[attr-defined]
+    for old, (before, after) in replaced.items():
+        assert before == after, old  # the new pod took the old pod's address
+    gt = default_run.gt
+    assert any(c == "frontend-b1" for c, _, _ in gt) and any(c == "frontend-b1-new"
+                                                             for c, _, _ in gt)
+    assert any(s == "checkout-b1" for _, s, _ in gt) and any(s == "checkout-b1-new"
+                                                             for _, s, _ in gt)
+
+
+def test_prometheus_sums_equal_ground_truth(default_run: Run) -> None:
+    p = default_run.result.prometheus
+    assert p is not None
+    assert set(p.truth) == set(default_run.services)
+    for key, truth in p.truth.items():
+        assert truth > 0
+        assert p.aligned.get(key, 0.0) == pytest.approx(truth, rel=0.01), key
+        # plain increase() extrapolates to the window edges: never below, and by at most
+        # two scrape intervals' worth of the window's average rate
+        t0, t1 = p.window
+        bound = truth * (1 + 2 * 0.5 / (t1 - t0 - 2 * 0.5))
+        assert truth * 0.999 <= p.plain.get(key, 0.0) <= bound * 1.001, key
+    for key, zones in p.locality.items():
+        assert zones == dict(default_run.models[key].locality_in_effect), key
+    assert set(p.locality) == set(default_run.models)
+
+
+def test_host_network_endpoints(overlay_run: Run) -> None:
+    s = overlay_run.services["shop/ledger"]
+    t = overlay_run.result.truth["shop/ledger"]
+    assert s["cross_zone_bytes"] == t.cross_zone_bytes > 0
+    # counted at the client, which knows the endpoints' zone (both in zone-b) but not which
+    # of the two nodes answered: same-node and same-zone bytes are told apart only together
+    got = s["bytes"].get("same_node", 0) + s["bytes"].get("same_zone", 0)
+    assert got == t.bytes["same_node"] + t.bytes["same_zone"] > 0
+    assert overlay_run.run.cluster.topology.options.mode == "vxlan"
+
+
+def test_ipv6_traffic_only(overlay_run: Run) -> None:
+    specs = overlay_run.run.cluster.flow_specs(1)
+    assert specs and all(":" in f.dst for f in specs)

@@ -1,0 +1,132 @@
+"""agent.adapters: MetadataView/HintView over a real ClusterMetadata and evaluate_cluster."""
+
+from __future__ import annotations
+
+import ipaddress
+from types import SimpleNamespace
+
+import pytest
+
+from agent.adapters import HintModel, Locality, MetadataAdapter, merge_locality, merge_views
+from agent.errors import InputError
+from agent.k8s.cache import ClusterMetadata
+from agent.k8s.snapshot import Snapshot
+from agent.records import PeerKind, ProxyView
+from tests.unit.agent_cluster import cluster
+
+ip = ipaddress.ip_address
+
+
+def loaded(hinted: bool = True) -> ClusterMetadata:
+    c = cluster(hinted)
+    cache = ClusterMetadata()
+    cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
+                                 endpointslices=c["endpointslices"], pods=c["pods"]))
+    return cache
+
+
+def test_metadata_adapter_passes_through_and_turns_nodes_into_peers() -> None:
+    m = MetadataAdapter(loaded())
+    client = m.resolve(ip("10.244.1.10"), 0.0)
+    assert (client.kind, client.zone, client.node, client.workload, client.workload_kind) == (
+        PeerKind.POD, "zone-a", "na", "client", "Deployment")
+    na = m.node("na")
+    assert na is not None and (na.kind, na.zone, na.region, na.node) == (
+        PeerKind.NODE, "zone-a", "region-1", "na")
+    assert m.node("nope") is None
+    [sp] = m.endpoint_services(ip("10.244.2.20"), 8080, 6)
+    assert (sp.namespace, sp.service, sp.port, sp.target_port) == ("shop", "web", 80, 8080)
+    sa = m.service_address(ip("10.96.0.10"), 80, 6)
+    assert sa is not None and sa.service == "web"
+    assert m.service_address(ip("10.96.0.10"), 81, 6) is None
+
+
+def test_hint_model_full_evaluation() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    assert h.refresh(cache.take_dirty()) == 2
+    assert list(h.services()) == [("shop", "db"), ("shop", "web")]
+    assert h.locality("shop", "web") == Locality("PreferClose", "none", {"zone-a": True, "zone-b": True})
+    assert h.locality("shop", "db") == Locality("none", "not-requested", {"zone-a": False, "zone-b": False})
+    assert h.proxy_view("shop", "web", "na") == ProxyView("PreferSameZone", frozenset({"10.244.1.20"}), "cluster")
+    assert h.proxy_view("shop", "web", "nb") == ProxyView("PreferSameZone", frozenset({"10.244.2.20"}), "cluster")
+    assert h.proxy_view("shop", "web", "no-such-node") is None
+    assert h.locality("shop", "nope") is None and h.proxy_view("shop", "nope", "na") is None
+
+
+def test_hint_model_reevaluates_only_dirty_services() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh(None)
+    cache.take_dirty()
+    db_before = h.locality("shop", "db")
+    sl = cluster(hinted=False)["endpointslices"][0]  # web's slice, one hint removed
+    sl["endpoints"][0]["hints"] = {"forZones": [{"name": "zone-a"}]}
+    cache.apply("endpointslices", "MODIFIED", sl)
+    dirty = cache.take_dirty()
+    assert dirty.services == {("shop", "web")} and not dirty.all
+    assert h.refresh(dirty) == 1
+    # kube-proxy ignores all hints when one endpoint lacks them
+    assert h.locality("shop", "web") == Locality("PreferClose", "partial-hints",
+                                                 {"zone-a": False, "zone-b": False})
+    assert h.proxy_view("shop", "web", "na") == ProxyView(
+        "", frozenset({"10.244.1.20", "10.244.2.20"}), "cluster")
+    assert h.locality("shop", "db") is db_before  # not re-evaluated
+
+
+def test_node_change_reevaluates_everything_and_deletes_drop_services() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh(None)
+    cache.take_dirty()
+    db_before = h.locality("shop", "db")
+    nb = cluster()["nodes"][1]
+    nb["metadata"]["labels"]["topology.kubernetes.io/zone"] = "zone-c"
+    cache.apply("nodes", "MODIFIED", nb)
+    dirty = cache.take_dirty()
+    assert dirty.all
+    assert h.refresh(dirty) == 2
+    assert h.locality("shop", "db") is not db_before
+    assert set(h.locality("shop", "db").in_effect) == {"zone-a", "zone-c"}  # type: ignore[union-attr]
+    cache.apply("services", "DELETED", cluster()["services"][1])
+    assert h.refresh(cache.take_dirty()) == 1
+    assert list(h.services()) == [("shop", "web")]
+
+
+def test_bad_version_is_input_error() -> None:
+    with pytest.raises(InputError, match="kubernetes-version"):
+        HintModel(ClusterMetadata(), version="1.12")
+
+
+def test_merge_dual_stack() -> None:
+    v4 = SimpleNamespace(mode="PreferClose", reason="none", locality_in_effect={"a": True, "b": True})
+    v6 = SimpleNamespace(mode="PreferClose", reason="partial-hints", locality_in_effect={"a": True, "b": False})
+    assert merge_locality([v4, v6]) == Locality("PreferClose", "partial-hints", {"a": True, "b": False})  # type: ignore[list-item]
+    assert merge_locality([]) == Locality("none", "none", {})
+    pv4 = ProxyView("PreferSameZone", frozenset({"10.0.0.1"}), "cluster")
+    pv6 = ProxyView("", frozenset({"fd00::1", "fd00::2"}), "cluster")
+    assert merge_views([pv4, None, pv6]) == ProxyView(
+        "PreferSameZone", frozenset({"10.0.0.1", "fd00::1", "fd00::2"}), "cluster")
+    assert merge_views([None]) is None
+    assert merge_views([pv6]) is pv6
+
+
+def test_several_dirty_services_in_one_refresh() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh(None)
+    cache.take_dirty()
+    c = cluster()
+    web = c["services"][0]
+    web["spec"].pop("trafficDistribution")  # locality no longer requested
+    cache.apply("services", "MODIFIED", web)
+    cache.apply("services", "DELETED", c["services"][1])
+    dirty = cache.take_dirty()
+    assert dirty.services == {("shop", "web"), ("shop", "db")}
+    assert h.refresh(dirty) == 2
+    assert list(h.services()) == [("shop", "web")]
+    # the slices still carry the old hints and kube-proxy (1.33+, topologyModeFromHints)
+    # keeps using them until the controller strips them: the model says so, re-evaluated
+    loc = h.locality("shop", "web")
+    assert loc is not None and loc.mode == "none" and dict(loc.in_effect) == {"zone-a": True, "zone-b": True}
+    assert "stale-hints" in [w.code for d in h.diagnoses("shop", "web") for w in d.warnings]

@@ -1,0 +1,56 @@
+"""``zonemeter demo`` command line: help and error paths (nothing is built)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from tools.demo.agents import agent_argv
+from tools.demo.topology import load_demo
+from tools.lab import Lab
+
+
+def test_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main(["demo", "--help"])
+    assert ex.value.code == 0
+    out = capsys.readouterr().out
+    assert "--topology FILE" in out and "--keep" in out and "--prometheus" in out
+    assert "zonemeter demo --teardown" in out
+
+
+def test_bad_topology_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    bad = tmp_path / "t.yaml"
+    bad.write_text("zones: [{name: za}]\nnodes: [{name: n1, zone: nowhere}]\n")
+    assert main(["demo", "--topology", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(bad) in err and "zone" in err
+
+
+@pytest.mark.parametrize("argv, source", [(["--duration", "0"], "--duration"),
+                                          (["--interval", "0.1"], "--interval")])
+def test_bad_numbers_exit_2(argv: list[str], source: str,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *argv]) == 2
+    assert capsys.readouterr().err.startswith(f"zonemeter: error: {source}:")
+
+
+def test_teardown_of_unknown_dir_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                        ) -> None:
+    assert main(["demo", "--teardown", str(tmp_path)]) == 1
+    assert "not a kept demo" in capsys.readouterr().err
+
+
+def test_agent_command_line_follows_contract() -> None:
+    spec = load_demo()
+    lab = Lab(spec.topology, prefix="zmcli")
+    argv = agent_argv(lab, "b2", Path("/w/snapshot.json"), "127.0.0.1:9999", 2.0, python="py")
+    assert argv == ["py", "-m", "agent", "agent", "--node-name", "b2", "--snapshot",
+                    "/w/snapshot.json", "--netns", "zmcli-node-b2", "--metrics-address",
+                    "127.0.0.1:9999", "--interval", "2", "--exclude-interfaces", "zmcliu3"]
+    vx = Lab(load_demo(mode="vxlan").topology, prefix="zmcli")
+    assert agent_argv(vx, "a1", Path("s"), "a:1", 1.5, python="py")[-3:] == [
+        "1.5", "--exclude-interfaces", "zmcliu0,zmclix"]

@@ -1,0 +1,142 @@
+"""Agents' exposition text -> summed metrics -> the issue-5 JSON summary and table."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.demo.agents import merge, parse_metrics
+from tools.demo.cluster import ServiceModel, ServiceTruth
+from tools.demo.summary import build_summary, findings, render_table
+
+NODE_B1 = """\
+# HELP zonemeter_service_bytes_total L3 bytes of Service traffic.
+# TYPE zonemeter_service_bytes_total counter
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-c",server_zone="zone-b",crossing="cross_zone",direction="request"} 1000.0
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-c",server_zone="zone-b",crossing="cross_zone",direction="response"} 5000.0
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-b",server_zone="zone-b",crossing="same_node",direction="request"} 700.0
+# HELP zonemeter_service_hint_ignored_bytes_total hint-ignored
+# TYPE zonemeter_service_hint_ignored_bytes_total counter
+zonemeter_service_hint_ignored_bytes_total{namespace="shop",service="checkout",client_zone="zone-c",server_zone="zone-b"} 6000.0
+# HELP zonemeter_service_locality_in_effect in effect
+# TYPE zonemeter_service_locality_in_effect gauge
+zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_zone="zone-a"} 1.0
+zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_zone="zone-b"} 1.0
+zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_zone="zone-c"} 0.0
+# HELP zonemeter_service_locality_info info
+# TYPE zonemeter_service_locality_info gauge
+zonemeter_service_locality_info{namespace="shop",service="checkout",mode="PreferSameZone",reason="none"} 1.0
+# HELP zonemeter_workload_egress_bytes_total egress
+# TYPE zonemeter_workload_egress_bytes_total counter
+zonemeter_workload_egress_bytes_total{namespace="shop",workload="frontend",workload_kind="Pod",client_zone="zone-b",remote_zone="zone-a",remote_kind="pod",crossing="cross_zone"} 0.0
+# HELP zonemeter_attached_interfaces veths
+# TYPE zonemeter_attached_interfaces gauge
+zonemeter_attached_interfaces 6.0
+"""
+
+NODE_A1 = """\
+# TYPE zonemeter_service_bytes_total counter
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-c",server_zone="zone-b",crossing="cross_zone",direction="request"} 24.0
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="8443",client_zone="zone-c",server_zone="zone-b",crossing="cross_zone",direction="request"} 10.0
+# TYPE zonemeter_unattributed_bytes_total counter
+zonemeter_unattributed_bytes_total{reason="flow_table_full"} 3.0
+# TYPE zonemeter_attached_interfaces gauge
+zonemeter_attached_interfaces 5.0
+"""
+
+
+def _model() -> dict[str, ServiceModel]:
+    return {"shop/checkout": ServiceModel(
+        key="shop/checkout", mode="PreferSameZone", reason="none",
+        locality_in_effect={"zone-a": True, "zone-b": True, "zone-c": True},
+        warnings=("single-endpoint-zone",), selection={}, filtering={})}
+
+
+def test_parse_and_merge_sum_over_nodes_and_ports() -> None:
+    b1, a1 = parse_metrics(NODE_B1), parse_metrics(NODE_A1)
+    key = ("shop", "checkout", "zone-c", "zone-b", "cross_zone", "request")
+    assert b1.service_bytes[key] == 1000
+    assert a1.service_bytes[key] == 34  # two ports, one series key
+    total = merge([b1, a1])
+    assert total.service_bytes[key] == 1034
+    assert total.hint_ignored == {("shop", "checkout", "zone-c", "zone-b"): 6000}
+    assert total.in_effect[("shop", "checkout")] == {"zone-a": True, "zone-b": True,
+                                                     "zone-c": False}
+    assert total.info[("shop", "checkout")] == ("PreferSameZone", "none")
+    assert total.unattributed == {"flow_table_full": 3}
+    assert total.attached_interfaces == 11
+
+
+def test_parse_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        parse_metrics("zonemeter_service_bytes_total{namespace=\"shop\" 12\n")
+
+
+def _truth(req: int, resp: int, same_node: int) -> ServiceTruth:
+    t = ServiceTruth()
+    t.bytes["cross_zone"] = req + resp
+    t.bytes["same_node"] = same_node
+    t.by_series = {("zone-c", "zone-b", "cross_zone", "request"): req,
+                   ("zone-c", "zone-b", "cross_zone", "response"): resp,
+                   ("zone-b", "zone-b", "same_node", "request"): same_node}
+    t.hint_ignored = {("zone-c", "zone-b"): req + resp}
+    return t
+
+
+def test_summary_schema_and_exact_match() -> None:
+    agents = parse_metrics(NODE_B1)
+    s = build_summary(12.34567, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model())
+    assert set(s) == {"duration_seconds", "services", "double_counted_bytes"}
+    assert s["duration_seconds"] == 12.346
+    (svc,) = s["services"]
+    assert set(svc) == {"namespace", "name", "bytes", "cross_zone_bytes",
+                        "ground_truth_cross_zone_bytes", "hint_ignored_bytes",
+                        "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
+                        "warnings"}
+    assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
+    assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
+    assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000
+    assert svc["locality_in_effect"] == {"zone-a": True, "zone-b": True, "zone-c": False}
+    assert svc["reason"] == "none" and svc["warnings"] == ["single-endpoint-zone"]
+    assert s["double_counted_bytes"] == 0
+
+
+def test_double_count_is_what_agents_report_above_truth() -> None:
+    agents = merge([parse_metrics(NODE_B1), parse_metrics(NODE_A1)])  # 34 extra request bytes
+    s = build_summary(1.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model())
+    assert s["double_counted_bytes"] == 34
+    # bytes the agents missed are not "double counted" (they show as a mismatch instead)
+    s = build_summary(1.0, parse_metrics(NODE_B1),
+                      {"shop/checkout": _truth(2000, 5000, 700)}, _model())
+    assert s["double_counted_bytes"] == 0
+    assert s["services"][0]["ground_truth_cross_zone_bytes"] == 7000
+
+
+def test_workload_bytes_count_as_double() -> None:
+    text = NODE_B1.replace('crossing="cross_zone"} 0.0', 'crossing="cross_zone"} 99.0')
+    s = build_summary(1.0, parse_metrics(text), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    assert s["double_counted_bytes"] == 99
+
+
+def test_table_marks_equal_and_different() -> None:
+    s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    text = render_table(s, ["zone-a", "zone-b", "zone-c"], {"shop/checkout": "PreferSameZone"})
+    row = next(line for line in text.splitlines() if line.startswith("shop/checkout"))
+    assert "PreferSameZone" in row and " YYn " in row
+    assert "6,000 = 6,000" in row and "700" in row
+    s["services"][0]["ground_truth_cross_zone_bytes"] = 6001
+    assert "6,000 ! 6,001" in render_table(s, ["zone-a", "zone-b", "zone-c"])
+
+
+def test_findings_name_what_to_look_at() -> None:
+    s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    lines = findings(s)
+    assert lines[0] == "findings:"
+    assert any("6,000 bytes crossed zones; locality is off in zone-c (reason none)" in ln
+               for ln in lines)
+    assert any("6,000 bytes ignored the hints" in ln for ln in lines)
+    assert any("warnings single-endpoint-zone" in ln for ln in lines)
+    s["services"][0].update(hint_ignored_bytes=0, cross_zone_bytes=0, warnings=[])
+    assert findings(s) == []

@@ -1,0 +1,339 @@
+"""One ``zonemeter agent`` process per lab node, and reading their ``/metrics``.
+
+Each agent runs in the host network namespace (so its metrics listen on host loopback
+and a Prometheus on the host can scrape them), attaches to the pod veths inside its node's
+namespace (``--netns``), excludes the node's uplink (a veth whose peer is in the fabric
+namespace, see docs/lab.md) and reads the lab's snapshot for metadata and hints.
+
+Metrics are parsed with ``prometheus_client.parser.text_string_to_metric_families`` into
+:class:`AgentMetrics`; :func:`merge` adds the counters of every node, which is what
+``sum`` in PromQL does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.errors import RuntimeFailure
+from tools.lab import Lab
+
+#: repository root (the agent runs as ``python -m agent`` from here)
+_ROOT = Path(__file__).resolve().parents[2]
+
+ServiceSeries = tuple[str, str, str, str, str, str]  # ns, service, cz, sz, crossing, direction
+
+
+@dataclass(slots=True)
+class AgentMetrics:
+    """The series the demo reads from one agent (or the sum over agents).
+
+    Attributes:
+        service_bytes: (namespace, service, client_zone, server_zone, crossing, direction)
+            -> bytes, summed over ``port``.
+        hint_ignored: (namespace, service, client_zone, server_zone) -> bytes.
+        in_effect: (namespace, service) -> {client_zone: bool}.
+        info: (namespace, service) -> (mode, reason).
+        workload_egress_bytes: sum of ``zonemeter_workload_egress_bytes_total``.
+        unattributed: reason -> bytes.
+        attached_interfaces: ``zonemeter_attached_interfaces`` (summed over agents).
+    """
+
+    service_bytes: dict[ServiceSeries, int] = field(default_factory=dict)
+    hint_ignored: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    in_effect: dict[tuple[str, str], dict[str, bool]] = field(default_factory=dict)
+    info: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    workload_egress_bytes: int = 0
+    unattributed: dict[str, int] = field(default_factory=dict)
+    attached_interfaces: int = 0
+
+
+def parse_metrics(text: str) -> AgentMetrics:
+    """Parse one agent's exposition text (Prometheus text format 0.0.4).
+
+    Raises:
+        ValueError: the text is not valid exposition format (prometheus_client's parser).
+    """
+    m = AgentMetrics()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            lb = s.labels
+            v = s.value
+            if s.name == "zonemeter_service_bytes_total":
+                k6 = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_zone", ""),
+                      lb.get("server_zone", ""), lb.get("crossing", ""), lb.get("direction", ""))
+                m.service_bytes[k6] = m.service_bytes.get(k6, 0) + int(v)
+            elif s.name == "zonemeter_service_hint_ignored_bytes_total":
+                k4 = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_zone", ""),
+                      lb.get("server_zone", ""))
+                m.hint_ignored[k4] = m.hint_ignored.get(k4, 0) + int(v)
+            elif s.name == "zonemeter_service_locality_in_effect":
+                m.in_effect.setdefault((lb["namespace"], lb["service"]), {})[
+                    lb.get("client_zone", "unknown")] = v >= 1
+            elif s.name == "zonemeter_service_locality_info":
+                m.info[(lb["namespace"], lb["service"])] = (lb.get("mode", ""), lb.get("reason", ""))
+            elif s.name == "zonemeter_workload_egress_bytes_total":
+                m.workload_egress_bytes += int(v)
+            elif s.name == "zonemeter_unattributed_bytes_total":
+                r = lb.get("reason", "")
+                m.unattributed[r] = m.unattributed.get(r, 0) + int(v)
+            elif s.name == "zonemeter_attached_interfaces":
+                m.attached_interfaces += int(v)
+    return m
+
+
+def merge(parts: Iterable[AgentMetrics]) -> AgentMetrics:
+    """Sum counters over agents; locality gauges come from the first agent that has them
+    (every agent evaluates the same model from the same snapshot)."""
+    out = AgentMetrics()
+    for p in parts:
+        for k6, n in p.service_bytes.items():
+            out.service_bytes[k6] = out.service_bytes.get(k6, 0) + n
+        for k4, n in p.hint_ignored.items():
+            out.hint_ignored[k4] = out.hint_ignored.get(k4, 0) + n
+        for k, z in p.in_effect.items():
+            out.in_effect.setdefault(k, dict(z))
+        for k, i in p.info.items():
+            out.info.setdefault(k, i)
+        out.workload_egress_bytes += p.workload_egress_bytes
+        for r, n in p.unattributed.items():
+            out.unattributed[r] = out.unattributed.get(r, 0) + n
+        out.attached_interfaces += p.attached_interfaces
+    return out
+
+
+def free_port() -> int:
+    """Return a TCP port free on 127.0.0.1 now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(slots=True)
+class AgentProcess:
+    """One running agent: its node, metrics address, process and log file."""
+
+    node: str
+    address: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def url(self) -> str:
+        """Base URL of its HTTP server (``/metrics``, ``/readyz``)."""
+        return f"http://{self.address}"
+
+
+def agent_argv(lab: Lab, node: str, snapshot: Path, address: str, interval: float,
+               python: str = sys.executable, command: list[str] | None = None) -> list[str]:
+    """Return the command line of the agent for ``node`` (the CLI contract of issue 4).
+
+    ``command`` replaces ``[python, "-m", "agent"]`` (another build of the agent)."""
+    netns, uplink = lab.uplink(node)
+    exclude = [uplink]
+    vx = lab.vxlan_device(node)
+    if vx is not None:
+        exclude.append(vx[1])
+    return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, "--snapshot", str(snapshot),
+            "--netns", netns, "--metrics-address", address, "--interval", f"{interval:g}",
+            "--exclude-interfaces", ",".join(exclude)]
+
+
+def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback)
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+
+
+class AgentFleet:
+    """Start, scrape and stop one agent per lab node.
+
+    Args:
+        lab: the running lab.
+        snapshot: the snapshot file the agents read.
+        logdir: each agent's stdout/stderr goes to ``<logdir>/agent-<node>.log``.
+        interval: the agents' export interval (seconds).
+        command: the agent program (default ``python -m agent``; the environment variable
+            ``ZONEMETER_DEMO_AGENT``, split on spaces, overrides it).
+    """
+
+    def __init__(self, lab: Lab, snapshot: Path, logdir: Path, interval: float = 2.0,
+                 command: list[str] | None = None) -> None:
+        env_cmd = os.environ.get("ZONEMETER_DEMO_AGENT", "").split()
+        self.command = command or env_cmd or None
+        self.lab = lab
+        self.snapshot = snapshot
+        self.logdir = logdir
+        self.interval = interval
+        self.agents: list[AgentProcess] = []
+        #: node -> metrics of the last scrape
+        self.last_nodes: dict[str, AgentMetrics] = {}
+
+    def start(self, ready_timeout: float = 180.0) -> None:
+        """Start every agent and wait until each answers ``/readyz`` with 200.
+
+        Raises:
+            RuntimeFailure: an agent exited or did not become ready (the message carries the
+                end of its log); agents already started are stopped.
+        """
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        try:
+            for node in self.lab.topology.nodes:
+                address = f"127.0.0.1:{free_port()}"
+                log = self.logdir / f"agent-{node.name}.log"
+                with open(log, "wb") as fh:
+                    proc = subprocess.Popen(
+                        agent_argv(self.lab, node.name, self.snapshot, address, self.interval,
+                                   command=self.command),
+                        stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
+                        env=_env(), start_new_session=True)
+                self.agents.append(AgentProcess(node.name, address, proc, log))
+            deadline = time.monotonic() + ready_timeout
+            pending = list(self.agents)
+            while pending:
+                for a in list(pending):
+                    if a.proc.poll() is not None:
+                        raise RuntimeFailure(f"agent of node {a.node} exited with "
+                                             f"{a.proc.returncode}: {self.log_tail(a)}")
+                    try:
+                        if _get(a.url + "/readyz", timeout=1.0)[0] == 200:
+                            pending.remove(a)
+                    except OSError:
+                        pass
+                if pending and time.monotonic() > deadline:
+                    raise RuntimeFailure(f"agent of node {pending[0].node} not ready after "
+                                         f"{ready_timeout:.0f}s: {self.log_tail(pending[0])}")
+                time.sleep(0.3)
+        except BaseException:
+            self.stop()
+            raise
+
+    @staticmethod
+    def log_tail(agent: AgentProcess, chars: int = 800) -> str:
+        """Return the last ``chars`` characters of an agent's log, on one line."""
+        try:
+            text = agent.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+        return " | ".join(line for line in text.splitlines() if line.strip())
+
+    def scrape_text(self) -> dict[str, str]:
+        """Return node -> ``/metrics`` text of every agent.
+
+        Raises:
+            RuntimeFailure: an agent is gone or does not answer.
+        """
+        out = {}
+        for a in self.agents:
+            if a.proc.poll() is not None:
+                raise RuntimeFailure(f"agent of node {a.node} exited with {a.proc.returncode}: "
+                                     f"{self.log_tail(a)}")
+            try:
+                status, text = _get(a.url + "/metrics")
+            except OSError as err:
+                raise RuntimeFailure(f"agent of node {a.node} at {a.address}: {err}") from None
+            if status != 200:
+                raise RuntimeFailure(f"agent of node {a.node}: /metrics answered {status}")
+            out[a.node] = text
+        return out
+
+    def scrape_nodes(self) -> dict[str, AgentMetrics]:
+        """Return node -> that agent's metrics (also kept as :attr:`last_nodes`)."""
+        self.last_nodes = {node: parse_metrics(t) for node, t in self.scrape_text().items()}
+        return self.last_nodes
+
+    def scrape(self) -> AgentMetrics:
+        """Return the sum of every agent's metrics (see :func:`merge`)."""
+        return merge(self.scrape_nodes().values())
+
+    def exported_at(self) -> dict[str, float | None]:
+        """Return node -> ``generated_at`` of each agent's last export (``/flows``; the
+        agent takes it just before draining), None where ``/flows`` is not served."""
+        out: dict[str, float | None] = {}
+        for a in self.agents:
+            try:
+                status, text = _get(a.url + "/flows?top=1")
+                out[a.node] = float(json.loads(text)["generated_at"]) if status == 200 else None
+            except (OSError, ValueError, KeyError, TypeError):
+                out[a.node] = None
+        return out
+
+    def scrape_settled(self, after: float | None = None, timeout: float = 60.0) -> AgentMetrics:
+        """Wait until every agent drained after ``after`` (Unix seconds: when the traffic
+        stopped) and two scrapes at least one interval apart agree; returns the last scrape.
+
+        Raises:
+            RuntimeFailure: an agent did not drain, or the numbers still moved, within
+                ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        if after is not None:
+            while True:
+                stamps = self.exported_at()
+                if all(t is None or t > after for t in stamps.values()):
+                    break
+                if time.monotonic() > deadline:
+                    late = [n for n, t in stamps.items() if t is not None and t <= after]
+                    raise RuntimeFailure(f"agents of {', '.join(late)} did not drain after the "
+                                         "traffic stopped")
+                time.sleep(0.2)
+        time.sleep(self.interval * 1.2 + 0.3)
+        last = self.scrape()
+        while True:
+            time.sleep(self.interval * 1.2 + 0.3)
+            now = self.scrape()
+            if now.service_bytes == last.service_bytes and now.hint_ignored == last.hint_ignored \
+                    and now.unattributed == last.unattributed \
+                    and now.workload_egress_bytes == last.workload_egress_bytes:
+                return now
+            if time.monotonic() > deadline:
+                raise RuntimeFailure("agent counters still changing after traffic stopped")
+            last = now
+
+    def targets(self) -> list[str]:
+        """``host:port`` of every agent (for a Prometheus scrape config)."""
+        return [a.address for a in self.agents]
+
+    def stop(self, timeout: float = 30.0) -> dict[str, int | None]:
+        """SIGTERM every agent (final drain, export, detach), wait, SIGKILL stragglers.
+
+        Returns:
+            node -> exit code (None if it had to be killed).
+        """
+        for a in self.agents:
+            if a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        deadline = time.monotonic() + timeout
+        for a in self.agents:
+            try:
+                codes[a.node] = a.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                a.proc.kill()
+                a.proc.wait()
+                codes[a.node] = None
+        self.agents = []
+        return codes
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                      else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+

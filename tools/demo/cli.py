@@ -1,0 +1,168 @@
+"""``zonemeter demo``: the product on one machine, no cluster needed.
+
+Builds a three-zone lab cluster in network namespaces (tools/lab), writes its Kubernetes
+objects with the hints the EndpointSlice controller would write, programs every node's
+kube-proxy emulation with the endpoints kube-proxy would select (node c2 ignores hints),
+starts one ``zonemeter agent`` per lab node, runs the traffic matrix while a per-Service
+table refreshes, and prints the agents' numbers beside the lab's own counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.errors import InputError, RuntimeFailure
+from tools.demo.run import DemoOptions, DemoResult, DemoRun, sigterm_as_interrupt, teardown_kept
+from tools.demo.summary import render_table
+from tools.demo.topology import load_demo
+
+EXAMPLES = """\
+examples:
+  zonemeter demo                          # default cluster, 30 s of traffic, then clean up
+  zonemeter demo --duration 10 -o json    # machine-readable summary on stdout
+  zonemeter demo --prometheus --keep      # leave agents + Prometheus running to explore
+  zonemeter demo --teardown /tmp/zonemeter-demo-XXXX   # end a --keep run
+  zonemeter demo --topology my-cluster.yaml --mode vxlan --ipv6
+
+The live table goes to standard error, the final summary to standard output.
+Needs root (network namespaces, iptables, BPF).
+"""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``demo`` verb."""
+    p = subparsers.add_parser(
+        "demo", help="run a three-zone lab cluster with one agent per node and show "
+        "per-Service cross-zone bytes beside the lab's ground truth",
+        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", metavar="FILE",
+                   help="lab topology YAML with an optional traffic section (docs/demo.md); "
+                   "default: the built-in three-zone shop")
+    p.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds of measured traffic (default 30)")
+    p.add_argument("--keep", action="store_true",
+                   help="leave the lab, agents (and Prometheus) running at the end")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.add_argument("--prometheus", action="store_true",
+                   help="also run Prometheus (/usr/bin/prometheus) scraping the agents and "
+                   "check its sums against the lab")
+    p.add_argument("--mode", choices=("flat", "vxlan"), help="override options.mode")
+    p.add_argument("--ipv6", action="store_true",
+                   help="dual-stack lab (options.ipv6: true); the traffic section's family "
+                   "decides which ClusterIPs clients call")
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                   help="agents' export interval (default 2)")
+    p.add_argument("--workdir", type=Path, metavar="DIR",
+                   help="snapshot, logs and TSDB go here (default: a new temporary directory)")
+    p.add_argument("--teardown", type=Path, metavar="DIR",
+                   help="stop what a --keep run left in DIR and exit")
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 1 <= args.duration <= 86400:
+        raise InputError(f"must be 1-86400 seconds, got {args.duration:g}", source="--duration")
+    if not 0.5 <= args.interval <= 60:
+        raise InputError(f"must be 0.5-60 seconds, got {args.interval:g}", source="--interval")
+
+
+def _progress_printer(zones: list[str], modes: dict[str, str]) -> Any:
+    tty = sys.stderr.isatty()
+
+    def show(summary: dict[str, Any], elapsed: float, total: float) -> None:
+        title = f"zonemeter demo: {elapsed:5.1f} s elapsed (measuring {total:g} s); " \
+                "agents' numbers = lab's counters (settle after each agent interval)"
+        text = render_table(summary, zones, modes, title)
+        if tty:
+            sys.stderr.write("\x1b[H\x1b[2J" + text + "\n")
+        else:
+            sys.stderr.write(f"[{elapsed:5.1f}s] " + "; ".join(
+                f"{s['name']} cross-zone {s['cross_zone_bytes']:,}"
+                for s in summary["services"]) + "\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: list[str],
+            modes: dict[str, str]) -> None:
+    if args.output == "json":
+        print(json.dumps(result.summary, indent=1))
+    else:
+        print(render_table(result.summary, zones, modes,
+                           f"zonemeter demo: {result.summary['duration_seconds']:g} s of traffic "
+                           f"on {len(run.cluster.topology.nodes)} nodes in {len(zones)} zones "
+                           f"(lab {run.cluster.prefix})"))
+        failed = sum(f.failed for f in result.flows)
+        ok = sum(f.ok for f in result.flows)
+        print(f"requests: {ok:,} completed, {failed:,} failed")
+        if result.prometheus is not None:
+            p = result.prometheus
+            print(f"prometheus {p.url}: sum by (service) (increase(zonemeter_service_bytes_total"
+                  "{crossing=\"cross_zone\"}[window])) vs the lab in that window:")
+            for key, truth in sorted(p.truth.items()):
+                got = p.aligned.get(key, 0.0)
+                print(f"  {key:<22} {got:>14,.0f} vs {truth:>14,}   (plain increase, "
+                      f"extrapolated: {p.plain.get(key, 0.0):,.0f})")
+        print(f"why: zonemeter explain --snapshot {run.cluster.snapshot_path} "
+              f"(snapshot and agent logs stay in {run.workdir})")
+    out = sys.stdout if args.output == "table" else sys.stderr
+    if args.keep:
+        lines = [f"kept running (workdir {run.workdir}):"]
+        for a in run.fleet.agents:
+            lines.append(f"  agent {a.node}: curl -s {a.url}/metrics")
+        if run.prometheus_url:
+            lines.append(f"  prometheus: {run.prometheus_url}/graph")
+        lines.append(f"  lab: zonemeter lab status --prefix {run.cluster.prefix} "
+                     f"--state-dir {run.cluster.lab.state_dir}")
+        lines.append(f"tear down: zonemeter demo --teardown {run.workdir}")
+        print("\n".join(lines), file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; returns the exit code."""
+    if args.teardown is not None:
+        for line in teardown_kept(args.teardown):
+            print(line)
+        return 0
+    _check(args)
+    spec = load_demo(args.topology, mode=args.mode, ipv6=True if args.ipv6 else None)
+    if os.geteuid() != 0:
+        raise RuntimeFailure("the demo needs root (network namespaces, iptables, BPF)")
+    zones = [z.name for z in spec.topology.zones]
+    options = DemoOptions(duration_seconds=args.duration, interval_seconds=args.interval,
+                          refresh_seconds=max(2.0, args.interval), prometheus=args.prometheus,
+                          keep=args.keep, workdir=args.workdir)
+    restore = sigterm_as_interrupt()
+    run_ = DemoRun(spec, options)
+    try:
+        with run_:
+            print(f"zonemeter demo: building lab {run_.cluster.prefix} "
+                  f"({len(spec.topology.nodes)} nodes, {len(spec.topology.pods)} pods), "
+                  f"starting {len(spec.topology.nodes)} agents...", file=sys.stderr)
+            modes: dict[str, str] = {}
+            started = time.monotonic()
+
+            def progress(summary: dict[str, Any], elapsed: float, total: float) -> None:
+                if not modes:
+                    modes.update({k: m.mode for k, m in run_.cluster.models.items()})
+                _progress_printer(zones, modes)(summary, elapsed, total)
+
+            result = run_.execute(progress=progress)
+            modes.update({k: m.mode for k, m in run_.cluster.models.items()})
+            print(f"zonemeter demo: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+            _report(result, run_, args, zones, modes)
+    finally:
+        restore()
+    bad = [n for n, c in result.agent_exit_codes.items() if c != 0]
+    if bad:
+        print(f"zonemeter: error: agents of nodes {', '.join(bad)} did not exit cleanly "
+              f"(logs in {run_.workdir / 'logs'})", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,411 @@
+"""The lab as a cluster: controller hints, kube-proxy selection per node, ground truth.
+
+:class:`DemoCluster` wraps a :class:`tools.lab.Lab` and makes it behave like the cluster
+the agents are told about:
+
+1. the lab's Nodes, Pods, Services and EndpointSlices (:meth:`Lab.snapshot`) get the
+   ``hints`` the EndpointSlice controller model writes (``agent.hints.controller_hints``,
+   Kubernetes 1.35 defaults) and are written as the agents' snapshot file;
+2. ``agent.hints.evaluate_cluster`` on that snapshot says, per Service and node, which
+   endpoints kube-proxy forwards ClusterIP traffic to (``ProxyDecision.internal_addresses``,
+   empty for DROP/REJECT) and whether it filters by topology there;
+3. every node's kube-proxy emulation is programmed with exactly that selection
+   (:meth:`Lab.program_proxies`), except nodes with ``ignoreHints: true``, which keep
+   every ready endpoint (a data plane that ignores hints);
+4. ground truth comes from the lab's nftables counters only (never from the agents) and is
+   turned into the numbers the agents should report: bytes per Service and crossing,
+   cross-zone bytes, and hint-ignored bytes (from a client on node N to an endpoint outside
+   the set the model selects for N while the model says N filters by topology).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import hints as hint_model
+from agent.errors import RuntimeFailure
+from tools.lab import FlowHandle, FlowSpec, Lab
+from tools.lab.topology import Node, Service, Topology
+from tools.demo.topology import DemoSpec, TrafficPlan, service_port
+
+#: Kubernetes version the controller and kube-proxy models run at (feature-gate defaults)
+KUBERNETES_VERSION = "1.35"
+CROSSINGS = ("same_node", "same_zone", "cross_zone", "cross_region", "unknown")
+DIRECTIONS = ("request", "response")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceModel:
+    """What the hint model says about one Service (IPv4 diagnosis; IPv6 must agree).
+
+    Attributes:
+        key: ``namespace/name``.
+        mode: requested mode (``ServiceDiagnosis.mode``).
+        reason: why locality is (not) in effect (``ServiceDiagnosis.reason``).
+        locality_in_effect: client zone -> bool.
+        warnings: warning codes.
+        selection: node -> endpoint pod names kube-proxy there forwards to (the model's
+            answer for every node, including nodes whose data plane ignores hints).
+        filtering: node -> True when kube-proxy there filters by topology
+            (``topology_mode`` ``PreferSameZone``/``PreferSameNode``).
+    """
+
+    key: str
+    mode: str
+    reason: str
+    locality_in_effect: Mapping[str, bool]
+    warnings: tuple[str, ...]
+    selection: Mapping[str, tuple[str, ...]]
+    filtering: Mapping[str, bool]
+
+
+@dataclass(slots=True)
+class ServiceTruth:
+    """Ground truth of one Service, from the lab's counters (L3 bytes).
+
+    Attributes:
+        bytes: crossing -> bytes (both directions).
+        by_series: (client_zone, server_zone, crossing, direction) -> bytes: the labels of
+            ``zonemeter_service_bytes_total`` without namespace, service and port.
+        hint_ignored: (client_zone, server_zone) -> bytes (both directions).
+    """
+
+    bytes: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CROSSINGS})
+    by_series: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    hint_ignored: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def cross_zone_bytes(self) -> int:
+        """Bytes whose client and server zones differ (same region)."""
+        return self.bytes["cross_zone"]
+
+    @property
+    def hint_ignored_bytes(self) -> int:
+        """All hint-ignored bytes of the Service."""
+        return sum(self.hint_ignored.values())
+
+
+def _service_objects(snapshot: Mapping[str, Any]) -> tuple[list[dict[str, Any]], ...]:
+    items = snapshot["items"]
+    return tuple([o for o in items if o.get("kind") == k]
+                 for k in ("Node", "Service", "EndpointSlice", "Pod"))
+
+
+def controller_snapshot(lab: Lab) -> dict[str, Any]:
+    """Return the lab's objects with EndpointSlice hints as the controller would write them.
+
+    Source: EndpointSlice controller (``reconciler.go reconcileByAddressType``,
+    ``topologycache``, ``trafficdist``) as modelled by ``agent.hints.controller_hints``.
+
+    Returns:
+        A kubectl ``List`` (Nodes, Pods, Services, EndpointSlices per family).
+    """
+    snap = lab.snapshot()
+    nodes, services, slices, _ = _service_objects(snap)
+    hinted: dict[str, dict[str, Any]] = {}
+    for svc in services:
+        meta = svc["metadata"]
+        mine = [s for s in slices if s["metadata"]["namespace"] == meta["namespace"]
+                and s["metadata"]["labels"].get("kubernetes.io/service-name") == meta["name"]]
+        new, _events = hint_model.controller_hints(svc, mine, nodes, version=KUBERNETES_VERSION)
+        for s in new:
+            hinted[s["metadata"]["uid"]] = s
+    snap["items"] = [hinted.get(o["metadata"].get("uid"), o) if o.get("kind") == "EndpointSlice"
+                     else o for o in snap["items"]]
+    return snap
+
+
+def evaluate(snapshot: Mapping[str, Any], topo: Topology) -> dict[str, ServiceModel]:
+    """Run the hint model on a snapshot and translate it into lab pod names.
+
+    Returns:
+        ``namespace/name`` -> :class:`ServiceModel`, in topology order.
+
+    Raises:
+        RuntimeFailure: the IPv6 diagnosis selects other pods than the IPv4 one (the lab
+            programs one pod list for both families).
+    """
+    nodes, services, slices, pods = _service_objects(snapshot)
+    diags = hint_model.evaluate_cluster(nodes, services, slices, pods, version=KUBERNETES_VERSION,
+                                        strict=True)
+    by_key: dict[str, list[hint_model.ServiceDiagnosis]] = defaultdict(list)
+    for d in diags:
+        by_key[f"{d.namespace}/{d.name}"].append(d)
+    out: dict[str, ServiceModel] = {}
+    for svc in topo.services:
+        found = by_key.get(svc.key)
+        if not found:
+            raise RuntimeFailure(f"the hint model has no diagnosis for Service {svc.key}")
+        selections = []
+        for d in found:
+            family = 6 if d.address_type == "IPv6" else 4
+            owner = {str(topo.pod(p).address(family)): p for p in svc.endpoints
+                     if family == 4 or topo.pod(p).ip6 is not None}
+            sel: dict[str, tuple[str, ...]] = {}
+            filt: dict[str, bool] = {}
+            for n in topo.nodes:
+                dec = d.proxy[n.name]
+                chosen = () if dec.internal_traffic in ("DROP", "REJECT") else \
+                    tuple(p for a, p in owner.items() if a in dec.internal_addresses)
+                sel[n.name] = tuple(sorted(chosen))
+                filt[n.name] = bool(dec.topology_mode)
+            selections.append((d, sel, filt))
+        d4, sel4, filt4 = selections[0]
+        for d, sel, filt in selections[1:]:
+            if sel != sel4 or filt != filt4:
+                raise RuntimeFailure(f"Service {svc.key}: the model selects different pods for "
+                                     f"{d.address_type} than for {d4.address_type}; the lab "
+                                     "programs one list for both")
+        out[svc.key] = ServiceModel(
+            key=svc.key, mode=d4.mode, reason=d4.reason,
+            locality_in_effect=dict(d4.locality_in_effect),
+            warnings=tuple(w.code for w in d4.warnings), selection=sel4, filtering=filt4)
+    return out
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write ``data`` as JSON to ``path`` through a rename, so readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+class DemoCluster:
+    """A lab built from a :class:`DemoSpec`, programmed and explained by the hint model.
+
+    Args:
+        spec: topology and traffic plan.
+        workdir: where the snapshot file goes (``snapshot.json``).
+        prefix, state_dir: passed to :class:`Lab`.
+        server_max_seconds: lifetime of the lab's servers.
+    """
+
+    def __init__(self, spec: DemoSpec, workdir: Path, *, prefix: str | None = None,
+                 state_dir: Path | str | None = None, server_max_seconds: float = 3600.0) -> None:
+        kwargs: dict[str, Any] = {"server_max_seconds": server_max_seconds}
+        if state_dir is not None:
+            kwargs["state_dir"] = state_dir
+        self.lab = Lab(spec.topology, prefix=prefix, **kwargs)
+        self.traffic: TrafficPlan = spec.traffic
+        self.workdir = Path(workdir)
+        self.snapshot_path = self.workdir / "snapshot.json"
+        self.models: dict[str, ServiceModel] = {}
+        self.snapshot: dict[str, Any] = {}
+        #: every pod the lab ever had -> node (ground truth keeps removed pods' names)
+        self.pod_node: dict[str, str] = {}
+        #: every server pod the lab ever had -> Service key
+        self.pod_service: dict[str, str] = {}
+        #: removed pod -> the pod that replaced it (same node, address, Service)
+        self.replaced_by: dict[str, str] = {}
+        #: the traffic plan's clients now (a replaced client's successor takes its place)
+        self.clients: list[str] = list(spec.traffic.clients)
+        self._remember_pods()
+
+    @property
+    def topology(self) -> Topology:
+        """The lab's current topology."""
+        return self.lab.topology
+
+    @property
+    def prefix(self) -> str:
+        """The lab's name prefix."""
+        return self.lab.prefix
+
+    def _remember_pods(self) -> None:
+        topo = self.lab.topology
+        for p in topo.pods:
+            self.pod_node[p.name] = p.node
+        for s in topo.services:
+            for ep in s.endpoints:
+                self.pod_service[ep] = s.key
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def up(self) -> "DemoCluster":
+        """Build the lab, write the snapshot and program every node's proxy.
+
+        Raises:
+            RuntimeFailure: not root, or building failed (the lab is torn down then).
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.lab.up()
+        try:
+            self.apply_model()
+        except BaseException:
+            self.lab.down()
+            raise
+        return self
+
+    def down(self) -> list[str]:
+        """Tear the lab down (idempotent); returns the namespaces removed."""
+        return self.lab.down()
+
+    def write_snapshot(self) -> Path:
+        """Recompute controller hints and the model, and write the snapshot file (atomically).
+
+        Returns:
+            The snapshot path.
+        """
+        self._remember_pods()
+        self.snapshot = controller_snapshot(self.lab)
+        self.models = evaluate(self.snapshot, self.lab.topology)
+        return write_json_atomic(self.snapshot_path, self.snapshot)
+
+    def program(self) -> None:
+        """Program every node's proxy with the model's selection (ignore-hints nodes: all
+        ready endpoints, see :meth:`Lab.program_proxies`)."""
+        models = self.models
+
+        def select(svc: Service, node: Node) -> Iterable[str]:
+            return models[svc.key].selection[node.name]
+
+        self.lab.program_proxies(select)
+
+    def apply_model(self) -> None:
+        """:meth:`write_snapshot` then :meth:`program`."""
+        self.write_snapshot()
+        self.program()
+
+    def programmed(self, service: str, node: str) -> tuple[str, ...]:
+        """Return the endpoint pods ``node``'s proxy actually uses for ``service``."""
+        return tuple(sorted(self.lab.service_endpoints(service, node)))
+
+    # ------------------------------------------------------------------ traffic
+
+    def flow_specs(self, duration_seconds: float, rate: float | None = None,
+                   count: int | None = None) -> list[FlowSpec]:
+        """Return the traffic matrix for ``duration_seconds``: every client calls every
+        planned Service (each family) at the plan's rate (or ``rate``), one TCP connection
+        per request, ``max(1, round(rate * duration))`` requests each; with ``count``,
+        that many requests back to back instead."""
+        plan = self.traffic
+        r: float | None = plan.rate if rate is None else rate
+        if count is None:
+            count = max(1, round((r or 0) * duration_seconds))
+        else:
+            r = None
+        specs = []
+        for client in self.clients:
+            for key in plan.services:
+                svc = self.topology.service(key)
+                for fam in plan.families:
+                    specs.append(FlowSpec(client, str(self.lab.cluster_ip(key, fam)),
+                                          service_port(svc), "tcp",
+                                          request_bytes=plan.request_bytes,
+                                          response_bytes=plan.response_bytes, count=count,
+                                          rate=r, timeout=5.0))
+        return specs
+
+    def start_traffic(self, duration_seconds: float, rate: float | None = None,
+                      clients: Iterable[str] | None = None, count: int | None = None
+                      ) -> list[FlowHandle]:
+        """Start :meth:`flow_specs` (optionally only for ``clients``) without waiting."""
+        wanted = None if clients is None else set(clients)
+        return [self.lab.start_flow(f.client, f.dst, f.port, f.proto, f.request_bytes,
+                                    f.response_bytes, f.count, f.rate, f.timeout, f.reuse)
+                for f in self.flow_specs(duration_seconds, rate, count)
+                if wanted is None or f.client in wanted]
+
+    # ------------------------------------------------------------------ pods come and go
+
+    def replace_pod(self, old: str, new: str, settle_seconds: float = 0.5) -> str:
+        """Delete pod ``old`` and create ``new`` like it (same node, namespace, labels,
+        ports), which takes the lowest free address of the node: ``old``'s.
+
+        Order keeps the data plane's choices inside the model's at every moment, so no byte
+        is judged hint-ignored by a stale model: proxies stop using ``old`` first, then the
+        pod goes, then the new pod is announced in the snapshot (``settle_seconds`` for
+        agents to read it) before the proxies start using it.
+
+        Returns:
+            The new pod's IPv4 address.
+        """
+        topo = self.lab.topology
+        pod = topo.pod(old)
+        for n in topo.nodes:
+            self.lab.set_node_endpoints(n.name, {
+                s.key: [e for e in self.lab.service_endpoints(s.key, n.name) if e != old]
+                for s in topo.services})
+        time.sleep(settle_seconds)  # in-flight exchanges with the old pod finish
+        self.lab.remove_pod(old)
+        self.write_snapshot()
+        spec = {"name": new, "namespace": pod.namespace, "node": pod.node,
+                "labels": dict(pod.labels), "hostNetwork": pod.host_network,
+                "ports": [{"port": pp.port, "protocol": pp.protocol,
+                           **({"name": pp.name} if pp.name else {})} for pp in pod.ports]}
+        # add_pod programs every node with the default (all endpoints): pin the current
+        # selection first so the new endpoint is not used before the agents know it
+        for n in self.lab.topology.nodes:
+            self.lab.set_node_endpoints(n.name, {
+                s.key: list(self.lab.service_endpoints(s.key, n.name))
+                for s in self.lab.topology.services})
+        added = self.lab.add_pod(spec)
+        self.replaced_by[old] = new
+        self.clients = [new if c == old else c for c in self.clients]
+        self.write_snapshot()
+        time.sleep(settle_seconds)
+        self.program()
+        return str(added.ip)
+
+    # ------------------------------------------------------------------ ground truth
+
+    def _client_node(self, client: str) -> str | None:
+        if client.startswith("node/"):
+            return client[len("node/"):]
+        return self.pod_node.get(client)
+
+    def truth(self, ground_truth: Mapping[tuple[str, str, str], int] | None = None
+              ) -> dict[str, ServiceTruth]:
+        """Turn the lab's ground truth into what the agents should report, per Service.
+
+        Args:
+            ground_truth: ``{(client, server pod, direction): L3 bytes}``; read from the
+                lab when None.
+
+        Returns:
+            ``namespace/name`` -> :class:`ServiceTruth` for every Service of the topology
+            (zeros when it had no traffic). Bytes to a server pod that backs no Service go
+            to the key ``""``.
+        """
+        gt = self.lab.ground_truth() if ground_truth is None else ground_truth
+        topo = self.lab.topology
+        zone_region = {z.name: z.region for z in topo.zones}
+        node_zone = {n.name: n.zone for n in topo.nodes}
+        out: dict[str, ServiceTruth] = {s.key: ServiceTruth() for s in topo.services}
+        for (client, server, direction), n in gt.items():
+            key = self.pod_service.get(server, "")
+            t = out.setdefault(key, ServiceTruth())
+            cnode = self._client_node(client)
+            snode = self.pod_node.get(server)
+            cz = node_zone.get(cnode or "", "unknown")
+            sz = node_zone.get(snode or "", "unknown")
+            if cnode is not None and cnode == snode:
+                crossing = "same_node"
+            elif "unknown" in (cz, sz):
+                crossing = "unknown"
+            elif zone_region.get(cz) and zone_region.get(sz) and zone_region[cz] != zone_region[sz]:
+                crossing = "cross_region"
+            else:
+                crossing = "same_zone" if cz == sz else "cross_zone"
+            t.bytes[crossing] += n
+            sk = (cz, sz, crossing, direction)
+            t.by_series[sk] = t.by_series.get(sk, 0) + n
+            model = self.models.get(key)
+            current = server
+            while current in self.replaced_by:
+                current = self.replaced_by[current]
+            # judged against the model's final state; a replaced pod stands for its successor
+            if model and cnode is not None and model.filtering.get(cnode) \
+                    and current not in model.selection[cnode]:
+                hk = (cz, sz)
+                t.hint_ignored[hk] = t.hint_ignored.get(hk, 0) + n
+        return out
+

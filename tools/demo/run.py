@@ -1,0 +1,403 @@
+"""One demo run: lab cluster, agents, optional Prometheus, traffic, summary.
+
+:class:`DemoRun` is what ``zonemeter demo`` and ``tests/e2e`` drive::
+
+    with DemoRun(load_demo(), DemoOptions(duration_seconds=10)) as run:
+        result = run.execute()          # builds, runs, returns DemoResult
+    # leaving the block tears everything down (unless options.keep)
+
+Phases of :meth:`DemoRun.execute`:
+
+1. build the lab, write the snapshot (controller hints), program proxies (kube-proxy model);
+2. start one agent per node and wait until every ``/readyz`` answers 200;
+3. (``prometheus``) start Prometheus scraping the agents;
+4. warm-up: every client sends ``warmup_requests`` back-to-back requests to every Service,
+   so every series the run will produce exists before the measured window (Prometheus's
+   ``increase`` cannot see the first value of a series that appears inside its window);
+5. wait until every agent drained after the warm-up ended (its ``/flows`` ``generated_at``)
+   and two scrapes an interval apart agree, read the ground truth: the window starts
+   (``t0``);
+6. traffic for ``duration_seconds`` at the plan's rate, with a progress callback every
+   ``refresh_seconds`` (agents scraped, ground truth read); ``during(run)`` is called once
+   half-way (tests replace a pod there);
+7. wait until the agents settle again, read the ground truth: the window ends (``t1``);
+   Prometheus (if any) gets two more scrape intervals of flat counters first;
+8. summary (agents beside ground truth), Prometheus checks, agents stopped with SIGTERM
+   (unless ``keep``) and their exit codes recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from agent.errors import RuntimeFailure
+from tools.demo import prometheus as prom
+from tools.demo.agents import AgentFleet, AgentMetrics
+from tools.demo.cluster import DemoCluster, ServiceTruth
+from tools.demo.summary import build_summary
+from tools.demo.topology import DemoSpec
+from tools.lab import FlowHandle, FlowResult
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """Settings of one run.
+
+    Attributes:
+        duration_seconds: measured traffic time (seconds).
+        interval_seconds: the agents' export interval (seconds).
+        refresh_seconds: progress callback period (seconds).
+        warmup_requests: back-to-back requests per (client, Service) before the window.
+        prometheus: start a Prometheus scraping the agents.
+        scrape_seconds: Prometheus scrape interval (seconds).
+        keep: leave lab, agents and Prometheus running after :meth:`DemoRun.execute`.
+        workdir: directory for snapshot, logs and TSDB (default: a new temporary one).
+        prefix: lab prefix (default random).
+        state_dir: lab state directory (default the lab's).
+    """
+
+    duration_seconds: float = 30.0
+    interval_seconds: float = 2.0
+    refresh_seconds: float = 2.0
+    warmup_requests: int = 30
+    prometheus: bool = False
+    scrape_seconds: float = 0.5
+    keep: bool = False
+    workdir: Path | None = None
+    prefix: str | None = None
+    state_dir: Path | None = None
+
+
+@dataclass(slots=True)
+class PrometheusCheck:
+    """What Prometheus says over the measured window.
+
+    Attributes:
+        url: base URL.
+        window: (t0, t1) Unix seconds.
+        aligned: Service -> cross-zone bytes (``increase`` aligned on scrapes, no
+            extrapolation).
+        plain: Service -> cross-zone bytes (plain ``increase`` over the window,
+            extrapolated by Prometheus).
+        truth: Service -> cross-zone bytes the lab counted in the window.
+        locality: Service -> {client zone: in effect} at t1.
+        promql: the aligned query that was run.
+    """
+
+    url: str
+    window: tuple[float, float]
+    aligned: dict[str, float]
+    plain: dict[str, float]
+    truth: dict[str, int]
+    locality: dict[str, dict[str, bool]]
+    promql: str
+
+
+@dataclass(slots=True)
+class DemoResult:
+    """Everything one run produced.
+
+    Attributes:
+        summary: the JSON summary (see :mod:`tools.demo.summary`).
+        agents: the agents' final metrics summed over nodes.
+        truth: Service -> ground truth (whole run).
+        flows: results of every traffic client (warm-up and measured).
+        prometheus: the Prometheus check, when enabled.
+        agent_exit_codes: node -> exit code after SIGTERM (empty with ``keep``).
+        per_node: node -> that agent's final metrics.
+    """
+
+    summary: dict[str, Any]
+    agents: AgentMetrics
+    truth: dict[str, ServiceTruth]
+    flows: list[FlowResult]
+    prometheus: PrometheusCheck | None = None
+    agent_exit_codes: dict[str, int | None] = field(default_factory=dict)
+    per_node: dict[str, AgentMetrics] = field(default_factory=dict)
+
+
+Progress = Callable[[dict[str, Any], float, float], None]
+
+
+class DemoRun:
+    """Build, run and tear down one demo (see the module docstring)."""
+
+    def __init__(self, spec: DemoSpec, options: DemoOptions | None = None) -> None:
+        self.options = options or DemoOptions()
+        self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="zonemeter-demo-"))
+        self.cluster = DemoCluster(spec, self.workdir, prefix=self.options.prefix,
+                                   state_dir=self.options.state_dir,
+                                   server_max_seconds=max(3600.0, self.options.duration_seconds * 4))
+        self.fleet = AgentFleet(self.cluster.lab, self.cluster.snapshot_path,
+                                self.workdir / "logs", self.options.interval_seconds)
+        self.prometheus_url: str | None = None
+        self._prom: subprocess.Popen[bytes] | None = None
+        self._handles: list[FlowHandle] = []
+        self._built = False
+        self._owner_pid = os.getpid()
+        #: (monotonic start, seconds) of the measured traffic while it runs
+        self._measure: tuple[float, float] | None = None
+
+    # ------------------------------------------------------------------ context
+
+    def __enter__(self) -> "DemoRun":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.options.keep or exc[0] is not None:
+            self.teardown()
+
+    def teardown(self) -> None:
+        """Stop traffic, Prometheus and agents, tear the lab down (idempotent; does
+        nothing in a forked child that unwound into it, e.g. on Ctrl-C)."""
+        if os.getpid() != self._owner_pid:
+            return
+        for h in self._handles:
+            h.stop()
+        self._handles = []
+        if self._prom is not None and self._prom.poll() is None:
+            self._prom.terminate()
+            try:
+                self._prom.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._prom.kill()
+                self._prom.wait()
+        self._prom = None
+        if self.fleet.agents:
+            self.fleet.stop()
+        if self._built:
+            self.cluster.down()
+            self._built = False
+
+    # ------------------------------------------------------------------ phases
+
+    def build(self) -> None:
+        """Phases 1-3: lab, agents, Prometheus."""
+        self._built = True
+        self.cluster.up()
+        self.fleet.start()
+        if self.options.prometheus:
+            self._start_prometheus()
+        self._write_state()
+
+    def _start_prometheus(self) -> None:
+        binary = prom.find_prometheus()
+        if binary is None:
+            raise RuntimeFailure("--prometheus needs /usr/bin/prometheus (Debian package "
+                                 "prometheus; tools/setup.sh installs it)")
+        root = self.workdir / "prometheus"
+        root.mkdir(parents=True, exist_ok=True)
+        config = root / "prometheus.yml"
+        config.write_text(prom.scrape_config(self.fleet.targets(), self.options.scrape_seconds))
+        port = prom.free_port()
+        log = open(root / "prometheus.log", "wb")
+        self._prom = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        log.close()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            if self._prom.poll() is not None:
+                raise RuntimeFailure("prometheus exited: "
+                                     + (root / "prometheus.log").read_text()[-800:])
+            try:
+                prom.query(url, "up")
+                break
+            except RuntimeFailure:
+                if time.monotonic() > deadline:
+                    raise RuntimeFailure("prometheus not ready after 60 s") from None
+                time.sleep(0.3)
+        self.prometheus_url = url
+
+    def _write_state(self) -> None:
+        state = {"prefix": self.cluster.prefix, "state_dir": str(self.cluster.lab.state_dir),
+                 "workdir": str(self.workdir),
+                 "agents": [{"node": a.node, "pid": a.proc.pid, "metrics": a.address}
+                            for a in self.fleet.agents],
+                 "prometheus": None if self._prom is None else
+                 {"pid": self._prom.pid, "url": self.prometheus_url}}
+        (self.workdir / "demo.json").write_text(json.dumps(state, indent=1))
+
+    def _run_traffic(self, duration: float, count: int | None, progress: Progress | None,
+                     during: Callable[["DemoRun"], None] | None, started: float,
+                     total: float) -> list[FlowResult]:
+        self._handles = self.cluster.start_traffic(duration, count=count)
+        self._measure = (time.monotonic(), duration) if count is None else None
+        mid = time.monotonic() + duration / 2
+        next_refresh = time.monotonic() + self.options.refresh_seconds
+        while not all(h.done() for h in self._handles):
+            now = time.monotonic()
+            if during is not None and now >= mid:
+                during(self)
+                during = None
+            if progress is not None and now >= next_refresh:
+                progress(self.snapshot_summary(time.monotonic() - started),
+                         time.monotonic() - started, total)
+                next_refresh = time.monotonic() + self.options.refresh_seconds
+            time.sleep(0.1)
+        if during is not None:
+            during(self)
+        results = [h.wait() for h in self._handles]
+        self._handles = []
+        self._measure = None
+        return results
+
+    def replace_pod(self, old: str, new: str) -> str:
+        """Delete pod ``old`` mid-run and create ``new`` in its place, which reuses its
+        address (:meth:`DemoCluster.replace_pod`). A client pod's requests stop first
+        (connections cut short are counted alike by agents and lab) and its successor
+        makes the remaining requests of the measured window.
+
+        Returns:
+            The new pod's IPv4 address.
+        """
+        mine = [h for h in self._handles if h.client == old]
+        for h in mine:
+            h.stop()
+        for h in mine:
+            try:
+                h.wait()
+            except RuntimeFailure:
+                pass  # ended by us
+        self._handles = [h for h in self._handles if h not in mine]
+        address = self.cluster.replace_pod(old, new)
+        if mine and self._measure is not None:
+            start, duration = self._measure
+            # at least a second of traffic, so the successor is seen even when the
+            # replacement ate the rest of the window
+            left = max(1.0, duration - (time.monotonic() - start))
+            self._handles += self.cluster.start_traffic(left, clients=[new])
+        return address
+
+    def snapshot_summary(self, elapsed: float) -> dict[str, Any]:
+        """The summary right now (agents scraped, ground truth read), for progress."""
+        agents = self.fleet.scrape()
+        truth = self.cluster.truth()
+        return build_summary(elapsed, agents, truth, self.cluster.models)
+
+    def execute(self, progress: Progress | None = None,
+                during: Callable[["DemoRun"], None] | None = None) -> DemoResult:
+        """Run every phase (see the module docstring) and return the result.
+
+        Args:
+            progress: called with (summary so far, elapsed seconds, planned seconds).
+            during: called once half-way through the measured traffic.
+
+        Raises:
+            RuntimeFailure: the lab, an agent or Prometheus failed.
+        """
+        opt = self.options
+        self.build()
+        started = time.monotonic()
+        flows = self._run_traffic(0, opt.warmup_requests, None, None, started,
+                                  opt.duration_seconds)
+        self.fleet.scrape_settled(after=time.time())
+        g0 = self.cluster.truth()
+        if self._prom is not None:
+            time.sleep(opt.scrape_seconds * 3)
+        t0 = time.time()
+        measured_start = time.monotonic()
+        flows += self._run_traffic(opt.duration_seconds, None, progress, during, started,
+                                   opt.duration_seconds)
+        duration = time.monotonic() - measured_start
+        agents = self.fleet.scrape_settled(after=time.time())
+        truth = self.cluster.truth()
+        result = DemoResult(summary=build_summary(duration, agents, truth, self.cluster.models),
+                            agents=agents, truth=truth, flows=flows,
+                            per_node=dict(self.fleet.last_nodes))
+        if self._prom is not None and self.prometheus_url is not None:
+            time.sleep(opt.scrape_seconds * 3)
+            t1 = time.time()
+            result.prometheus = self._prometheus_check(t0, t1, g0, truth)
+        if not opt.keep:
+            result.agent_exit_codes = self.fleet.stop()
+        return result
+
+    def _prometheus_check(self, t0: float, t1: float, g0: dict[str, ServiceTruth],
+                          g1: dict[str, ServiceTruth]) -> PrometheusCheck:
+        assert self.prometheus_url is not None
+        url = self.prometheus_url
+        aligned, promql = prom.service_increase_aligned(
+            url, "zonemeter_service_bytes_total", 'crossing="cross_zone"', self.fleet.targets(),
+            t0, t1)
+        plain = prom.service_increase(url, 'zonemeter_service_bytes_total{crossing="cross_zone"}',
+                                      t0, t1)
+        truth = {k: g1[k].cross_zone_bytes - (g0[k].cross_zone_bytes if k in g0 else 0)
+                 for k in g1 if k}
+        return PrometheusCheck(url=url, window=(t0, t1), aligned=aligned, plain=plain,
+                               truth=truth, locality=prom.locality(url, t1), promql=promql)
+
+
+def teardown_kept(workdir: Path) -> list[str]:
+    """Tear down a run left by ``--keep``: SIGTERM its agents and Prometheus (only
+    processes whose command line is still theirs) and remove the lab.
+
+    Returns:
+        What was stopped or removed, for the user.
+
+    Raises:
+        RuntimeFailure: no ``demo.json`` in ``workdir``.
+    """
+    from tools.lab import Lab
+
+    path = Path(workdir) / "demo.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RuntimeFailure(f"{path}: not a kept demo ({err})") from None
+    done = []
+    procs = [(a["pid"], b"agent\0agent") for a in state.get("agents", [])]
+    if state.get("prometheus"):
+        procs.append((state["prometheus"]["pid"], b"prometheus"))
+    for pid, marker in procs:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker not in fh.read():
+                    continue
+            os.kill(pid, signal.SIGTERM)
+            done.append(f"stopped pid {pid}")
+        except (OSError, ProcessLookupError):
+            continue
+    deadline = time.monotonic() + 20
+    for pid, _ in procs:
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.1)
+    removed = Lab.down_prefix(state["prefix"], state["state_dir"])
+    done.append(f"lab {state['prefix']}: {len(removed)} namespaces removed")
+    return done
+
+
+def sigterm_as_interrupt() -> Callable[[], None]:
+    """Make SIGTERM raise KeyboardInterrupt (like Ctrl-C) so ``finally`` blocks clean up;
+    returns a function restoring the previous handler."""
+    old = signal.getsignal(signal.SIGTERM)
+    owner = os.getpid()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            # a forked child (pyroute2 runs netlink in forked helpers and ends them with
+            # SIGTERM) must die as by default, not unwind into our cleanup code
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, old)
+
+    return restore

@@ -1,0 +1,144 @@
+"""The demo's summary: the agents' numbers beside the lab's ground truth, per Service.
+
+JSON (``zonemeter demo -o json``), exactly the schema of issue 5::
+
+    {"duration_seconds": float,
+     "services": [{"namespace", "name", "bytes": {crossing: int}, "cross_zone_bytes": int,
+                   "ground_truth_cross_zone_bytes": int, "hint_ignored_bytes": int,
+                   "ground_truth_hint_ignored_bytes": int, "locality_in_effect": {zone: bool},
+                   "reason": str, "warnings": [str]}],
+     "double_counted_bytes": int}
+
+``bytes``, ``cross_zone_bytes``, ``hint_ignored_bytes``, ``locality_in_effect`` and
+``reason`` are what the agents export (summed over nodes, as Prometheus would);
+``ground_truth_*`` come from the lab's nftables counters; ``warnings`` are the hint model's
+warning codes (``zonemeter explain --snapshot FILE`` prints their messages).
+
+``double_counted_bytes``: over every (Service, client zone, server zone, direction), the
+bytes the agents report above the lab's count (same-node and same-zone are not told
+apart here: for host-network endpoints the agent may only know the zone), plus every byte in
+``zonemeter_workload_egress_bytes_total`` (the demo sends only Service traffic, so a byte
+there is a Service byte counted a second time). 0 when every byte is counted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tools.demo.agents import AgentMetrics
+from tools.demo.cluster import ServiceModel, ServiceTruth
+
+_CROSSING_ORDER = ("same_node", "same_zone", "cross_zone", "cross_region", "external", "unknown")
+
+
+def build_summary(duration_seconds: float, agents: AgentMetrics,
+                  truth: Mapping[str, ServiceTruth], models: Mapping[str, ServiceModel]
+                  ) -> dict[str, Any]:
+    """Return the JSON summary (see the module docstring).
+
+    Args:
+        duration_seconds: wall time of the traffic (seconds).
+        agents: the agents' metrics summed over nodes.
+        truth: Service key -> ground truth (from :meth:`DemoCluster.truth`).
+        models: Service key -> hint model answer (warnings), in output order.
+    """
+    services = []
+    double = agents.workload_egress_bytes
+    for key, model in models.items():
+        ns, name = key.split("/", 1)
+        t = truth.get(key) or ServiceTruth()
+        got: dict[str, int] = {}
+        per_key: dict[tuple[str, str, str], int] = {}
+        for (sns, sname, cz, sz, crossing, direction), n in agents.service_bytes.items():
+            if (sns, sname) == (ns, name):
+                got[crossing] = got.get(crossing, 0) + n
+                k3 = (cz, sz, direction)
+                per_key[k3] = per_key.get(k3, 0) + n
+        lab: dict[tuple[str, str, str], int] = {}
+        for (cz, sz, _, direction), n in t.by_series.items():
+            lab[(cz, sz, direction)] = lab.get((cz, sz, direction), 0) + n
+        for k3, n in per_key.items():
+            double += max(0, n - lab.get(k3, 0))
+        hint = sum(n for (sns, sname, _, _), n in agents.hint_ignored.items()
+                   if (sns, sname) == (ns, name))
+        _, reason = agents.info.get((ns, name), ("", "unknown"))
+        in_effect = agents.in_effect.get((ns, name), {})
+        services.append({
+            "namespace": ns,
+            "name": name,
+            "bytes": {c: got[c] for c in _CROSSING_ORDER if c in got},
+            "cross_zone_bytes": got.get("cross_zone", 0),
+            "ground_truth_cross_zone_bytes": t.cross_zone_bytes,
+            "hint_ignored_bytes": hint,
+            "ground_truth_hint_ignored_bytes": t.hint_ignored_bytes,
+            "locality_in_effect": {z: in_effect[z] for z in sorted(in_effect)},
+            "reason": reason,
+            "warnings": list(model.warnings),
+        })
+    return {"duration_seconds": round(duration_seconds, 3), "services": services,
+            "double_counted_bytes": int(double)}
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _locality(in_effect: Mapping[str, bool], zones: list[str]) -> str:
+    if not in_effect:
+        return "?"
+    return "".join("Y" if in_effect.get(z) else ("n" if z in in_effect else "?") for z in zones)
+
+
+def render_table(summary: Mapping[str, Any], zones: list[str],
+                 modes: Mapping[str, str] | None = None, title: str = "") -> str:
+    """Return the per-Service table of a summary as text (one line per Service).
+
+    Columns: Service, requested mode, locality per zone (``Y`` in effect, ``n`` not, in
+    zone order), reason, the agents' cross-zone and hint-ignored bytes each beside the lab's
+    ground truth (``=`` equal, ``!`` different), same-node and same-zone bytes.
+    """
+    head = ["SERVICE", "MODE", "LOCAL", "REASON", "CROSS-ZONE (agents = lab)",
+            "HINT-IGNORED (agents = lab)", "SAME-NODE", "SAME-ZONE"]
+    rows = [head]
+    for s in summary["services"]:
+        key = f"{s['namespace']}/{s['name']}"
+        cz, gcz = s["cross_zone_bytes"], s["ground_truth_cross_zone_bytes"]
+        hi, ghi = s["hint_ignored_bytes"], s["ground_truth_hint_ignored_bytes"]
+        rows.append([
+            key, (modes or {}).get(key, ""), _locality(s["locality_in_effect"], zones),
+            s["reason"],
+            f"{_n(cz)} {'=' if cz == gcz else '!'} {_n(gcz)}",
+            f"{_n(hi)} {'=' if hi == ghi else '!'} {_n(ghi)}",
+            _n(s["bytes"].get("same_node", 0)), _n(s["bytes"].get("same_zone", 0)),
+        ])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    right = {4, 5, 6, 7}
+    lines = [title] if title else []
+    for r in rows:
+        lines.append("  ".join(c.rjust(widths[i]) if i in right and r is not rows[0]
+                               else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
+    lines.append(f"LOCAL: locality in effect per client zone ({', '.join(zones)}): Y yes, n no. "
+                 f"Bytes are L3 bytes (IP header included), both directions.")
+    lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
+    lines += findings(summary)
+    return "\n".join(lines)
+
+
+def findings(summary: Mapping[str, Any]) -> list[str]:
+    """One line per Service worth a look: cross-zone bytes while locality is off (and why),
+    hint-ignored bytes, and the hint model's warning codes."""
+    out = []
+    for s in summary["services"]:
+        key = f"{s['namespace']}/{s['name']}"
+        off = sorted(z for z, on in s["locality_in_effect"].items() if not on)
+        if s["cross_zone_bytes"] and off:
+            out.append(f"  {key}: {_n(s['cross_zone_bytes'])} bytes crossed zones; locality "
+                       f"is off in {', '.join(off)} (reason {s['reason']})")
+        if s["hint_ignored_bytes"]:
+            out.append(f"  {key}: {_n(s['hint_ignored_bytes'])} bytes ignored the hints "
+                       "(sent to endpoints kube-proxy would not select for the client's node)")
+        if s["warnings"]:
+            out.append(f"  {key}: warnings {', '.join(s['warnings'])}")
+    return ["findings:"] + out if out else []
+
