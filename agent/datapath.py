@@ -894,11 +894,14 @@ def _main(args: argparse.Namespace) -> int:
         dp.set_local_endpoints(eps)
         dp.watch()
         print(json.dumps({"attached": list(dp.attached()), "reused": dp.reused}), flush=True)
-        while not stop.wait(args.interval):
-            deltas = dp.drain()
+        while True:
+            stopping = stop.wait(args.interval)
+            deltas = dp.drain()  # a last one on exit: nothing counted so far is lost
             for d in deltas:
                 print(_delta_json(d), flush=True)
             print(json.dumps({"drained": len(deltas)}), flush=True)  # end of one drain
+            if stopping:
+                break
     finally:
         # with pins, leave the filters counting for the next run (rolling update)
         dp.release()
