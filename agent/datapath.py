@@ -675,6 +675,9 @@ class Datapath:
     def close(self, keep_attached: bool = False) -> None:
         """Stop the watcher, remove our filters, release netlink sockets. Idempotent.
 
+        Pins always stay (what was counted after the last drain is then drained by the
+        next agent); :meth:`cleanup` removes them.
+
         Args:
             keep_attached: with ``pin_path`` set, leave the filters and the pins in place
                 so the kernel keeps counting for the next agent (see :meth:`release`).
@@ -761,6 +764,9 @@ class Datapath:
         pins: list[str] = []
         if pin_path is not None:
             check_pin_path(pin_path)
+            if os.path.exists(pin_path) and not on_bpf_fs(pin_path):
+                raise InputError(f"{pin_path} is not on a BPF filesystem: nothing of ours there",
+                                 source="datapath", field="pin_path")
             for pin in PINNED_MAPS:
                 try:
                     os.unlink(os.path.join(pin_path, pin))
