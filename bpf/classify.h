@@ -229,11 +229,10 @@ static __always_inline __be16 zm_remote_port(__be16 port)
 	return port;
 }
 
-/* Returns 1 when (addr, port, proto) is in zm_endpoints, else 0. */
-static __always_inline int zm_is_endpoint(const __u8 *addr, __be16 port, __u8 proto)
+/* Returns 1 when (addr, port, proto) is in zm_endpoints, else 0 (the hash lookup only:
+ * the caller checked the port array first). */
+static __always_inline int zm_endpoint_lookup_at(const __u8 *addr, __be16 port, __u8 proto)
 {
-	if (!zm_endpoint_port(port)) /* cheap array test first: most ports are no endpoint's */
-		return 0;
 	struct zm_endpoint_key ek;
 	__builtin_memset(&ek, 0, sizeof(ek));
 	__builtin_memcpy(ek.addr, addr, 16);
@@ -308,32 +307,6 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	if (ret < 0)
 		return;
 
-	struct zm_flow_key key;
-	__builtin_memset(&key, 0, sizeof(key));
-	key.proto = p.proto;
-	key.family = p.family;
-	if (into_local) {
-		__builtin_memcpy(key.local, p.daddr, 16);
-		__builtin_memcpy(key.remote, p.saddr, 16);
-		if (p.has_ports && zm_is_endpoint(p.daddr, p.dport, p.proto)) {
-			key.kind = ZM_KIND_REQUEST;
-			key.port = p.dport;
-		} else {
-			key.kind = ZM_KIND_INGRESS;
-			key.port = zm_remote_port(p.sport);
-		}
-	} else {
-		__builtin_memcpy(key.local, p.saddr, 16);
-		__builtin_memcpy(key.remote, p.daddr, 16);
-		if (p.has_ports && zm_is_endpoint(p.saddr, p.sport, p.proto)) {
-			key.kind = ZM_KIND_RESPONSE;
-			key.port = p.sport;
-		} else {
-			key.kind = ZM_KIND_EGRESS;
-			key.port = zm_remote_port(p.dport);
-		}
-	}
-
 	__u64 bytes = skb->len - l3_off;
 	__u64 packets = 1;
 	__u32 segs = skb->gso_segs;
@@ -348,6 +321,46 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		if (lost)
 			zm_add_value(lost, bytes, packets);
 		return;
+	}
+
+	/* The Service side of the packet: the destination port when it enters the local pod,
+	 * the source port when it leaves it. Only a port some endpoint uses (the inlined port
+	 * array) can make the packet Service traffic. */
+	__be16 svc_port = into_local ? p.dport : p.sport;
+	struct zm_flow_key key;
+	__builtin_memset(&key, 0, sizeof(key));
+	key.proto = p.proto;
+	key.family = p.family;
+	if (into_local) {
+		__builtin_memcpy(key.local, p.daddr, 16);
+		__builtin_memcpy(key.remote, p.saddr, 16);
+	} else {
+		__builtin_memcpy(key.local, p.saddr, 16);
+		__builtin_memcpy(key.remote, p.daddr, 16);
+	}
+	if (p.has_ports && zm_endpoint_port(svc_port)) {
+		key.kind = into_local ? ZM_KIND_REQUEST : ZM_KIND_RESPONSE;
+		key.port = svc_port;
+		/* An entry for this Service key in the active table means the endpoint test
+		 * passed for this flow since the last drain: count without repeating it (one
+		 * hash lookup fewer per Service packet). An endpoint removed meanwhile is thus
+		 * classified as such until the next drain starts a fresh table. */
+		struct zm_flow_value *v = bpf_map_lookup_elem(flows, &key);
+		if (v) {
+			zm_add_value(v, bytes, packets);
+			return;
+		}
+		if (zm_endpoint_lookup_at(key.local, svc_port, p.proto)) {
+			zm_account(flows, &key, bytes, packets);
+			return;
+		}
+	}
+	if (into_local) {
+		key.kind = ZM_KIND_INGRESS;
+		key.port = zm_remote_port(p.sport);
+	} else {
+		key.kind = ZM_KIND_EGRESS;
+		key.port = zm_remote_port(p.dport);
 	}
 	zm_account(flows, &key, bytes, packets);
 }
