@@ -40,8 +40,9 @@
 
 /* Parsed packet, host-internal (never crosses the boundary). */
 struct zm_pkt {
-	__u8 saddr[16];   /* network order, IPv4 mapped */
-	__u8 daddr[16];
+	__u8 *saddr;      /* where the parser writes the source address (16 bytes, network
+			   * order, IPv4 mapped): straight into the flow key */
+	__u8 *daddr;      /* same for the destination address */
 	__be16 sport;     /* network order; 0 when the protocol has no ports or for fragments */
 	__be16 dport;
 	__u8 proto;
@@ -297,11 +298,21 @@ static __always_inline void zm_account(void *flows, struct zm_flow_key *key, __u
 static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l3_off,
 						  int into_local, int family)
 {
+	/* The parser writes the addresses straight into the key: the destination is the
+	 * local side when the packet enters the local pod, the source when it leaves it. */
+	struct zm_flow_key key;
+	__builtin_memset(&key, 0, sizeof(key));
+	__u8 *src = into_local ? key.remote : key.local;
+	__u8 *dst = into_local ? key.local : key.remote;
 	struct zm_pkt p;
 	__builtin_memset(&p, 0, sizeof(p));
+	p.saddr = src;
+	p.daddr = dst;
 	int ret = zm_parse_direct(skb, l3_off, family, &p);
 	if (ret > 0) {
 		__builtin_memset(&p, 0, sizeof(p));
+		p.saddr = src;
+		p.daddr = dst;
 		ret = family == ZM_FAMILY_INET ? zm_parse_v4(skb, l3_off, &p) : zm_parse_v6(skb, l3_off, &p);
 	}
 	if (ret < 0)
@@ -327,17 +338,8 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	 * the source port when it leaves it. Only a port some endpoint uses (the inlined port
 	 * array) can make the packet Service traffic. */
 	__be16 svc_port = into_local ? p.dport : p.sport;
-	struct zm_flow_key key;
-	__builtin_memset(&key, 0, sizeof(key));
 	key.proto = p.proto;
 	key.family = p.family;
-	if (into_local) {
-		__builtin_memcpy(key.local, p.daddr, 16);
-		__builtin_memcpy(key.remote, p.saddr, 16);
-	} else {
-		__builtin_memcpy(key.local, p.saddr, 16);
-		__builtin_memcpy(key.remote, p.daddr, 16);
-	}
 	if (p.has_ports && zm_endpoint_port(svc_port)) {
 		key.kind = into_local ? ZM_KIND_REQUEST : ZM_KIND_RESPONSE;
 		key.port = svc_port;
