@@ -16,7 +16,7 @@ alternated round by round (medians, with min..max spread):
    time, and the process's CPU time, which other jobs on shared cores do not inflate).
 
 Usage (as root, from the repository root):
-    .venv/bin/python bench/bench_datapath.py [--rounds 7] [--packets 200000] [--json]
+    .venv/bin/python bench/bench_datapath.py [--rounds 7] [--packets 200000] [--rate-rounds N] [--json]
 
 It builds its own namespaces (``zm<hex>`` prefix, removed at exit) with the kernel tests'
 two-node lab (tests/kernel/_dp_fixtures.py); all traffic stays inside them.
@@ -244,6 +244,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--packets", type=int, default=200000, help="UDP frames per measurement")
+    ap.add_argument("--rate-rounds", type=int, default=0,
+                    help="rounds of the UDP rate measurement (default: 3 x --rounds): the "
+                         "rate is wall-clock and suffers most from other jobs on the cores, "
+                         "so it gets more alternations")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -268,7 +272,7 @@ def main() -> int:
                                         "extra_ns": summary(extra), "ratio": summary(ratio)}
         set_stats(False)
         rates: dict[str, list[float]] = {"empty": [], "zonemeter": []}
-        for r in range(args.rounds):
+        for r in range(args.rate_rounds or 3 * args.rounds):
             order = ("empty", "zonemeter") if r % 2 == 0 else ("zonemeter", "empty")
             for config in order:
                 bench.use(config)
