@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import fcntl
 import fnmatch
 import ipaddress
 import json
@@ -111,6 +112,10 @@ class DatapathConfig:
             maps die with the agent. Only ``[A-Za-z0-9._/-]``, absolute, no ``..``.
             Pins with another layout (older version, other capacities) are recreated,
             see docs/datapath.md.
+        pin_lock_seconds: how long a new agent waits for the agent still holding
+            pin_path (a DaemonSet rolling update with surge runs both for a moment) before
+            giving up with RuntimeFailure. Two agents draining the same pinned tables
+            would corrupt each other's table switching, so they never share them.
     """
 
     netns: str | None = None
@@ -125,6 +130,7 @@ class DatapathConfig:
     tc_handle: int = DEFAULT_TC_HANDLE
     resync_seconds: float = 10.0
     pin_path: str | None = None
+    pin_lock_seconds: float = 60.0
 
     def validate(self) -> None:
         """Raises InputError naming the field when a setting is out of range."""
@@ -144,6 +150,8 @@ class DatapathConfig:
             raise InputError("must be within 1..65535", source="datapath", field="tc_priority")
         if not 1 <= self.tc_handle <= 0xFFFFFFFF:
             raise InputError("must be a non-zero u32", source="datapath", field="tc_handle")
+        if not 0 <= self.pin_lock_seconds <= 3600:
+            raise InputError("must be within 0..3600", source="datapath", field="pin_lock_seconds")
         if self.pin_path is not None:
             check_pin_path(self.pin_path)
 
@@ -319,6 +327,44 @@ def _pin_mismatches(config: DatapathConfig) -> list[str]:
     return problems
 
 
+def make_pin_dir(path: str) -> None:
+    """Create the pin directory path (and parents) on a BPF filesystem.
+
+    Raises:
+        InputError: path is not on a BPF filesystem.
+        RuntimeFailure: the directory cannot be created.
+    """
+    try:
+        if not on_bpf_fs(path):
+            raise InputError(f"{path} is not on a BPF filesystem (mount -t bpf bpf /sys/fs/bpf)",
+                             source="datapath", field="pin_path")
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise RuntimeFailure(f"cannot create pin directory {path}: {err}") from err
+
+
+def lock_pins(path: str, timeout: float) -> int:
+    """Take an exclusive flock on the pin directory path; return its fd (closing it
+    releases the lock, as does the process's death, even by SIGKILL).
+
+    Raises:
+        RuntimeFailure: another process held the lock for ``timeout`` seconds.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise RuntimeFailure(
+                    f"another agent still uses the pinned maps in {path} "
+                    f"(waited {timeout:g} s for it to exit)") from None
+            time.sleep(0.1)
+
+
 def prepare_pins(config: DatapathConfig) -> bool:
     """Make config.pin_path ready for BCC; return True when a previous agent's pins are
     reused (the kernel kept counting into them), False when BCC will create fresh ones.
@@ -335,13 +381,7 @@ def prepare_pins(config: DatapathConfig) -> bool:
     """
     assert config.pin_path is not None
     path = config.pin_path
-    try:
-        if not on_bpf_fs(path):
-            raise InputError(f"{path} is not on a BPF filesystem (mount -t bpf bpf /sys/fs/bpf)",
-                             source="datapath", field="pin_path")
-        os.makedirs(path, exist_ok=True)
-    except OSError as err:
-        raise RuntimeFailure(f"cannot create pin directory {path}: {err}") from err
+    make_pin_dir(path)
     present = [n for n in PINNED_MAPS if os.path.exists(os.path.join(path, n))]
     if not present:
         return False
@@ -391,14 +431,26 @@ class Datapath:
             from bcc import BPF
         except ImportError as err:  # pragma: no cover - depends on the machine
             raise RuntimeFailure("the bcc module is missing: run tools/setup.sh") from err
+        self._pin_lock: int | None = None
         #: True when maps pinned by a previous agent were found and reused
-        self.reused = prepare_pins(self.config) if self.config.pin_path else False
+        self.reused = False
+        if self.config.pin_path:
+            # lock first: never inspect, let alone recreate, pins another agent still uses
+            make_pin_dir(self.config.pin_path)
+            self._pin_lock = lock_pins(self.config.pin_path, self.config.pin_lock_seconds)
         try:
-            self._bpf = BPF(src_file=str(TC_SOURCE).encode(), cflags=self.cflags())
-            self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
-                         for _, name in _PROGRAMS}
-        except Exception as err:
-            raise RuntimeFailure(f"cannot load {TC_SOURCE}: {err}") from err
+            if self.config.pin_path:
+                self.reused = prepare_pins(self.config)
+            try:
+                self._bpf = BPF(src_file=str(TC_SOURCE).encode(), cflags=self.cflags())
+                self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
+                             for _, name in _PROGRAMS}
+            except Exception as err:
+                raise RuntimeFailure(f"cannot load {TC_SOURCE}: {err}") from err
+        except BaseException:
+            if self._pin_lock is not None:
+                os.close(self._pin_lock)
+            raise
         b = self._bpf
         self.tables = FlowTables(
             (b[b"zm_flows_a"].get_fd(), b[b"zm_flows_b"].get_fd()),
@@ -695,6 +747,9 @@ class Datapath:
                      len(self._attached), self.config.pin_path)
         else:
             self.detach()
+        if self._pin_lock is not None:
+            os.close(self._pin_lock)  # the next agent may take over the pins
+            self._pin_lock = None
         with self._lock:
             for sock in self._sockets:
                 try:

@@ -348,3 +348,24 @@ def test_thousand_flows_through_a_64_entry_table(lab: MiniLab) -> None:
     assert stats.overflow_bytes == sum(d.bytes for d in every if d.overflow)  # v6 ND too
     assert (stats.lost_bytes, stats.lost_packets) == (0, 0)
     assert sizes == {capacity + 8}  # memory bounded by the fixed map size
+
+
+def test_second_agent_waits_for_the_pins_and_gives_up(pin_dir: str) -> None:
+    """A DaemonSet rollout with surge runs two agents for a moment: the new one must not
+    drain (or recreate) the tables the old one still switches."""
+    from agent.errors import RuntimeFailure
+
+    first = Datapath(DatapathConfig(pin_path=pin_dir, flow_capacity=64))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeFailure, match="another agent"):
+            Datapath(DatapathConfig(pin_path=pin_dir, flow_capacity=64, pin_lock_seconds=0.3))
+        assert time.monotonic() - t0 >= 0.3
+        # nor may another layout make it recreate the pins under the running agent
+        with pytest.raises(RuntimeFailure, match="another agent"):
+            Datapath(DatapathConfig(pin_path=pin_dir, flow_capacity=128, pin_lock_seconds=0))
+        assert first.reused is False and first.drain() == []
+    finally:
+        first.release()
+    with Datapath(DatapathConfig(pin_path=pin_dir, flow_capacity=64, pin_lock_seconds=1)) as dp:
+        assert dp.reused is True  # released: the next one takes over

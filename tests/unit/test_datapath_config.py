@@ -13,7 +13,7 @@ from agent.errors import InputError
     ("hook", "cgroup_skb"), ("flow_capacity", 4), ("endpoint_capacity", 0),
     ("ephemeral_ports", (60000, 1000)), ("tc_priority", 0), ("tc_handle", 0),
     ("pin_path", "relative/dir"), ("pin_path", '/sys/fs/bpf/a"b'), ("pin_path", "/sys/fs/bpf/../x"),
-    ("pin_path", "/sys/fs/bpf/a b"),
+    ("pin_path", "/sys/fs/bpf/a b"), ("pin_lock_seconds", -1.0),
 ])
 def test_bad_setting_names_its_field(field: str, value: object) -> None:
     with pytest.raises(InputError) as err:
