@@ -137,6 +137,15 @@ class DatapathConfig:
         if self.hook != "tc":
             raise InputError(f"hook {self.hook!r} is not supported (supported: tc)",
                              source="datapath", field="hook")
+        # every number below becomes a -D flag of the BPF compile: only true ints may pass
+        ints = {"flow_capacity": self.flow_capacity, "endpoint_capacity": self.endpoint_capacity,
+                "tc_priority": self.tc_priority, "tc_handle": self.tc_handle}
+        if self.ephemeral_ports is not None:
+            ints.update(ephemeral_ports_low=self.ephemeral_ports[0],
+                        ephemeral_ports_high=self.ephemeral_ports[1])
+        for name, value in ints.items():
+            if type(value) is not int:
+                raise InputError(f"must be an integer, got {value!r}", source="datapath", field=name)
         if not 8 <= self.flow_capacity <= 16_777_216:
             raise InputError("must be within 8..16777216", source="datapath", field="flow_capacity")
         if not 1 <= self.endpoint_capacity <= 1_048_576:
