@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tools.demo.agents import merge, parse_metrics
+from agent.exporter import Exporter
+from tools.demo.agents import READ_SAMPLES, WORKLOAD_BYTES, merge, parse_metrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
 from tools.demo.summary import build_summary, findings, render_table
 
@@ -25,9 +26,10 @@ zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_
 # HELP zonemeter_service_locality_info info
 # TYPE zonemeter_service_locality_info gauge
 zonemeter_service_locality_info{namespace="shop",service="checkout",mode="PreferSameZone",reason="none"} 1.0
-# HELP zonemeter_workload_egress_bytes_total egress
-# TYPE zonemeter_workload_egress_bytes_total counter
-zonemeter_workload_egress_bytes_total{namespace="shop",workload="frontend",workload_kind="Pod",client_zone="zone-b",remote_zone="zone-a",remote_kind="pod",crossing="cross_zone"} 0.0
+# HELP zonemeter_workload_bytes_total workload
+# TYPE zonemeter_workload_bytes_total counter
+zonemeter_workload_bytes_total{namespace="shop",workload="frontend",workload_kind="Pod",client_zone="zone-b",remote_zone="zone-a",remote_kind="pod",crossing="cross_zone",direction="egress"} 0.0
+zonemeter_workload_bytes_total{namespace="shop",workload="frontend",workload_kind="Pod",client_zone="zone-b",remote_zone="",remote_kind="external",crossing="external",direction="ingress"} 0.0
 # HELP zonemeter_attached_interfaces veths
 # TYPE zonemeter_attached_interfaces gauge
 zonemeter_attached_interfaces 6.0
@@ -111,11 +113,23 @@ def test_double_count_is_what_agents_report_above_truth() -> None:
     assert s["services"][0]["ground_truth_cross_zone_bytes"] == 7000
 
 
-def test_workload_bytes_count_as_double() -> None:
-    text = NODE_B1.replace('crossing="cross_zone"} 0.0', 'crossing="cross_zone"} 99.0')
+def test_workload_bytes_count_as_double_over_both_directions() -> None:
+    text = NODE_B1.replace('direction="egress"} 0.0', 'direction="egress"} 99.0') \
+        .replace('direction="ingress"} 0.0', 'direction="ingress"} 1.0')
+    assert parse_metrics(text).workload_bytes == 100
     s = build_summary(1.0, parse_metrics(text), {"shop/checkout": _truth(1000, 5000, 700)},
                       _model())
-    assert s["double_counted_bytes"] == 99
+    assert s["double_counted_bytes"] == 100
+
+
+def test_demo_reads_only_metrics_the_agent_exports() -> None:
+    """A rename in agent/exporter.py must fail here, not silently read 0 in the demo."""
+    exported = set()
+    for fam in Exporter().describe():
+        exported.add(fam.name + ("_total" if fam.type == "counter" else ""))
+    missing = [name for name in READ_SAMPLES if name not in exported]
+    assert missing == []
+    assert WORKLOAD_BYTES in READ_SAMPLES
 
 
 def test_table_marks_equal_and_different() -> None:

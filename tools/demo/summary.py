@@ -17,7 +17,7 @@ warning codes (``zonemeter explain --snapshot FILE`` prints their messages).
 ``double_counted_bytes``: over every (Service, client zone, server zone, direction), the
 bytes the agents report above the lab's count (same-node and same-zone are not told
 apart here: for host-network endpoints the agent may only know the zone), plus every byte in
-``zonemeter_workload_egress_bytes_total`` (the demo sends only Service traffic, so a byte
+``zonemeter_workload_bytes_total``, both directions (the demo sends only Service traffic, so a byte
 there is a Service byte counted a second time). 0 when every byte is counted once.
 """
 
@@ -44,7 +44,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
         models: Service key -> hint model answer (warnings), in output order.
     """
     services = []
-    double = agents.workload_egress_bytes
+    double = agents.workload_bytes
     for key, model in models.items():
         ns, name = key.split("/", 1)
         t = truth.get(key) or ServiceTruth()
