@@ -40,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from agent.errors import RuntimeFailure
+from agent.errors import InputError, RuntimeFailure
 from tools.demo import prometheus as prom
 from tools.demo.agents import AgentFleet, AgentMetrics
 from tools.demo.cluster import DemoCluster, ServiceTruth
@@ -349,15 +349,26 @@ def teardown_kept(workdir: Path) -> list[str]:
         What was stopped or removed, for the user.
 
     Raises:
-        RuntimeFailure: no ``demo.json`` in ``workdir``.
+        InputError: ``workdir`` is not a directory, has no ``demo.json``, or that file is
+            not a kept demo's state (one line naming the directory; exit 2).
     """
     from tools.lab import Lab
 
-    path = Path(workdir) / "demo.json"
+    workdir = Path(workdir)
+    hint = "give the directory a 'zonemeter demo --keep' run printed"
+    if not workdir.is_dir():
+        raise InputError(f"no such directory ({hint})", source="--teardown", obj=str(workdir))
+    path = workdir / "demo.json"
+    if not path.is_file():
+        raise InputError(f"has no demo.json, so it is not a kept demo ({hint})",
+                         source="--teardown", obj=str(workdir))
     try:
         state = json.loads(path.read_text())
+        if not isinstance(state, dict) or "prefix" not in state or "state_dir" not in state:
+            raise ValueError("prefix/state_dir missing")
     except (OSError, ValueError) as err:
-        raise RuntimeFailure(f"{path}: not a kept demo ({err})") from None
+        raise InputError(f"demo.json is not a kept demo's state ({err})",
+                         source="--teardown", obj=str(workdir)) from None
     done = []
     procs = [(a["pid"], b"agent\0agent") for a in state.get("agents", [])]
     if state.get("prometheus"):
