@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from agent.exporter import Exporter
+from agent.hints import REASON_SENTENCES
 from tools.demo.agents import READ_SAMPLES, WORKLOAD_BYTES, merge, parse_metrics
-from tools.demo.cluster import ServiceModel, ServiceTruth
+from tools.demo.cluster import ServiceModel, ServiceTruth, controller_snapshot, evaluate
+from tools.demo.run import warning_messages
 from tools.demo.summary import build_summary, findings, render_table
+from tools.demo.topology import load_demo
+from tools.lab import Lab
 
 NODE_B1 = """\
 # HELP zonemeter_service_bytes_total L3 bytes of Service traffic.
@@ -148,9 +155,33 @@ def test_findings_name_what_to_look_at() -> None:
                       _model())
     lines = findings(s)
     assert lines[0] == "findings:"
-    assert any("6,000 bytes crossed zones; locality is off in zone-c (reason none)" in ln
-               for ln in lines)
+    assert any("6,000 bytes crossed zones; locality is off in zone-c" in ln for ln in lines)
     assert any("6,000 bytes ignored the hints" in ln for ln in lines)
-    assert any("warnings single-endpoint-zone" in ln for ln in lines)
+    assert any(ln.strip() == "single-endpoint-zone" for ln in lines)  # code kept, no message given
     s["services"][0].update(hint_ignored_bytes=0, cross_zone_bytes=0, warnings=[])
     assert findings(s) == []
+
+
+def test_findings_explain_reason_and_warning_codes_in_words() -> None:
+    s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    s["services"][0]["reason"] = "min-allocation-exceeds-overload-threshold"
+    msg = "a single endpoint receives all traffic of its zone: shop/checkout-b1"
+    lines = findings(s, {"shop/checkout": {"single-endpoint-zone": msg}})
+    assert ("    reason min-allocation-exceeds-overload-threshold: "
+            + REASON_SENTENCES["min-allocation-exceeds-overload-threshold"]) in lines
+    assert f"    single-endpoint-zone: {msg}" in lines
+    text = render_table(s, ["zone-a", "zone-b", "zone-c"],
+                        warning_messages={"shop/checkout": {"single-endpoint-zone": msg}})
+    assert msg in text and REASON_SENTENCES["min-allocation-exceeds-overload-threshold"] in text
+
+
+def test_warning_messages_come_from_the_hint_model_on_the_demo_snapshot(tmp_path: Path) -> None:
+    lab = Lab(load_demo().topology, prefix="zmsum")  # not built: only its objects are read
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(controller_snapshot(lab)))
+    messages = warning_messages(path)
+    models = evaluate(controller_snapshot(lab), lab.topology)
+    for key, model in models.items():  # every code the summary prints has its message
+        assert set(model.warnings) <= set(messages[key]), key
+    assert "Auto refuses 8 ready endpoints" in messages["shop/cart"]["auto-minimum-endpoints"]

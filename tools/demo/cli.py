@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError, RuntimeFailure
-from tools.demo.run import DemoOptions, DemoResult, DemoRun, sigterm_as_interrupt, teardown_kept
+from tools.demo.run import (DemoOptions, DemoResult, DemoRun, sigterm_as_interrupt, teardown_kept,
+                            warning_messages)
 from tools.demo.summary import render_table
 from tools.demo.topology import load_demo
 
@@ -95,10 +96,14 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
     if args.output == "json":
         print(json.dumps(result.summary, indent=1))
     else:
-        print(render_table(result.summary, zones, modes,
-                           f"zonemeter demo: {result.summary['duration_seconds']:g} s of traffic "
-                           f"on {len(run.cluster.topology.nodes)} nodes in {len(zones)} zones "
-                           f"(lab {run.cluster.prefix})"))
+        try:
+            messages = warning_messages(run.cluster.snapshot_path)
+        except InputError:
+            messages = {}  # codes alone; explain on the snapshot says why it cannot be read
+        title = (f"zonemeter demo: {result.summary['duration_seconds']:g} s of traffic "
+                 f"on {len(run.cluster.topology.nodes)} nodes in {len(zones)} zones "
+                 f"(lab {run.cluster.prefix})")
+        print(render_table(result.summary, zones, modes, title, warning_messages=messages))
         failed = sum(f.failed for f in result.flows)
         ok = sum(f.ok for f in result.flows)
         print(f"requests: {ok:,} completed, {failed:,} failed")

@@ -341,6 +341,31 @@ class DemoRun:
                                truth=truth, locality=prom.locality(url, t1), promql=promql)
 
 
+def warning_messages(snapshot_path: Path) -> dict[str, dict[str, str]]:
+    """Return Service key -> {warning code: message} of the hint model on the demo's snapshot.
+
+    The same model and Kubernetes version the lab's proxies were programmed from
+    (``tools.demo.cluster.KUBERNETES_VERSION``), so the messages are what
+    ``zonemeter explain --snapshot`` prints for it. Every address family's warnings are
+    merged (first message per code wins).
+
+    Raises:
+        InputError: the snapshot cannot be read.
+    """
+    from agent import hints
+    from agent.k8s import snapshot
+    from tools.demo.cluster import KUBERNETES_VERSION
+
+    snap = snapshot.load(snapshot_path)
+    out: dict[str, dict[str, str]] = {}
+    for d in hints.evaluate_cluster(snap.nodes, snap.services, snap.endpointslices, snap.pods,
+                                    version=KUBERNETES_VERSION):
+        msgs = out.setdefault(f"{d.namespace}/{d.name}", {})
+        for w in d.warnings:
+            msgs.setdefault(w.code, w.message)
+    return out
+
+
 def teardown_kept(workdir: Path) -> list[str]:
     """Tear down a run left by ``--keep``: SIGTERM its agents and Prometheus (only
     processes whose command line is still theirs) and remove the lab.

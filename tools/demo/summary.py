@@ -12,7 +12,8 @@ JSON (``zonemeter demo -o json``), exactly the schema of issue 5::
 ``bytes``, ``cross_zone_bytes``, ``hint_ignored_bytes``, ``locality_in_effect`` and
 ``reason`` are what the agents export (summed over nodes, as Prometheus would);
 ``ground_truth_*`` come from the lab's nftables counters; ``warnings`` are the hint model's
-warning codes (``zonemeter explain --snapshot FILE`` prints their messages).
+warning codes (the table's findings and ``zonemeter explain --snapshot FILE`` print
+their messages).
 
 ``double_counted_bytes``: over every (Service, client zone, server zone, direction), the
 bytes the agents report above the lab's count (same-node and same-zone are not told
@@ -26,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agent.hints import REASON_SENTENCES
 from tools.demo.agents import AgentMetrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
 
@@ -91,7 +93,8 @@ def _locality(in_effect: Mapping[str, bool], zones: list[str]) -> str:
 
 
 def render_table(summary: Mapping[str, Any], zones: list[str],
-                 modes: Mapping[str, str] | None = None, title: str = "") -> str:
+                 modes: Mapping[str, str] | None = None, title: str = "",
+                 warning_messages: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """Return the per-Service table of a summary as text (one line per Service).
 
     Columns: Service, requested mode, locality per zone (``Y`` in effect, ``n`` not, in
@@ -121,24 +124,36 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
     lines.append(f"LOCAL: locality in effect per client zone ({', '.join(zones)}): Y yes, n no. "
                  f"Bytes are L3 bytes (IP header included), both directions.")
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
-    lines += findings(summary)
+    lines += findings(summary, warning_messages)
     return "\n".join(lines)
 
 
-def findings(summary: Mapping[str, Any]) -> list[str]:
-    """One line per Service worth a look: cross-zone bytes while locality is off (and why),
-    hint-ignored bytes, and the hint model's warning codes."""
+def findings(summary: Mapping[str, Any],
+             warning_messages: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """Lines for each Service worth a look: cross-zone bytes while locality is off (with the
+    reason code and one plain sentence saying what it means), hint-ignored bytes, and the hint
+    model's warnings (code and, when ``warning_messages`` has it, the model's message).
+
+    Args:
+        summary: see :func:`build_summary`.
+        warning_messages: Service key -> {warning code: message}
+            (``ServiceDiagnosis.warnings``; see ``tools.demo.run.warning_messages``).
+    """
     out = []
     for s in summary["services"]:
         key = f"{s['namespace']}/{s['name']}"
         off = sorted(z for z, on in s["locality_in_effect"].items() if not on)
         if s["cross_zone_bytes"] and off:
             out.append(f"  {key}: {_n(s['cross_zone_bytes'])} bytes crossed zones; locality "
-                       f"is off in {', '.join(off)} (reason {s['reason']})")
+                       f"is off in {', '.join(off)}")
+            sentence = REASON_SENTENCES.get(s["reason"])
+            out.append(f"    reason {s['reason']}" + (f": {sentence}" if sentence else ""))
         if s["hint_ignored_bytes"]:
             out.append(f"  {key}: {_n(s['hint_ignored_bytes'])} bytes ignored the hints "
                        "(sent to endpoints kube-proxy would not select for the client's node)")
         if s["warnings"]:
-            out.append(f"  {key}: warnings {', '.join(s['warnings'])}")
+            out.append(f"  {key}: hint model warnings:")
+            messages = (warning_messages or {}).get(key, {})
+            for code in s["warnings"]:
+                out.append(f"    {code}" + (f": {messages[code]}" if code in messages else ""))
     return ["findings:"] + out if out else []
-
