@@ -100,9 +100,10 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
             messages = warning_messages(run.cluster.snapshot_path)
         except InputError:
             messages = {}  # codes alone; explain on the snapshot says why it cannot be read
-        title = (f"zonemeter demo: {result.summary['duration_seconds']:g} s of traffic "
-                 f"on {len(run.cluster.topology.nodes)} nodes in {len(zones)} zones "
-                 f"(lab {run.cluster.prefix})")
+        title = (f"zonemeter demo: {result.traffic_seconds:.1f} s of traffic per client "
+                 f"({result.summary['duration_seconds']:.1f} s from starting the first client "
+                 f"to the last reply) on {len(run.cluster.topology.nodes)} nodes in "
+                 f"{len(zones)} zones (lab {run.cluster.prefix})")
         print(render_table(result.summary, zones, modes, title, warning_messages=messages))
         failed = sum(f.failed for f in result.flows)
         ok = sum(f.ok for f in result.flows)

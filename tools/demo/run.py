@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -115,6 +116,11 @@ class DemoResult:
         prometheus: the Prometheus check, when enabled.
         agent_exit_codes: node -> exit code after SIGTERM (empty with ``keep``).
         per_node: node -> that agent's final metrics.
+        traffic_seconds: how long one client sent (seconds): the median of the measured
+            traffic clients' own wall times. ``summary["duration_seconds"]`` is longer: it
+            runs from starting the first client process to the last client's last reply,
+            and starting some 30 client processes on a small machine takes a second or two.
+        baseline: the agents' metrics (summed) just before the measured traffic started.
     """
 
     summary: dict[str, Any]
@@ -124,6 +130,8 @@ class DemoResult:
     prometheus: PrometheusCheck | None = None
     agent_exit_codes: dict[str, int | None] = field(default_factory=dict)
     per_node: dict[str, AgentMetrics] = field(default_factory=dict)
+    traffic_seconds: float = 0.0
+    baseline: AgentMetrics | None = None
 
 
 Progress = Callable[[dict[str, Any], float, float], None]
@@ -304,20 +312,23 @@ class DemoRun:
         started = time.monotonic()
         flows = self._run_traffic(0, opt.warmup_requests, None, None, started,
                                   opt.duration_seconds)
-        self.fleet.scrape_settled(after=time.time())
+        baseline = self.fleet.scrape_settled(after=time.time())
         g0 = self.cluster.truth()
         if self._prom is not None:
             time.sleep(opt.scrape_seconds * 3)
         t0 = time.time()
         measured_start = time.monotonic()
-        flows += self._run_traffic(opt.duration_seconds, None, progress, during, started,
-                                   opt.duration_seconds)
+        measured = self._run_traffic(opt.duration_seconds, None, progress, during, started,
+                                     opt.duration_seconds)
+        flows += measured
         duration = time.monotonic() - measured_start
+        traffic_seconds = client_seconds(measured) or duration
         agents = self.fleet.scrape_settled(after=time.time())
         truth = self.cluster.truth()
         result = DemoResult(summary=build_summary(duration, agents, truth, self.cluster.models),
                             agents=agents, truth=truth, flows=flows,
-                            per_node=dict(self.fleet.last_nodes))
+                            per_node=dict(self.fleet.last_nodes),
+                            traffic_seconds=traffic_seconds, baseline=baseline)
         if self._prom is not None and self.prometheus_url is not None:
             time.sleep(opt.scrape_seconds * 3)
             t1 = time.time()
@@ -339,6 +350,14 @@ class DemoRun:
                  for k in g1 if k}
         return PrometheusCheck(url=url, window=(t0, t1), aligned=aligned, plain=plain,
                                truth=truth, locality=prom.locality(url, t1), promql=promql)
+
+
+def client_seconds(flows: list[FlowResult]) -> float:
+    """Return how long one traffic client sent, in seconds: the median of the clients'
+    own wall times (``FlowResult.elapsed_seconds``); 0.0 for no flows.
+
+    The median, because a client replaced mid-run is split into two shorter ones."""
+    return float(statistics.median(f.elapsed_seconds for f in flows)) if flows else 0.0
 
 
 def warning_messages(snapshot_path: Path) -> dict[str, dict[str, str]]:
