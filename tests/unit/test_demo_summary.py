@@ -12,7 +12,7 @@ from agent.hints import REASON_SENTENCES
 from tools.demo.agents import READ_SAMPLES, WORKLOAD_BYTES, merge, parse_metrics
 from tools.demo.cluster import ServiceModel, ServiceTruth, controller_snapshot, evaluate
 from tools.demo.run import warning_messages
-from tools.demo.summary import build_summary, findings, render_table
+from tools.demo.summary import build_summary, findings, render_table, usd_per_month_at_aws_price
 from tools.demo.topology import load_demo
 from tools.lab import Lab
 
@@ -100,7 +100,7 @@ def test_summary_schema_and_exact_match() -> None:
     assert set(svc) == {"namespace", "name", "bytes", "cross_zone_bytes",
                         "ground_truth_cross_zone_bytes", "hint_ignored_bytes",
                         "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
-                        "warnings"}
+                        "warnings", "usd_per_month_at_aws_price"}
     assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
     assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
     assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000
@@ -137,6 +137,23 @@ def test_demo_reads_only_metrics_the_agent_exports() -> None:
     missing = [name for name in READ_SAMPLES if name not in exported]
     assert missing == []
     assert WORKLOAD_BYTES in READ_SAMPLES
+
+
+def test_cost_extrapolates_the_measured_rate_at_aws_price() -> None:
+    # 6,000 cross-zone bytes in 1 s -> 6,000 B/s * 2,592,000 s / 1e9 B/GB * $0.02 = $0.31104
+    s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    assert s["services"][0]["usd_per_month_at_aws_price"] == 0.31
+    # warm-up bytes (the baseline) are left out; the clients' own time is the divisor
+    base = parse_metrics(NODE_B1.replace("} 1000.0", "} 0.0"))  # 5,000 cross-zone before
+    s = build_summary(9.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model(), baseline=base, traffic_seconds=0.5)
+    assert s["services"][0]["usd_per_month_at_aws_price"] == round(1000 / 0.5 * 2_592_000 / 1e9 * 0.02, 2)
+    assert usd_per_month_at_aws_price(10**9, 30 * 86400) == 0.02  # one GB a month
+    assert usd_per_month_at_aws_price(0, 10.0) == 0.0
+    text = render_table(s, ["zone-a", "zone-b", "zone-c"])
+    assert "$/MONTH AT AWS*" in text and "$0.10" in text
+    assert "* extrapolation:" in text and "not your bill" in text
 
 
 def test_table_marks_equal_and_different() -> None:

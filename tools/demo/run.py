@@ -155,6 +155,8 @@ class DemoRun:
         self._owner_pid = os.getpid()
         #: (monotonic start, seconds) of the measured traffic while it runs
         self._measure: tuple[float, float] | None = None
+        #: the agents' metrics just before the measured traffic (cost extrapolation)
+        self._baseline: AgentMetrics | None = None
 
     # ------------------------------------------------------------------ context
 
@@ -294,7 +296,9 @@ class DemoRun:
         """The summary right now (agents scraped, ground truth read), for progress."""
         agents = self.fleet.scrape()
         truth = self.cluster.truth()
-        return build_summary(elapsed, agents, truth, self.cluster.models)
+        sent = None if self._measure is None else time.monotonic() - self._measure[0]
+        return build_summary(elapsed, agents, truth, self.cluster.models,
+                             baseline=self._baseline, traffic_seconds=sent)
 
     def execute(self, progress: Progress | None = None,
                 during: Callable[["DemoRun"], None] | None = None) -> DemoResult:
@@ -312,7 +316,7 @@ class DemoRun:
         started = time.monotonic()
         flows = self._run_traffic(0, opt.warmup_requests, None, None, started,
                                   opt.duration_seconds)
-        baseline = self.fleet.scrape_settled(after=time.time())
+        baseline = self._baseline = self.fleet.scrape_settled(after=time.time())
         g0 = self.cluster.truth()
         if self._prom is not None:
             time.sleep(opt.scrape_seconds * 3)
@@ -325,7 +329,9 @@ class DemoRun:
         traffic_seconds = client_seconds(measured) or duration
         agents = self.fleet.scrape_settled(after=time.time())
         truth = self.cluster.truth()
-        result = DemoResult(summary=build_summary(duration, agents, truth, self.cluster.models),
+        summary = build_summary(duration, agents, truth, self.cluster.models, baseline=baseline,
+                                traffic_seconds=traffic_seconds)
+        result = DemoResult(summary=summary,
                             agents=agents, truth=truth, flows=flows,
                             per_node=dict(self.fleet.last_nodes),
                             traffic_seconds=traffic_seconds, baseline=baseline)

@@ -6,8 +6,12 @@ JSON (``zonemeter demo -o json``), exactly the schema of issue 5::
      "services": [{"namespace", "name", "bytes": {crossing: int}, "cross_zone_bytes": int,
                    "ground_truth_cross_zone_bytes": int, "hint_ignored_bytes": int,
                    "ground_truth_hint_ignored_bytes": int, "locality_in_effect": {zone: bool},
-                   "reason": str, "warnings": [str]}],
+                   "reason": str, "warnings": [str], "usd_per_month_at_aws_price": float}],
      "double_counted_bytes": int}
+
+(``usd_per_month_at_aws_price`` is an extra key beyond issue 5's schema: the measured
+window's cross-zone bytes/s, warm-up left out, held for a 30-day month at AWS's $0.02 per GB
+crossing; an extrapolation of the lab's traffic rate.)
 
 ``bytes``, ``cross_zone_bytes``, ``hint_ignored_bytes``, ``locality_in_effect`` and
 ``reason`` are what the agents export (summed over nodes, as Prometheus would);
@@ -30,12 +34,17 @@ from typing import Any
 from agent.hints import REASON_SENTENCES
 from tools.demo.agents import AgentMetrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
+from tools.report.pricing import NAMED_PRICES, Price
+
+#: AWS: $0.01/GB charged on each side of a zone crossing
+AWS = Price("aws", NAMED_PRICES["aws"])
 
 _CROSSING_ORDER = ("same_node", "same_zone", "cross_zone", "cross_region", "external", "unknown")
 
 
 def build_summary(duration_seconds: float, agents: AgentMetrics,
-                  truth: Mapping[str, ServiceTruth], models: Mapping[str, ServiceModel]
+                  truth: Mapping[str, ServiceTruth], models: Mapping[str, ServiceModel],
+                  baseline: AgentMetrics | None = None, traffic_seconds: float | None = None
                   ) -> dict[str, Any]:
     """Return the JSON summary (see the module docstring).
 
@@ -44,7 +53,12 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
         agents: the agents' metrics summed over nodes.
         truth: Service key -> ground truth (from :meth:`DemoCluster.truth`).
         models: Service key -> hint model answer (warnings), in output order.
+        baseline: the agents' metrics just before the measured traffic (its cross-zone bytes
+            are left out of the cost extrapolation: warm-up); None = count from agent start.
+        traffic_seconds: how long the clients sent (seconds), the divisor of the cost
+            extrapolation; None = ``duration_seconds``.
     """
+    seconds = traffic_seconds if traffic_seconds else duration_seconds
     services = []
     double = agents.workload_bytes
     for key, model in models.items():
@@ -77,9 +91,33 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "locality_in_effect": {z: in_effect[z] for z in sorted(in_effect)},
             "reason": reason,
             "warnings": list(model.warnings),
+            "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
+                got.get("cross_zone", 0) - _cross_zone(baseline, ns, name), seconds),
         })
     return {"duration_seconds": round(duration_seconds, 3), "services": services,
             "double_counted_bytes": int(double)}
+
+
+def usd_per_month_at_aws_price(cross_zone_bytes: int, seconds: float) -> float:
+    """Extrapolate cross-zone bytes sent in ``seconds`` to USD per 30-day month at AWS's
+    price ($0.01/GB on each side = $0.02 per GB crossing, GB = 1e9 bytes;
+    ``tools.report.pricing``), rounded to cents. 0.0 when nothing crossed or no time passed.
+
+    This is the lab's traffic rate held for a month, not a forecast of anyone's bill."""
+    if cross_zone_bytes <= 0 or seconds <= 0:
+        return 0.0
+    return round(AWS.usd_per_month(cross_zone_bytes / seconds), 2)
+
+
+def _cross_zone(metrics: AgentMetrics | None, ns: str, name: str) -> int:
+    if metrics is None:
+        return 0
+    return sum(n for (sns, sname, _, _, crossing, _), n in metrics.service_bytes.items()
+               if (sns, sname) == (ns, name) and crossing == "cross_zone")
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}" if value else "-"
 
 
 def _n(value: int) -> str:
@@ -102,7 +140,7 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
     ground truth (``=`` equal, ``!`` different), same-node and same-zone bytes.
     """
     head = ["SERVICE", "MODE", "LOCAL", "REASON", "CROSS-ZONE (agents = lab)",
-            "HINT-IGNORED (agents = lab)", "SAME-NODE", "SAME-ZONE"]
+            "HINT-IGNORED (agents = lab)", "SAME-NODE", "SAME-ZONE", "$/MONTH AT AWS*"]
     rows = [head]
     for s in summary["services"]:
         key = f"{s['namespace']}/{s['name']}"
@@ -114,15 +152,19 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
             f"{_n(cz)} {'=' if cz == gcz else '!'} {_n(gcz)}",
             f"{_n(hi)} {'=' if hi == ghi else '!'} {_n(ghi)}",
             _n(s["bytes"].get("same_node", 0)), _n(s["bytes"].get("same_zone", 0)),
+            _usd(s.get("usd_per_month_at_aws_price", 0.0)),
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    right = {4, 5, 6, 7}
+    right = {4, 5, 6, 7, 8}
     lines = [title] if title else []
     for r in rows:
         lines.append("  ".join(c.rjust(widths[i]) if i in right and r is not rows[0]
                                else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
     lines.append(f"LOCAL: locality in effect per client zone ({', '.join(zones)}): Y yes, n no. "
                  f"Bytes are L3 bytes (IP header included), both directions.")
+    lines.append("* extrapolation: this run's cross-zone bytes/s (measured traffic, warm-up "
+                 "left out) held for a 30-day month at AWS's $0.01/GB each side = $0.02 per GB "
+                 "crossing; the lab's rate, not your bill.")
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
     lines += findings(summary, warning_messages)
     return "\n".join(lines)
