@@ -77,3 +77,25 @@ def test_title_says_what_the_seconds_measure(tmp_path: Path,
     title = report(tmp_path, capsys).splitlines()[0]
     assert title.startswith("zonemeter demo: 10.0 s of traffic per client (12.3 s from "
                             "starting the first client to the last reply)")
+
+
+def test_command_is_one_the_user_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "venv" / "bin" / "zonemeter"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert demo_cli.zonemeter_command(str(script), "/py") == str(script.resolve())
+    monkeypatch.setenv("PATH", str(script.parent))
+    script.chmod(0o755)
+    assert demo_cli.zonemeter_command(str(script), "/py") == "zonemeter"
+    # python -m agent: argv[0] is agent/__main__.py
+    assert demo_cli.zonemeter_command("/repo/agent/__main__.py", "/v/bin/python") == \
+        "/v/bin/python -m agent"
+
+
+def test_why_line_prints_a_runnable_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", [str(Path("agent/__main__.py").resolve())])
+    why = next(ln for ln in report(tmp_path, capsys).splitlines() if ln.startswith("why:"))
+    import sys
+    assert why.startswith(f"why: {sys.executable} -m agent explain --snapshot {tmp_path}")

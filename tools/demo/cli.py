@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -91,8 +93,36 @@ def _progress_printer(zones: list[str], modes: dict[str, str]) -> Any:
     return show
 
 
+def zonemeter_command(argv0: str | None = None, python: str | None = None) -> str:
+    """Return how the user can run zonemeter again, for the commands the demo prints.
+
+    ``zonemeter`` when that name on ``PATH`` is the running executable; the running
+    executable's absolute path when it is a ``zonemeter`` script (e.g. ``.venv/bin/zonemeter``,
+    which is not on ``PATH``); otherwise ``<python> -m agent`` with the running interpreter.
+
+    Args:
+        argv0: the program path (default ``sys.argv[0]``).
+        python: the interpreter (default ``sys.executable``).
+    """
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    python = sys.executable if python is None else python
+    path = Path(argv0)
+    if path.name == "zonemeter" and path.is_file():
+        resolved = path.resolve()
+        on_path = shutil.which("zonemeter")
+        if on_path is not None and Path(on_path).resolve() == resolved:
+            return "zonemeter"
+        return shlex.quote(str(resolved))
+    return f"{shlex.quote(python)} -m agent"
+
+
 def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: list[str],
             modes: dict[str, str]) -> None:
+    cmd = zonemeter_command()
+
+    def q(path: object) -> str:
+        return shlex.quote(str(path))
+
     if args.output == "json":
         print(json.dumps(result.summary, indent=1))
     else:
@@ -116,7 +146,7 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
                 got = p.aligned.get(key, 0.0)
                 print(f"  {key:<22} {got:>14,.0f} vs {truth:>14,}   (plain increase, "
                       f"extrapolated: {p.plain.get(key, 0.0):,.0f})")
-        print(f"why: zonemeter explain --snapshot {run.cluster.snapshot_path} "
+        print(f"why: {cmd} explain --snapshot {q(run.cluster.snapshot_path)} "
               f"(snapshot and agent logs stay in {run.workdir})")
     out = sys.stdout if args.output == "table" else sys.stderr
     if args.keep:
@@ -125,9 +155,9 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
             lines.append(f"  agent {a.node}: curl -s {a.url}/metrics")
         if run.prometheus_url:
             lines.append(f"  prometheus: {run.prometheus_url}/graph")
-        lines.append(f"  lab: zonemeter lab status --prefix {run.cluster.prefix} "
-                     f"--state-dir {run.cluster.lab.state_dir}")
-        lines.append(f"tear down: zonemeter demo --teardown {run.workdir}")
+        lines.append(f"  lab: {cmd} lab status --prefix {run.cluster.prefix} "
+                     f"--state-dir {q(run.cluster.lab.state_dir)}")
+        lines.append(f"tear down: {cmd} demo --teardown {q(run.workdir)}")
         print("\n".join(lines), file=out)
 
 
