@@ -99,3 +99,14 @@ def test_why_line_prints_a_runnable_command(tmp_path: Path, capsys: pytest.Captu
     why = next(ln for ln in report(tmp_path, capsys).splitlines() if ln.startswith("why:"))
     import sys
     assert why.startswith(f"why: {sys.executable} -m agent explain --snapshot {tmp_path}")
+
+
+def test_keep_prints_top_and_the_exact_teardown_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", [str(Path("agent/__main__.py").resolve())])
+    import sys
+    cmd = f"{sys.executable} -m agent"
+    lines = [ln.strip() for ln in report(tmp_path, capsys, "--keep").splitlines()]
+    assert "agent a1: curl -s http://127.0.0.1:19001/metrics" in lines
+    assert f"{cmd} top --url http://127.0.0.1:19001" in lines
+    assert f"tear down: {cmd} demo --teardown {tmp_path}" in lines

@@ -153,6 +153,7 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
         lines = [f"kept running (workdir {run.workdir}):"]
         for a in run.fleet.agents:
             lines.append(f"  agent {a.node}: curl -s {a.url}/metrics")
+            lines.append(f"  {'':{len(a.node) + 6}}  {cmd} top --url {a.url}")
         if run.prometheus_url:
             lines.append(f"  prometheus: {run.prometheus_url}/graph")
         lines.append(f"  lab: {cmd} lab status --prefix {run.cluster.prefix} "
