@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,8 +196,14 @@ class AgentFleet:
         #: node -> metrics of the last scrape
         self.last_nodes: dict[str, AgentMetrics] = {}
 
-    def start(self, ready_timeout: float = 180.0) -> None:
+    def start(self, ready_timeout: float = 180.0,
+              on_ready: Callable[[str, int, int], None] | None = None) -> None:
         """Start every agent and wait until each answers ``/readyz`` with 200.
+
+        Args:
+            ready_timeout: seconds to wait for all of them.
+            on_ready: called as each agent turns ready with (node, agents ready so far,
+                agents started), for progress output.
 
         Raises:
             RuntimeFailure: an agent exited or did not become ready (the message carries the
@@ -225,6 +231,9 @@ class AgentFleet:
                     try:
                         if _get(a.url + "/readyz", timeout=1.0)[0] == 200:
                             pending.remove(a)
+                            if on_ready is not None:
+                                on_ready(a.node, len(self.agents) - len(pending),
+                                         len(self.agents))
                     except OSError:
                         pass
                 if pending and time.monotonic() > deadline:

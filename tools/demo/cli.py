@@ -181,8 +181,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with run_:
             print(f"zonemeter demo: building lab {run_.cluster.prefix} "
-                  f"({len(spec.topology.nodes)} nodes, {len(spec.topology.pods)} pods), "
-                  f"starting {len(spec.topology.nodes)} agents...", file=sys.stderr)
+                  f"({len(spec.topology.nodes)} nodes, {len(spec.topology.pods)} pods: "
+                  "namespaces, links, kube-proxy rules)", file=sys.stderr, flush=True)
             modes: dict[str, str] = {}
             started = time.monotonic()
 
@@ -191,7 +191,10 @@ def run(args: argparse.Namespace) -> int:
                     modes.update({k: m.mode for k, m in run_.cluster.models.items()})
                 _progress_printer(zones, modes)(summary, elapsed, total)
 
-            result = run_.execute(progress=progress)
+            def phase(text: str) -> None:
+                print(f"zonemeter demo: {text}", file=sys.stderr, flush=True)
+
+            result = run_.execute(progress=progress, phase=phase)
             modes.update({k: m.mode for k, m in run_.cluster.models.items()})
             print(f"zonemeter demo: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
             _report(result, run_, args, zones, modes)

@@ -191,12 +191,26 @@ class DemoRun:
 
     # ------------------------------------------------------------------ phases
 
-    def build(self) -> None:
-        """Phases 1-3: lab, agents, Prometheus."""
+    def build(self, phase: Callable[[str], None] | None = None) -> None:
+        """Phases 1-3: lab, agents, Prometheus.
+
+        Args:
+            phase: called with one line of text as each phase starts or an agent turns
+                ready (progress for people; ``zonemeter demo`` prints it to stderr).
+        """
+        say = phase or (lambda _: None)
         self._built = True
+        began = time.monotonic()
         self.cluster.up()
-        self.fleet.start()
+        n = len(self.cluster.topology.nodes)
+        say(f"lab up in {time.monotonic() - began:.1f} s; starting {n} agents (each compiles "
+            "and attaches its BPF program)")
+        began = time.monotonic()
+        self.fleet.start(on_ready=lambda node, ready, total: say(
+            f"agents compiled and attached {ready}/{total} (node {node}, "
+            f"{time.monotonic() - began:.1f} s)"))
         if self.options.prometheus:
+            say("starting prometheus")
             self._start_prometheus()
         self._write_state()
 
@@ -301,19 +315,24 @@ class DemoRun:
                              baseline=self._baseline, traffic_seconds=sent)
 
     def execute(self, progress: Progress | None = None,
-                during: Callable[["DemoRun"], None] | None = None) -> DemoResult:
+                during: Callable[["DemoRun"], None] | None = None,
+                phase: Callable[[str], None] | None = None) -> DemoResult:
         """Run every phase (see the module docstring) and return the result.
 
         Args:
             progress: called with (summary so far, elapsed seconds, planned seconds).
             during: called once half-way through the measured traffic.
+            phase: called with one line of text per phase (see :meth:`build`).
 
         Raises:
             RuntimeFailure: the lab, an agent or Prometheus failed.
         """
         opt = self.options
-        self.build()
+        say = phase or (lambda _: None)
+        self.build(say)
         started = time.monotonic()
+        say(f"warming up: {opt.warmup_requests} requests per client and Service, then waiting "
+            "for every agent's next export")
         flows = self._run_traffic(0, opt.warmup_requests, None, None, started,
                                   opt.duration_seconds)
         baseline = self._baseline = self.fleet.scrape_settled(after=time.time())
@@ -322,11 +341,13 @@ class DemoRun:
             time.sleep(opt.scrape_seconds * 3)
         t0 = time.time()
         measured_start = time.monotonic()
+        say(f"traffic: {opt.duration_seconds:g} s per client")
         measured = self._run_traffic(opt.duration_seconds, None, progress, during, started,
                                      opt.duration_seconds)
         flows += measured
         duration = time.monotonic() - measured_start
         traffic_seconds = client_seconds(measured) or duration
+        say("traffic done; waiting for every agent's last export")
         agents = self.fleet.scrape_settled(after=time.time())
         truth = self.cluster.truth()
         summary = build_summary(duration, agents, truth, self.cluster.models, baseline=baseline,
