@@ -21,6 +21,16 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "zonemeter demo --teardown" in out
 
 
+@pytest.mark.parametrize("argv", [["demo"], ["lab"], ["lab", "up"], ["report"], ["top"],
+                                  ["explain"], ["what-if"], ["agent"]])
+def test_help_is_plain_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main([*argv, "--help"])
+    assert ex.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and "::" not in out  # reST markup means nothing in a terminal
+
+
 def test_bad_topology_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                          ) -> None:
     bad = tmp_path / "t.yaml"

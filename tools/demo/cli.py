@@ -43,7 +43,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo", help="run a three-zone lab cluster with one agent per node and show "
         "per-Service cross-zone bytes beside the lab's ground truth",
-        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=(__doc__ or "").replace("``", ""), epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", metavar="FILE",
                    help="lab topology YAML with an optional traffic section (docs/demo.md); "
                    "default: the built-in three-zone shop")

@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
     """Add the ``report`` verb to the top-level subparsers."""
     p = subparsers.add_parser(
         "report", help="before/after cross-zone bytes and $ per Service, from Prometheus",
-        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=(__doc__ or "").replace("``", ""), epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prometheus", required=True, metavar="URL",
                    help="Prometheus HTTP API base URL, e.g. http://prometheus:9090")
     p.add_argument("--before", metavar="T1..T2", help="the before window")
