@@ -192,6 +192,10 @@ def _load(args: argparse.Namespace) -> tuple[str, dict[str, list[dict[str, Any]]
         from agent.k8s import snapshot
 
         snap = snapshot.load(args.snapshot)
+        if not (snap.nodes or snap.services or snap.endpointslices):
+            raise InputError("no Node, Service or EndpointSlice in it (empty snapshot?); make one "
+                             "with: kubectl get nodes,services,endpointslices,pods -A -o json "
+                             "> dump.json", source=args.snapshot)
         return args.snapshot, {"nodes": snap.nodes, "services": snap.services,
                                "endpointslices": snap.endpointslices, "pods": snap.pods}
     from agent.k8s.client import build_api_client, list_cluster
@@ -257,6 +261,10 @@ def render_table(diags: list[hints.ServiceDiagnosis], version: str, node: str | 
         details.append(lines)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = [f"Kubernetes {version}: {len(diags)} Service entries"]
+    if not diags:
+        out.append("no Services in the input: nothing to explain (Nodes and EndpointSlices "
+                   "alone have no topology-aware routing)")
+        return "\n".join(out) + "\n"
     out.append("  ".join(c.ljust(w) for c, w in zip(rows[0], widths)).rstrip())
     for row, lines in zip(rows[1:], details):
         out.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

@@ -75,6 +75,33 @@ REASONS = (
     "no-hints-for-zone", "internal-traffic-policy-local", "no-endpoints",
 )
 
+#: one plain sentence per :data:`REASONS` code, for people who do not know the code (the demo's
+#: findings print it beside the code; the vocabulary is in docs/hints.md)
+REASON_SENTENCES: dict[str, str] = {
+    "none": "kube-proxy keeps traffic close (same zone or node) for clients in every zone.",
+    "not-requested": "The Service asks for no topology-aware routing (no topology-mode: Auto, "
+                     "no trafficDistribution), so kube-proxy spreads calls over every zone.",
+    "insufficient-node-info": "topology-mode: Auto was refused: the controller lacks the nodes' "
+                              "zones or CPUs, or sees only one zone.",
+    "insufficient-number-of-endpoints": "topology-mode: Auto was refused: there are too few "
+                                        "ready endpoints to give every zone its share.",
+    "min-allocation-exceeds-overload-threshold": "topology-mode: Auto was refused: the endpoints "
+                                                 "cannot be shared out by zone CPU without "
+                                                 "overloading a zone by more than 20%.",
+    "endpoint-without-zone": "topology-mode: Auto was refused: an endpoint has no zone.",
+    "annotation-value-not-accepted": "The topology annotation (or trafficDistribution) has a "
+                                     "value this Kubernetes version does not accept.",
+    "feature-gate-disabled": "The requested routing needs a feature gate that is off in this "
+                             "Kubernetes version.",
+    "partial-hints": "Some ready endpoint has no zone hint, so kube-proxy ignores the hints and "
+                     "uses every endpoint everywhere.",
+    "no-hints-for-zone": "Some client zone has no endpoint hinted for it (or a node has no zone "
+                         "label), so kube-proxy there uses every endpoint.",
+    "internal-traffic-policy-local": "internalTrafficPolicy: Local keeps ClusterIP traffic on "
+                                     "the client's node; topology routing does not apply.",
+    "no-endpoints": "No endpoint is usable, so kube-proxy rejects the calls.",
+}
+
 #: warning codes emitted in :attr:`ServiceDiagnosis.warnings`
 WARNING_CODES = (
     "auto-shadows-traffic-distribution", "deprecated-annotation-shadows-topology-mode",

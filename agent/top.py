@@ -3,8 +3,9 @@
 Reads the agent's ``/flows`` JSON (agent/exporter.py ``Exporter.flows``) every
 ``--interval`` seconds and redraws, like ``top``: per-Service bytes/s by crossing
 (from the difference of two reads of cumulative counters), locality state, and the
-heaviest client -> server pod pairs of the agent's last interval. Plain ANSI clear and
-redraw, no curses.
+heaviest client -> server pod pairs of the agent's last interval. On a terminal: plain
+ANSI clear and redraw, no curses; into a pipe or file: plain snapshots, one after the other,
+separated by a blank line (no escape codes).
 
 Examples::
 
@@ -174,6 +175,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None,
         sleep: Callable[[float], None] = time.sleep, max_frames: int | None = None) -> int:
     """Run ``zonemeter top``; returns 0 (ends on Ctrl-C with 0 too).
 
+    Redraws the screen (ANSI clear) only when ``out`` is a terminal (``isatty()``);
+    otherwise each refresh is a plain snapshot after a blank line, so
+    ``zonemeter top | tail`` gets no escape codes.
+
     Raises:
         InputError: bad ``--interval``/``--pairs``/``--url`` (exit 2).
         RuntimeFailure: the agent is unreachable (exit 1, one line).
@@ -192,11 +197,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None,
         return 0
     prev: dict[str, Any] | None = None
     frames = 0
+    redraw = _isatty(out)
     try:
         while True:
             cur = fetch(args.url, top)
             screen = render(cur, prev, args.url, args.pairs)
-            out.write(screen if args.once else CLEAR + screen)
+            if not screen.endswith("\n"):
+                screen += "\n"
+            if args.once:
+                out.write(screen)
+            elif redraw:
+                out.write(CLEAR + screen)
+            else:
+                out.write(("\n" if frames else "") + screen)
             out.flush()
             frames += 1
             if args.once or (max_frames is not None and frames >= max_frames):
@@ -205,3 +218,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None,
             sleep(args.interval)
     except KeyboardInterrupt:
         return 0
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError):
+        return False

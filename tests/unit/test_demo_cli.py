@@ -21,6 +21,16 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "zonemeter demo --teardown" in out
 
 
+@pytest.mark.parametrize("argv", [["demo"], ["lab"], ["lab", "up"], ["report"], ["top"],
+                                  ["explain"], ["what-if"], ["agent"]])
+def test_help_is_plain_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ex:
+        main([*argv, "--help"])
+    assert ex.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and "::" not in out  # reST markup means nothing in a terminal
+
+
 def test_bad_topology_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                          ) -> None:
     bad = tmp_path / "t.yaml"
@@ -38,10 +48,25 @@ def test_bad_numbers_exit_2(argv: list[str], source: str,
     assert capsys.readouterr().err.startswith(f"zonemeter: error: {source}:")
 
 
-def test_teardown_of_unknown_dir_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                        ) -> None:
-    assert main(["demo", "--teardown", str(tmp_path)]) == 1
-    assert "not a kept demo" in capsys.readouterr().err
+@pytest.mark.parametrize("content, missing", [
+    (None, "no such directory"),
+    ("", "has no demo.json"),
+    ("{not json", "demo.json is not a kept demo's state"),
+    ("[]", "demo.json is not a kept demo's state"),
+])
+def test_teardown_of_a_wrong_dir_is_one_line_exit_2(
+        tmp_path: Path, content: str | None, missing: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = tmp_path / "nonexist"
+    if content is not None:
+        workdir.mkdir()
+        if content:
+            (workdir / "demo.json").write_text(content)
+    assert main(["demo", "--teardown", str(workdir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("zonemeter: error: --teardown:")
+    assert str(workdir) in err and missing in err
+    assert "Errno" not in err
 
 
 def test_agent_command_line_follows_contract() -> None:

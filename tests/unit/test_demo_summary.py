@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from tools.demo.agents import merge, parse_metrics
-from tools.demo.cluster import ServiceModel, ServiceTruth
-from tools.demo.summary import build_summary, findings, render_table
+from agent.exporter import Exporter
+from agent.hints import REASON_SENTENCES
+from tools.demo.agents import READ_SAMPLES, WORKLOAD_BYTES, merge, parse_metrics
+from tools.demo.cluster import ServiceModel, ServiceTruth, controller_snapshot, evaluate
+from tools.demo.run import warning_messages
+from tools.demo.summary import build_summary, findings, render_table, usd_per_month_at_aws_price
+from tools.demo.topology import load_demo
+from tools.lab import Lab
 
 NODE_B1 = """\
 # HELP zonemeter_service_bytes_total L3 bytes of Service traffic.
@@ -25,9 +33,10 @@ zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_
 # HELP zonemeter_service_locality_info info
 # TYPE zonemeter_service_locality_info gauge
 zonemeter_service_locality_info{namespace="shop",service="checkout",mode="PreferSameZone",reason="none"} 1.0
-# HELP zonemeter_workload_egress_bytes_total egress
-# TYPE zonemeter_workload_egress_bytes_total counter
-zonemeter_workload_egress_bytes_total{namespace="shop",workload="frontend",workload_kind="Pod",client_zone="zone-b",remote_zone="zone-a",remote_kind="pod",crossing="cross_zone"} 0.0
+# HELP zonemeter_workload_bytes_total workload
+# TYPE zonemeter_workload_bytes_total counter
+zonemeter_workload_bytes_total{namespace="shop",workload="frontend",workload_kind="Pod",client_zone="zone-b",remote_zone="zone-a",remote_kind="pod",crossing="cross_zone",direction="egress"} 0.0
+zonemeter_workload_bytes_total{namespace="shop",workload="frontend",workload_kind="Pod",client_zone="zone-b",remote_zone="",remote_kind="external",crossing="external",direction="ingress"} 0.0
 # HELP zonemeter_attached_interfaces veths
 # TYPE zonemeter_attached_interfaces gauge
 zonemeter_attached_interfaces 6.0
@@ -91,7 +100,7 @@ def test_summary_schema_and_exact_match() -> None:
     assert set(svc) == {"namespace", "name", "bytes", "cross_zone_bytes",
                         "ground_truth_cross_zone_bytes", "hint_ignored_bytes",
                         "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
-                        "warnings"}
+                        "warnings", "usd_per_month_at_aws_price"}
     assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
     assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
     assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000
@@ -111,11 +120,40 @@ def test_double_count_is_what_agents_report_above_truth() -> None:
     assert s["services"][0]["ground_truth_cross_zone_bytes"] == 7000
 
 
-def test_workload_bytes_count_as_double() -> None:
-    text = NODE_B1.replace('crossing="cross_zone"} 0.0', 'crossing="cross_zone"} 99.0')
+def test_workload_bytes_count_as_double_over_both_directions() -> None:
+    text = NODE_B1.replace('direction="egress"} 0.0', 'direction="egress"} 99.0') \
+        .replace('direction="ingress"} 0.0', 'direction="ingress"} 1.0')
+    assert parse_metrics(text).workload_bytes == 100
     s = build_summary(1.0, parse_metrics(text), {"shop/checkout": _truth(1000, 5000, 700)},
                       _model())
-    assert s["double_counted_bytes"] == 99
+    assert s["double_counted_bytes"] == 100
+
+
+def test_demo_reads_only_metrics_the_agent_exports() -> None:
+    """A rename in agent/exporter.py must fail here, not silently read 0 in the demo."""
+    exported = set()
+    for fam in Exporter().describe():
+        exported.add(fam.name + ("_total" if fam.type == "counter" else ""))
+    missing = [name for name in READ_SAMPLES if name not in exported]
+    assert missing == []
+    assert WORKLOAD_BYTES in READ_SAMPLES
+
+
+def test_cost_extrapolates_the_measured_rate_at_aws_price() -> None:
+    # 6,000 cross-zone bytes in 1 s -> 6,000 B/s * 2,592,000 s / 1e9 B/GB * $0.02 = $0.31104
+    s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    assert s["services"][0]["usd_per_month_at_aws_price"] == 0.31
+    # warm-up bytes (the baseline) are left out; the clients' own time is the divisor
+    base = parse_metrics(NODE_B1.replace("} 1000.0", "} 0.0"))  # 5,000 cross-zone before
+    s = build_summary(9.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model(), baseline=base, traffic_seconds=0.5)
+    assert s["services"][0]["usd_per_month_at_aws_price"] == round(1000 / 0.5 * 2_592_000 / 1e9 * 0.02, 2)
+    assert usd_per_month_at_aws_price(10**9, 30 * 86400) == 0.02  # one GB a month
+    assert usd_per_month_at_aws_price(0, 10.0) == 0.0
+    text = render_table(s, ["zone-a", "zone-b", "zone-c"])
+    assert "$/MONTH AT AWS*" in text and "$0.10" in text
+    assert "* extrapolation:" in text and "not your bill" in text
 
 
 def test_table_marks_equal_and_different() -> None:
@@ -134,9 +172,33 @@ def test_findings_name_what_to_look_at() -> None:
                       _model())
     lines = findings(s)
     assert lines[0] == "findings:"
-    assert any("6,000 bytes crossed zones; locality is off in zone-c (reason none)" in ln
-               for ln in lines)
+    assert any("6,000 bytes crossed zones; locality is off in zone-c" in ln for ln in lines)
     assert any("6,000 bytes ignored the hints" in ln for ln in lines)
-    assert any("warnings single-endpoint-zone" in ln for ln in lines)
+    assert any(ln.strip() == "single-endpoint-zone" for ln in lines)  # code kept, no message given
     s["services"][0].update(hint_ignored_bytes=0, cross_zone_bytes=0, warnings=[])
     assert findings(s) == []
+
+
+def test_findings_explain_reason_and_warning_codes_in_words() -> None:
+    s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                      _model())
+    s["services"][0]["reason"] = "min-allocation-exceeds-overload-threshold"
+    msg = "a single endpoint receives all traffic of its zone: shop/checkout-b1"
+    lines = findings(s, {"shop/checkout": {"single-endpoint-zone": msg}})
+    assert ("    reason min-allocation-exceeds-overload-threshold: "
+            + REASON_SENTENCES["min-allocation-exceeds-overload-threshold"]) in lines
+    assert f"    single-endpoint-zone: {msg}" in lines
+    text = render_table(s, ["zone-a", "zone-b", "zone-c"],
+                        warning_messages={"shop/checkout": {"single-endpoint-zone": msg}})
+    assert msg in text and REASON_SENTENCES["min-allocation-exceeds-overload-threshold"] in text
+
+
+def test_warning_messages_come_from_the_hint_model_on_the_demo_snapshot(tmp_path: Path) -> None:
+    lab = Lab(load_demo().topology, prefix="zmsum")  # not built: only its objects are read
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(controller_snapshot(lab)))
+    messages = warning_messages(path)
+    models = evaluate(controller_snapshot(lab), lab.topology)
+    for key, model in models.items():  # every code the summary prints has its message
+        assert set(model.warnings) <= set(messages[key]), key
+    assert "Auto refuses 8 ready endpoints" in messages["shop/cart"]["auto-minimum-endpoints"]

@@ -119,6 +119,22 @@ def test_missing_file(tmp_path: Path, capsys) -> None:  # type: ignore[no-untype
     assert_one_line_error(*run(["explain", "--snapshot", str(tmp_path / "nope.json")], capsys), "nope.json")
 
 
+@pytest.mark.parametrize("content", ["", "\n", "---\n", '{"apiVersion": "v1", "kind": "List", "items": []}'])
+def test_empty_snapshot_is_bad_input(tmp_path: Path, content: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "empty.json"
+    p.write_text(content)
+    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p),
+                          "no Node, Service or EndpointSlice")
+
+
+def test_snapshot_with_nodes_but_no_services_says_so(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    p = dump(tmp_path / "nodes.json", k.three_zones())
+    code, out, _ = run(["explain", "--snapshot", str(p)], capsys)
+    assert code == 0 and "0 Service entries" in out and "no Services in the input" in out
+    code, out, _ = run(["explain", "--snapshot", str(p), "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["services"] == []
+
+
 def test_bad_cpu_quantity_names_node_and_field(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     p = cluster(tmp_path, [k.node("n-x", "a", cpu="4 cores")])
     assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "Node n-x",

@@ -71,9 +71,14 @@ def test_json_once_against_a_running_exporter(server: tuple[MetricsServer, Expor
     assert doc["pairs"][0]["client"] == "shop/client-a"
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_live_loop_redraws_with_rates(server: tuple[MetricsServer, Exporter]) -> None:
     srv, exp = server
-    out = io.StringIO()
+    out = _Terminal()
     args = cli.build_parser().parse_args(["top", "--url", srv.url, "--interval", "1"])
 
     def sleep(_: float) -> None:
@@ -84,6 +89,23 @@ def test_live_loop_redraws_with_rates(server: tuple[MetricsServer, Exporter]) ->
     assert len(frames) == 2
     assert "totals since start" in frames[0] and "rates" in frames[1]
     assert "1000B/s" in frames[1]  # (3000 - 1000) / 2 s
+
+
+def test_pipe_gets_plain_snapshots_separated_by_a_blank_line(
+        server: tuple[MetricsServer, Exporter]) -> None:
+    srv, exp = server
+    out = io.StringIO()  # not a terminal, like `zonemeter top | tail`
+    args = cli.build_parser().parse_args(["top", "--url", srv.url, "--interval", "1"])
+
+    def sleep(_: float) -> None:
+        exp.update(snap(3000, 500, 102.0))
+
+    assert run(args, out=out, sleep=sleep, max_frames=2) == 0
+    text = out.getvalue()
+    assert "\x1b" not in text
+    first, second = text.split("\n\n", 1)
+    assert "totals since start" in first and "rates" in second and "1000B/s" in second
+    assert "totals since start" not in second
 
 
 def test_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,18 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 ServiceSeries = tuple[str, str, str, str, str, str]  # ns, service, cz, sz, crossing, direction
 
+#: the agent's metric families the demo reads (sample names carry ``_total`` for counters);
+#: tests check each against ``agent.exporter.Exporter.describe()`` so a rename fails there
+SERVICE_BYTES = "zonemeter_service_bytes_total"
+HINT_IGNORED_BYTES = "zonemeter_service_hint_ignored_bytes_total"
+LOCALITY_IN_EFFECT = "zonemeter_service_locality_in_effect"
+LOCALITY_INFO = "zonemeter_service_locality_info"
+WORKLOAD_BYTES = "zonemeter_workload_bytes_total"
+UNATTRIBUTED_BYTES = "zonemeter_unattributed_bytes_total"
+ATTACHED_INTERFACES = "zonemeter_attached_interfaces"
+READ_SAMPLES = (SERVICE_BYTES, HINT_IGNORED_BYTES, LOCALITY_IN_EFFECT, LOCALITY_INFO,
+                WORKLOAD_BYTES, UNATTRIBUTED_BYTES, ATTACHED_INTERFACES)
+
 
 @dataclass(slots=True)
 class AgentMetrics:
@@ -46,7 +58,8 @@ class AgentMetrics:
         hint_ignored: (namespace, service, client_zone, server_zone) -> bytes.
         in_effect: (namespace, service) -> {client_zone: bool}.
         info: (namespace, service) -> (mode, reason).
-        workload_egress_bytes: sum of ``zonemeter_workload_egress_bytes_total``.
+        workload_bytes: sum of ``zonemeter_workload_bytes_total`` over every label (both
+            ``direction`` values).
         unattributed: reason -> bytes.
         attached_interfaces: ``zonemeter_attached_interfaces`` (summed over agents).
     """
@@ -55,7 +68,7 @@ class AgentMetrics:
     hint_ignored: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     in_effect: dict[tuple[str, str], dict[str, bool]] = field(default_factory=dict)
     info: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
-    workload_egress_bytes: int = 0
+    workload_bytes: int = 0
     unattributed: dict[str, int] = field(default_factory=dict)
     attached_interfaces: int = 0
 
@@ -71,25 +84,25 @@ def parse_metrics(text: str) -> AgentMetrics:
         for s in fam.samples:
             lb = s.labels
             v = s.value
-            if s.name == "zonemeter_service_bytes_total":
+            if s.name == SERVICE_BYTES:
                 k6 = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_zone", ""),
                       lb.get("server_zone", ""), lb.get("crossing", ""), lb.get("direction", ""))
                 m.service_bytes[k6] = m.service_bytes.get(k6, 0) + int(v)
-            elif s.name == "zonemeter_service_hint_ignored_bytes_total":
+            elif s.name == HINT_IGNORED_BYTES:
                 k4 = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_zone", ""),
                       lb.get("server_zone", ""))
                 m.hint_ignored[k4] = m.hint_ignored.get(k4, 0) + int(v)
-            elif s.name == "zonemeter_service_locality_in_effect":
+            elif s.name == LOCALITY_IN_EFFECT:
                 m.in_effect.setdefault((lb["namespace"], lb["service"]), {})[
                     lb.get("client_zone", "unknown")] = v >= 1
-            elif s.name == "zonemeter_service_locality_info":
+            elif s.name == LOCALITY_INFO:
                 m.info[(lb["namespace"], lb["service"])] = (lb.get("mode", ""), lb.get("reason", ""))
-            elif s.name == "zonemeter_workload_egress_bytes_total":
-                m.workload_egress_bytes += int(v)
-            elif s.name == "zonemeter_unattributed_bytes_total":
+            elif s.name == WORKLOAD_BYTES:
+                m.workload_bytes += int(v)
+            elif s.name == UNATTRIBUTED_BYTES:
                 r = lb.get("reason", "")
                 m.unattributed[r] = m.unattributed.get(r, 0) + int(v)
-            elif s.name == "zonemeter_attached_interfaces":
+            elif s.name == ATTACHED_INTERFACES:
                 m.attached_interfaces += int(v)
     return m
 
@@ -107,7 +120,7 @@ def merge(parts: Iterable[AgentMetrics]) -> AgentMetrics:
             out.in_effect.setdefault(k, dict(z))
         for k, i in p.info.items():
             out.info.setdefault(k, i)
-        out.workload_egress_bytes += p.workload_egress_bytes
+        out.workload_bytes += p.workload_bytes
         for r, n in p.unattributed.items():
             out.unattributed[r] = out.unattributed.get(r, 0) + n
         out.attached_interfaces += p.attached_interfaces
@@ -183,8 +196,14 @@ class AgentFleet:
         #: node -> metrics of the last scrape
         self.last_nodes: dict[str, AgentMetrics] = {}
 
-    def start(self, ready_timeout: float = 180.0) -> None:
+    def start(self, ready_timeout: float = 180.0,
+              on_ready: Callable[[str, int, int], None] | None = None) -> None:
         """Start every agent and wait until each answers ``/readyz`` with 200.
+
+        Args:
+            ready_timeout: seconds to wait for all of them.
+            on_ready: called as each agent turns ready with (node, agents ready so far,
+                agents started), for progress output.
 
         Raises:
             RuntimeFailure: an agent exited or did not become ready (the message carries the
@@ -212,6 +231,9 @@ class AgentFleet:
                     try:
                         if _get(a.url + "/readyz", timeout=1.0)[0] == 200:
                             pending.remove(a)
+                            if on_ready is not None:
+                                on_ready(a.node, len(self.agents) - len(pending),
+                                         len(self.agents))
                     except OSError:
                         pass
                 if pending and time.monotonic() > deadline:
@@ -298,7 +320,7 @@ class AgentFleet:
             now = self.scrape()
             if now.service_bytes == last.service_bytes and now.hint_ignored == last.hint_ignored \
                     and now.unattributed == last.unattributed \
-                    and now.workload_egress_bytes == last.workload_egress_bytes:
+                    and now.workload_bytes == last.workload_bytes:
                 return now
             if time.monotonic() > deadline:
                 raise RuntimeFailure("agent counters still changing after traffic stopped")

@@ -12,13 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError, RuntimeFailure
-from tools.demo.run import DemoOptions, DemoResult, DemoRun, sigterm_as_interrupt, teardown_kept
+from tools.demo.run import (DemoOptions, DemoResult, DemoRun, sigterm_as_interrupt, teardown_kept,
+                            warning_messages)
 from tools.demo.summary import render_table
 from tools.demo.topology import load_demo
 
@@ -40,7 +43,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo", help="run a three-zone lab cluster with one agent per node and show "
         "per-Service cross-zone bytes beside the lab's ground truth",
-        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=(__doc__ or "").replace("``", ""), epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", metavar="FILE",
                    help="lab topology YAML with an optional traffic section (docs/demo.md); "
                    "default: the built-in three-zone shop")
@@ -90,15 +94,48 @@ def _progress_printer(zones: list[str], modes: dict[str, str]) -> Any:
     return show
 
 
+def zonemeter_command(argv0: str | None = None, python: str | None = None) -> str:
+    """Return how the user can run zonemeter again, for the commands the demo prints.
+
+    ``zonemeter`` when that name on ``PATH`` is the running executable; the running
+    executable's absolute path when it is a ``zonemeter`` script (e.g. ``.venv/bin/zonemeter``,
+    which is not on ``PATH``); otherwise ``<python> -m agent`` with the running interpreter.
+
+    Args:
+        argv0: the program path (default ``sys.argv[0]``).
+        python: the interpreter (default ``sys.executable``).
+    """
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    python = sys.executable if python is None else python
+    path = Path(argv0)
+    if path.name == "zonemeter" and path.is_file():
+        resolved = path.resolve()
+        on_path = shutil.which("zonemeter")
+        if on_path is not None and Path(on_path).resolve() == resolved:
+            return "zonemeter"
+        return shlex.quote(str(resolved))
+    return f"{shlex.quote(python)} -m agent"
+
+
 def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: list[str],
             modes: dict[str, str]) -> None:
+    cmd = zonemeter_command()
+
+    def q(path: object) -> str:
+        return shlex.quote(str(path))
+
     if args.output == "json":
         print(json.dumps(result.summary, indent=1))
     else:
-        print(render_table(result.summary, zones, modes,
-                           f"zonemeter demo: {result.summary['duration_seconds']:g} s of traffic "
-                           f"on {len(run.cluster.topology.nodes)} nodes in {len(zones)} zones "
-                           f"(lab {run.cluster.prefix})"))
+        try:
+            messages = warning_messages(run.cluster.snapshot_path)
+        except InputError:
+            messages = {}  # codes alone; explain on the snapshot says why it cannot be read
+        title = (f"zonemeter demo: {result.traffic_seconds:.1f} s of traffic per client "
+                 f"({result.summary['duration_seconds']:.1f} s from starting the first client "
+                 f"to the last reply) on {len(run.cluster.topology.nodes)} nodes in "
+                 f"{len(zones)} zones (lab {run.cluster.prefix})")
+        print(render_table(result.summary, zones, modes, title, warning_messages=messages))
         failed = sum(f.failed for f in result.flows)
         ok = sum(f.ok for f in result.flows)
         print(f"requests: {ok:,} completed, {failed:,} failed")
@@ -110,18 +147,19 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
                 got = p.aligned.get(key, 0.0)
                 print(f"  {key:<22} {got:>14,.0f} vs {truth:>14,}   (plain increase, "
                       f"extrapolated: {p.plain.get(key, 0.0):,.0f})")
-        print(f"why: zonemeter explain --snapshot {run.cluster.snapshot_path} "
+        print(f"why: {cmd} explain --snapshot {q(run.cluster.snapshot_path)} "
               f"(snapshot and agent logs stay in {run.workdir})")
     out = sys.stdout if args.output == "table" else sys.stderr
     if args.keep:
         lines = [f"kept running (workdir {run.workdir}):"]
         for a in run.fleet.agents:
             lines.append(f"  agent {a.node}: curl -s {a.url}/metrics")
+            lines.append(f"  {'':{len(a.node) + 6}}  {cmd} top --url {a.url}")
         if run.prometheus_url:
             lines.append(f"  prometheus: {run.prometheus_url}/graph")
-        lines.append(f"  lab: zonemeter lab status --prefix {run.cluster.prefix} "
-                     f"--state-dir {run.cluster.lab.state_dir}")
-        lines.append(f"tear down: zonemeter demo --teardown {run.workdir}")
+        lines.append(f"  lab: {cmd} lab status --prefix {run.cluster.prefix} "
+                     f"--state-dir {q(run.cluster.lab.state_dir)}")
+        lines.append(f"tear down: {cmd} demo --teardown {q(run.workdir)}")
         print("\n".join(lines), file=out)
 
 
@@ -144,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with run_:
             print(f"zonemeter demo: building lab {run_.cluster.prefix} "
-                  f"({len(spec.topology.nodes)} nodes, {len(spec.topology.pods)} pods), "
-                  f"starting {len(spec.topology.nodes)} agents...", file=sys.stderr)
+                  f"({len(spec.topology.nodes)} nodes, {len(spec.topology.pods)} pods: "
+                  "namespaces, links, kube-proxy rules)", file=sys.stderr, flush=True)
             modes: dict[str, str] = {}
             started = time.monotonic()
 
@@ -154,7 +192,10 @@ def run(args: argparse.Namespace) -> int:
                     modes.update({k: m.mode for k, m in run_.cluster.models.items()})
                 _progress_printer(zones, modes)(summary, elapsed, total)
 
-            result = run_.execute(progress=progress)
+            def phase(text: str) -> None:
+                print(f"zonemeter demo: {text}", file=sys.stderr, flush=True)
+
+            result = run_.execute(progress=progress, phase=phase)
             modes.update({k: m.mode for k, m in run_.cluster.models.items()})
             print(f"zonemeter demo: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
             _report(result, run_, args, zones, modes)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -40,7 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from agent.errors import RuntimeFailure
+from agent.errors import InputError, RuntimeFailure
 from tools.demo import prometheus as prom
 from tools.demo.agents import AgentFleet, AgentMetrics
 from tools.demo.cluster import DemoCluster, ServiceTruth
@@ -115,6 +116,11 @@ class DemoResult:
         prometheus: the Prometheus check, when enabled.
         agent_exit_codes: node -> exit code after SIGTERM (empty with ``keep``).
         per_node: node -> that agent's final metrics.
+        traffic_seconds: how long one client sent (seconds): the median of the measured
+            traffic clients' own wall times. ``summary["duration_seconds"]`` is longer: it
+            runs from starting the first client process to the last client's last reply,
+            and starting some 30 client processes on a small machine takes a second or two.
+        baseline: the agents' metrics (summed) just before the measured traffic started.
     """
 
     summary: dict[str, Any]
@@ -124,6 +130,8 @@ class DemoResult:
     prometheus: PrometheusCheck | None = None
     agent_exit_codes: dict[str, int | None] = field(default_factory=dict)
     per_node: dict[str, AgentMetrics] = field(default_factory=dict)
+    traffic_seconds: float = 0.0
+    baseline: AgentMetrics | None = None
 
 
 Progress = Callable[[dict[str, Any], float, float], None]
@@ -147,6 +155,8 @@ class DemoRun:
         self._owner_pid = os.getpid()
         #: (monotonic start, seconds) of the measured traffic while it runs
         self._measure: tuple[float, float] | None = None
+        #: the agents' metrics just before the measured traffic (cost extrapolation)
+        self._baseline: AgentMetrics | None = None
 
     # ------------------------------------------------------------------ context
 
@@ -181,12 +191,26 @@ class DemoRun:
 
     # ------------------------------------------------------------------ phases
 
-    def build(self) -> None:
-        """Phases 1-3: lab, agents, Prometheus."""
+    def build(self, phase: Callable[[str], None] | None = None) -> None:
+        """Phases 1-3: lab, agents, Prometheus.
+
+        Args:
+            phase: called with one line of text as each phase starts or an agent turns
+                ready (progress for people; ``zonemeter demo`` prints it to stderr).
+        """
+        say = phase or (lambda _: None)
         self._built = True
+        began = time.monotonic()
         self.cluster.up()
-        self.fleet.start()
+        n = len(self.cluster.topology.nodes)
+        say(f"lab up in {time.monotonic() - began:.1f} s; starting {n} agents (each compiles "
+            "and attaches its BPF program)")
+        began = time.monotonic()
+        self.fleet.start(on_ready=lambda node, ready, total: say(
+            f"agents compiled and attached {ready}/{total} (node {node}, "
+            f"{time.monotonic() - began:.1f} s)"))
         if self.options.prometheus:
+            say("starting prometheus")
             self._start_prometheus()
         self._write_state()
 
@@ -286,38 +310,52 @@ class DemoRun:
         """The summary right now (agents scraped, ground truth read), for progress."""
         agents = self.fleet.scrape()
         truth = self.cluster.truth()
-        return build_summary(elapsed, agents, truth, self.cluster.models)
+        sent = None if self._measure is None else time.monotonic() - self._measure[0]
+        return build_summary(elapsed, agents, truth, self.cluster.models,
+                             baseline=self._baseline, traffic_seconds=sent)
 
     def execute(self, progress: Progress | None = None,
-                during: Callable[["DemoRun"], None] | None = None) -> DemoResult:
+                during: Callable[["DemoRun"], None] | None = None,
+                phase: Callable[[str], None] | None = None) -> DemoResult:
         """Run every phase (see the module docstring) and return the result.
 
         Args:
             progress: called with (summary so far, elapsed seconds, planned seconds).
             during: called once half-way through the measured traffic.
+            phase: called with one line of text per phase (see :meth:`build`).
 
         Raises:
             RuntimeFailure: the lab, an agent or Prometheus failed.
         """
         opt = self.options
-        self.build()
+        say = phase or (lambda _: None)
+        self.build(say)
         started = time.monotonic()
+        say(f"warming up: {opt.warmup_requests} requests per client and Service, then waiting "
+            "for every agent's next export")
         flows = self._run_traffic(0, opt.warmup_requests, None, None, started,
                                   opt.duration_seconds)
-        self.fleet.scrape_settled(after=time.time())
+        baseline = self._baseline = self.fleet.scrape_settled(after=time.time())
         g0 = self.cluster.truth()
         if self._prom is not None:
             time.sleep(opt.scrape_seconds * 3)
         t0 = time.time()
         measured_start = time.monotonic()
-        flows += self._run_traffic(opt.duration_seconds, None, progress, during, started,
-                                   opt.duration_seconds)
+        say(f"traffic: {opt.duration_seconds:g} s per client")
+        measured = self._run_traffic(opt.duration_seconds, None, progress, during, started,
+                                     opt.duration_seconds)
+        flows += measured
         duration = time.monotonic() - measured_start
+        traffic_seconds = client_seconds(measured) or duration
+        say("traffic done; waiting for every agent's last export")
         agents = self.fleet.scrape_settled(after=time.time())
         truth = self.cluster.truth()
-        result = DemoResult(summary=build_summary(duration, agents, truth, self.cluster.models),
+        summary = build_summary(duration, agents, truth, self.cluster.models, baseline=baseline,
+                                traffic_seconds=traffic_seconds)
+        result = DemoResult(summary=summary,
                             agents=agents, truth=truth, flows=flows,
-                            per_node=dict(self.fleet.last_nodes))
+                            per_node=dict(self.fleet.last_nodes),
+                            traffic_seconds=traffic_seconds, baseline=baseline)
         if self._prom is not None and self.prometheus_url is not None:
             time.sleep(opt.scrape_seconds * 3)
             t1 = time.time()
@@ -341,6 +379,39 @@ class DemoRun:
                                truth=truth, locality=prom.locality(url, t1), promql=promql)
 
 
+def client_seconds(flows: list[FlowResult]) -> float:
+    """Return how long one traffic client sent, in seconds: the median of the clients'
+    own wall times (``FlowResult.elapsed_seconds``); 0.0 for no flows.
+
+    The median, because a client replaced mid-run is split into two shorter ones."""
+    return float(statistics.median(f.elapsed_seconds for f in flows)) if flows else 0.0
+
+
+def warning_messages(snapshot_path: Path) -> dict[str, dict[str, str]]:
+    """Return Service key -> {warning code: message} of the hint model on the demo's snapshot.
+
+    The same model and Kubernetes version the lab's proxies were programmed from
+    (``tools.demo.cluster.KUBERNETES_VERSION``), so the messages are what
+    ``zonemeter explain --snapshot`` prints for it. Every address family's warnings are
+    merged (first message per code wins).
+
+    Raises:
+        InputError: the snapshot cannot be read.
+    """
+    from agent import hints
+    from agent.k8s import snapshot
+    from tools.demo.cluster import KUBERNETES_VERSION
+
+    snap = snapshot.load(snapshot_path)
+    out: dict[str, dict[str, str]] = {}
+    for d in hints.evaluate_cluster(snap.nodes, snap.services, snap.endpointslices, snap.pods,
+                                    version=KUBERNETES_VERSION):
+        msgs = out.setdefault(f"{d.namespace}/{d.name}", {})
+        for w in d.warnings:
+            msgs.setdefault(w.code, w.message)
+    return out
+
+
 def teardown_kept(workdir: Path) -> list[str]:
     """Tear down a run left by ``--keep``: SIGTERM its agents and Prometheus (only
     processes whose command line is still theirs) and remove the lab.
@@ -349,15 +420,26 @@ def teardown_kept(workdir: Path) -> list[str]:
         What was stopped or removed, for the user.
 
     Raises:
-        RuntimeFailure: no ``demo.json`` in ``workdir``.
+        InputError: ``workdir`` is not a directory, has no ``demo.json``, or that file is
+            not a kept demo's state (one line naming the directory; exit 2).
     """
     from tools.lab import Lab
 
-    path = Path(workdir) / "demo.json"
+    workdir = Path(workdir)
+    hint = "give the directory a 'zonemeter demo --keep' run printed"
+    if not workdir.is_dir():
+        raise InputError(f"no such directory ({hint})", source="--teardown", obj=str(workdir))
+    path = workdir / "demo.json"
+    if not path.is_file():
+        raise InputError(f"has no demo.json, so it is not a kept demo ({hint})",
+                         source="--teardown", obj=str(workdir))
     try:
         state = json.loads(path.read_text())
+        if not isinstance(state, dict) or "prefix" not in state or "state_dir" not in state:
+            raise ValueError("prefix/state_dir missing")
     except (OSError, ValueError) as err:
-        raise RuntimeFailure(f"{path}: not a kept demo ({err})") from None
+        raise InputError(f"demo.json is not a kept demo's state ({err})",
+                         source="--teardown", obj=str(workdir)) from None
     done = []
     procs = [(a["pid"], b"agent\0agent") for a in state.get("agents", [])]
     if state.get("prometheus"):

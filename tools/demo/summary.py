@@ -6,18 +6,23 @@ JSON (``zonemeter demo -o json``), exactly the schema of issue 5::
      "services": [{"namespace", "name", "bytes": {crossing: int}, "cross_zone_bytes": int,
                    "ground_truth_cross_zone_bytes": int, "hint_ignored_bytes": int,
                    "ground_truth_hint_ignored_bytes": int, "locality_in_effect": {zone: bool},
-                   "reason": str, "warnings": [str]}],
+                   "reason": str, "warnings": [str], "usd_per_month_at_aws_price": float}],
      "double_counted_bytes": int}
+
+(``usd_per_month_at_aws_price`` is an extra key beyond issue 5's schema: the measured
+window's cross-zone bytes/s, warm-up left out, held for a 30-day month at AWS's $0.02 per GB
+crossing; an extrapolation of the lab's traffic rate.)
 
 ``bytes``, ``cross_zone_bytes``, ``hint_ignored_bytes``, ``locality_in_effect`` and
 ``reason`` are what the agents export (summed over nodes, as Prometheus would);
 ``ground_truth_*`` come from the lab's nftables counters; ``warnings`` are the hint model's
-warning codes (``zonemeter explain --snapshot FILE`` prints their messages).
+warning codes (the table's findings and ``zonemeter explain --snapshot FILE`` print
+their messages).
 
 ``double_counted_bytes``: over every (Service, client zone, server zone, direction), the
 bytes the agents report above the lab's count (same-node and same-zone are not told
 apart here: for host-network endpoints the agent may only know the zone), plus every byte in
-``zonemeter_workload_egress_bytes_total`` (the demo sends only Service traffic, so a byte
+``zonemeter_workload_bytes_total``, both directions (the demo sends only Service traffic, so a byte
 there is a Service byte counted a second time). 0 when every byte is counted once.
 """
 
@@ -26,14 +31,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agent.hints import REASON_SENTENCES
 from tools.demo.agents import AgentMetrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
+from tools.report.pricing import NAMED_PRICES, Price
+
+#: AWS: $0.01/GB charged on each side of a zone crossing
+AWS = Price("aws", NAMED_PRICES["aws"])
 
 _CROSSING_ORDER = ("same_node", "same_zone", "cross_zone", "cross_region", "external", "unknown")
 
 
 def build_summary(duration_seconds: float, agents: AgentMetrics,
-                  truth: Mapping[str, ServiceTruth], models: Mapping[str, ServiceModel]
+                  truth: Mapping[str, ServiceTruth], models: Mapping[str, ServiceModel],
+                  baseline: AgentMetrics | None = None, traffic_seconds: float | None = None
                   ) -> dict[str, Any]:
     """Return the JSON summary (see the module docstring).
 
@@ -42,9 +53,14 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
         agents: the agents' metrics summed over nodes.
         truth: Service key -> ground truth (from :meth:`DemoCluster.truth`).
         models: Service key -> hint model answer (warnings), in output order.
+        baseline: the agents' metrics just before the measured traffic (its cross-zone bytes
+            are left out of the cost extrapolation: warm-up); None = count from agent start.
+        traffic_seconds: how long the clients sent (seconds), the divisor of the cost
+            extrapolation; None = ``duration_seconds``.
     """
+    seconds = traffic_seconds if traffic_seconds else duration_seconds
     services = []
-    double = agents.workload_egress_bytes
+    double = agents.workload_bytes
     for key, model in models.items():
         ns, name = key.split("/", 1)
         t = truth.get(key) or ServiceTruth()
@@ -75,9 +91,33 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "locality_in_effect": {z: in_effect[z] for z in sorted(in_effect)},
             "reason": reason,
             "warnings": list(model.warnings),
+            "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
+                got.get("cross_zone", 0) - _cross_zone(baseline, ns, name), seconds),
         })
     return {"duration_seconds": round(duration_seconds, 3), "services": services,
             "double_counted_bytes": int(double)}
+
+
+def usd_per_month_at_aws_price(cross_zone_bytes: int, seconds: float) -> float:
+    """Extrapolate cross-zone bytes sent in ``seconds`` to USD per 30-day month at AWS's
+    price ($0.01/GB on each side = $0.02 per GB crossing, GB = 1e9 bytes;
+    ``tools.report.pricing``), rounded to cents. 0.0 when nothing crossed or no time passed.
+
+    This is the lab's traffic rate held for a month, not a forecast of anyone's bill."""
+    if cross_zone_bytes <= 0 or seconds <= 0:
+        return 0.0
+    return round(AWS.usd_per_month(cross_zone_bytes / seconds), 2)
+
+
+def _cross_zone(metrics: AgentMetrics | None, ns: str, name: str) -> int:
+    if metrics is None:
+        return 0
+    return sum(n for (sns, sname, _, _, crossing, _), n in metrics.service_bytes.items()
+               if (sns, sname) == (ns, name) and crossing == "cross_zone")
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}" if value else "-"
 
 
 def _n(value: int) -> str:
@@ -91,7 +131,8 @@ def _locality(in_effect: Mapping[str, bool], zones: list[str]) -> str:
 
 
 def render_table(summary: Mapping[str, Any], zones: list[str],
-                 modes: Mapping[str, str] | None = None, title: str = "") -> str:
+                 modes: Mapping[str, str] | None = None, title: str = "",
+                 warning_messages: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """Return the per-Service table of a summary as text (one line per Service).
 
     Columns: Service, requested mode, locality per zone (``Y`` in effect, ``n`` not, in
@@ -99,7 +140,7 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
     ground truth (``=`` equal, ``!`` different), same-node and same-zone bytes.
     """
     head = ["SERVICE", "MODE", "LOCAL", "REASON", "CROSS-ZONE (agents = lab)",
-            "HINT-IGNORED (agents = lab)", "SAME-NODE", "SAME-ZONE"]
+            "HINT-IGNORED (agents = lab)", "SAME-NODE", "SAME-ZONE", "$/MONTH AT AWS*"]
     rows = [head]
     for s in summary["services"]:
         key = f"{s['namespace']}/{s['name']}"
@@ -111,34 +152,50 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
             f"{_n(cz)} {'=' if cz == gcz else '!'} {_n(gcz)}",
             f"{_n(hi)} {'=' if hi == ghi else '!'} {_n(ghi)}",
             _n(s["bytes"].get("same_node", 0)), _n(s["bytes"].get("same_zone", 0)),
+            _usd(s.get("usd_per_month_at_aws_price", 0.0)),
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    right = {4, 5, 6, 7}
+    right = {4, 5, 6, 7, 8}
     lines = [title] if title else []
     for r in rows:
         lines.append("  ".join(c.rjust(widths[i]) if i in right and r is not rows[0]
                                else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
     lines.append(f"LOCAL: locality in effect per client zone ({', '.join(zones)}): Y yes, n no. "
                  f"Bytes are L3 bytes (IP header included), both directions.")
+    lines.append("* extrapolation: this run's cross-zone bytes/s (measured traffic, warm-up "
+                 "left out) held for a 30-day month at AWS's $0.01/GB each side = $0.02 per GB "
+                 "crossing; the lab's rate, not your bill.")
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
-    lines += findings(summary)
+    lines += findings(summary, warning_messages)
     return "\n".join(lines)
 
 
-def findings(summary: Mapping[str, Any]) -> list[str]:
-    """One line per Service worth a look: cross-zone bytes while locality is off (and why),
-    hint-ignored bytes, and the hint model's warning codes."""
+def findings(summary: Mapping[str, Any],
+             warning_messages: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """Lines for each Service worth a look: cross-zone bytes while locality is off (with the
+    reason code and one plain sentence saying what it means), hint-ignored bytes, and the hint
+    model's warnings (code and, when ``warning_messages`` has it, the model's message).
+
+    Args:
+        summary: see :func:`build_summary`.
+        warning_messages: Service key -> {warning code: message}
+            (``ServiceDiagnosis.warnings``; see ``tools.demo.run.warning_messages``).
+    """
     out = []
     for s in summary["services"]:
         key = f"{s['namespace']}/{s['name']}"
         off = sorted(z for z, on in s["locality_in_effect"].items() if not on)
         if s["cross_zone_bytes"] and off:
             out.append(f"  {key}: {_n(s['cross_zone_bytes'])} bytes crossed zones; locality "
-                       f"is off in {', '.join(off)} (reason {s['reason']})")
+                       f"is off in {', '.join(off)}")
+            sentence = REASON_SENTENCES.get(s["reason"])
+            out.append(f"    reason {s['reason']}" + (f": {sentence}" if sentence else ""))
         if s["hint_ignored_bytes"]:
             out.append(f"  {key}: {_n(s['hint_ignored_bytes'])} bytes ignored the hints "
                        "(sent to endpoints kube-proxy would not select for the client's node)")
         if s["warnings"]:
-            out.append(f"  {key}: warnings {', '.join(s['warnings'])}")
+            out.append(f"  {key}: hint model warnings:")
+            messages = (warning_messages or {}).get(key, {})
+            for code in s["warnings"]:
+                out.append(f"    {code}" + (f": {messages[code]}" if code in messages else ""))
     return ["findings:"] + out if out else []
-

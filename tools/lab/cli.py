@@ -27,7 +27,8 @@ def register(subparsers: Any) -> None:
     """Add the ``lab`` verb and its sub-verbs to the CLI."""
     parser = subparsers.add_parser(
         "lab", help="multi-zone lab cluster in network namespaces",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=(__doc__ or "").replace("``", "").replace("Examples::", "examples:"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
                         help=f"where lab state files live (default {DEFAULT_STATE_DIR})")

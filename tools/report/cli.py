@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError
-from tools.report.compute import (Report, ServiceKey, report_for_windows, report_per_service,
-                                  windows_around)
+from tools.report.compute import (MIN_WINDOW_SECONDS, Report, ServiceKey, report_for_windows,
+                                  report_per_service, windows_around)
 from tools.report.pricing import parse_price
 from tools.report.prom import PromClient
 from tools.report.render import to_csv, to_json, to_table
-from tools.report.timespec import parse_duration, parse_time, parse_window, validate_windows
+from tools.report.timespec import (format_time, parse_duration, parse_time, parse_window,
+                                   validate_windows)
 
 EXAMPLES = """\
 examples:
@@ -44,7 +45,8 @@ def register(subparsers: Any) -> None:
     """Add the ``report`` verb to the top-level subparsers."""
     p = subparsers.add_parser(
         "report", help="before/after cross-zone bytes and $ per Service, from Prometheus",
-        description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=(__doc__ or "").replace("``", ""), epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prometheus", required=True, metavar="URL",
                    help="Prometheus HTTP API base URL, e.g. http://prometheus:9090")
     p.add_argument("--before", metavar="T1..T2", help="the before window")
@@ -99,6 +101,19 @@ def build(args: argparse.Namespace) -> Report:
     if args.before is not None and window is not None:
         raise InputError("--window applies to --change-time or per-Service change times, "
                          "not to --before/--after", source="--window")
+    if window is not None and window < MIN_WINDOW_SECONDS:
+        raise InputError(f"{args.window!r} is {window:g} s; each window must be at least "
+                         f"{MIN_WINDOW_SECONDS:.0f} s (e.g. 15m, 1d)", source="--window")
+    change = None
+    if args.change_time is not None:
+        change = parse_time(args.change_time, now, flag="--change-time")
+        if change > now:
+            raise InputError(f"{args.change_time!r} ({format_time(change)}) is in the future",
+                             source="--change-time")
+        if window is not None and change + window > now + 60:
+            raise InputError(f"{args.window!r} after --change-time {format_time(change)} ends "
+                             f"{change + window - now:.0f} s in the future: use a --window of at "
+                             f"most {max(0.0, now - change):.0f} s", source="--window")
     client = PromClient(args.prometheus)
     with_series = bool(args.plot or args.html)
     if args.before is not None:
@@ -107,8 +122,8 @@ def build(args: argparse.Namespace) -> Report:
         validate_windows(before, after, now)
         return report_for_windows(client, price, before, after, service=service,
                                   with_series=with_series)
-    if args.change_time is not None:
-        t = parse_time(args.change_time, now, flag="--change-time")
+    if change is not None:
+        t = change
         before, after = windows_around(t, now, window)
         return report_for_windows(client, price, before, after, service=service, change_time=t,
                                   with_series=with_series)
