@@ -9,6 +9,7 @@ programs proxies and rewrites the snapshot are checked against what Kubernetes d
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def test_plan_topology_mode_annotation(cluster: DemoCluster) -> None:
 def test_set_locality_order(cluster: DemoCluster) -> None:
     calls: list[tuple[str, dict[str, tuple[str, ...]], dict[str, Any]]] = []
 
-    def record(node: str, services: dict[str, Any]) -> None:
+    def record(node: str, services: Mapping[str, Any]) -> None:
         hints = _hints(json.loads(cluster.snapshot_path.read_text()))
         calls.append((node, {k: tuple(v) for k, v in services.items()}, hints))
 
