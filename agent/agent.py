@@ -242,6 +242,29 @@ class AgentLoop:
         nbytes = sum(d.bytes for d in deltas)
         return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
 
+    def poll_metadata(self, poll: Callable[[Callable[[], object]], bool]) -> bool:
+        """Apply a metadata change that arrives as a whole (a rewritten ``--snapshot``).
+
+        ``poll(before_apply)`` (``MetadataSource.poll_snapshot``) calls ``before_apply``
+        just before it changes the cache; that is a full :meth:`tick`, so every byte the
+        kernel counted before the change is drained and attributed with the metadata of
+        its time (a deleted pod's last bytes to that pod, not to a pod that reuses its
+        address). After the change the local endpoints are rewritten to the kernel map
+        and the dirty Services re-evaluated at once, not at the next interval.
+
+        Returns:
+            True when the metadata changed.
+        """
+        if not poll(self.tick):
+            return False
+        try:
+            self.sync_endpoints()
+            self.refresh_hints()
+        except Exception as err:  # noqa: BLE001 - the next tick retries both
+            self._once("reload:" + type(err).__name__, "applying a metadata change failed",
+                       exc=err)
+        return True
+
     def snapshot(self, totals: AttributionTotals, at: float, duration: float) -> ex.ExportSnapshot:
         """Convert attribution totals and self-health into an :class:`ExportSnapshot`."""
         try:
@@ -500,7 +523,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 dp.watch()
                 attached.set()
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
-                _serve(loop, stop, args.interval)
+                poll = source.poll_snapshot if source.snapshot_path is not None else None
+                _serve(loop, stop, args.interval, poll)
                 log.info("stopping", extra={"fields": {"signal": stop.signal}})
                 # Final: stop counting first (watcher stopped, filters removed), then drain
                 # what the tables hold, so every byte the kernel counted is exported.
@@ -535,8 +559,17 @@ def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:
             return
 
 
-def _serve(loop: AgentLoop, stop: Stopper, interval: float) -> None:
-    """Tick at once, then every ``interval`` seconds (fixed schedule) until ``stop``."""
+#: how often a ``--snapshot`` file is checked for a change (one stat() call), seconds
+SNAPSHOT_POLL_SECONDS = 0.25
+
+
+def _serve(loop: AgentLoop, stop: Stopper, interval: float,
+           poll: Callable[[Callable[[], object]], bool] | None = None) -> None:
+    """Tick at once, then every ``interval`` seconds (fixed schedule) until ``stop``.
+
+    With ``poll`` (snapshot mode) the file is checked every :data:`SNAPSHOT_POLL_SECONDS`
+    between ticks and a change is applied at once (:meth:`AgentLoop.poll_metadata`).
+    """
     start = time.monotonic()
     n = 0
     while True:
@@ -553,5 +586,17 @@ def _serve(loop: AgentLoop, stop: Stopper, interval: float) -> None:
         if next_at <= now:  # fell behind: skip the missed ticks, keep the phase
             n = int((now - start) // interval) + 1
             next_at = start + n * interval
-        if stop.wait(next_at - now):
-            return
+        while True:
+            left = next_at - time.monotonic()
+            if poll is None:
+                if stop.wait(left):
+                    return
+                break
+            if stop.wait(min(left, SNAPSHOT_POLL_SECONDS)):
+                return
+            if time.monotonic() >= next_at:
+                break
+            try:
+                loop.poll_metadata(poll)
+            except Exception as err:  # noqa: BLE001 - keep serving with the old metadata
+                loop._once("poll:" + type(err).__name__, "snapshot poll failed", exc=err)
