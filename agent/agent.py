@@ -47,6 +47,9 @@ log = logging.getLogger("zonemeter.agent")
 
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9808"
 DEFAULT_INTERVAL = 10.0
+#: production default of ``--hold-unresolved-seconds``: covers watch latency for new pods
+#: and an API outage up to a minute, delays only the bytes of unknown pod addresses
+DEFAULT_HOLD_UNRESOLVED_SECONDS = 60.0
 
 _EPILOG = """\
 examples:
@@ -169,6 +172,7 @@ class AgentLoop:
         self.interval = interval
         self._clock = clock
         self._perf = perf
+        self.hold_unresolved_seconds = hold_unresolved_seconds
         self.attributor = Attributor(node, MetadataAdapter(cache), hints, top_n=top_n,
                                      hold_unresolved_seconds=hold_unresolved_seconds)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
@@ -241,6 +245,27 @@ class AgentLoop:
         self.ticks += 1
         nbytes = sum(d.bytes for d in deltas)
         return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
+
+    def flush_held(self) -> int:
+        """Count every held delta now, as it resolves now (``unknown`` with its reason if
+        still unresolved), and export. Called once at shutdown after the final tick: held
+        bytes must not die with the process.
+
+        The Attributor releases a held delta when ``hold_unresolved_seconds`` have passed
+        since its drain; this passes it a time that far past the newest drain, so every
+        held delta is final. Each is still resolved as of its own drain time.
+
+        Returns:
+            bytes that were held.
+        """
+        held = self.attributor.totals().held_bytes
+        if not held:
+            return 0
+        at = self._clock()
+        self.attributor.attribute((), at + self.hold_unresolved_seconds + 1.0)
+        self.attributor.close_interval(at)
+        self.exporter.update(self.snapshot(self.attributor.totals(), at, 0.0))
+        return held
 
     def poll_metadata(self, poll: Callable[[Callable[[], object]], bool]) -> bool:
         """Apply a metadata change that arrives as a whole (a rewritten ``--snapshot``).
@@ -380,9 +405,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--final-linger-seconds", type=float, default=0.0, metavar="SECONDS",
                    help="after SIGTERM and the final export, keep serving /metrics this long "
                    "so a last scrape sees every byte (default %(default)g)")
-    p.add_argument("--hold-unresolved-seconds", type=float, default=0.0, metavar="SECONDS",
-                   help="hold deltas whose pod is not known yet for up to this long "
-                   "(default %(default)g: count at once, as unknown)")
+    p.add_argument("--hold-unresolved-seconds", type=float,
+                   default=DEFAULT_HOLD_UNRESOLVED_SECONDS, metavar="SECONDS",
+                   help="hold bytes of pod addresses the metadata does not know yet (a new "
+                   "pod, an API outage) for up to this long, then count them as unknown "
+                   "(default %(default)g; 0: count at once; at most 100000 deltas held)")
     p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
                    help="live cluster: wait this long for the first list of every resource "
                    "before attaching (default %(default)g)")
@@ -531,8 +558,9 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 attached.clear()
                 dp.close()
                 res = loop.tick()
+                held = loop.flush_held()
                 log.info("final export", extra={"fields": {
-                    "deltas": res.deltas, "bytes": res.bytes,
+                    "deltas": res.deltas, "bytes": res.bytes, "held_bytes_released": held,
                     "linger_seconds": args.final_linger_seconds}})
             finally:
                 dp.close()
