@@ -27,6 +27,8 @@ FAMILY_INET = 4
 FAMILY_INET6 = 6
 #: ``ZM_OVERFLOW_SLOTS``: one overflow entry per (kind, family)
 OVERFLOW_SLOTS = len(KIND_BY_VALUE) * 2
+#: ``ZM_LAYOUT_VERSION``: stored in the pinned ``zm_layout`` map (see bpf/zonemeter.h)
+LAYOUT_VERSION = 1
 
 _V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
 

@@ -13,6 +13,11 @@ The programs in ``bpf/tc.c`` write to whichever of two identical hash maps
    look up and delete them one by one; exact too, because the table is idle);
 3. seeds the old table's overflow entries again so it is ready for the next swap.
 
+With pinned maps (``DatapathConfig.pin_path``) a restarted agent builds
+``FlowTables(..., reuse=True)``: it keeps whichever table the kernel is writing to, and
+its first drain also empties the idle table, which holds what a previous agent killed
+in the middle of a drain had not read yet.
+
 Hence no increment can land between read and delete, and none is lost. Overflow
 entries (one per kind and address family, pre-seeded so the kernel always finds them
 when the table is full) come out as ``FlowDelta(overflow=True)``.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import gc
 import ipaddress
 import struct
 import threading
@@ -64,6 +70,41 @@ def _err(res: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class MapInfo:
+    """What the kernel says about a map (``struct bpf_map_info``, first fields).
+
+    Attributes:
+        type: ``BPF_MAP_TYPE_*`` (1 hash, 2 array, 12 array of maps).
+        id: kernel-wide map id (what an array-of-maps slot holds when read from userspace).
+        key_size, value_size: bytes.
+        max_entries: entries.
+        flags: ``map_flags``.
+    """
+
+    type: int
+    id: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int
+
+
+def map_info(fd: int) -> MapInfo:
+    """Return :class:`MapInfo` of the map behind fd (``BPF_OBJ_GET_INFO_BY_FD``).
+
+    Raises:
+        OSError: fd is no map, or the kernel refused.
+    """
+    buf = (ct.c_uint8 * 256)()
+    size = ct.c_uint32(ct.sizeof(buf))
+    res = _lib().bpf_obj_get_info(fd, ct.byref(buf), ct.byref(size))
+    if res < 0:
+        code = _err(res)
+        raise OSError(code, f"BPF_OBJ_GET_INFO_BY_FD: {errno.errorcode.get(code)}")
+    return MapInfo(*struct.unpack_from("=6I", bytes(buf)))
+
+
+@dataclass(frozen=True, slots=True)
 class TableStats:
     """Health of the flow tables, as of the last drain.
 
@@ -97,10 +138,15 @@ class FlowTables:
         active_fd: fd of the one-slot array-of-maps ``zm_active``.
         lost_fd: fd of the one-slot array ``zm_lost`` (cumulative, never reset).
         capacity: ``ZM_FLOW_CAPACITY``; each table has capacity + 8 slots.
+        reuse: the maps were pinned by a previous agent and still count: keep the table
+            the kernel writes to, and let the first drain also empty the idle one.
+
+    Raises:
+        RuntimeFailure: the kernel refused to seed or switch the tables.
     """
 
     def __init__(self, table_fds: tuple[int, int], active_fd: int, lost_fd: int,
-                 capacity: int) -> None:
+                 capacity: int, reuse: bool = False) -> None:
         self._fds = table_fds
         self._active_fd = active_fd
         self._lost_fd = lost_fd
@@ -115,9 +161,24 @@ class FlowTables:
         # buffers reused across drains: a drain of 100,000 entries allocates nothing big
         self._keys = (FlowKey * self._max)()
         self._values = (FlowValue * self._max)()
+        self._leftover = False
         for fd in self._fds:
             self._seed(fd)
-        self._point_active(0)
+        current = self._kernel_active() if reuse else None
+        if current is None:
+            self._point_active(0)
+        else:
+            self._active = current
+            self._leftover = True
+
+    def _kernel_active(self) -> int | None:
+        """Index of the table zm_active points at, or None when the slot is empty."""
+        slot = ct.c_int(0)
+        inner = ct.c_uint32(0)
+        if _lib().bpf_lookup_elem(self._active_fd, ct.byref(slot), ct.byref(inner)) < 0:
+            return None
+        ids = [map_info(fd).id for fd in self._fds]
+        return ids.index(inner.value) if inner.value in ids else None
 
     # -- kernel operations ------------------------------------------------------------
 
@@ -207,31 +268,40 @@ class FlowTables:
             RuntimeFailure: the kernel refused to switch tables.
         """
         with self._lock:
+            deltas: list[FlowDelta] = []
             old = self._active
+            if self._leftover:  # idle since a previous agent's swap: nothing writes to it
+                self._leftover = False
+                deltas = self._take_and_convert(self._fds[1 - old])
             self._point_active(1 - old)
-            fd = self._fds[old]
-            n = 0
-            if self._batch:
-                try:
-                    n = self._take_batch(fd)
-                except OSError as err:
-                    if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP,
-                                         errno.ENOSYS, errno.EPERM):
-                        raise RuntimeFailure(f"cannot drain flow table: {err}") from err
-                    self._batch = False
-            if not self._batch:
-                n = self._take_one_by_one(fd)
-            self._seed(fd)
-            deltas = self._convert(n)
+            deltas += self._take_and_convert(self._fds[old])
             self._drains += 1
             return deltas
+
+    def _take_and_convert(self, fd: int) -> list[FlowDelta]:
+        """Empty the idle table fd into records; seed its overflow entries again."""
+        n = 0
+        if self._batch:
+            try:
+                n = self._take_batch(fd)
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP,
+                                     errno.ENOSYS, errno.EPERM):
+                    raise RuntimeFailure(f"cannot drain flow table: {err}") from err
+                self._batch = False
+        if not self._batch:
+            n = self._take_one_by_one(fd)
+        self._seed(fd)
+        return self._convert(n)
 
     def _convert(self, n: int) -> list[FlowDelta]:
         """Turn the first n buffered entries into records.
 
         The hot loop of a drain (100,000 entries in BENCHMARKS.md): addresses are built
-        from integers and cached per drain (flows share pods), records are built by
-        :func:`_fast_delta`.
+        from integers and cached per drain (flows share pods); records are built by
+        setting their slots directly (what :func:`_fast_delta` does, inlined); the cyclic
+        garbage collector is paused meanwhile, since none of these objects can form a
+        cycle and 100,000 new objects would otherwise trigger about 140 collections.
         """
         keys = memoryview(self._keys).cast("B")[: n * _KEY.size]
         values = memoryview(self._values).cast("B")[: n * _VALUE.size]
@@ -240,38 +310,56 @@ class FlowTables:
         v4 = ipaddress.IPv4Address
         v6 = ipaddress.IPv6Address
         kinds = KIND_BY_VALUE
-        make = _fast_delta
+        new, fd = _NEW, FlowDelta
+        s_kind, s_local, s_remote, s_port = _SET_KIND, _SET_LOCAL, _SET_REMOTE, _SET_PORT
+        s_proto, s_bytes, s_packets, s_over = _SET_PROTOCOL, _SET_BYTES, _SET_PACKETS, _SET_OVERFLOW
         out: list[FlowDelta] = []
         append = out.append
         entries = 0
-        for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow), (nbytes, npackets) in zip(
-                _KEY.iter_unpack(keys), _VALUE.iter_unpack(values)):
-            if overflow:
-                self._overflow_bytes += nbytes
-                if nbytes or npackets:
-                    append(FlowDelta(kinds[kind], _UNSPEC[family], _UNSPEC[family], 0, 0,
-                                     nbytes, npackets, True))
-                continue
-            entries += 1
-            if not npackets:
-                continue
-            if family == FAMILY_INET:  # ::ffff:a.b.c.d: the address is the low 32 bits
-                la = v4cache.get(llo)
-                if la is None:
-                    la = v4cache[llo] = v4(llo & 0xFFFFFFFF)
-                ra = v4cache.get(rlo)
-                if ra is None:
-                    ra = v4cache[rlo] = v4(rlo & 0xFFFFFFFF)
-            else:
-                lint = (lhi << 64) | llo
-                la = v6cache.get(lint)
-                if la is None:
-                    la = v6cache[lint] = v6(lint)
-                rint = (rhi << 64) | rlo
-                ra = v6cache.get(rint)
-                if ra is None:
-                    ra = v6cache[rint] = v6(rint)
-            append(make(kinds[kind], la, ra, port, proto, nbytes, npackets))
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow), (nbytes, npackets) in zip(
+                    _KEY.iter_unpack(keys), _VALUE.iter_unpack(values)):
+                if overflow:
+                    self._overflow_bytes += nbytes
+                    if nbytes or npackets:
+                        append(FlowDelta(kinds[kind], _UNSPEC[family], _UNSPEC[family], 0, 0,
+                                         nbytes, npackets, True))
+                    continue
+                entries += 1
+                if not npackets:
+                    continue
+                if family == FAMILY_INET:  # ::ffff:a.b.c.d: the address is the low 32 bits
+                    la = v4cache.get(llo)
+                    if la is None:
+                        la = v4cache[llo] = v4(llo & 0xFFFFFFFF)
+                    ra = v4cache.get(rlo)
+                    if ra is None:
+                        ra = v4cache[rlo] = v4(rlo & 0xFFFFFFFF)
+                else:
+                    lint = (lhi << 64) | llo
+                    la = v6cache.get(lint)
+                    if la is None:
+                        la = v6cache[lint] = v6(lint)
+                    rint = (rhi << 64) | rlo
+                    ra = v6cache.get(rint)
+                    if ra is None:
+                        ra = v6cache[rint] = v6(rint)
+                d = new(fd)
+                s_kind(d, kinds[kind])
+                s_local(d, la)
+                s_remote(d, ra)
+                s_port(d, port)
+                s_proto(d, proto)
+                s_bytes(d, nbytes)
+                s_packets(d, npackets)
+                s_over(d, False)
+                append(d)
+        finally:
+            if paused:
+                gc.enable()
         self._entries = entries
         return out
 

@@ -40,8 +40,9 @@
 
 /* Parsed packet, host-internal (never crosses the boundary). */
 struct zm_pkt {
-	__u8 saddr[16];   /* network order, IPv4 mapped */
-	__u8 daddr[16];
+	__u8 *saddr;      /* where the parser writes the source address (16 bytes, network
+			   * order, IPv4 mapped): straight into the flow key */
+	__u8 *daddr;      /* same for the destination address */
 	__be16 sport;     /* network order; 0 when the protocol has no ports or for fragments */
 	__be16 dport;
 	__u8 proto;
@@ -229,11 +230,10 @@ static __always_inline __be16 zm_remote_port(__be16 port)
 	return port;
 }
 
-/* Returns 1 when (addr, port, proto) is in zm_endpoints, else 0. */
-static __always_inline int zm_is_endpoint(const __u8 *addr, __be16 port, __u8 proto)
+/* Returns 1 when (addr, port, proto) is in zm_endpoints, else 0 (the hash lookup only:
+ * the caller checked the port array first). */
+static __always_inline int zm_endpoint_lookup_at(const __u8 *addr, __be16 port, __u8 proto)
 {
-	if (!zm_endpoint_port(port)) /* cheap array test first: most ports are no endpoint's */
-		return 0;
 	struct zm_endpoint_key ek;
 	__builtin_memset(&ek, 0, sizeof(ek));
 	__builtin_memcpy(ek.addr, addr, 16);
@@ -298,41 +298,25 @@ static __always_inline void zm_account(void *flows, struct zm_flow_key *key, __u
 static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l3_off,
 						  int into_local, int family)
 {
+	/* The parser writes the addresses straight into the key: the destination is the
+	 * local side when the packet enters the local pod, the source when it leaves it. */
+	struct zm_flow_key key;
+	__builtin_memset(&key, 0, sizeof(key));
+	__u8 *src = into_local ? key.remote : key.local;
+	__u8 *dst = into_local ? key.local : key.remote;
 	struct zm_pkt p;
 	__builtin_memset(&p, 0, sizeof(p));
+	p.saddr = src;
+	p.daddr = dst;
 	int ret = zm_parse_direct(skb, l3_off, family, &p);
 	if (ret > 0) {
 		__builtin_memset(&p, 0, sizeof(p));
+		p.saddr = src;
+		p.daddr = dst;
 		ret = family == ZM_FAMILY_INET ? zm_parse_v4(skb, l3_off, &p) : zm_parse_v6(skb, l3_off, &p);
 	}
 	if (ret < 0)
 		return;
-
-	struct zm_flow_key key;
-	__builtin_memset(&key, 0, sizeof(key));
-	key.proto = p.proto;
-	key.family = p.family;
-	if (into_local) {
-		__builtin_memcpy(key.local, p.daddr, 16);
-		__builtin_memcpy(key.remote, p.saddr, 16);
-		if (p.has_ports && zm_is_endpoint(p.daddr, p.dport, p.proto)) {
-			key.kind = ZM_KIND_REQUEST;
-			key.port = p.dport;
-		} else {
-			key.kind = ZM_KIND_INGRESS;
-			key.port = zm_remote_port(p.sport);
-		}
-	} else {
-		__builtin_memcpy(key.local, p.saddr, 16);
-		__builtin_memcpy(key.remote, p.daddr, 16);
-		if (p.has_ports && zm_is_endpoint(p.saddr, p.sport, p.proto)) {
-			key.kind = ZM_KIND_RESPONSE;
-			key.port = p.sport;
-		} else {
-			key.kind = ZM_KIND_EGRESS;
-			key.port = zm_remote_port(p.dport);
-		}
-	}
 
 	__u64 bytes = skb->len - l3_off;
 	__u64 packets = 1;
@@ -348,6 +332,37 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		if (lost)
 			zm_add_value(lost, bytes, packets);
 		return;
+	}
+
+	/* The Service side of the packet: the destination port when it enters the local pod,
+	 * the source port when it leaves it. Only a port some endpoint uses (the inlined port
+	 * array) can make the packet Service traffic. */
+	__be16 svc_port = into_local ? p.dport : p.sport;
+	key.proto = p.proto;
+	key.family = p.family;
+	if (p.has_ports && zm_endpoint_port(svc_port)) {
+		key.kind = into_local ? ZM_KIND_REQUEST : ZM_KIND_RESPONSE;
+		key.port = svc_port;
+		/* An entry for this Service key in the active table means the endpoint test
+		 * passed for this flow since the last drain: count without repeating it (one
+		 * hash lookup fewer per Service packet). An endpoint removed meanwhile is thus
+		 * classified as such until the next drain starts a fresh table. */
+		struct zm_flow_value *v = bpf_map_lookup_elem(flows, &key);
+		if (v) {
+			zm_add_value(v, bytes, packets);
+			return;
+		}
+		if (zm_endpoint_lookup_at(key.local, svc_port, p.proto)) {
+			zm_account(flows, &key, bytes, packets);
+			return;
+		}
+	}
+	if (into_local) {
+		key.kind = ZM_KIND_INGRESS;
+		key.port = zm_remote_port(p.sport);
+	} else {
+		key.kind = ZM_KIND_EGRESS;
+		key.port = zm_remote_port(p.dport);
 	}
 	zm_account(flows, &key, bytes, packets);
 }

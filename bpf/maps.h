@@ -2,32 +2,51 @@
 /*
  * maps.h - the maps of the zonemeter programs (BCC declarations), in one place.
  * Sizes come from the -D options documented in zonemeter.h.
+ *
+ * With -DZM_PIN_DIR="/sys/fs/bpf/..." every map is pinned in that directory under its
+ * own name (BCC's BPF_TABLE_PINNED: an existing pin is opened and reused, a missing one
+ * is created and pinned), so a restarted agent finds the counts the kernel kept adding
+ * while it was down. Without it, maps live as long as the agent's programs.
  */
 #ifndef ZONEMETER_MAPS_H
 #define ZONEMETER_MAPS_H
 
 #include "zonemeter.h"
 
+#ifdef ZM_PIN_DIR
+#define ZM_MAP(type, key, leaf, name, entries) \
+	BPF_TABLE_PINNED(type, key, leaf, name, entries, ZM_PIN_DIR "/" #name)
+#else
+#define ZM_MAP(type, key, leaf, name, entries) BPF_TABLE(type, key, leaf, name, entries)
+#endif
+
 /* Two flow tables with the same definition. zm_active (an array-of-maps with one slot)
  * points at the one the programs write to; the agent points it at the other one before
  * draining. Updating an array-of-maps waits for running programs (synchronize_rcu in
  * the bpf() syscall), so the table being drained receives no increment any more:
  * nothing can land between read and delete. */
-BPF_HASH(zm_flows_a, struct zm_flow_key, struct zm_flow_value, ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
-BPF_HASH(zm_flows_b, struct zm_flow_key, struct zm_flow_value, ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
-BPF_ARRAY_OF_MAPS(zm_active, "zm_flows_a", 1);
+ZM_MAP("hash", struct zm_flow_key, struct zm_flow_value, zm_flows_a,
+       ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
+ZM_MAP("hash", struct zm_flow_key, struct zm_flow_value, zm_flows_b,
+       ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
+ZM_MAP("array_of_maps$zm_flows_a", int, int, zm_active, 1);
 
 /* Local endpoints, written by the agent (value: 1). */
-BPF_HASH(zm_endpoints, struct zm_endpoint_key, __u32, ZM_ENDPOINT_CAPACITY);
+ZM_MAP("hash", struct zm_endpoint_key, __u32, zm_endpoints, ZM_ENDPOINT_CAPACITY);
 
 /* Index: a port in host byte order; value 1 when some local endpoint uses that port, else
  * 0. Written by the agent with zm_endpoints. An array lookup is inlined by the verifier,
  * so the hash lookup in zm_endpoints is skipped for the side of a packet whose port no
  * endpoint uses (the client's ephemeral port): one hash lookup fewer per packet. */
-BPF_ARRAY(zm_endpoint_ports, __u32, 65536);
+ZM_MAP("array", int, __u32, zm_endpoint_ports, 65536);
 
 /* Packets that found neither a flow entry nor an overflow entry (the agent did not seed
- * the overflow entries, or no table is active). Index 0; should stay zero, reported. */
-BPF_ARRAY(zm_lost, struct zm_flow_value, 1);
+ * the overflow entries, or no table is active). Index 0; should stay zero, reported.
+ * Cumulative since the map was created (with pinning: since the pins were created). */
+ZM_MAP("array", int, struct zm_flow_value, zm_lost, 1);
+
+/* Index 0: ZM_LAYOUT_VERSION, written by the agent once the maps exist. Not used by the
+ * programs; it tells a restarted agent whether pinned maps have the layout it expects. */
+ZM_MAP("array", int, __u32, zm_layout, 1);
 
 #endif /* ZONEMETER_MAPS_H */

@@ -17,6 +17,9 @@
  *   ZM_ENDPOINT_CAPACITY  local endpoints (address, port, protocol) the agent may write
  *   ZM_EPHEMERAL_MIN/MAX  ephemeral port range, host byte order, inclusive: a remote port
  *                         in it is recorded as 0 for non-Service flows
+ *   ZM_PIN_DIR            optional string literal, a directory on a BPF filesystem: every
+ *                         map is pinned there (created, or reused when a previous agent
+ *                         left it), so the kernel keeps counting across agent restarts
  */
 #ifndef ZONEMETER_H
 #define ZONEMETER_H
@@ -35,6 +38,12 @@
 #ifndef ZM_EPHEMERAL_MAX
 #define ZM_EPHEMERAL_MAX 60999
 #endif
+
+/* Version of everything pinned under ZM_PIN_DIR (struct layouts, map set, meaning of the
+ * fields). Stored in the pinned zm_layout map; a restarted agent that finds another
+ * value (or other map sizes) recreates the pins instead of misreading them. Bump it with
+ * any change to the structs below or to the maps in maps.h. */
+#define ZM_LAYOUT_VERSION 1
 
 /* One overflow entry per (kind, family): 4 kinds x 2 families. The agent seeds them in
  * both flow tables, so a table holds ZM_FLOW_CAPACITY flows plus these. */

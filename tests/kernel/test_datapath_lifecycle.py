@@ -328,3 +328,35 @@ def test_priority_held_by_another_protocol_is_reported_per_link(lab: MiniLab) ->
         assert dp.attach() == tuple(sorted(lab.host_veth(p)[1] for p in ("a1", "a2")))
     assert _ours(node_ns) == []
     assert [n for _, _, _, n in _filters(node_ns)[host]] == ["other"]
+
+
+def test_endpoint_changes_take_effect_within_one_drain_interval(lab: MiniLab) -> None:
+    """The kernel skips the endpoint hash lookup for a Service flow already in the active
+    table; an endpoint added or removed between drains is still honoured at once when
+    the port array changes with it (docs/datapath.md, "Hooks and classification")."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
+    flow = Flow("a1", "a2", pod_ip("a2", 4), 9300, 9300, "udp", 4)
+
+    def kinds(deltas: list) -> dict[FlowKind, int]:
+        out: dict[FlowKind, int] = {}
+        for d in deltas:
+            if d.local == a2 and d.remote == a1:
+                out[d.kind] = out.get(d.kind, 0) + d.bytes
+        return out
+
+    with Datapath(_config(lab, "a")) as dp:
+        dp.attach()
+        dp.drain()
+        lab.run_flow(flow, 1000, 1000, 1)          # no endpoint yet: ingress/egress
+        plain = kinds(dp.drain())
+        dp.set_local_endpoints([(pod_ip("a2", 4), 9300, 17)])
+        lab.run_flow(flow, 1000, 1000, 1)          # endpoint: request/response
+        service = kinds(dp.drain())
+        lab.run_flow(flow, 1000, 1000, 1)          # same interval: flow entry reused ...
+        dp.set_local_endpoints([])                 # ... until the endpoint goes away
+        lab.run_flow(flow, 1000, 1000, 1)
+        mixed = kinds(dp.drain())
+    assert set(plain) == {FlowKind.INGRESS, FlowKind.EGRESS}
+    assert set(service) == {FlowKind.REQUEST, FlowKind.RESPONSE}
+    assert mixed[FlowKind.REQUEST] == service[FlowKind.REQUEST]
+    assert mixed[FlowKind.INGRESS] == plain[FlowKind.INGRESS]

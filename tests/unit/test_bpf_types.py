@@ -35,7 +35,8 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
         for fname, _ in cls._fields_:
             lines.append(f'printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
     for macro in ("ZM_KIND_REQUEST", "ZM_KIND_RESPONSE", "ZM_KIND_EGRESS", "ZM_KIND_INGRESS",
-                  "ZM_FAMILY_INET", "ZM_FAMILY_INET6", "ZM_OVERFLOW_SLOTS"):
+                  "ZM_FAMILY_INET", "ZM_FAMILY_INET6", "ZM_OVERFLOW_SLOTS",
+                  "ZM_LAYOUT_VERSION"):
         lines.append(f'printf("{macro} %d\\n", (int){macro});')
     lines.append("return 0; }")
     src = tmp_path / "layout.c"
@@ -69,6 +70,7 @@ def test_constants_match_c(c_layout: dict[str, int]) -> None:
     assert bt.FAMILY_INET == c_layout["ZM_FAMILY_INET"]
     assert bt.FAMILY_INET6 == c_layout["ZM_FAMILY_INET6"]
     assert bt.OVERFLOW_SLOTS == c_layout["ZM_OVERFLOW_SLOTS"]
+    assert bt.LAYOUT_VERSION == c_layout["ZM_LAYOUT_VERSION"]
 
 
 def test_endpoint_key_is_network_order_and_v4_mapped() -> None:

@@ -12,6 +12,8 @@ from agent.errors import InputError
 @pytest.mark.parametrize("field,value", [
     ("hook", "cgroup_skb"), ("flow_capacity", 4), ("endpoint_capacity", 0),
     ("ephemeral_ports", (60000, 1000)), ("tc_priority", 0), ("tc_handle", 0),
+    ("pin_path", "relative/dir"), ("pin_path", '/sys/fs/bpf/a"b'), ("pin_path", "/sys/fs/bpf/../x"),
+    ("pin_path", "/sys/fs/bpf/a b"), ("pin_lock_seconds", -1.0),
 ])
 def test_bad_setting_names_its_field(field: str, value: object) -> None:
     with pytest.raises(InputError) as err:
@@ -27,6 +29,12 @@ def test_cflags_carry_every_option() -> None:
     assert any(f.startswith("-I") and f.endswith("bpf") for f in flags)
 
 
+def test_pin_path_becomes_a_c_string_define_and_nothing_else_without_it() -> None:
+    flags = flags_for(DatapathConfig(pin_path="/sys/fs/bpf/zonemeter/node-a/"), (1, 2))
+    assert '-DZM_PIN_DIR="/sys/fs/bpf/zonemeter/node-a"' in flags
+    assert not any("ZM_PIN_DIR" in f for f in flags_for(DatapathConfig(), (1, 2)))
+
+
 def test_print_c_shows_flags_and_every_source(capsys: pytest.CaptureFixture[str]) -> None:
     assert datapath.main(["--print-c", "--capacity", "128"]) == 0
     out = capsys.readouterr().out
@@ -38,7 +46,8 @@ def test_print_c_shows_flags_and_every_source(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize("argv", [["--print-c", "--endpoint", "10.0.0.1:80"],
                                   ["--print-c", "--endpoint", "nohost,80,6"],
-                                  ["--print-c", "--capacity", "1"]])
+                                  ["--print-c", "--capacity", "1"],
+                                  ["--cleanup", "--pin-path", "not/absolute"]])
 def test_bad_flag_is_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert datapath.main(argv) == 2
     err = capsys.readouterr().err

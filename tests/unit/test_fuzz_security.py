@@ -31,8 +31,10 @@ from test_attribution_properties import conns
 
 from agent import datapath
 from agent.attribution import Attributor
+from agent.agent import build_snapshot
+from agent.errors import InputError
 from agent.exporter import (ExportSnapshot, Exporter, HintIgnoredKey, LocalityInfo, LocalityKey,
-                            ServiceBytesKey, ServiceId, WorkloadEgressKey)
+                            ServiceBytesKey, ServiceId, WorkloadBytesKey)
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agent"
@@ -51,7 +53,7 @@ def test_label_values_from_the_cluster_are_escaped(ns: str, svc: str, zone: str,
         hint_ignored_bytes={HintIgnoredKey(ns, svc, zone, "b"): 3},
         locality_in_effect={LocalityKey(ns, svc, zone): True},
         locality_info={ServiceId(ns, svc): LocalityInfo("topology-mode", reason)},
-        workload_egress_bytes={WorkloadEgressKey(ns, svc, "Deployment", zone, "b", "pod", "cross_zone"): 5},
+        workload_bytes={WorkloadBytesKey(ns, svc, "Deployment", zone, "b", "pod", "cross_zone", "egress"): 5},
         unattributed_bytes={reason: 11})
     exp = Exporter()
     exp.update(snap)
@@ -60,7 +62,7 @@ def test_label_values_from_the_cluster_are_escaped(ns: str, svc: str, zone: str,
     samples = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     expected = {"zonemeter_service_bytes_total": 7, "zonemeter_service_hint_ignored_bytes_total": 3,
                 "zonemeter_service_locality_in_effect": 1, "zonemeter_service_locality_info": 1,
-                "zonemeter_workload_egress_bytes_total": 5, "zonemeter_unattributed_bytes_total": 11}
+                "zonemeter_workload_bytes_total": 5, "zonemeter_unattributed_bytes_total": 11}
     parsed = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
     for name, value in expected.items():
         assert parsed[name].value == value
@@ -125,12 +127,7 @@ def test_service_series_never_carry_ips_or_pod_names(cs: list[Any]) -> None:
         a.attribute(model.deltas.get(node, []), T0)
         t = a.totals()
         # the attribution keys feed the exporter's label values one to one
-        snap = ExportSnapshot(
-            service_bytes={ServiceBytesKey(*dataclasses.astuple(k)): v for k, v in t.service_bytes.items()},
-            hint_ignored_bytes={HintIgnoredKey(*dataclasses.astuple(k)): v for k, v in t.hint_ignored_bytes.items()},
-            workload_egress_bytes={WorkloadEgressKey(*dataclasses.astuple(k)[:7]): v
-                                   for k, v in t.workload_bytes.items()},
-            unattributed_bytes=dict(t.unattributed_bytes))
+        snap = build_snapshot(t, table=None, attached=0, synced={}, duration=0.0, at=T0, interval=1.0)
         exp = Exporter()
         exp.update(snap)
         for family in text_string_to_metric_families(generate_latest(exp.registry()).decode()):
@@ -201,18 +198,14 @@ def test_cflags_come_only_from_validated_integers(flows: int, eps: int, eph: tup
         assert all(text not in f.split("=", 1)[-1] for f in flags[1:])
 
 
-@pytest.mark.xfail(strict=True, reason="agent/datapath.py DatapathConfig.validate accepts float and bool "
-                   "capacities, which flags_for writes as -D...=100.5 / =True (reported, not my file)")
-@pytest.mark.parametrize("kw", [{"flow_capacity": 100.5}, {"endpoint_capacity": True},
-                                {"ephemeral_ports": (1.5, 2)}])
-def test_validate_refuses_non_integer_numbers(kw: dict[str, Any]) -> None:
-    cfg = datapath.DatapathConfig(**kw)
-    try:
-        cfg.validate()
-    except Exception:  # noqa: BLE001
-        return
-    flags = datapath.flags_for(cfg, cfg.ephemeral_ports or datapath.DEFAULT_EPHEMERAL)
-    assert all(DEFINE.match(f) for f in flags[1:]), flags
+@pytest.mark.parametrize("kw, field", [({"flow_capacity": 100.5}, "flow_capacity"),
+                                       ({"endpoint_capacity": True}, "endpoint_capacity"),
+                                       ({"ephemeral_ports": (1.5, 2)}, "ephemeral_ports_low")])
+def test_validate_refuses_non_integer_numbers(kw: dict[str, Any], field: str) -> None:
+    # each of these numbers would become a -D flag of the BPF compile
+    with pytest.raises(InputError) as info:
+        datapath.DatapathConfig(**kw).validate()
+    assert info.value.field == field and "\n" not in str(info.value)
 
 
 def _calls(tree: ast.AST) -> list[ast.Call]:
