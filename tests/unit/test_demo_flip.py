@@ -134,3 +134,20 @@ def test_bad_input(cluster: DemoCluster) -> None:
         cluster.plan_locality("app/nope", traffic_distribution="PreferSameZone")
     with pytest.raises(InputError, match="trafficDistribution"):
         cluster.plan_locality("app/api", traffic_distribution="Nearby")
+
+
+def test_ignore_hints_node_keeps_every_endpoint(tmp_path: Path) -> None:
+    text = FLIP_TOPOLOGY.replace("{name: n3, zone: zc, cpu: 2}",
+                                 "{name: n3, zone: zc, cpu: 2, ignoreHints: true}")
+    c = DemoCluster(parse_demo(text), tmp_path, prefix="zmflip", state_dir=tmp_path / "state")
+    c.write_snapshot()
+    programmed: dict[str, list[Any]] = {}
+    c.lab.set_node_endpoints = (  # type: ignore[method-assign]
+        lambda node, services: programmed.setdefault(node, []).append(services["app/api"]))
+    change = c.set_locality("app/api", traffic_distribution="PreferSameZone", settle_seconds=0)
+    # the model still answers for n3 (kube-proxy there would filter) ...
+    assert change.after.selection["n3"] == ("api-3",) and change.after.filtering["n3"]
+    # ... but its data plane is never narrowed: None = every ready endpoint (Lab default)
+    assert "n3" not in change.transition
+    assert programmed["n3"] == [None, None]
+    assert [tuple(x) for x in programmed["n1"]] == [("api-1",), ("api-1",)]
