@@ -50,6 +50,8 @@ DEFAULT_INTERVAL = 10.0
 #: production default of ``--hold-unresolved-seconds``: covers watch latency for new pods
 #: and an API outage up to a minute, delays only the bytes of unknown pod addresses
 DEFAULT_HOLD_UNRESOLVED_SECONDS = 60.0
+#: ``--pin-path`` default root on a node: ``/sys/fs/bpf/zonemeter/<node-name>``
+DEFAULT_PIN_ROOT = "/sys/fs/bpf/zonemeter"
 
 _EPILOG = """\
 examples:
@@ -413,6 +415,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
                    help="live cluster: wait this long for the first list of every resource "
                    "before attaching (default %(default)g)")
+    p.add_argument("--pin-path", metavar="DIR",
+                   help="pin the flow tables here (a BPF filesystem) so the kernel keeps "
+                   "counting across agent restarts; 'none' disables pinning (default: "
+                   f"{DEFAULT_PIN_ROOT}/<node-name>, or none with --netns)")
+    p.add_argument("--cleanup", action="store_true",
+                   help="remove what released agents left (our tc filters and the pins "
+                   "under --pin-path) and exit")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -488,6 +497,46 @@ class Stopper:
         self._w.close()
 
 
+def pin_path_for(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """Resolve ``--pin-path``: ``(path or None, explicit)``.
+
+    Default: ``/sys/fs/bpf/zonemeter/<node-name>`` on a real node; none with ``--netns``
+    (the lab and the demo run many throw-away nodes with reused names: a later run must
+    never drain an earlier run's pinned counters). ``--pin-path none`` disables pinning.
+    """
+    if args.pin_path is not None:
+        if args.pin_path.lower() == "none":
+            return None, True
+        return args.pin_path, True
+    if args.netns is not None:
+        return None, False
+    return f"{DEFAULT_PIN_ROOT}/{args.node_name}", False
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    """``zonemeter agent --cleanup``: remove our tc filters (in ``--netns`` or the host
+    namespace) and the pins under the resolved ``--pin-path``; print what was removed as
+    one JSON line; exit 0.
+
+    Raises:
+        InputError: a malformed pin path, or one that is not on a BPF filesystem.
+        RuntimeFailure: a filter or pin could not be removed.
+    """
+    from agent.datapath import Datapath
+
+    if not args.node_name and args.pin_path is None and args.netns is None:
+        raise InputError("required to find the default pin path (or give --pin-path)",
+                         source="--node-name")
+    if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
+        raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
+    path, _ = pin_path_for(args)
+    res = Datapath.cleanup(path, args.netns)
+    print(json.dumps({"msg": "cleanup done", "pin_path": path, "netns": args.netns,
+                      "filters_removed": [f"{n}/{side}" for n, side in res.filters],
+                      "pins_removed": list(res.pins)}))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT; returns 0 after the final export.
 
@@ -498,6 +547,8 @@ def run(args: argparse.Namespace) -> int:
         RuntimeFailure: the datapath cannot load, or the metrics address cannot be bound
             (exit 1).
     """
+    if getattr(args, "cleanup", False):
+        return cleanup(args)
     stopper = Stopper()
     try:
         return _run(args, stopper)
@@ -514,8 +565,15 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
     gates = parse_feature_gates(args.feature_gates)
     exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
     include = _patterns(args.interface_patterns, "--interface-patterns")
+    pin_path, explicit = pin_path_for(args)
+    no_bpffs = False
+    if pin_path is not None and not explicit:
+        from agent.datapath import on_bpf_fs
+
+        if not on_bpf_fs(pin_path):  # default only: an explicit path must be on bpffs
+            no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
-                            flow_capacity=args.flow_capacity)
+                            flow_capacity=args.flow_capacity, pin_path=pin_path)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name
@@ -538,6 +596,10 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             log.info("starting", extra={"fields": {
                 "node": node, "metadata": source.origin, "netns": args.netns,
                 "metrics": server.url, "interval_seconds": args.interval}})
+            if no_bpffs:
+                log.warning("no BPF filesystem at %s: flow tables are not pinned, what the "
+                            "kernel counts after the last drain dies with the agent",
+                            DEFAULT_PIN_ROOT)
             dp = Datapath(config)
             try:
                 loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
@@ -552,12 +614,20 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
                 poll = source.poll_snapshot if source.snapshot_path is not None else None
                 _serve(loop, stop, args.interval, poll)
-                log.info("stopping", extra={"fields": {"signal": stop.signal}})
-                # Final: stop counting first (watcher stopped, filters removed), then drain
-                # what the tables hold, so every byte the kernel counted is exported.
+                log.info("stopping", extra={"fields": {"signal": stop.signal,
+                                                       "pinned": pin_path is not None}})
                 attached.clear()
-                dp.close()
-                res = loop.tick()
+                if pin_path is None:
+                    # Final: stop counting first (watcher stopped, filters removed), then
+                    # drain what the tables hold, so every byte the kernel counted is
+                    # exported.
+                    dp.close()
+                    res = loop.tick()
+                else:
+                    # Pinned: drain and export, then hand over: filters and pinned tables
+                    # stay, the kernel keeps counting, the next agent drains the rest.
+                    res = loop.tick()
+                    dp.release()
                 held = loop.flush_held()
                 log.info("final export", extra={"fields": {
                     "deltas": res.deltas, "bytes": res.bytes, "held_bytes_released": held,
