@@ -184,7 +184,8 @@ def test_report_through_a_live_flip(lab: DemoCluster, tmp_path: Path,
     print(f"lab before {gt_before / db:.0f} B/s ({gt_cross_before / db:.0f} cross), "
           f"after {gt_after / da:.0f} B/s; report before {before['bytes_per_second']:.0f} "
           f"({before['cross_zone_bytes_per_second']:.0f} cross), after "
-          f"{after['bytes_per_second']:.0f}; T={flip:.3f} last change {last_change}")
+          f"{after['bytes_per_second']:.0f}; T={flip:.3f} last change "
+          f"{[float(r[0]['value'][1]) for r in last_change]}")
     assert before["cross_zone_bytes_per_second"] == pytest.approx(gt_cross_before / db,
                                                                  rel=RATE_TOLERANCE)
     assert before["bytes_per_second"] == pytest.approx(gt_before / db, rel=RATE_TOLERANCE)
