@@ -61,7 +61,7 @@ class MetadataSource:
     reload_errors: int = 0
     _last_error: str | None = field(default=None, repr=False)
 
-    def poll_snapshot(self, before_apply: Callable[[], None] | None = None) -> bool:
+    def poll_snapshot(self, before_apply: Callable[[], object] | None = None) -> bool:
         """Reload the snapshot file when it changed (inode, size or mtime differ).
 
         The file is read and parsed first; only when that succeeds is ``before_apply``

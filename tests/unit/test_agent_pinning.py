@@ -57,12 +57,12 @@ def test_sigterm_with_pinning_drains_exports_then_releases(
     snap = write_snapshot(tmp_path / "c.json")
     made: list[PinnedFake] = []
     monkeypatch.setattr(agent.datapath, "Datapath",
-                        lambda config: made.append(PinnedFake(config)) or made[-1])
+                        lambda config: made.append(PinnedFake(config)) or made[-1])  # type: ignore[func-returns-value]
     args = _args("--snapshot", str(snap), "--metrics-address", f"127.0.0.1:{_free_port()}",
                  "--interval", "0.2", "--pin-path", "/sys/fs/bpf/zmtest/nb")
     stopper = ThreadStopper()
     out: list[int] = []
-    th = threading.Thread(target=lambda: out.append(_run(args, stopper)))
+    th = threading.Thread(target=lambda: out.append(_run(args, stopper)  # type: ignore[arg-type]))
     th.start()
     deadline = time.monotonic() + 15
     while not (made and "drain" in made[0].events) and time.monotonic() < deadline:
