@@ -62,7 +62,7 @@ def test_sigterm_with_pinning_drains_exports_then_releases(
                  "--interval", "0.2", "--pin-path", "/sys/fs/bpf/zmtest/nb")
     stopper = ThreadStopper()
     out: list[int] = []
-    th = threading.Thread(target=lambda: out.append(_run(args, stopper)  # type: ignore[arg-type]))
+    th = threading.Thread(target=lambda: out.append(_run(args, stopper)))  # type: ignore[arg-type]
     th.start()
     deadline = time.monotonic() + 15
     while not (made and "drain" in made[0].events) and time.monotonic() < deadline:

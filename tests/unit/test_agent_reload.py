@@ -161,7 +161,7 @@ def test_the_running_agent_picks_up_a_rewrite_between_ticks(
         "--metrics-address", f"127.0.0.1:{port}", "--interval", "30"])
     stopper = ThreadStopper()
     out: list[int] = []
-    th = threading.Thread(target=lambda: out.append(_run(args, stopper)  # type: ignore[arg-type]))
+    th = threading.Thread(target=lambda: out.append(_run(args, stopper)))  # type: ignore[arg-type]
     th.start()
     try:
         deadline = time.monotonic() + 15
