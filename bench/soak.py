@@ -323,6 +323,8 @@ def summarize(res: ChurnResult, duration: float) -> dict[str, Any]:
                for a, b in zip(ss, ss[1:]) if b.t > a.t]
         agents[node] = {
             "samples": len(ss),
+            "rss_mib_each_minute": [round(s.rss_bytes / 2**20, 1) for s in ss
+                                    if int(s.t) % 60 < 10] + [round(rss[-1], 1)],
             "rss_mib": {"first": round(rss[0], 1), "last": round(rss[-1], 1),
                         "max": round(max(rss), 1),
                         "slope_mib_per_min": round(slope(
