@@ -612,7 +612,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 dp.watch()
                 attached.set()
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
-                poll = source.poll_snapshot if source.snapshot_path is not None else None
+                poll = (source.poll_snapshot if source.snapshot_path is not None
+                        else release_poll(source.cache))
                 _serve(loop, stop, args.interval, poll)
                 log.info("stopping", extra={"fields": {"signal": stop.signal,
                                                        "pinned": pin_path is not None}})
@@ -657,8 +658,31 @@ def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:
             return
 
 
-#: how often a ``--snapshot`` file is checked for a change (one stat() call), seconds
+#: how often a ``--snapshot`` file (one stat() call) or the live cache's address releases
+#: are checked between ticks, seconds
 SNAPSHOT_POLL_SECONDS = 0.25
+
+
+def release_poll(cache: ClusterMetadata) -> Callable[[Callable[[], object]], bool]:
+    """Live cluster: a poll for :meth:`AgentLoop.poll_metadata` that runs a tick as soon as
+    the watch reports a pod giving up an address (``ClusterMetadata.released``).
+
+    The drain then happens while the old owner is the address's last tenant (grace
+    cache), so its last bytes are its own unless a new pod takes the address within the
+    poll period plus the watch latency; without it, every byte of the address drained at
+    the next regular tick would go to a new owner that appeared meanwhile.
+    """
+    last = [cache.released()]
+
+    def poll(before_apply: Callable[[], object]) -> bool:
+        now = cache.released()
+        if now == last[0]:
+            return False
+        last[0] = now
+        before_apply()
+        return True
+
+    return poll
 
 
 def _serve(loop: AgentLoop, stop: Stopper, interval: float,

@@ -646,6 +646,7 @@ class ClusterMetadata:
         self._local_cache: dict[str, tuple[tuple[int, int, int],
                                           frozenset[tuple[IPAddress, int, int]]]] = {}
         self._hostnet_gen = 0  # bumped whenever the host-network address set changes
+        self._released = 0  # bumped whenever a pod's tenure of an address ends
 
     # ------------------------------------------------------------------ writers
 
@@ -903,6 +904,7 @@ class ClusterMetadata:
                 self._bury(k, Tenure(cur, cur.since, now))
 
     def _bury(self, k: int, tenure: Tenure) -> None:
+        self._released += 1
         self._memo.pop(k, None)
         past = self._deleted.get(k, ())
         # keep the newest few tenures per IP: enough for a reuse or two within the grace
@@ -1228,6 +1230,13 @@ class ClusterMetadata:
             self._dirty = set()
             self._dirty_all = False
             return out
+
+    def released(self) -> int:
+        """Return a counter that increases whenever a pod gives up an address (deleted,
+        terminal, address changed, or another pod took it): the agent drains soon after,
+        so the old owner's last bytes are attributed before the address can be reused."""
+        with self._lock:
+            return self._released
 
     def generation(self, resource: str) -> int:
         """Return a counter that increases on every change to ``resource``."""
