@@ -47,6 +47,11 @@ log = logging.getLogger("zonemeter.agent")
 
 DEFAULT_METRICS_ADDRESS = "0.0.0.0:9808"
 DEFAULT_INTERVAL = 10.0
+#: production default of ``--hold-unresolved-seconds``: covers watch latency for new pods
+#: and an API outage up to a minute, delays only the bytes of unknown pod addresses
+DEFAULT_HOLD_UNRESOLVED_SECONDS = 60.0
+#: ``--pin-path`` default root on a node: ``/sys/fs/bpf/zonemeter/<node-name>``
+DEFAULT_PIN_ROOT = "/sys/fs/bpf/zonemeter"
 
 _EPILOG = """\
 examples:
@@ -169,6 +174,7 @@ class AgentLoop:
         self.interval = interval
         self._clock = clock
         self._perf = perf
+        self.hold_unresolved_seconds = hold_unresolved_seconds
         self.attributor = Attributor(node, MetadataAdapter(cache), hints, top_n=top_n,
                                      hold_unresolved_seconds=hold_unresolved_seconds)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
@@ -241,6 +247,50 @@ class AgentLoop:
         self.ticks += 1
         nbytes = sum(d.bytes for d in deltas)
         return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
+
+    def flush_held(self) -> int:
+        """Count every held delta now, as it resolves now (``unknown`` with its reason if
+        still unresolved), and export. Called once at shutdown after the final tick: held
+        bytes must not die with the process.
+
+        The Attributor releases a held delta when ``hold_unresolved_seconds`` have passed
+        since its drain; this passes it a time that far past the newest drain, so every
+        held delta is final. Each is still resolved as of its own drain time.
+
+        Returns:
+            bytes that were held.
+        """
+        held = self.attributor.totals().held_bytes
+        if not held:
+            return 0
+        at = self._clock()
+        self.attributor.attribute((), at + self.hold_unresolved_seconds + 1.0)
+        self.attributor.close_interval(at)
+        self.exporter.update(self.snapshot(self.attributor.totals(), at, 0.0))
+        return held
+
+    def poll_metadata(self, poll: Callable[[Callable[[], object]], bool]) -> bool:
+        """Apply a metadata change that arrives as a whole (a rewritten ``--snapshot``).
+
+        ``poll(before_apply)`` (``MetadataSource.poll_snapshot``) calls ``before_apply``
+        just before it changes the cache; that is a full :meth:`tick`, so every byte the
+        kernel counted before the change is drained and attributed with the metadata of
+        its time (a deleted pod's last bytes to that pod, not to a pod that reuses its
+        address). After the change the local endpoints are rewritten to the kernel map
+        and the dirty Services re-evaluated at once, not at the next interval.
+
+        Returns:
+            True when the metadata changed.
+        """
+        if not poll(self.tick):
+            return False
+        try:
+            self.sync_endpoints()
+            self.refresh_hints()
+        except Exception as err:  # noqa: BLE001 - the next tick retries both
+            self._once("reload:" + type(err).__name__, "applying a metadata change failed",
+                       exc=err)
+        return True
 
     def snapshot(self, totals: AttributionTotals, at: float, duration: float) -> ex.ExportSnapshot:
         """Convert attribution totals and self-health into an :class:`ExportSnapshot`."""
@@ -357,12 +407,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--final-linger-seconds", type=float, default=0.0, metavar="SECONDS",
                    help="after SIGTERM and the final export, keep serving /metrics this long "
                    "so a last scrape sees every byte (default %(default)g)")
-    p.add_argument("--hold-unresolved-seconds", type=float, default=0.0, metavar="SECONDS",
-                   help="hold deltas whose pod is not known yet for up to this long "
-                   "(default %(default)g: count at once, as unknown)")
+    p.add_argument("--hold-unresolved-seconds", type=float,
+                   default=DEFAULT_HOLD_UNRESOLVED_SECONDS, metavar="SECONDS",
+                   help="hold bytes of pod addresses the metadata does not know yet (a new "
+                   "pod, an API outage) for up to this long, then count them as unknown "
+                   "(default %(default)g; 0: count at once; at most 100000 deltas held)")
     p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
                    help="live cluster: wait this long for the first list of every resource "
                    "before attaching (default %(default)g)")
+    p.add_argument("--pin-path", metavar="DIR",
+                   help="pin the flow tables here (a BPF filesystem) so the kernel keeps "
+                   "counting across agent restarts; 'none' disables pinning (default: "
+                   f"{DEFAULT_PIN_ROOT}/<node-name>, or none with --netns)")
+    p.add_argument("--cleanup", action="store_true",
+                   help="remove what released agents left (our tc filters and the pins "
+                   "under --pin-path) and exit")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
 
@@ -438,6 +497,46 @@ class Stopper:
         self._w.close()
 
 
+def pin_path_for(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """Resolve ``--pin-path``: ``(path or None, explicit)``.
+
+    Default: ``/sys/fs/bpf/zonemeter/<node-name>`` on a real node; none with ``--netns``
+    (the lab and the demo run many throw-away nodes with reused names: a later run must
+    never drain an earlier run's pinned counters). ``--pin-path none`` disables pinning.
+    """
+    if args.pin_path is not None:
+        if args.pin_path.lower() == "none":
+            return None, True
+        return args.pin_path, True
+    if args.netns is not None:
+        return None, False
+    return f"{DEFAULT_PIN_ROOT}/{args.node_name}", False
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    """``zonemeter agent --cleanup``: remove our tc filters (in ``--netns`` or the host
+    namespace) and the pins under the resolved ``--pin-path``; print what was removed as
+    one JSON line; exit 0.
+
+    Raises:
+        InputError: a malformed pin path, or one that is not on a BPF filesystem.
+        RuntimeFailure: a filter or pin could not be removed.
+    """
+    from agent.datapath import Datapath
+
+    if not args.node_name and args.pin_path is None and args.netns is None:
+        raise InputError("required to find the default pin path (or give --pin-path)",
+                         source="--node-name")
+    if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
+        raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
+    path, _ = pin_path_for(args)
+    res = Datapath.cleanup(path, args.netns)
+    print(json.dumps({"msg": "cleanup done", "pin_path": path, "netns": args.netns,
+                      "filters_removed": [f"{n}/{side}" for n, side in res.filters],
+                      "pins_removed": list(res.pins)}))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the agent until SIGTERM/SIGINT; returns 0 after the final export.
 
@@ -448,6 +547,8 @@ def run(args: argparse.Namespace) -> int:
         RuntimeFailure: the datapath cannot load, or the metrics address cannot be bound
             (exit 1).
     """
+    if getattr(args, "cleanup", False):
+        return cleanup(args)
     stopper = Stopper()
     try:
         return _run(args, stopper)
@@ -464,8 +565,15 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
     gates = parse_feature_gates(args.feature_gates)
     exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
     include = _patterns(args.interface_patterns, "--interface-patterns")
+    pin_path, explicit = pin_path_for(args)
+    no_bpffs = False
+    if pin_path is not None and not explicit:
+        from agent.datapath import on_bpf_fs
+
+        if not on_bpf_fs(pin_path):  # default only: an explicit path must be on bpffs
+            no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
-                            flow_capacity=args.flow_capacity)
+                            flow_capacity=args.flow_capacity, pin_path=pin_path)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name
@@ -488,6 +596,10 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             log.info("starting", extra={"fields": {
                 "node": node, "metadata": source.origin, "netns": args.netns,
                 "metrics": server.url, "interval_seconds": args.interval}})
+            if no_bpffs:
+                log.warning("no BPF filesystem at %s: flow tables are not pinned, what the "
+                            "kernel counts after the last drain dies with the agent",
+                            DEFAULT_PIN_ROOT)
             dp = Datapath(config)
             try:
                 loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
@@ -500,15 +612,26 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 dp.watch()
                 attached.set()
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
-                _serve(loop, stop, args.interval)
-                log.info("stopping", extra={"fields": {"signal": stop.signal}})
-                # Final: stop counting first (watcher stopped, filters removed), then drain
-                # what the tables hold, so every byte the kernel counted is exported.
+                poll = (source.poll_snapshot if source.snapshot_path is not None
+                        else release_poll(source.cache))
+                _serve(loop, stop, args.interval, poll)
+                log.info("stopping", extra={"fields": {"signal": stop.signal,
+                                                       "pinned": pin_path is not None}})
                 attached.clear()
-                dp.close()
-                res = loop.tick()
+                if pin_path is None:
+                    # Final: stop counting first (watcher stopped, filters removed), then
+                    # drain what the tables hold, so every byte the kernel counted is
+                    # exported.
+                    dp.close()
+                    res = loop.tick()
+                else:
+                    # Pinned: drain and export, then hand over: filters and pinned tables
+                    # stay, the kernel keeps counting, the next agent drains the rest.
+                    res = loop.tick()
+                    dp.release()
+                held = loop.flush_held()
                 log.info("final export", extra={"fields": {
-                    "deltas": res.deltas, "bytes": res.bytes,
+                    "deltas": res.deltas, "bytes": res.bytes, "held_bytes_released": held,
                     "linger_seconds": args.final_linger_seconds}})
             finally:
                 dp.close()
@@ -535,8 +658,40 @@ def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:
             return
 
 
-def _serve(loop: AgentLoop, stop: Stopper, interval: float) -> None:
-    """Tick at once, then every ``interval`` seconds (fixed schedule) until ``stop``."""
+#: how often a ``--snapshot`` file (one stat() call) or the live cache's address releases
+#: are checked between ticks, seconds
+SNAPSHOT_POLL_SECONDS = 0.25
+
+
+def release_poll(cache: ClusterMetadata) -> Callable[[Callable[[], object]], bool]:
+    """Live cluster: a poll for :meth:`AgentLoop.poll_metadata` that runs a tick as soon as
+    the watch reports a pod giving up an address (``ClusterMetadata.released``).
+
+    The drain then happens while the old owner is the address's last tenant (grace
+    cache), so its last bytes are its own unless a new pod takes the address within the
+    poll period plus the watch latency; without it, every byte of the address drained at
+    the next regular tick would go to a new owner that appeared meanwhile.
+    """
+    last = [cache.released()]
+
+    def poll(before_apply: Callable[[], object]) -> bool:
+        now = cache.released()
+        if now == last[0]:
+            return False
+        last[0] = now
+        before_apply()
+        return True
+
+    return poll
+
+
+def _serve(loop: AgentLoop, stop: Stopper, interval: float,
+           poll: Callable[[Callable[[], object]], bool] | None = None) -> None:
+    """Tick at once, then every ``interval`` seconds (fixed schedule) until ``stop``.
+
+    With ``poll`` (snapshot mode) the file is checked every :data:`SNAPSHOT_POLL_SECONDS`
+    between ticks and a change is applied at once (:meth:`AgentLoop.poll_metadata`).
+    """
     start = time.monotonic()
     n = 0
     while True:
@@ -553,5 +708,17 @@ def _serve(loop: AgentLoop, stop: Stopper, interval: float) -> None:
         if next_at <= now:  # fell behind: skip the missed ticks, keep the phase
             n = int((now - start) // interval) + 1
             next_at = start + n * interval
-        if stop.wait(next_at - now):
-            return
+        while True:
+            left = next_at - time.monotonic()
+            if poll is None:
+                if stop.wait(left):
+                    return
+                break
+            if stop.wait(min(left, SNAPSHOT_POLL_SECONDS)):
+                return
+            if time.monotonic() >= next_at:
+                break
+            try:
+                loop.poll_metadata(poll)
+            except Exception as err:  # noqa: BLE001 - keep serving with the old metadata
+                loop._once("poll:" + type(err).__name__, "snapshot poll failed", exc=err)

@@ -32,6 +32,7 @@ Failed release their IPs (the kubelet and CNI reuse them) even though the object
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import logging
@@ -645,6 +646,7 @@ class ClusterMetadata:
         self._local_cache: dict[str, tuple[tuple[int, int, int],
                                           frozenset[tuple[IPAddress, int, int]]]] = {}
         self._hostnet_gen = 0  # bumped whenever the host-network address set changes
+        self._released = 0  # bumped whenever a pod's tenure of an address ends
 
     # ------------------------------------------------------------------ writers
 
@@ -671,46 +673,94 @@ class ClusterMetadata:
                 return
             self._generation[resource] += 1
 
-    def replace(self, resource: str, objects: Iterable[Mapping[str, Any]]) -> None:
+    def replace(self, resource: str, objects: Iterable[Mapping[str, Any]], *,
+                relist: bool = True) -> None:
         """Replace every object of ``resource`` with ``objects`` (a fresh list).
 
         Objects absent from the list are deleted (pods go to the grace cache); present
-        ones are upserted, so a relist after 410 Gone repairs missed events. Marks every
-        Service dirty. ``objects`` may be a lazy iterator over list pages: it is consumed
-        outside the lock in batches, so readers are not blocked while pages download and
-        memory stays bounded by the page size.
+        ones are upserted, so a relist after 410 Gone repairs missed events. ``objects``
+        may be a lazy iterator over list pages: it is consumed outside the lock in
+        batches, so readers are not blocked while pages download and memory stays bounded
+        by the page size.
+
+        Args:
+            resource: one of :data:`RESOURCES`.
+            objects: the complete current list, API JSON shape.
+            relist: True (a relist): every Service is marked dirty. False (a snapshot
+                reload, a diff): objects equal to the cached ones are skipped, so only the
+                Services whose Service or EndpointSlices changed become dirty (every
+                Service when a Node changed).
         """
         seen: set[tuple[str, str]] = set()
         batch: list[Mapping[str, Any]] = []
         for obj in objects:
             batch.append(obj)
             if len(batch) >= 500:
-                self._replace_batch(resource, batch, seen)
+                self._replace_batch(resource, batch, seen, relist)
                 batch = []
-        self._replace_batch(resource, batch, seen)
+        self._replace_batch(resource, batch, seen, relist)
         with self._lock:
             for key in [k for k in self._keys(resource) if k not in seen]:
                 self._delete(resource, key)
             self._generation[resource] += 1
-            self._dirty_all = True
+            if relist:
+                self._dirty_all = True
 
     def _replace_batch(self, resource: str, batch: list[Mapping[str, Any]],
-                       seen: set[tuple[str, str]]) -> None:
+                       seen: set[tuple[str, str]], relist: bool = True) -> None:
         with self._lock:
             for obj in batch:
                 try:
                     seen.add(_key(obj))
+                    if not relist and self._unchanged(resource, obj):
+                        continue
                     self._upsert(resource, obj)
                 except _BAD_SHAPE as err:
                     self._count_bad(resource, obj, err)
 
-    def load_snapshot(self, snap: Any) -> None:
-        """Fill the cache from an :class:`agent.k8s.snapshot.Snapshot` and mark it synced."""
+    def _unchanged(self, resource: str, obj: Mapping[str, Any]) -> bool:
+        """True when ``obj`` would not change what the cache holds for it (diff reload)."""
+        if not isinstance(obj, Mapping):
+            return False
+        key = _key(obj)
+        if resource == "pods":
+            old = self._pods.get(key[0], {}).get(key[1])
+            if old is None:
+                return False
+            rec = parse_pod(obj)
+            return dataclasses.replace(rec, since=old.since) == old
+        if resource == "nodes":
+            old_n = self._nodes.get(key[1])
+            return (old_n is not None and parse_node(obj) == old_n
+                    and prune_node(obj, self._shared) == self._raw_nodes.get(key[1]))
+        if resource == "services":
+            old_s = self._services.get(key)
+            return (old_s is not None and parse_service(obj) == old_s
+                    and prune_service(obj, self._shared) == self._raw_services.get(key))
+        if resource == "endpointslices":
+            old_e = self._raw_slices.get(key)
+            return (old_e is not None and prune_endpointslice(obj, self._shared) == old_e
+                    and (key in self._slice_service) == bool(
+                        _labels(_meta(obj)).get(SERVICE_NAME_LABEL)))
+        return False
+
+    def load_snapshot(self, snap: Any, *, diff: bool = False) -> None:
+        """Fill the cache from an :class:`agent.k8s.snapshot.Snapshot` and mark it synced.
+
+        Args:
+            snap: the snapshot.
+            diff: a reload of a changed file (``zonemeter agent --snapshot``): objects
+                equal to the cached ones are skipped, deleted pods go to the grace cache
+                (late bytes and reused IPs resolve by time), and only changed Services
+                become dirty. False (first load): every Service is dirty.
+
+        Readers see the old state or the new one, never a mix (one lock held throughout).
+        """
         with self._lock:
-            self.replace("nodes", snap.nodes)
-            self.replace("services", snap.services)
-            self.replace("endpointslices", snap.endpointslices)
-            self.replace("pods", snap.pods)
+            self.replace("nodes", snap.nodes, relist=not diff)
+            self.replace("services", snap.services, relist=not diff)
+            self.replace("endpointslices", snap.endpointslices, relist=not diff)
+            self.replace("pods", snap.pods, relist=not diff)
             for r in RESOURCES:
                 self._synced[r] = True
 
@@ -854,6 +904,7 @@ class ClusterMetadata:
                 self._bury(k, Tenure(cur, cur.since, now))
 
     def _bury(self, k: int, tenure: Tenure) -> None:
+        self._released += 1
         self._memo.pop(k, None)
         past = self._deleted.get(k, ())
         # keep the newest few tenures per IP: enough for a reuse or two within the grace
@@ -1179,6 +1230,13 @@ class ClusterMetadata:
             self._dirty = set()
             self._dirty_all = False
             return out
+
+    def released(self) -> int:
+        """Return a counter that increases whenever a pod gives up an address (deleted,
+        terminal, address changed, or another pod took it): the agent drains soon after,
+        so the old owner's last bytes are attributed before the address can be reused."""
+        with self._lock:
+            return self._released
 
     def generation(self, resource: str) -> int:
         """Return a counter that increases on every change to ``resource``."""

@@ -6,14 +6,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.errors import InputError
 from agent.k8s import snapshot as snapshot_mod
 from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.k8s.cidrs import load_zone_cidrs
 from agent.k8s.client import build_api_client
 from agent.k8s.watch import MetadataWatcher, WatchSettings
+
+log = logging.getLogger(__name__)
+
+#: (st_ino, st_size, st_mtime_ns) of a snapshot file, or None when it cannot be read
+FileStamp = tuple[int, int, int] | None
+
+
+def file_stamp(path: str | Path) -> FileStamp:
+    """``(inode, size in bytes, mtime in ns)`` of ``path``, None when it cannot be stat'ed.
+
+    A rewrite by rename (``os.replace``) always changes the inode; an in-place rewrite
+    changes the mtime (and usually the size).
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @dataclass
@@ -29,6 +51,52 @@ class MetadataSource:
     cache: ClusterMetadata
     watcher: MetadataWatcher | None
     origin: str
+    snapshot_path: Path | None = None
+    #: stamp of the snapshot file last loaded (or last found unreadable, so a bad file is
+    #: reported once, not at every poll)
+    stamp: FileStamp = None
+    #: successful reloads after the first load
+    reloads: int = 0
+    #: reloads that failed (the previous metadata stays in use)
+    reload_errors: int = 0
+    _last_error: str | None = field(default=None, repr=False)
+
+    def poll_snapshot(self, before_apply: Callable[[], object] | None = None) -> bool:
+        """Reload the snapshot file when it changed (inode, size or mtime differ).
+
+        The file is read and parsed first; only when that succeeds is ``before_apply``
+        called (the agent drains the kernel tables there, so bytes counted before the
+        change are attributed with the metadata of their time) and the cache updated as a
+        diff (:meth:`ClusterMetadata.load_snapshot` with ``diff=True``: deleted pods go to
+        the grace cache, only changed Services become dirty). A file that is missing or
+        malformed is logged once per change and the previous metadata stays in use.
+
+        Returns:
+            True when the cache was updated. Always False for a live cluster.
+        """
+        if self.snapshot_path is None:
+            return False
+        stamp = file_stamp(self.snapshot_path)
+        if stamp == self.stamp:
+            return False
+        self.stamp = stamp
+        try:
+            snap = snapshot_mod.load(self.snapshot_path)
+        except InputError as err:
+            self.reload_errors += 1
+            if str(err) != self._last_error:
+                self._last_error = str(err)
+                log.error("snapshot reload failed, keeping the previous metadata: %s", err)
+            return False
+        self._last_error = None
+        if before_apply is not None:
+            before_apply()
+        self.cache.load_snapshot(snap, diff=True)
+        self.reloads += 1
+        log.info("snapshot reloaded", extra={"fields": {
+            "snapshot": str(self.snapshot_path), "reloads": self.reloads,
+            **self.cache.counts()}})
+        return True
 
     def wait_synced(self, timeout: float) -> bool:
         """Block until every resource is synced (at once for a snapshot)."""
@@ -65,8 +133,9 @@ def open_metadata(*, snapshot: str | Path | None = None, kubeconfig: str | Path 
     cidrs = load_zone_cidrs(zone_cidrs) if zone_cidrs is not None else ()
     cache = ClusterMetadata(MetadataSettings(grace_seconds=grace_seconds, zone_cidrs=cidrs))
     if snapshot is not None:
+        stamp = file_stamp(snapshot)  # before reading: a rewrite meanwhile is seen later
         cache.load_snapshot(snapshot_mod.load(snapshot))
-        return MetadataSource(cache, None, f"snapshot:{snapshot}")
+        return MetadataSource(cache, None, f"snapshot:{snapshot}", Path(snapshot), stamp)
     api = build_api_client(kubeconfig, host=host)
     origin = f"host:{host}" if host else f"kubeconfig:{kubeconfig}" if kubeconfig else "in-cluster"
     watcher = MetadataWatcher(api, cache, watch_settings)

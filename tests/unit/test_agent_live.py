@@ -85,7 +85,7 @@ async def test_live_metadata_drives_endpoints_and_attribution(
             kmock.objects[key] = obj
 
     made: list[FakeDatapath] = []
-    monkeypatch.setattr(agent.datapath, "Datapath", lambda config: made.append(FakeDatapath(config)) or made[-1])
+    monkeypatch.setattr(agent.datapath, "Datapath", lambda config: made.append(FakeDatapath(config)) or made[-1])  # type: ignore[func-returns-value]
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\n"
@@ -98,7 +98,7 @@ async def test_live_metadata_drives_endpoints_and_attribution(
         "agent", "--node-name", "na", "--kubeconfig", str(kubeconfig),
         "--metrics-address", f"127.0.0.1:{port}", "--interval", "0.2"])
     stopper = ThreadStopper()
-    task = asyncio.create_task(asyncio.to_thread(_run, args, stopper))
+    task = asyncio.create_task(asyncio.to_thread(_run, args, stopper))  # type: ignore[arg-type]
     try:
         await until(lambda: _status(url + "/readyz") == 200)
         await until(lambda: bool(made and made[0].endpoints))

@@ -25,13 +25,14 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from agent import hints as hint_model
 from agent.errors import RuntimeFailure
 from tools.lab import FlowHandle, FlowSpec, Lab
+from tools.lab import snapshot as lab_snapshot
 from tools.lab.topology import Node, Service, Topology
 from tools.demo.topology import DemoSpec, TrafficPlan, service_port
 
@@ -107,7 +108,13 @@ def controller_snapshot(lab: Lab) -> dict[str, Any]:
     Returns:
         A kubectl ``List`` (Nodes, Pods, Services, EndpointSlices per family).
     """
-    snap = lab.snapshot()
+    return controller_snapshot_of(lab.topology)
+
+
+def controller_snapshot_of(topology: Topology) -> dict[str, Any]:
+    """:func:`controller_snapshot` of a topology (e.g. a planned change of the lab's); the
+    lab's snapshot depends on its topology only (:meth:`Lab.snapshot`)."""
+    snap = lab_snapshot.build(topology)
     nodes, services, slices, _ = _service_objects(snap)
     hinted: dict[str, dict[str, Any]] = {}
     for svc in services:
@@ -167,6 +174,64 @@ def evaluate(snapshot: Mapping[str, Any], topo: Topology) -> dict[str, ServiceMo
             key=svc.key, mode=d4.mode, reason=d4.reason,
             locality_in_effect=dict(d4.locality_in_effect),
             warnings=tuple(w.code for w in d4.warnings), selection=sel4, filtering=filt4)
+    return out
+
+
+#: marker for "leave this setting as it is" in :meth:`DemoCluster.set_locality`
+UNCHANGED: Any = type("Unchanged", (), {"__repr__": lambda self: "UNCHANGED"})()
+
+
+@dataclass(frozen=True, slots=True)
+class LocalityChange:
+    """A change of one Service's locality settings, planned or applied.
+
+    Attributes:
+        service: ``namespace/name``.
+        before: the hint model's view of the Service before the change.
+        after: ... and after it (what the new snapshot says).
+        transition: node -> endpoint pods its kube-proxy emulation uses while the agents
+            learn the new snapshot: inside the selection of every model (old or new) that
+            filters by topology on that node, so no byte is judged hint-ignored by an agent
+            on either model (the old selection when the two filtering selections are
+            disjoint). Nodes with ``ignoreHints: true`` are absent (they keep every ready
+            endpoint).
+        topology: the lab topology with the new settings.
+        snapshot: the new snapshot (kubectl ``List``, controller hints recomputed).
+        models: every Service's model on the new snapshot.
+        narrowed_at: Unix seconds when the transition selection was programmed (None
+            while only planned).
+        changed_at: Unix seconds when the new snapshot file was in place (the change
+            instant the agents see; None while only planned).
+        programmed_at: Unix seconds when every node held the new selection (None while
+            only planned).
+    """
+
+    service: str
+    before: ServiceModel
+    after: ServiceModel
+    transition: Mapping[str, tuple[str, ...]]
+    topology: Topology
+    snapshot: dict[str, Any]
+    models: Mapping[str, ServiceModel]
+    narrowed_at: float | None = None
+    changed_at: float | None = None
+    programmed_at: float | None = None
+
+
+def _transition(before: ServiceModel, after: ServiceModel, nodes: Iterable[Node]
+                ) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for n in nodes:
+        if n.ignore_hints:
+            continue
+        old, new = before.selection[n.name], after.selection[n.name]
+        sets = [set(sel) for sel, filt in ((old, before.filtering[n.name]),
+                                           (new, after.filtering[n.name])) if filt]
+        if not sets:
+            out[n.name] = old
+            continue
+        both = set.intersection(*sets)
+        out[n.name] = tuple(sorted(both)) if both else old
     return out
 
 
@@ -273,6 +338,106 @@ class DemoCluster:
         """:meth:`write_snapshot` then :meth:`program`."""
         self.write_snapshot()
         self.program()
+
+    # ------------------------------------------------------------------ locality changes
+
+    def plan_locality(self, service: str, *, traffic_distribution: Any = UNCHANGED,
+                      annotations: Mapping[str, str | None] | None = None) -> LocalityChange:
+        """Work out a change of ``service``'s locality settings without applying it (no
+        root needed): the new topology, snapshot (controller hints recomputed with
+        ``agent.hints.controller_hints``), every Service's model, and the transition
+        selection (see :class:`LocalityChange`).
+
+        Args:
+            service: ``namespace/name`` (or an unambiguous name).
+            traffic_distribution: new ``spec.trafficDistribution`` (``PreferClose``,
+                ``PreferSameZone``, ``PreferSameNode``), ``None`` to remove the field, or
+                :data:`UNCHANGED`.
+            annotations: ``metadata.annotations`` to set; a ``None`` value removes that
+                annotation (e.g. ``{"service.kubernetes.io/topology-mode": "Auto"}``).
+
+        Raises:
+            InputError: unknown Service, or a value the lab topology refuses (named as
+                ``Service <ns/name>`` and the field).
+        """
+        if not self.models:
+            self.write_snapshot()
+        svc = self.lab.topology.service(service)
+        data = self.lab.topology.to_dict()
+        entry = next(s for s in data["services"]
+                     if f"{s['namespace']}/{s['name']}" == svc.key)
+        if traffic_distribution is None:
+            entry.pop("trafficDistribution", None)
+        elif traffic_distribution is not UNCHANGED:
+            entry["trafficDistribution"] = traffic_distribution
+        if annotations:
+            merged = dict(entry.get("annotations") or {})
+            for k, v in annotations.items():
+                if v is None:
+                    merged.pop(k, None)
+                else:
+                    merged[k] = v
+            entry["annotations"] = merged
+        topo = Topology.from_dict(data, source=f"set_locality {svc.key}")
+        snap = controller_snapshot_of(topo)
+        models = evaluate(snap, topo)
+        return LocalityChange(service=svc.key, before=self.models[svc.key],
+                              after=models[svc.key],
+                              transition=_transition(self.models[svc.key], models[svc.key],
+                                                     topo.nodes),
+                              topology=topo, snapshot=snap, models=models)
+
+    def set_locality(self, service: str, *, traffic_distribution: Any = UNCHANGED,
+                     annotations: Mapping[str, str | None] | None = None,
+                     settle_seconds: float = 1.5) -> LocalityChange:
+        """Change a Service's locality settings on the running cluster, as the API server,
+        EndpointSlice controller and kube-proxy would, with the agents' snapshot rewritten.
+
+        Order (so the data plane's choices stay inside what both the old and the new model
+        select wherever either filters by topology, and no byte is judged hint-ignored by an
+        agent that has not yet read the change):
+
+        1. :meth:`plan_locality`;
+        2. every node's proxy gets the transition selection (enabling locality narrows
+           here), then ``settle_seconds`` for in-flight exchanges and the agents' drains;
+        3. the snapshot file is replaced atomically (``changed_at``), then
+           ``settle_seconds`` for the agents to reload it;
+        4. every node's proxy gets the new model's selection (withdrawing locality widens
+           here).
+
+        Args:
+            service, traffic_distribution, annotations: as :meth:`plan_locality`.
+            settle_seconds: pause after steps 2 and 3 (seconds); at least the agents'
+                snapshot reload latency plus one export interval.
+
+        Returns:
+            The applied :class:`LocalityChange` with its three timestamps.
+
+        Raises:
+            InputError: as :meth:`plan_locality`.
+            RuntimeFailure: iptables-restore failed.
+        """
+        plan = self.plan_locality(service, traffic_distribution=traffic_distribution,
+                                  annotations=annotations)
+        current = self.models
+
+        def transition(svc: Service, node: Node) -> Iterable[str]:
+            if svc.key == plan.service:
+                return plan.transition[node.name]
+            return current[svc.key].selection[node.name]
+
+        self.lab.program_proxies(transition)
+        narrowed = time.time()
+        time.sleep(settle_seconds)
+        self.lab.topology = plan.topology
+        self.snapshot = plan.snapshot
+        self.models = dict(plan.models)
+        write_json_atomic(self.snapshot_path, self.snapshot)
+        changed = time.time()
+        time.sleep(settle_seconds)
+        self.program()
+        return replace(plan, narrowed_at=narrowed, changed_at=changed,
+                       programmed_at=time.time())
 
     def programmed(self, service: str, node: str) -> tuple[str, ...]:
         """Return the endpoint pods ``node``'s proxy actually uses for ``service``."""
