@@ -390,6 +390,9 @@ def register(subparsers: Any) -> None:
                    "metrics still listen in the agent's own namespace")
     p.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
                    help="where /metrics, /healthz, /readyz, /flows listen (default %(default)s)")
+    p.add_argument("--flows-allow-remote", action="store_true",
+                   help="serve /flows (pod names, peer IPs) to non-loopback peers too; by "
+                        "default only `zonemeter top` on the node may read it")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
                    help="drain and export period (default %(default)g)")
     p.add_argument("--zone-cidrs", metavar="FILE",
@@ -589,7 +592,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         attached = threading.Event()
         readiness = ex.make_readiness(attached.is_set, source.cache.synced)
         try:
-            server = ex.start_server(exporter, args.metrics_address, readiness)
+            server = ex.start_server(exporter, args.metrics_address, readiness,
+                                     flows_remote=args.flows_allow_remote)
         except OSError as err:
             raise RuntimeFailure(f"--metrics-address {args.metrics_address}: {err}") from None
         try:

@@ -30,6 +30,7 @@ Bytes are L3 bytes (IP header included), see docs/datapath.md.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import threading
@@ -490,9 +491,26 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def make_app(exporter: Exporter, readiness: Readiness) -> Callable[..., Iterable[bytes]]:
+def _is_loopback(addr: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback peers."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool((mapped or ip).is_loopback)
+
+
+def make_app(exporter: Exporter, readiness: Readiness, *,
+             flows_remote: bool = False) -> Callable[..., Iterable[bytes]]:
     """Return the WSGI app: ``/metrics`` (prometheus_client), ``/healthz``, ``/readyz``,
-    ``/flows?top=N`` (JSON, N default 20, at most 1000)."""
+    ``/flows?top=N`` (JSON, N default 20, at most 1000).
+
+    ``/flows`` carries pod names and peer IPs, so it answers only loopback peers unless
+    ``flows_remote`` is set (403 otherwise): with ``hostNetwork`` the metrics port is
+    reachable from every pod, and per-pair detail is for ``zonemeter top`` run on the node
+    (``kubectl exec`` into the agent pod). See docs/security.md.
+    """
     metrics_app = make_wsgi_app(exporter.registry())
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -513,6 +531,10 @@ def make_app(exporter: Exporter, readiness: Readiness) -> Callable[..., Iterable
                 ok, text = False, f"not ready: readiness check failed: {err}"
             return reply("200 OK" if ok else "503 Service Unavailable", (text + "\n").encode())
         if path == "/flows":
+            if not flows_remote and not _is_loopback(str(environ.get("REMOTE_ADDR", ""))):
+                return reply("403 Forbidden",
+                             b"/flows answers loopback only (run zonemeter top on the node, "
+                             b"or start the agent with --flows-allow-remote)\n")
             qs = parse_qs(environ.get("QUERY_STRING", ""))
             try:
                 top = min(max(int(qs.get("top", ["20"])[0]), 0), 1000)
@@ -553,13 +575,15 @@ class MetricsServer:
 
 
 def start_server(exporter: Exporter, address: str = "0.0.0.0:9808",
-                 readiness: Readiness | None = None) -> MetricsServer:
+                 readiness: Readiness | None = None, *,
+                 flows_remote: bool = False) -> MetricsServer:
     """Serve ``/metrics``, ``/healthz``, ``/readyz``, ``/flows`` on ``address`` in a thread.
 
     Args:
         exporter: the collector to expose.
         address: ``HOST:PORT`` (``[::]:9808`` for IPv6; port 0 picks a free one).
         readiness: see :func:`make_readiness`; default: always ready.
+        flows_remote: let non-loopback peers read ``/flows`` (see :func:`make_app`).
 
     Raises:
         InputError: malformed address.
@@ -571,7 +595,7 @@ def start_server(exporter: Exporter, address: str = "0.0.0.0:9808",
     class Server(_ThreadingWSGIServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    server = make_server(host, port, make_app(exporter, check), server_class=Server,
+    server = make_server(host, port, make_app(exporter, check, flows_remote=flows_remote), server_class=Server,
                          handler_class=_QuietHandler)
     return MetricsServer(server)
 

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.errors import InputError
 from agent.exporter import (
+    make_app,
     ExportSnapshot,
     Exporter,
     HintIgnoredKey,
@@ -285,3 +286,24 @@ def test_mixed_none_and_int_labels_from_a_sloppy_producer_do_not_break_scrapes()
     assert 'zonemeter_unattributed_bytes_total{reason="unknown"} 3.0' in text
     assert 'zonemeter_service_locality_info{mode="none",namespace="a",reason="unknown",service="s"} 1.0' in text
     assert exp.flows()["unattributed_bytes"] == {"no_pod_for_ip": 4, "unknown": 3}
+
+
+def _call(app, remote: str) -> tuple[str, bytes]:  # type: ignore[no-untyped-def]
+    seen: list[str] = []
+    body = b"".join(app({"PATH_INFO": "/flows", "QUERY_STRING": "top=1", "REMOTE_ADDR": remote},
+                        lambda status, headers: seen.append(status)))
+    return seen[0], body
+
+
+@pytest.mark.parametrize("remote, allowed", [
+    ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("10.0.0.7", False), ("fd00::5", False), ("::ffff:10.0.0.7", False), ("", False),
+])
+def test_flows_answers_loopback_only_by_default(remote: str, allowed: bool) -> None:
+    # /flows carries pod names and IPs; with hostNetwork the port is reachable from any pod
+    status, body = _call(make_app(Exporter(), lambda: (True, "ready")), remote)
+    assert status.startswith("200" if allowed else "403"), (remote, status)
+    if not allowed:
+        assert b"loopback only" in body
+    status, _ = _call(make_app(Exporter(), lambda: (True, "ready"), flows_remote=True), remote)
+    assert status.startswith("200")
