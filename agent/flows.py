@@ -22,7 +22,8 @@ Hence no increment can land between read and delete, and none is lost. Overflow
 entries (one per kind and address family, pre-seeded so the kernel always finds them
 when the table is full) come out as ``FlowDelta(overflow=True)``.
 
-Also here: :func:`counted_once`, the userspace half of the counting rule (DESIGN.md).
+Which of these deltas a node keeps (the exactly-once rule) is decided in
+:mod:`agent.attribution` (:func:`agent.attribution.counted_here`), never here.
 """
 
 from __future__ import annotations
@@ -402,55 +403,3 @@ def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
     _SET_PACKETS(d, packets)
     _SET_OVERFLOW(d, False)
     return d
-
-
-def counted_once(delta: FlowDelta, *, remote_is_pod: bool, remote_is_frontend: bool) -> bool:
-    """Whether this node's agent keeps ``delta`` so that every byte counts once cluster-wide.
-
-    The kernel counts every packet at each local pod veth it crosses; this is the
-    userspace half of the rule in DESIGN.md ("Counting rule"):
-
-    * ``REQUEST``/``RESPONSE``: always kept. They exist only at the endpoint's own veth,
-      and only on its node.
-    * ``EGRESS``/``INGRESS`` whose remote ``(address, port, protocol)`` is a Service
-      frontend: dropped. That is the client-side copy of Service traffic (kube-proxy DNAT
-      happens on the client's node, so the client's veth sees the ClusterIP, or the pod IP
-      when the client dials an endpoint directly); the endpoint's node counts it as
-      request/response.
-    * ``EGRESS`` otherwise: kept (each pod's outbound bytes are counted at that pod).
-    * ``INGRESS`` otherwise: kept only when the remote is not a pod. When it is a pod,
-      the remote pod's own veth counted the same bytes as its ``EGRESS`` (on the same or
-      another node); a node, a host-network pod, a managed database or the internet has
-      no veth of ours, so its bytes into the pod are counted here.
-
-    Args:
-        delta: a non-overflow delta from :meth:`FlowTables.drain`.
-        remote_is_pod: ``delta.remote`` is the IP of a pod that is not host-network (so
-            some agent watches its veth).
-        remote_is_frontend: ``(delta.remote, delta.port, delta.protocol)`` is a ClusterIP
-            Service port whose endpoints are pods, or an endpoint (EndpointSlice address
-            and port) that is a non-host-network pod: its node's agent counts these bytes
-            as request/response. Pass False for a ClusterIP whose endpoints are all
-            host-network (no veth sees them there, so the client side counts them, DESIGN.md
-            "Host-network endpoints"); a ClusterIP with both kinds of endpoints cannot be
-            split at the client and is a known gap (docs/datapath.md).
-
-    Returns:
-        True when the bytes of ``delta`` belong in this node's totals.
-
-    Raises:
-        ValueError: ``delta`` is an EGRESS/INGRESS overflow delta: it has no remote, so
-            the rule cannot be applied; report its bytes as unattributed
-            (``flow_table_full``). REQUEST/RESPONSE overflow deltas return True.
-    """
-    if delta.kind in (FlowKind.REQUEST, FlowKind.RESPONSE):
-        return True
-    if delta.overflow:
-        raise ValueError(f"{delta.kind.value} overflow delta has no remote: report it as unattributed")
-    if remote_is_frontend:
-        return False
-    if delta.kind is FlowKind.EGRESS:
-        return True
-    return not remote_is_pod
-
-
