@@ -94,5 +94,9 @@ def test_convert_builds_the_records_the_constructor_would() -> None:
     expected.append(FlowDelta(FlowKind.EGRESS, ipaddress.IPv6Address(0), ipaddress.IPv6Address(0),
                               0, 0, 777, 5, True))
     assert out == expected
+    assert all(type(d) is FlowDelta for d in out)
+    assert hash(out[0]) == hash(expected[0])
+    with pytest.raises(AttributeError):  # frozen like any FlowDelta
+        out[0].bytes = 1  # type: ignore[misc]
     assert t._entries == 4  # flow entries in the table, overflow entries excluded
     assert t._overflow_bytes == 777
