@@ -63,6 +63,7 @@ __all__ = [
     "ServiceKey",
     "ServiceRef",
     "WorkloadKey",
+    "counted_here",
     "CROSSINGS",
     "SKIPPED_REASONS",
     "UNATTRIBUTED_REASONS",
@@ -119,6 +120,38 @@ _DEFAULT_REASON = {
     PeerKind.CIDR: R_CIDR_WITHOUT_ZONE,
     PeerKind.EXTERNAL: R_NO_POD_FOR_IP,  # never used: external is never "unknown"
 }
+
+
+def counted_here(kind: FlowKind, *, remote_is_frontend: bool, remote_is_pod: bool) -> bool:
+    """The exactly-once rule for one non-overflow delta drained on this node.
+
+    The kernel counts a packet at every local pod veth it crosses; this says which of
+    those copies this node keeps so that the sum over all agents counts each byte once
+    (DESIGN.md "Counting rule"). :class:`Attributor` decides with it, and the kernel
+    tests apply it to real drained deltas (tests/kernel/test_datapath*.py).
+
+    * ``REQUEST`` / ``RESPONSE``: always (they exist only at the endpoint's own veth).
+    * ``EGRESS`` / ``INGRESS`` to a frontend: never; that is the client-side copy of
+      Service traffic, which the endpoint's node counts as request/response.
+    * otherwise ``EGRESS`` always; ``INGRESS`` only when the remote is not a pod (a pod's
+      own veth counted those bytes as its ``EGRESS``).
+
+    Args:
+        kind: the delta's :class:`FlowKind`.
+        remote_is_frontend: ``(remote, port, protocol)`` is a Service address kube-proxy
+            DNATs to endpoints with a veth, or such an endpoint (EndpointSlice address and
+            port of a non-host-network pod).
+        remote_is_pod: the remote is a non-host-network pod (or an unresolved cluster
+            address), so some agent watches its veth.
+
+    Returns:
+        True when the delta's bytes belong in this node's totals.
+    """
+    if kind is FlowKind.REQUEST or kind is FlowKind.RESPONSE:
+        return True
+    if remote_is_frontend:
+        return False
+    return kind is FlowKind.EGRESS or not remote_is_pod
 
 
 # --------------------------------------------------------------------------- interfaces
@@ -493,8 +526,8 @@ _Client = tuple[str, str, str | None, str | None, bool, str, bool]
 # EGRESS/INGRESS remote decision, tagged by its first item:
 #   (0, skip reason, decided on unresolved addresses)
 #   (1, svc, server_zone label, crossing, unknown reason, hint-ignored, pair label)
-#   (2, remote_zone label, remote_kind, crossing, unknown reason, pod-like, pair label,
-#    unresolved)
+#   (2, remote_zone label, remote_kind, crossing, unknown reason, INGRESS counted here
+#    (counted_here(INGRESS, ...)), pair label, unresolved)
 _Remote = tuple  # type: ignore[type-arg]
 
 
@@ -754,8 +787,8 @@ class Attributor:
                             ignored[ikey] = ignored.get(ikey, 0) + nb
                         pk = (loc[3], rlabel, svc[0], svc[1], czl, rzl, crossing)
                     else:
-                        _, rzl, rkind, crossing, reason, podlike, rlabel, _ = r
-                        if podlike and kind is not egress:
+                        _, rzl, rkind, crossing, reason, ingress_here, rlabel, _ = r
+                        if kind is not egress and not ingress_here:
                             skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
                             continue
                         if kind is egress:
@@ -928,7 +961,10 @@ class Attributor:
             svc_ = self._endpoint(b, remote, ek)
         peer = self._peer(b, remote, rk)
         if svc_ is not None:
-            if not _no_veth(peer):
+            # an endpoint with a veth is a frontend: its node counts these bytes as
+            # request/response (the answer is the same for EGRESS and INGRESS)
+            if not counted_here(FlowKind.EGRESS, remote_is_frontend=not _no_veth(peer),
+                                remote_is_pod=True):
                 return (0, S_ENDPOINT_CLIENT_COPY, False)
             # a direct dial of an endpoint without veth: did it bypass this node's selection?
             ig = self._is_ignored(b, svc_, self.node, remote)
@@ -941,7 +977,8 @@ class Attributor:
         if crossing == UNKNOWN:
             reason = R_NODE_WITHOUT_ZONE if b.oz is None else (peer.reason or _DEFAULT_REASON[pk])
         rkind = "node" if peer.host_network else pk.value
-        return (2, peer.zone or UNKNOWN, rkind, crossing, reason, podlike, _label(peer, remote),
+        ingress_here = counted_here(FlowKind.INGRESS, remote_is_frontend=False, remote_is_pod=podlike)
+        return (2, peer.zone or UNKNOWN, rkind, crossing, reason, ingress_here, _label(peer, remote),
                 pk is PeerKind.UNKNOWN)
 
     def _server_side(self, b: _Batch, svc: _Svc, server: Peer, ignored: bool, label: str) -> _Remote:

@@ -28,7 +28,9 @@ FAMILY_INET6 = 6
 #: ``ZM_OVERFLOW_SLOTS``: one overflow entry per (kind, family)
 OVERFLOW_SLOTS = len(KIND_BY_VALUE) * 2
 #: ``ZM_LAYOUT_VERSION``: stored in the pinned ``zm_layout`` map (see bpf/zonemeter.h)
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
+#: ``ZM_CACHE_SLOTS``: slots per CPU of each per-CPU flow cache
+CACHE_SLOTS = 256
 
 _V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
 
@@ -54,6 +56,16 @@ class FlowValue(ct.Structure):
     _fields_ = [
         ("bytes", ct.c_uint64),    # L3 bytes on the wire
         ("packets", ct.c_uint64),  # packets on the wire
+    ]
+
+
+class CacheSlot(ct.Structure):
+    """``struct zm_cache_slot`` (56 bytes): one slot of a per-CPU flow cache, per CPU."""
+
+    _fields_ = [
+        ("key", FlowKey),             # 0: as in the flow table (byte order as FlowKey)
+        ("bytes", ct.c_uint64),       # 40: host order
+        ("packets", ct.c_uint64),     # 48: host order; 0 = empty slot
     ]
 
 

@@ -46,8 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.bpf_types import (
+    CACHE_SLOTS,
     LAYOUT_VERSION,
     OVERFLOW_SLOTS,
+    CacheSlot,
     EndpointKey,
     FlowKey,
     FlowValue,
@@ -73,10 +75,10 @@ DEFAULT_EPHEMERAL = (32768, 60999)  # Linux default net.ipv4.ip_local_port_range
 
 BPF_FS_MAGIC = 0xCAFE4A11
 _PIN_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
-_MAP_HASH, _MAP_ARRAY, _MAP_ARRAY_OF_MAPS = 1, 2, 12
+_MAP_HASH, _MAP_ARRAY, _MAP_PERCPU_ARRAY, _MAP_ARRAY_OF_MAPS = 1, 2, 6, 12
 #: every map bpf/maps.h pins under pin_path (file name = map name)
-PINNED_MAPS = ("zm_flows_a", "zm_flows_b", "zm_active", "zm_endpoints", "zm_endpoint_ports",
-               "zm_lost", "zm_layout")
+PINNED_MAPS = ("zm_flows_a", "zm_flows_b", "zm_active", "zm_cache_a", "zm_cache_b",
+               "zm_cache_active", "zm_endpoints", "zm_endpoint_ports", "zm_lost", "zm_layout")
 _TC_NAME_PREFIX = "zm_tc_"
 DEFAULT_TC_PRIORITY = 1
 DEFAULT_TC_HANDLE = 0x7A6D  # "zm"
@@ -298,6 +300,9 @@ def expected_maps(config: DatapathConfig) -> dict[str, tuple[int, int, int, int]
         "zm_flows_a": flow,
         "zm_flows_b": flow,
         "zm_active": (_MAP_ARRAY_OF_MAPS, 4, 4, 1),
+        "zm_cache_a": (_MAP_PERCPU_ARRAY, 4, ctypes.sizeof(CacheSlot), CACHE_SLOTS),
+        "zm_cache_b": (_MAP_PERCPU_ARRAY, 4, ctypes.sizeof(CacheSlot), CACHE_SLOTS),
+        "zm_cache_active": (_MAP_ARRAY_OF_MAPS, 4, 4, 1),
         "zm_endpoints": (_MAP_HASH, ctypes.sizeof(EndpointKey), 4, config.endpoint_capacity),
         "zm_endpoint_ports": (_MAP_ARRAY, 4, 4, 65536),
         "zm_lost": (_MAP_ARRAY, 4, ctypes.sizeof(FlowValue), 1),
@@ -464,7 +469,9 @@ class Datapath:
         self.tables = FlowTables(
             (b[b"zm_flows_a"].get_fd(), b[b"zm_flows_b"].get_fd()),
             b[b"zm_active"].get_fd(), b[b"zm_lost"].get_fd(), self.config.flow_capacity,
-            reuse=self.reused)
+            reuse=self.reused,
+            caches=((b[b"zm_cache_a"].get_fd(), b[b"zm_cache_b"].get_fd()),
+                    b[b"zm_cache_active"].get_fd()))
         self._endpoint_map = b[b"zm_endpoints"]
         self._endpoint_ports = b[b"zm_endpoint_ports"]
         if self.reused:

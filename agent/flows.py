@@ -22,7 +22,8 @@ Hence no increment can land between read and delete, and none is lost. Overflow
 entries (one per kind and address family, pre-seeded so the kernel always finds them
 when the table is full) come out as ``FlowDelta(overflow=True)``.
 
-Also here: :func:`counted_once`, the userspace half of the counting rule (DESIGN.md).
+Which of these deltas a node keeps (the exactly-once rule) is decided in
+:mod:`agent.attribution` (:func:`agent.attribution.counted_here`), never here.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ import ipaddress
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from agent.bpf_types import (
+    CACHE_SLOTS,
     FAMILY_INET,
     FAMILY_INET6,
     KIND_BY_VALUE,
+    CacheSlot,
     FlowKey,
     FlowValue,
     overflow_key,
@@ -54,6 +58,7 @@ _VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
 assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
 
 _BPF_NOEXIST = 1
+_BPF_EXIST = 2
 _UNSPEC: dict[int, IPAddress] = {FAMILY_INET: ipaddress.IPv4Address(0),
                                FAMILY_INET6: ipaddress.IPv6Address(0)}
 
@@ -140,13 +145,16 @@ class FlowTables:
         capacity: ``ZM_FLOW_CAPACITY``; each table has capacity + 8 slots.
         reuse: the maps were pinned by a previous agent and still count: keep the table
             the kernel writes to, and let the first drain also empty the idle one.
+        caches: ``((zm_cache_a fd, zm_cache_b fd), zm_cache_active fd)``: the per-CPU flow
+            caches in front of the tables (bpf/maps.h), or None for programs without.
 
     Raises:
         RuntimeFailure: the kernel refused to seed or switch the tables.
     """
 
     def __init__(self, table_fds: tuple[int, int], active_fd: int, lost_fd: int,
-                 capacity: int, reuse: bool = False) -> None:
+                 capacity: int, reuse: bool = False,
+                 caches: tuple[tuple[int, int], int] | None = None) -> None:
         self._fds = table_fds
         self._active_fd = active_fd
         self._lost_fd = lost_fd
@@ -164,20 +172,37 @@ class FlowTables:
         self._leftover = False
         for fd in self._fds:
             self._seed(fd)
-        current = self._kernel_active() if reuse else None
+        current = self._kernel_active(self._active_fd, self._fds) if reuse else None
         if current is None:
             self._point_active(0)
         else:
             self._active = current
             self._leftover = True
+        self._caches = caches
+        self._cache_active = 0
+        self._cache_leftover = False
+        if caches is not None:
+            from bcc.utils import get_possible_cpus
 
-    def _kernel_active(self) -> int | None:
-        """Index of the table zm_active points at, or None when the slot is empty."""
+            # a per-CPU array value is one CacheSlot per possible CPU
+            self._cache_buf = (CacheSlot * len(get_possible_cpus()))()
+            self._cache_zero = (CacheSlot * len(get_possible_cpus()))()
+            cur = self._kernel_active(caches[1], caches[0]) if reuse else None
+            if cur is None:
+                self._point_cache(0)
+            else:
+                self._cache_active = cur
+                self._cache_leftover = True
+
+    @staticmethod
+    def _kernel_active(outer_fd: int, fds: tuple[int, int]) -> int | None:
+        """Index in fds of the map the one-slot array-of-maps outer_fd points at, or None
+        when the slot is empty."""
         slot = ct.c_int(0)
         inner = ct.c_uint32(0)
-        if _lib().bpf_lookup_elem(self._active_fd, ct.byref(slot), ct.byref(inner)) < 0:
+        if _lib().bpf_lookup_elem(outer_fd, ct.byref(slot), ct.byref(inner)) < 0:
             return None
-        ids = [map_info(fd).id for fd in self._fds]
+        ids = [map_info(fd).id for fd in fds]
         return ids.index(inner.value) if inner.value in ids else None
 
     # -- kernel operations ------------------------------------------------------------
@@ -202,6 +227,64 @@ class FlowTables:
             raise RuntimeFailure(
                 f"cannot switch the active flow table: {errno.errorcode.get(_err(res))}")
         self._active = index
+
+    def _point_cache(self, index: int) -> None:
+        """Point zm_cache_active at cache index; returns once no program uses the old one."""
+        assert self._caches is not None
+        slot = ct.c_int(0)
+        fd = ct.c_int(self._caches[0][index])
+        res = _lib().bpf_update_elem(self._caches[1], ct.byref(slot), ct.byref(fd), 0)
+        if res < 0:
+            raise RuntimeFailure(
+                f"cannot switch the active flow cache: {errno.errorcode.get(_err(res))}")
+        self._cache_active = index
+
+    def _fold(self, cache_fd: int, table_fd: int) -> None:
+        """Move every slot of the idle per-CPU cache cache_fd into the idle table table_fd
+        (added to the flow's entry, or a new entry, or when the table is full the
+        overflow entry of the flow's (kind, family)), and empty the slots.
+
+        Raises:
+            RuntimeFailure: the kernel refused a read or write.
+        """
+        lib = _lib()
+        buf, zero = self._cache_buf, self._cache_zero
+        idx = ct.c_int(0)
+        value = FlowValue()
+        for i in range(CACHE_SLOTS):
+            idx.value = i
+            if lib.bpf_lookup_elem(cache_fd, ct.byref(idx), ct.byref(buf)) < 0:
+                raise RuntimeFailure(f"cannot read flow cache slot {i}: "
+                                     f"{errno.errorcode.get(ct.get_errno())}")
+            used = False
+            for cpu_slot in buf:
+                if not cpu_slot.packets:
+                    continue
+                used = True
+                key = cpu_slot.key
+                if lib.bpf_lookup_elem(table_fd, ct.byref(key), ct.byref(value)) == 0:
+                    value.bytes += cpu_slot.bytes
+                    value.packets += cpu_slot.packets
+                    res = lib.bpf_update_elem(table_fd, ct.byref(key), ct.byref(value), _BPF_EXIST)
+                else:
+                    value.bytes, value.packets = cpu_slot.bytes, cpu_slot.packets
+                    res = lib.bpf_update_elem(table_fd, ct.byref(key), ct.byref(value), _BPF_NOEXIST)
+                    if res < 0 and _err(res) == errno.E2BIG:  # full: the overflow entry
+                        okey = overflow_key(KIND_BY_VALUE[key.kind], key.family)
+                        if lib.bpf_lookup_elem(table_fd, ct.byref(okey), ct.byref(value)) < 0:
+                            raise RuntimeFailure("flow table full and its overflow entry missing")
+                        value.bytes += cpu_slot.bytes
+                        value.packets += cpu_slot.packets
+                        res = lib.bpf_update_elem(table_fd, ct.byref(okey), ct.byref(value),
+                                                  _BPF_EXIST)
+                if res < 0:
+                    raise RuntimeFailure(f"cannot fold the flow cache into the table: "
+                                         f"{errno.errorcode.get(_err(res))}")
+            if used:
+                res = lib.bpf_update_elem(cache_fd, ct.byref(idx), ct.byref(zero), 0)
+                if res < 0:
+                    raise RuntimeFailure(f"cannot empty flow cache slot {i}: "
+                                         f"{errno.errorcode.get(_err(res))}")
 
     def _take_batch(self, fd: int) -> int:
         """Lookup-and-delete every entry of fd into the buffers; returns the count.
@@ -270,10 +353,22 @@ class FlowTables:
         with self._lock:
             deltas: list[FlowDelta] = []
             old = self._active
+            fold: list[int] = []
             if self._leftover:  # idle since a previous agent's swap: nothing writes to it
                 self._leftover = False
                 deltas = self._take_and_convert(self._fds[1 - old])
+            if self._caches is not None:
+                if self._cache_leftover:  # idle since a previous agent's swap, like the table
+                    self._cache_leftover = False
+                    fold.append(1 - self._cache_active)
+                # the cache first: programs still on the old cache flush into the old
+                # table, which the second switch then retires; see bpf/maps.h
+                fold.append(self._cache_active)
+                self._point_cache(1 - self._cache_active)
             self._point_active(1 - old)
+            for index in fold:  # nothing writes to these any more
+                assert self._caches is not None
+                self._fold(self._caches[0][index], self._fds[old])
             deltas += self._take_and_convert(self._fds[old])
             self._drains += 1
             return deltas
@@ -298,10 +393,13 @@ class FlowTables:
         """Turn the first n buffered entries into records.
 
         The hot loop of a drain (100,000 entries in BENCHMARKS.md): addresses are built
-        from integers and cached per drain (flows share pods); records are built by
-        setting their slots directly (what :func:`_fast_delta` does, inlined); the cyclic
-        garbage collector is paused meanwhile, since none of these objects can form a
-        cycle and 100,000 new objects would otherwise trigger about 140 collections.
+        from integers and cached per drain (flows share pods); records are built as
+        :class:`_Unfrozen` objects (same slots as FlowDelta, plain attribute stores, which
+        the interpreter specialises to a direct slot write) and then given their class
+        FlowDelta: half the cost of calling the eight slot descriptors (what
+        :func:`_fast_delta` does), a third of the constructor's. The cyclic garbage
+        collector is paused meanwhile, since none of these objects can form a cycle and
+        100,000 new objects would otherwise trigger about 140 collections.
         """
         keys = memoryview(self._keys).cast("B")[: n * _KEY.size]
         values = memoryview(self._values).cast("B")[: n * _VALUE.size]
@@ -310,9 +408,7 @@ class FlowTables:
         v4 = ipaddress.IPv4Address
         v6 = ipaddress.IPv6Address
         kinds = KIND_BY_VALUE
-        new, fd = _NEW, FlowDelta
-        s_kind, s_local, s_remote, s_port = _SET_KIND, _SET_LOCAL, _SET_REMOTE, _SET_PORT
-        s_proto, s_bytes, s_packets, s_over = _SET_PROTOCOL, _SET_BYTES, _SET_PACKETS, _SET_OVERFLOW
+        new, fd, unfrozen = _NEW, FlowDelta, _Unfrozen
         out: list[FlowDelta] = []
         append = out.append
         entries = 0
@@ -347,15 +443,16 @@ class FlowTables:
                     ra = v6cache.get(rint)
                     if ra is None:
                         ra = v6cache[rint] = v6(rint)
-                d = new(fd)
-                s_kind(d, kinds[kind])
-                s_local(d, la)
-                s_remote(d, ra)
-                s_port(d, port)
-                s_proto(d, proto)
-                s_bytes(d, nbytes)
-                s_packets(d, npackets)
-                s_over(d, False)
+                d: Any = new(unfrozen)  # slots typed through FlowDelta; see _Unfrozen
+                d.kind = kinds[kind]
+                d.local = la
+                d.remote = ra
+                d.port = port
+                d.protocol = proto
+                d.bytes = nbytes
+                d.packets = npackets
+                d.overflow = False
+                d.__class__ = fd  # now a FlowDelta (frozen from here on)
                 append(d)
         finally:
             if paused:
@@ -379,6 +476,18 @@ class FlowTables:
 
 
 _NEW = object.__new__
+
+
+class _Unfrozen:
+    """FlowDelta's slots, without its frozen ``__setattr__``: :meth:`FlowTables._convert`
+    fills one with attribute stores and then assigns ``__class__ = FlowDelta``. Python
+    allows that assignment only between classes with the same base and the same slots
+    (otherwise TypeError, which tests/unit/test_flows.py would show), and the object is
+    then a FlowDelta like any other (equality, hash, immutability)."""
+
+    __slots__ = FlowDelta.__slots__
+
+
 (_SET_KIND, _SET_LOCAL, _SET_REMOTE, _SET_PORT, _SET_PROTOCOL, _SET_BYTES, _SET_PACKETS,
  _SET_OVERFLOW) = (getattr(FlowDelta, f).__set__ for f in (
     "kind", "local", "remote", "port", "protocol", "bytes", "packets", "overflow"))
@@ -402,55 +511,3 @@ def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
     _SET_PACKETS(d, packets)
     _SET_OVERFLOW(d, False)
     return d
-
-
-def counted_once(delta: FlowDelta, *, remote_is_pod: bool, remote_is_frontend: bool) -> bool:
-    """Whether this node's agent keeps ``delta`` so that every byte counts once cluster-wide.
-
-    The kernel counts every packet at each local pod veth it crosses; this is the
-    userspace half of the rule in DESIGN.md ("Counting rule"):
-
-    * ``REQUEST``/``RESPONSE``: always kept. They exist only at the endpoint's own veth,
-      and only on its node.
-    * ``EGRESS``/``INGRESS`` whose remote ``(address, port, protocol)`` is a Service
-      frontend: dropped. That is the client-side copy of Service traffic (kube-proxy DNAT
-      happens on the client's node, so the client's veth sees the ClusterIP, or the pod IP
-      when the client dials an endpoint directly); the endpoint's node counts it as
-      request/response.
-    * ``EGRESS`` otherwise: kept (each pod's outbound bytes are counted at that pod).
-    * ``INGRESS`` otherwise: kept only when the remote is not a pod. When it is a pod,
-      the remote pod's own veth counted the same bytes as its ``EGRESS`` (on the same or
-      another node); a node, a host-network pod, a managed database or the internet has
-      no veth of ours, so its bytes into the pod are counted here.
-
-    Args:
-        delta: a non-overflow delta from :meth:`FlowTables.drain`.
-        remote_is_pod: ``delta.remote`` is the IP of a pod that is not host-network (so
-            some agent watches its veth).
-        remote_is_frontend: ``(delta.remote, delta.port, delta.protocol)`` is a ClusterIP
-            Service port whose endpoints are pods, or an endpoint (EndpointSlice address
-            and port) that is a non-host-network pod: its node's agent counts these bytes
-            as request/response. Pass False for a ClusterIP whose endpoints are all
-            host-network (no veth sees them there, so the client side counts them, DESIGN.md
-            "Host-network endpoints"); a ClusterIP with both kinds of endpoints cannot be
-            split at the client and is a known gap (docs/datapath.md).
-
-    Returns:
-        True when the bytes of ``delta`` belong in this node's totals.
-
-    Raises:
-        ValueError: ``delta`` is an EGRESS/INGRESS overflow delta: it has no remote, so
-            the rule cannot be applied; report its bytes as unattributed
-            (``flow_table_full``). REQUEST/RESPONSE overflow deltas return True.
-    """
-    if delta.kind in (FlowKind.REQUEST, FlowKind.RESPONSE):
-        return True
-    if delta.overflow:
-        raise ValueError(f"{delta.kind.value} overflow delta has no remote: report it as unattributed")
-    if remote_is_frontend:
-        return False
-    if delta.kind is FlowKind.EGRESS:
-        return True
-    return not remote_is_pod
-
-

@@ -67,19 +67,24 @@ SENDER_C = r"""
 int main(int argc, char **argv) {
     int fam = strchr(argv[1], ':') ? AF_INET6 : AF_INET;
     int port = atoi(argv[2]); long count = atol(argv[3]); int payload = atoi(argv[4]);
+    int nports = argc > 5 ? atoi(argv[5]) : 1; /* > 1: round-robin over ports port.. */
     struct sockaddr_storage ss; memset(&ss, 0, sizeof(ss)); socklen_t len;
     if (fam == AF_INET) { struct sockaddr_in *a = (void *)&ss; a->sin_family = fam;
         a->sin_port = htons(port); inet_pton(fam, argv[1], &a->sin_addr); len = sizeof(*a); }
     else { struct sockaddr_in6 *a = (void *)&ss; a->sin6_family = fam;
         a->sin6_port = htons(port); inet_pton(fam, argv[1], &a->sin6_addr); len = sizeof(*a); }
     int s = socket(fam, SOCK_DGRAM, 0);
-    if (s < 0 || connect(s, (void *)&ss, len) < 0) { perror("socket"); return 1; }
+    if (s < 0 || (nports == 1 && connect(s, (void *)&ss, len) < 0)) { perror("socket"); return 1; }
     char buf[64]; memset(buf, 'x', sizeof(buf));
-    enum { B = 64 }; struct mmsghdr m[B]; struct iovec io[B];
+    enum { B = 64 }; struct mmsghdr m[B]; struct iovec io[B]; struct sockaddr_storage to[B];
     for (int i = 0; i < B; i++) { io[i].iov_base = buf; io[i].iov_len = payload;
-        memset(&m[i], 0, sizeof(m[i])); m[i].msg_hdr.msg_iov = &io[i]; m[i].msg_hdr.msg_iovlen = 1; }
+        memset(&m[i], 0, sizeof(m[i])); m[i].msg_hdr.msg_iov = &io[i]; m[i].msg_hdr.msg_iovlen = 1;
+        if (nports > 1) { to[i] = ss; m[i].msg_hdr.msg_name = &to[i]; m[i].msg_hdr.msg_namelen = len; } }
+    long k = 0;
     struct timespec t0, t1; clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long sent = 0; sent < count; ) {
+        for (int i = 0; nports > 1 && i < B; i++) { /* sin_port and sin6_port share the offset */
+            ((struct sockaddr_in *)&to[i])->sin_port = htons(port + (k++ % nports)); }
         int n = sendmmsg(s, m, count - sent < B ? count - sent : B, 0);
         if (n < 0) { perror("sendmmsg"); return 1; }
         sent += n;
@@ -139,8 +144,9 @@ class Bench:
                         protocol=ETH_P_ALL)
         return fin.fd, feg.fd
 
-    def udp_burst(self, family: int, count: int) -> float:
-        """Send count 64-byte frames client -> server; return elapsed seconds."""
+    def udp_burst(self, family: int, count: int, nports: int = 1) -> float:
+        """Send count 64-byte frames client -> server (round-robin over nports server
+        ports from PORT: one flow per port at the client's hook); return elapsed seconds."""
         fam = socket.AF_INET if family == 4 else socket.AF_INET6
         payload = b"x" * (64 - 14 - (20 if family == 4 else 40) - 8)
         dst = (pod_ip("a2", family), PORT)
@@ -148,20 +154,24 @@ class Bench:
         stop = threading.Event()
 
         def sink() -> None:
-            s = socket.socket(fam, socket.SOCK_DGRAM)
-            s.bind(dst)
+            socks = []
+            for port in range(PORT, PORT + nports):
+                s = socket.socket(fam, socket.SOCK_DGRAM)
+                s.bind((dst[0], port))
+                socks.append(s)
             ready.set()
-            stop.wait(60)  # never read: the socket queue drops, no ICMP comes back
-            s.close()
+            stop.wait(60)  # never read: the socket queues drop, no ICMP comes back
+            for s in socks:
+                s.close()
 
         th = threading.Thread(target=lambda: run_in_netns(self.lab.pod_ns["a2"], sink))
         th.start()
-        ready.wait(5)
+        ready.wait(30)
 
         try:
             out = subprocess.run(
                 ["ip", "netns", "exec", self.lab.pod_ns["a1"], str(self.sender), dst[0],
-                 str(PORT), str(count), str(len(payload))],
+                 str(PORT), str(count), str(len(payload)), str(nports)],
                 check=True, capture_output=True, text=True).stdout
             return float(out)
         finally:
@@ -177,7 +187,9 @@ class Bench:
     def per_packet_ns(self, config: str, traffic: str) -> float:
         fds = self.use(config)
         before = [fdinfo(fd) for fd in fds]
-        if traffic == "udp4":
+        if traffic.startswith("udp4x"):  # udp4xN: N flows round-robin
+            self.udp_burst(4, self.packets, int(traffic[5:]))
+        elif traffic == "udp4":
             self.udp_burst(4, self.packets)
         elif traffic == "udp6":
             self.udp_burst(6, self.packets)
@@ -248,6 +260,10 @@ def main() -> int:
                     help="rounds of the UDP rate measurement (default: 3 x --rounds): the "
                          "rate is wall-clock and suffers most from other jobs on the cores, "
                          "so it gets more alternations")
+    ap.add_argument("--flows", type=int, action="append", default=[],
+                    help="also measure the per-packet cost with the client sending round-robin "
+                         "to this many server ports (one flow each at the client's hook; the "
+                         "per-CPU flow cache has 256 slots); repeatable")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -259,7 +275,8 @@ def main() -> int:
     bench = Bench(args.packets)
     try:
         set_stats(True)
-        for traffic in ("udp4", "udp6", "tcp4"):
+        traffics = ("udp4", "udp6", "tcp4") + tuple(f"udp4x{n}" for n in args.flows)
+        for traffic in traffics:
             samples: dict[str, list[float]] = {"empty": [], "zonemeter": []}
             for r in range(args.rounds):
                 order = ("empty", "zonemeter") if r % 2 == 0 else ("zonemeter", "empty")
@@ -290,7 +307,7 @@ def main() -> int:
     print(f"kernel {results['kernel']}, {args.rounds} rounds alternated, {args.packets} frames each\n")
     print("| traffic | empty ns/pkt | zonemeter ns/pkt | extra ns | ratio |")
     print("|---|---|---|---|---|")
-    for traffic in ("udp4", "udp6", "tcp4"):
+    for traffic in traffics:
         r = results[f"ns_{traffic}"]
         rt = r["ratio"]  # type: ignore[index]
         print(f"| {traffic} | {fmt(r['empty'])} | {fmt(r['zonemeter'])} | {fmt(r['extra_ns'])} | "  # type: ignore[index]

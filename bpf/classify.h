@@ -22,12 +22,13 @@
 
 /*
  * BCC rewrites map method calls (map.lookup()) only in the main source file, never in
- * included headers. Each program file therefore defines these four accessors before
+ * included headers. Each program file therefore defines these five accessors before
  * including this header (tc.c does); they are the only map accesses by name:
  *   static __always_inline __u32 *zm_endpoint_lookup(struct zm_endpoint_key *k);
  *   static __always_inline int zm_endpoint_port(__be16 port);  1 when an endpoint uses port
  *   static __always_inline void *zm_active_flows(void);      the active flow table or NULL
  *   static __always_inline struct zm_flow_value *zm_lost_counter(void);
+ *   static __always_inline struct zm_cache_slot *zm_cache_slot_at(__u32 idx);  or NULL
  * Flow tables are then reached through the map pointer zm_active_flows() returns, with
  * the plain bpf_map_*_elem helpers, which need no rewriting.
  */
@@ -287,6 +288,46 @@ static __always_inline void zm_account(void *flows, struct zm_flow_key *key, __u
 		zm_add_value(v, bytes, packets);
 }
 
+/* Returns 1 when the two flow keys are equal (both 8-byte aligned: five 64-bit words). */
+static __always_inline int zm_key_eq(const struct zm_flow_key *a, const struct zm_flow_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+/* Returns this CPU's cache slot for key (a multiplicative hash of its five words), or
+ * NULL when no cache is active. */
+static __always_inline struct zm_cache_slot *zm_cache_slot_for(const struct zm_flow_key *key)
+{
+	const __u64 *w = (const __u64 *)key;
+	__u64 h = (w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4]) * 0x9E3779B97F4A7C15ULL;
+	return zm_cache_slot_at((__u32)(h >> 32) & (ZM_CACHE_SLOTS - 1));
+}
+
+/* Counts bytes/packets for key through this CPU's cache slot: added in place when the
+ * slot holds key; otherwise the slot's counts go to the flow table (zm_account) and key
+ * takes the slot. Without a cache, straight to the table. Plain adds: a slot belongs to
+ * one CPU and tc programs do not nest on a CPU (not for PREEMPT_RT kernels, where BPF
+ * programs can be preempted). Returns nothing. */
+static __always_inline void zm_count(void *flows, struct zm_cache_slot *slot,
+				     struct zm_flow_key *key, __u64 bytes, __u64 packets)
+{
+	if (!slot) {
+		zm_account(flows, key, bytes, packets);
+		return;
+	}
+	if (zm_key_eq(&slot->key, key)) {
+		slot->bytes += bytes;
+		slot->packets += packets;
+		return;
+	}
+	if (slot->packets)
+		zm_account(flows, &slot->key, slot->bytes, slot->packets);
+	__builtin_memcpy(&slot->key, key, sizeof(*key));
+	slot->bytes = bytes;
+	slot->packets = packets;
+}
+
 /*
  * Classifies the packet in skb and counts it. l3_off: offset of the IP header in the
  * packet data (ETH_HLEN for clsact on Ethernet devices, 0 for cgroup_skb). into_local:
@@ -300,7 +341,7 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 {
 	/* The parser writes the addresses straight into the key: the destination is the
 	 * local side when the packet enters the local pod, the source when it leaves it. */
-	struct zm_flow_key key;
+	struct zm_flow_key key __attribute__((aligned(8))); /* read as five u64 words */
 	__builtin_memset(&key, 0, sizeof(key));
 	__u8 *src = into_local ? key.remote : key.local;
 	__u8 *dst = into_local ? key.local : key.remote;
@@ -340,20 +381,23 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	__be16 svc_port = into_local ? p.dport : p.sport;
 	key.proto = p.proto;
 	key.family = p.family;
+	struct zm_cache_slot *slot;
 	if (p.has_ports && zm_endpoint_port(svc_port)) {
 		key.kind = into_local ? ZM_KIND_REQUEST : ZM_KIND_RESPONSE;
 		key.port = svc_port;
-		/* An entry for this Service key in the active table means the endpoint test
-		 * passed for this flow since the last drain: count without repeating it (one
-		 * hash lookup fewer per Service packet). An endpoint removed meanwhile is thus
-		 * classified as such until the next drain starts a fresh table. */
-		struct zm_flow_value *v = bpf_map_lookup_elem(flows, &key);
-		if (v) {
-			zm_add_value(v, bytes, packets);
+		/* This Service key in this CPU's cache slot or in the active table means the
+		 * endpoint test passed for this flow since the last drain: count without
+		 * repeating it. An endpoint removed meanwhile is thus classified as such until
+		 * the next drain starts a fresh table and cache. */
+		slot = zm_cache_slot_for(&key);
+		if (slot && zm_key_eq(&slot->key, &key)) {
+			slot->bytes += bytes;
+			slot->packets += packets;
 			return;
 		}
-		if (zm_endpoint_lookup_at(key.local, svc_port, p.proto)) {
-			zm_account(flows, &key, bytes, packets);
+		if (bpf_map_lookup_elem(flows, &key) ||
+		    zm_endpoint_lookup_at(key.local, svc_port, p.proto)) {
+			zm_count(flows, slot, &key, bytes, packets);
 			return;
 		}
 	}
@@ -364,7 +408,7 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		key.kind = ZM_KIND_EGRESS;
 		key.port = zm_remote_port(p.dport);
 	}
-	zm_account(flows, &key, bytes, packets);
+	zm_count(flows, zm_cache_slot_for(&key), &key, bytes, packets);
 }
 
 #endif /* ZONEMETER_CLASSIFY_H */

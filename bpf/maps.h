@@ -31,6 +31,16 @@ ZM_MAP("hash", struct zm_flow_key, struct zm_flow_value, zm_flows_b,
        ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
 ZM_MAP("array_of_maps$zm_flows_a", int, int, zm_active, 1);
 
+/* Per-CPU flow caches, one per flow table, switched by the agent like the tables (first
+ * zm_cache_active, then zm_active; each switch waits for running programs). A packet whose
+ * flow sits in its CPU's slot is counted there without the flow-table hash lookup; a
+ * packet of another flow moves the slot's counts into the active flow table and takes
+ * the slot. After both switches the agent folds the idle cache into the idle table
+ * before reading it, so nothing is lost or counted twice (docs/datapath.md). */
+ZM_MAP("percpu_array", int, struct zm_cache_slot, zm_cache_a, ZM_CACHE_SLOTS);
+ZM_MAP("percpu_array", int, struct zm_cache_slot, zm_cache_b, ZM_CACHE_SLOTS);
+ZM_MAP("array_of_maps$zm_cache_a", int, int, zm_cache_active, 1);
+
 /* Local endpoints, written by the agent (value: 1). */
 ZM_MAP("hash", struct zm_endpoint_key, __u32, zm_endpoints, ZM_ENDPOINT_CAPACITY);
 

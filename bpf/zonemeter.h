@@ -43,7 +43,10 @@
  * fields). Stored in the pinned zm_layout map; a restarted agent that finds another
  * value (or other map sizes) recreates the pins instead of misreading them. Bump it with
  * any change to the structs below or to the maps in maps.h. */
-#define ZM_LAYOUT_VERSION 1
+#define ZM_LAYOUT_VERSION 2
+
+/* Slots of the per-CPU flow cache in front of each flow table (power of two). */
+#define ZM_CACHE_SLOTS 256
 
 /* One overflow entry per (kind, family): 4 kinds x 2 families. The agent seeds them in
  * both flow tables, so a table holds ZM_FLOW_CAPACITY flows plus these. */
@@ -75,6 +78,16 @@ struct zm_flow_key {
 struct zm_flow_value {
 	__u64 bytes;   /* L3 bytes (IP header included) as on the wire, GSO segments expanded */
 	__u64 packets; /* packets as on the wire (a GSO packet counts gso_segs) */
+};
+
+/* One slot of the per-CPU flow cache (zm_cache_a/b): the last flow this CPU counted whose
+ * key hashed to the slot, and what it counted since the flow entered the slot and that
+ * is not in the flow table yet. 56 bytes, no implicit padding (key at 0, 40 bytes; the
+ * counters 8-aligned at 40 and 48). packets == 0: the slot holds nothing. */
+struct zm_cache_slot {
+	struct zm_flow_key key; /* 0:  as in the flow table */
+	__u64 bytes;            /* 40: host order, as zm_flow_value.bytes */
+	__u64 packets;          /* 48: host order, as zm_flow_value.packets */
 };
 
 /* Key of the local endpoint map: a Service endpoint on this node. 20 bytes. */

@@ -3,7 +3,8 @@
 Real kernel, real traffic: a two-node lab in network namespaces (tests/kernel/
 _dp_fixtures.py), one :class:`agent.datapath.Datapath` per node namespace, and
 iptables/ip6tables byte counters as the independent ground truth. For each flow the
-bytes kept by all nodes' datapaths (after :func:`agent.flows.counted_once`) must equal
+bytes kept by all nodes' datapaths (after the exactly-once rule,
+:func:`agent.attribution.counted_here`) must equal
 the ground truth per (client pod, server pod, direction), and the raw kernel counts must
 be exactly twice the ground truth (every packet between two pods crosses two pod veths),
 so nothing is lost and nothing is counted twice.
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.datapath import Datapath, DatapathConfig
-from agent.flows import counted_once
+from agent.attribution import counted_here
 from agent.records import FlowDelta, FlowKind
 from tests.kernel._dp_fixtures import PODS, VIP, VIP_PORT, Flow, MiniLab, all_pod_ips, pod_ip
 
@@ -92,7 +93,7 @@ def frontends() -> set[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int,
 
 def attribute(per_node: dict[str, list[FlowDelta]], flow: Flow
               ) -> tuple[dict[tuple[str, str, str], list[int]], int, int]:
-    """Apply counted_once and attribute kept bytes to (client, server, direction).
+    """Apply the exactly-once rule (counted_here); attribute kept bytes to (client, server, direction).
 
     Returns (kept {(client, server, direction): [bytes, packets]}, raw bytes of every
     delta about this flow, number of dropped client-side copies).
@@ -111,7 +112,7 @@ def attribute(per_node: dict[str, list[FlowDelta]], flow: Flow
             if d.local not in (c, s) or d.remote not in (c, s, vip):
                 continue  # ND, other tests' stragglers
             raw += d.bytes
-            keep = counted_once(d, remote_is_pod=d.remote in pods,
+            keep = counted_here(d.kind, remote_is_pod=d.remote in pods,
                                 remote_is_frontend=(d.remote, d.port, d.protocol) in fronts)
             if not keep:
                 dropped += 1

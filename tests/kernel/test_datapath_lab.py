@@ -6,7 +6,7 @@ gets a :class:`agent.datapath.Datapath` in its namespace with that node's Servic
 endpoints; traffic goes through the ClusterIP (TCP and UDP, random endpoint per
 connection, so same-node and cross-node), directly to pod IPs, and to a port that is no
 Service's. For IPv4 and IPv6, flat and VXLAN: the bytes kept by all agents after
-:func:`agent.flows.counted_once` equal the lab's ground truth per (client pod, server
+:func:`agent.attribution.counted_here` equal the lab's ground truth per (client pod, server
 pod, direction).
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.datapath import Datapath, DatapathConfig
-from agent.flows import counted_once
+from agent.attribution import counted_here
 from agent.records import FlowKind
 
 pytestmark = pytest.mark.kernel
@@ -113,7 +113,7 @@ class LabEnv:
         for dp in self.dps.values():
             for d in dp.drain():
                 assert not d.overflow, d
-                keep = counted_once(d, remote_is_pod=d.remote in self.pod_by_ip,
+                keep = counted_here(d.kind, remote_is_pod=d.remote in self.pod_by_ip,
                                     remote_is_frontend=(d.remote, d.port, d.protocol)
                                     in self.frontends)
                 if not keep:

@@ -1,4 +1,6 @@
-"""counted_once: the userspace half of the once-only counting rule (DESIGN.md)."""
+"""agent.flows: record construction of the drain; and the exactly-once rule applied to
+the deltas it produces (:func:`agent.attribution.counted_here`, which the kernel tests in
+tests/kernel/test_datapath*.py apply to real drained deltas)."""
 
 from __future__ import annotations
 
@@ -6,44 +8,39 @@ import ipaddress
 
 import pytest
 
-from agent.flows import counted_once
+from agent.attribution import counted_here
 from agent.records import FlowDelta, FlowKind
 
 POD = ipaddress.ip_address("10.1.0.5")
 PEER = ipaddress.ip_address("10.2.0.7")
 
 
-def delta(kind: FlowKind, overflow: bool = False) -> FlowDelta:
-    return FlowDelta(kind, POD, PEER, 80, 6, 1000, 3, overflow)
-
-
 @pytest.mark.parametrize("kind", [FlowKind.REQUEST, FlowKind.RESPONSE])
 @pytest.mark.parametrize("pod,frontend", [(True, True), (True, False), (False, False)])
 def test_service_deltas_always_kept(kind: FlowKind, pod: bool, frontend: bool) -> None:
-    assert counted_once(delta(kind), remote_is_pod=pod, remote_is_frontend=frontend)
+    assert counted_here(kind, remote_is_pod=pod, remote_is_frontend=frontend)
 
 
 @pytest.mark.parametrize("kind", [FlowKind.EGRESS, FlowKind.INGRESS])
 def test_client_side_copy_of_service_traffic_dropped(kind: FlowKind) -> None:
-    assert not counted_once(delta(kind), remote_is_pod=True, remote_is_frontend=True)
-    assert not counted_once(delta(kind), remote_is_pod=False, remote_is_frontend=True)
+    assert not counted_here(kind, remote_is_pod=True, remote_is_frontend=True)
+    assert not counted_here(kind, remote_is_pod=False, remote_is_frontend=True)
 
 
 def test_pod_to_pod_counted_outbound_only() -> None:
-    assert counted_once(delta(FlowKind.EGRESS), remote_is_pod=True, remote_is_frontend=False)
-    assert not counted_once(delta(FlowKind.INGRESS), remote_is_pod=True, remote_is_frontend=False)
+    assert counted_here(FlowKind.EGRESS, remote_is_pod=True, remote_is_frontend=False)
+    assert not counted_here(FlowKind.INGRESS, remote_is_pod=True, remote_is_frontend=False)
 
 
 def test_non_pod_remote_counted_both_directions() -> None:
-    assert counted_once(delta(FlowKind.EGRESS), remote_is_pod=False, remote_is_frontend=False)
-    assert counted_once(delta(FlowKind.INGRESS), remote_is_pod=False, remote_is_frontend=False)
+    assert counted_here(FlowKind.EGRESS, remote_is_pod=False, remote_is_frontend=False)
+    assert counted_here(FlowKind.INGRESS, remote_is_pod=False, remote_is_frontend=False)
 
 
-def test_overflow() -> None:
-    assert counted_once(delta(FlowKind.REQUEST, True), remote_is_pod=False, remote_is_frontend=False)
-    for kind in (FlowKind.EGRESS, FlowKind.INGRESS):
-        with pytest.raises(ValueError, match="overflow"):
-            counted_once(delta(kind, True), remote_is_pod=False, remote_is_frontend=False)
+def test_counted_once_is_gone_from_flows() -> None:
+    import agent.flows
+
+    assert not hasattr(agent.flows, "counted_once")  # one rule, in agent.attribution
 
 
 def test_fast_delta_equals_constructor() -> None:
@@ -97,5 +94,9 @@ def test_convert_builds_the_records_the_constructor_would() -> None:
     expected.append(FlowDelta(FlowKind.EGRESS, ipaddress.IPv6Address(0), ipaddress.IPv6Address(0),
                               0, 0, 777, 5, True))
     assert out == expected
+    assert all(type(d) is FlowDelta for d in out)
+    assert hash(out[0]) == hash(expected[0])
+    with pytest.raises(AttributeError):  # frozen like any FlowDelta
+        out[0].bytes = 1  # type: ignore[misc]
     assert t._entries == 4  # flow entries in the table, overflow entries excluded
     assert t._overflow_bytes == 777
