@@ -50,8 +50,15 @@ site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purel
 # Only the bcc package is linked from Debian's dist-packages, so no other Debian
 # Python package leaks into the venv.
 ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# pip and the build backend are chatty (index warnings, editable-install notices): keep
+# their output in a log and show it only when the install fails
+log=.venv/setup-pip.log
+if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip &&
+       .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'; } >"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  echo "setup: pip install failed (full log: $log)" >&2
+  exit 1
+fi
 .venv/bin/python -c 'import bcc, pyroute2, kubernetes, prometheus_client, cachetools' \
   || { echo "setup: venv imports failed" >&2; exit 1; }
 echo "setup: ok (venv .venv, kernel $k)"
