@@ -896,7 +896,14 @@ class Attributor:
     def _peer(self, b: _Batch, ip: IPAddress, k: int) -> Peer:
         p = b.peers.get(k)
         if p is None:
-            p = b.peers[k] = self._meta.resolve(ip, b.at)
+            if ip.is_link_local or ip.is_multicast or ip.is_unspecified:
+                # link-scope packets (IPv6 neighbour discovery, MLD reports, DAD from ::,
+                # 169.254/16) never leave the veth's link: they stay between the pod and
+                # this node, so they are the node's traffic, never cross-zone
+                p = self._meta.node(self.node) or Peer(PeerKind.NODE, node=self.node)
+            else:
+                p = self._meta.resolve(ip, b.at)
+            b.peers[k] = p
         return p
 
     def _endpoint(self, b: _Batch, ip: IPAddress, ek: tuple[int, int, int]) -> _Svc | None:

@@ -279,8 +279,12 @@ def test_draining_during_traffic_loses_nothing(lab: MiniLab) -> None:
         errors: list[BaseException] = []
 
         def traffic() -> None:
+            # 20 short bursts with pauses longer than a drain, so the flow spans many
+            # drains however fast or loaded the machine is
             try:
-                lab.run_flow(flow, request_bytes=20_000, response_bytes=20_000, count=40)
+                for _ in range(20):
+                    lab.run_flow(flow, request_bytes=20_000, response_bytes=20_000, count=2)
+                    time.sleep(0.05)
             except BaseException as err:  # noqa: BLE001
                 errors.append(err)
 

@@ -685,3 +685,20 @@ def test_batches_of_one_drain_share_lookups(cluster) -> None:  # type: ignore[no
     at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 4)], T0 + 10)           # next drain
     assert view.resolves == 2 * first
     assert sum(at.totals().service_bytes.values()) == 7
+
+
+@pytest.mark.parametrize("remote", ["ff02::16", "ff02::1:ff00:20", "fe80::1", "::", "169.254.1.1",
+                                    "224.0.0.22"])
+@pytest.mark.parametrize("kind", [FlowKind.EGRESS, FlowKind.INGRESS])
+def test_link_scope_traffic_is_the_nodes_never_cross_zone(cluster, remote: str,  # type: ignore[no-untyped-def]
+                                                          kind: FlowKind) -> None:
+    # a new pod's veth sends MLD reports and DAD probes: they never leave the link, so they
+    # count once, as traffic between the pod and its own node, not as external traffic
+    local = "fd00:10:1:1::10" if ":" in remote else "10.1.1.10"
+    a = attributor(cluster, "n1")
+    a.attribute([flow(kind, local, remote, 0, 96, proto=58 if ":" in remote else 2)], T0)
+    t = a.totals()
+    assert accounted(t) == 96
+    (key, n), = t.workload_bytes.items()
+    assert n == 96
+    assert (key.remote_kind, key.crossing, key.remote_zone, key.client_zone) == ("node", "same_node", A, A)

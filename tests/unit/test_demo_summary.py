@@ -202,3 +202,17 @@ def test_warning_messages_come_from_the_hint_model_on_the_demo_snapshot(tmp_path
     for key, model in models.items():  # every code the summary prints has its message
         assert set(model.warnings) <= set(messages[key]), key
     assert "Auto refuses 8 ready endpoints" in messages["shop/cart"]["auto-minimum-endpoints"]
+
+
+def test_pod_traffic_with_its_own_node_is_not_counted_as_double() -> None:
+    # a replaced pod's new interface sends MLD reports and neighbour discovery to its node:
+    # real, node-local, never Service traffic; anything else in workload series is
+    labels = ('namespace="shop",workload="checkout",workload_kind="Deployment",client_zone="zone-b",'
+              'remote_zone="zone-b",')
+    text = (f"# TYPE {WORKLOAD_BYTES[:-6]} counter\n"
+            f'{WORKLOAD_BYTES}{{{labels}remote_kind="node",crossing="same_node",direction="egress"}} 1536\n'
+            f'{WORKLOAD_BYTES}{{{labels}remote_kind="pod",crossing="same_zone",direction="egress"}} 40\n')
+    m = parse_metrics(text)
+    assert (m.node_link_bytes, m.workload_bytes) == (1536, 40)
+    both = merge([m, parse_metrics(text)])
+    assert (both.node_link_bytes, both.workload_bytes) == (3072, 80)

@@ -59,7 +59,11 @@ class AgentMetrics:
         in_effect: (namespace, service) -> {client_zone: bool}.
         info: (namespace, service) -> (mode, reason).
         workload_bytes: sum of ``zonemeter_workload_bytes_total`` over every label (both
-            ``direction`` values).
+            ``direction`` values) except the pods' traffic with their own node
+            (``remote_kind="node", crossing="same_node"``).
+        node_link_bytes: that traffic with the own node: link-scope packets (IPv6
+            neighbour discovery, MLD reports of a new pod's interface) the kernel sends
+            by itself; never Service traffic, never cross-zone.
         unattributed: reason -> bytes.
         attached_interfaces: ``zonemeter_attached_interfaces`` (summed over agents).
     """
@@ -69,6 +73,7 @@ class AgentMetrics:
     in_effect: dict[tuple[str, str], dict[str, bool]] = field(default_factory=dict)
     info: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     workload_bytes: int = 0
+    node_link_bytes: int = 0
     unattributed: dict[str, int] = field(default_factory=dict)
     attached_interfaces: int = 0
 
@@ -98,7 +103,10 @@ def parse_metrics(text: str) -> AgentMetrics:
             elif s.name == LOCALITY_INFO:
                 m.info[(lb["namespace"], lb["service"])] = (lb.get("mode", ""), lb.get("reason", ""))
             elif s.name == WORKLOAD_BYTES:
-                m.workload_bytes += int(v)
+                if lb.get("remote_kind") == "node" and lb.get("crossing") == "same_node":
+                    m.node_link_bytes += int(v)
+                else:
+                    m.workload_bytes += int(v)
             elif s.name == UNATTRIBUTED_BYTES:
                 r = lb.get("reason", "")
                 m.unattributed[r] = m.unattributed.get(r, 0) + int(v)
@@ -121,6 +129,7 @@ def merge(parts: Iterable[AgentMetrics]) -> AgentMetrics:
         for k, i in p.info.items():
             out.info.setdefault(k, i)
         out.workload_bytes += p.workload_bytes
+        out.node_link_bytes += p.node_link_bytes
         for r, n in p.unattributed.items():
             out.unattributed[r] = out.unattributed.get(r, 0) + n
         out.attached_interfaces += p.attached_interfaces

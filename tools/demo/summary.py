@@ -22,8 +22,11 @@ their messages).
 ``double_counted_bytes``: over every (Service, client zone, server zone, direction), the
 bytes the agents report above the lab's count (same-node and same-zone are not told
 apart here: for host-network endpoints the agent may only know the zone), plus every byte in
-``zonemeter_workload_bytes_total``, both directions (the demo sends only Service traffic, so a byte
-there is a Service byte counted a second time). 0 when every byte is counted once.
+``zonemeter_workload_bytes_total``, both directions, other than a pod's traffic with its own
+node (the demo sends only Service traffic, so such a byte is a Service byte counted a second
+time; a new pod's interface sends link-scope packets, MLD reports and neighbour discovery, to
+its node by itself, which the agents count as the pod's traffic with its node). 0 when every
+byte is counted once.
 """
 
 from __future__ import annotations
