@@ -32,7 +32,7 @@ Traffic drained by node-0 in the interval (worst case: every pod is a client her
 
 Usage:
     python bench/bench_series.py [--pods 1000,10000,100000] [--conns 1,10]
-        [--services 10,100,200] [--zones 3] [--seed 1] [-o table|json]
+        [--services 10,100,200] [--zones 3] [--seed 1] [--bare-pods] [-o table|json]
 
 Examples:
     python bench/bench_series.py                      # the grid in BENCHMARKS.md
@@ -108,13 +108,16 @@ class Cluster:
     pod_names: set[str]
 
 
-def build_cluster(pods: int, services: int, zones: int) -> Cluster:
+def build_cluster(pods: int, services: int, zones: int, bare: bool = False) -> Cluster:
     """Build the cluster model described in the module docstring.
 
     Args:
         pods: pods in the cluster (>= (zones + 1) * services: endpoints in every zone).
         services: Services, one port each (80 -> target 8080, TCP).
         zones: zones (>= 2).
+        bare: pods have no ownerReferences, so each pod is its own workload (kind
+            ``Pod``, as ``agent.k8s.cache.workload_of`` names it); the Services still
+            select them.
 
     Raises:
         ValueError: pods < (zones + 1) * services or zones < 2.
@@ -153,8 +156,9 @@ def build_cluster(pods: int, services: int, zones: int) -> Cluster:
         name = f"pod-{i}"
         names.add(name)
         meta.peers[ip] = Peer(PeerKind.POD, zone=node_zone[n], region="r1", node=f"node-{n}",
-                              namespace=f"ns-{w % 20}", name=name, workload=f"wl-{w}",
-                              workload_kind="Deployment")
+                              namespace=f"ns-{w % 20}", name=name,
+                              workload=name if bare else f"wl-{w}",
+                              workload_kind="Pod" if bare else "Deployment")
         endpoints[w].append(ip)
         if n == 0:
             local.setdefault(w, []).append(ip)
@@ -292,11 +296,12 @@ def bound(services: int, zones: int, hinted: int) -> dict[str, int]:
     }
 
 
-def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1) -> dict[str, object]:
+def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
+            bare: bool = False) -> dict[str, object]:
     """Run one grid point; return its counts (see module docstring)."""
     rng = random.Random(seed)
     t0 = time.perf_counter()
-    c = build_cluster(pods, services, zones)
+    c = build_cluster(pods, services, zones, bare)
     att = Attributor(NODE, c.meta, c.hints)
     deltas = 0
     for batch in traffic(c, pods, conns, services, rng):
@@ -338,13 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--services", type=_ints, default=[10, 100, 200])
     ap.add_argument("--zones", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--bare-pods", action="store_true",
+                    help="pods without owners (each its own workload): shows the one way "
+                    "per-pod names reach series (exit 1: leaks found)")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args(argv)
     rows = []
     for s in args.services:
         for p in args.pods:
             for cn in args.conns:
-                r = measure(p, cn, s, args.zones, args.seed)
+                r = measure(p, cn, s, args.zones, args.seed, args.bare_pods)
                 rows.append(r)
                 if args.output == "table":
                     if len(rows) == 1:

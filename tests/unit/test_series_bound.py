@@ -41,3 +41,14 @@ def test_leak_detector_flags_pod_names_and_addresses() -> None:
     assert counts == {"zonemeter_workload_bytes": 1, "zonemeter_service_bytes": 1,
                       "zonemeter_build_info": 1}
     assert sorted(leaks) == ["10.0.0.1", "pod-7"]
+
+
+def test_ownerless_pods_are_their_own_workloads() -> None:
+    # the known exception: a pod without ownerReferences is its own workload (kind Pod),
+    # so its name becomes a workload label value and those series grow with such pods
+    few = measure(pods=400, conns=1, services=10, zones=3, bare=True)
+    many = measure(pods=4000, conns=1, services=10, zones=3, bare=True)
+    assert few["leaks"] and many["leaks"]
+    assert many["local_pods"] > few["local_pods"]
+    assert many["series"]["zonemeter_workload_bytes"] > few["series"]["zonemeter_workload_bytes"]
+    assert many["series"]["zonemeter_service_bytes"] == few["series"]["zonemeter_service_bytes"]
