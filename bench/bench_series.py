@@ -323,7 +323,7 @@ def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
         "series_other": sum(v for f, v in counts.items() if f not in FAMILIES),
         "series_total": sum(counts.values()),
         "bound": bound(services, zones, (services + 1) // 2),
-        "leaks": leaks[:10], "seconds": round(time.perf_counter() - t0, 2),
+        "leak_count": len(leaks), "leaks": leaks[:10], "seconds": round(time.perf_counter() - t0, 2),
     }
 
 
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                     ser = r["series"]
                     print(f"{p:>7} {cn:>4} {s:>5} {r['local_pods']:>5} {r['deltas']:>9} "
                           + " ".join(f"{ser[f]:>8}" for f in FAMILIES)
-                          + f" {r['series_other']:>5} {r['series_total']:>6} {len(r['leaks']):>5}"
+                          + f" {r['series_other']:>5} {r['series_total']:>6} {r['leak_count']:>5}"
                           f" {r['seconds']:>5}", flush=True)
     if args.output == "json":
         print(json.dumps(rows, indent=1))
