@@ -48,6 +48,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,7 +166,7 @@ def build_cluster(pods: int, services: int, zones: int, bare: bool = False) -> C
             by_class["node0"].append(ip)
         else:
             by_class["zone0" if node_zone[n] == zn[0] else node_zone[n]].append(ip)
-    cluster_ips = []
+    cluster_ips: list[tuple[IPAddress, int]] = []
     for s in range(services):
         ns, name = f"ns-{s % 20}", f"svc-{s}"
         sp = ServicePort(ns, name, 80, "http", 8080, 6)
@@ -297,7 +298,7 @@ def bound(services: int, zones: int, hinted: int) -> dict[str, int]:
 
 
 def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
-            bare: bool = False) -> dict[str, object]:
+            bare: bool = False) -> dict[str, Any]:
     """Run one grid point; return its counts (see module docstring)."""
     rng = random.Random(seed)
     t0 = time.perf_counter()
