@@ -16,7 +16,6 @@ no filter behind.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -198,8 +197,6 @@ def _filters_left(lab) -> list[str]:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[object]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, BPF)")
     from tools.lab import Lab, Topology
 
     with Lab(Topology.from_yaml(TOPOLOGY)) as the_lab:
@@ -266,8 +263,6 @@ def test_hint_ignored_bytes_equal_the_ignoring_nodes_cross_zone_bytes(tmp_path: 
     """Hints per zone are in effect (the model says so), but node a2's data plane ignores
     them: every byte between client-a2 and web-b1 (zone-b), through the ClusterIP or
     dialled directly, is hint-ignored; the other clients' kube-proxies honour the hints."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, BPF)")
     from tools.lab import Lab, Topology
 
     with Lab(Topology.from_yaml(HINTED)) as hl:

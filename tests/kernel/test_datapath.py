@@ -13,7 +13,6 @@ so nothing is lost and nothing is counted twice.
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -31,10 +30,6 @@ PLAIN_PORT = 9090     # a listening port that is no Service endpoint
 PROTO = {"tcp": 6, "udp": 17}
 PAIRS = {"same_node": ("a1", "a2"), "cross_node": ("a1", "b1")}
 
-
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, BPF)")
 
 
 class Env:
@@ -73,7 +68,6 @@ class Env:
 
 @pytest.fixture(scope="module", params=["flat", "vxlan"])
 def env(request: pytest.FixtureRequest) -> Iterator[Env]:
-    _require_root()
     e = Env(request.param)
     yield e
     e.close()

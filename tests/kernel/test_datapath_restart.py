@@ -51,15 +51,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PORT = 9090
 
 
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, BPF)")
-
 
 @pytest.fixture()
 def pin_dir() -> Iterator[str]:
     """A fresh pin directory on a BPF filesystem, removed (or unmounted) after the test."""
-    _require_root()
     name = "zm" + secrets.token_hex(2)
     if on_bpf_fs("/sys/fs/bpf") and Path("/sys/fs/bpf").is_dir():
         path = f"/sys/fs/bpf/{name}/node"
@@ -78,7 +73,6 @@ def pin_dir() -> Iterator[str]:
 
 @pytest.fixture()
 def lab() -> Iterator[MiniLab]:
-    _require_root()
     lab = MiniLab("flat").up()
     lab.watch_pair(4, "a1", "a2")
     yield lab
@@ -303,7 +297,6 @@ def test_stale_pins_are_recreated(pin_dir: str, caplog: pytest.LogCaptureFixture
 
 
 def test_pin_path_off_bpffs_is_refused(tmp_path: Path) -> None:
-    _require_root()
     with pytest.raises(InputError) as err:
         Datapath(DatapathConfig(pin_path=str(tmp_path / "pins")))
     assert err.value.field == "pin_path" and "BPF filesystem" in str(err.value)

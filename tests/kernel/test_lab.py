@@ -10,7 +10,6 @@ the MTU (so TSO/GSO/GRO are really off), and the payload is all there.
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ from tools.lab import Lab, Topology
 
 pytestmark = [
     pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
 ]
 
 TOPOLOGY = """

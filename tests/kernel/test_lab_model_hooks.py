@@ -4,7 +4,6 @@ hints keeps every endpoint), a concurrent traffic matrix, and the snapshot of a 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from tools.lab import FlowSpec, Lab, Topology
 
 pytestmark = [
     pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
 ]
 
 TOPOLOGY = """

@@ -14,7 +14,6 @@ from tools.lab import Lab, Topology
 
 pytestmark = [
     pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root"),
 ]
 
 SMALL = """
