@@ -330,19 +330,12 @@ def build_snapshot(totals: AttributionTotals, *, table: TableStats | None, attac
         for zone, on in st.in_effect.items():
             locality_in_effect[ex.LocalityKey(ref.namespace, ref.service, zone)] = bool(on)
     return ex.ExportSnapshot(
-        service_bytes={ex.ServiceBytesKey(k.namespace, k.service, k.port, k.client_zone,
-                                          k.server_zone, k.crossing, k.direction): v
-                       for k, v in totals.service_bytes.items()},
-        hint_ignored_bytes={ex.HintIgnoredKey(k.namespace, k.service, k.client_zone,
-                                              k.server_zone): v
-                            for k, v in totals.hint_ignored_bytes.items()},
+        service_bytes=totals.service_bytes,
+        hint_ignored_bytes=totals.hint_ignored_bytes,
         locality_in_effect=locality_in_effect,
         locality_info=info,
         locality_last_change=changed,
-        workload_bytes={ex.WorkloadBytesKey(k.namespace, k.workload, k.workload_kind,
-                                            k.client_zone, k.remote_zone, k.remote_kind,
-                                            k.crossing, k.direction): v
-                        for k, v in totals.workload_bytes.items()},
+        workload_bytes=totals.workload_bytes,
         unattributed_bytes=totals.unattributed_bytes,
         unknown_crossing_bytes=totals.unknown_crossing_bytes,
         skipped_bytes=totals.skipped_bytes,

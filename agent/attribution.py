@@ -47,7 +47,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent.records import FlowDelta, FlowKind, IPAddress, Peer, PeerKind, ProxyView, ServicePort
+from agent.records import (FlowDelta, FlowKind, HintIgnoredKey, IPAddress, Peer, PeerKind, ProxyView,
+                            ServiceBytesKey, ServicePort, WorkloadBytesKey)
+
+#: attribution's names for the shared counter keys (agent/records.py)
+ServiceKey = ServiceBytesKey
+WorkloadKey = WorkloadBytesKey
 
 _log = logging.getLogger(__name__)
 
@@ -256,63 +261,6 @@ class HintView(Protocol):
 
 
 # --------------------------------------------------------------------------- output records
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceKey:
-    """Key of ``zonemeter_service_bytes_total``.
-
-    Attributes:
-        namespace, service: the Service.
-        port: the Service port number, as a string (label value).
-        client_zone, server_zone: zone labels, ``unknown`` when missing.
-        crossing: one of :data:`CROSSINGS`.
-        direction: ``request`` (client -> server) or ``response`` (server -> client).
-    """
-
-    namespace: str
-    service: str
-    port: str
-    client_zone: str
-    server_zone: str
-    crossing: str
-    direction: str
-
-
-@dataclass(frozen=True, slots=True)
-class HintIgnoredKey:
-    """Key of ``zonemeter_service_hint_ignored_bytes_total`` (both directions summed)."""
-
-    namespace: str
-    service: str
-    client_zone: str
-    server_zone: str
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadKey:
-    """Key of ``zonemeter_workload_bytes_total`` (non-Service traffic of a local pod).
-
-    Attributes:
-        namespace, workload, workload_kind: the local pod's owner (``unknown`` when the
-            pod is not in the cache).
-        client_zone: the local pod's zone (this node's zone).
-        remote_zone: the peer's zone, ``unknown`` when missing.
-        remote_kind: ``pod``, ``node``, ``cidr``, ``external`` or ``unknown``.
-        crossing: one of :data:`CROSSINGS`.
-        direction: ``egress`` (out of the local pod) or ``ingress`` (into it; only for
-            non-pod peers, which no other agent sees); exported as the ``direction``
-            label (docs/metrics.md).
-    """
-
-    namespace: str
-    workload: str
-    workload_kind: str
-    client_zone: str
-    remote_zone: str
-    remote_kind: str
-    crossing: str
-    direction: str
 
 
 @dataclass(frozen=True, slots=True)

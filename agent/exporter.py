@@ -48,6 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.errors import InputError
+from agent.records import HintIgnoredKey, ServiceBytesKey, WorkloadBytesKey
 
 UNKNOWN = "unknown"
 
@@ -61,36 +62,6 @@ def label(value: object) -> str:
 
 
 # ----------------------------------------------------------------------------- keys
-
-@dataclass(frozen=True, slots=True, order=True)
-class ServiceBytesKey:
-    """Labels of ``zonemeter_service_bytes_total``.
-
-    Attributes:
-        namespace, service: the Service; port: its port number (or name) as a label.
-        client_zone, server_zone: zones of the two sides.
-        crossing: same_node, same_zone, cross_zone, cross_region, external, unknown.
-        direction: ``request`` (into the endpoint) or ``response`` (out of it).
-    """
-
-    namespace: str
-    service: str
-    port: str
-    client_zone: str
-    server_zone: str
-    crossing: str
-    direction: str
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class HintIgnoredKey:
-    """Labels of ``zonemeter_service_hint_ignored_bytes_total``."""
-
-    namespace: str
-    service: str
-    client_zone: str
-    server_zone: str
-
 
 @dataclass(frozen=True, slots=True, order=True)
 class LocalityKey:
@@ -116,29 +87,6 @@ class LocalityInfo:
 
     mode: str
     reason: str
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class WorkloadBytesKey:
-    """Labels of ``zonemeter_workload_bytes_total`` (non-Service traffic of a local pod).
-
-    Attributes:
-        namespace, workload, workload_kind: the local pod's owner.
-        client_zone: the local pod's zone; remote_zone: the peer's.
-        remote_kind: pod, node, cidr, external (or unknown).
-        crossing: same_node, same_zone, cross_zone, cross_region, external, unknown.
-        direction: ``egress`` (out of the local pod) or ``ingress`` (into it; only from
-            non-pod remotes, which no other agent sees).
-    """
-
-    namespace: str
-    workload: str
-    workload_kind: str
-    client_zone: str
-    remote_zone: str
-    remote_kind: str
-    crossing: str
-    direction: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,3 +132,64 @@ class ProxyView:
     topology_mode: str
     selected: frozenset[str]
     internal_traffic: str
+
+
+# ------------------------------------------------------------------ counter keys
+# Attribution accumulates under these keys and the exporter serves them as label sets, so
+# they are one set of classes: the totals pass to the exporter without a copy.
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceBytesKey:
+    """Labels of ``zonemeter_service_bytes_total``.
+
+    Attributes:
+        namespace, service: the Service.
+        port: the Service port number, as a string (label value).
+        client_zone, server_zone: zone labels, ``unknown`` when missing.
+        crossing: same_node, same_zone, cross_zone, cross_region, external, unknown.
+        direction: ``request`` (client -> endpoint) or ``response`` (endpoint -> client).
+    """
+
+    namespace: str
+    service: str
+    port: str
+    client_zone: str
+    server_zone: str
+    crossing: str
+    direction: str
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class HintIgnoredKey:
+    """Labels of ``zonemeter_service_hint_ignored_bytes_total`` (both directions summed)."""
+
+    namespace: str
+    service: str
+    client_zone: str
+    server_zone: str
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WorkloadBytesKey:
+    """Labels of ``zonemeter_workload_bytes_total`` (non-Service traffic of a local pod).
+
+    Attributes:
+        namespace, workload, workload_kind: the local pod's owner (``unknown`` when the
+            pod is not in the cache).
+        client_zone: the local pod's zone (this node's zone).
+        remote_zone: the peer's zone, ``unknown`` when missing.
+        remote_kind: ``pod``, ``node``, ``cidr``, ``external`` or ``unknown``.
+        crossing: same_node, same_zone, cross_zone, cross_region, external, unknown.
+        direction: ``egress`` (out of the local pod) or ``ingress`` (into it; only from
+            non-pod peers, which no other agent sees).
+    """
+
+    namespace: str
+    workload: str
+    workload_kind: str
+    client_zone: str
+    remote_zone: str
+    remote_kind: str
+    crossing: str
+    direction: str
