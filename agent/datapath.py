@@ -245,6 +245,35 @@ def read_ephemeral_range(netns: str | None) -> tuple[int, int]:
         return DEFAULT_EPHEMERAL
 
 
+def _drain_events(fd: int) -> int:
+    """Read and discard every datagram waiting on netlink socket ``fd`` without blocking.
+
+    Args:
+        fd: file descriptor of a netlink socket bound to multicast groups.
+
+    Returns:
+        the number of datagrams discarded. A receive-buffer overrun (ENOBUFS: the kernel
+        dropped events) counts as one: the caller rescans all links anyway.
+
+    Raises:
+        OSError: any receive error other than EAGAIN and ENOBUFS.
+    """
+    sock = socket.socket(fileno=os.dup(fd))
+    count = 0
+    try:
+        while True:
+            try:
+                sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return count
+            except OSError as err:
+                if err.errno != errno.ENOBUFS:
+                    raise
+            count += 1
+    finally:
+        sock.close()
+
+
 def _nl_code(err: BaseException) -> int | None:
     return getattr(err, "code", None)
 
@@ -639,6 +668,12 @@ class Datapath:
         Each link event triggers a full :meth:`attach` scan (events only wake the thread,
         so a message coalesced in a socket buffer cannot be missed); a scan also runs
         every ``resync_seconds``. Stopped by :meth:`close`.
+
+        The event socket is drained with plain ``recv`` calls and the messages are thrown
+        away unparsed (:func:`_drain_events`): pyroute2 0.9's ``get()`` returns one
+        datagram but queues every other datagram its event loop read meanwhile, and that
+        queue was never emptied (about 2 KiB per pod veth created and deleted, measured
+        with tracemalloc).
         """
         if self._watcher is not None:
             return
@@ -655,6 +690,7 @@ class Datapath:
         events = IPRoute(netns=self.config.netns) if self.config.netns else IPRoute()
         try:
             events.bind(groups=RTMGRP_LINK)
+            fd = events.fileno()
             try:
                 self.attach()  # after bind: a link created before it is in this scan
             except RuntimeFailure as err:  # the other links are attached; retried later
@@ -662,9 +698,9 @@ class Datapath:
             ready.set()
             last = time.monotonic()
             while not self._stop.is_set():
-                readable, _, _ = select.select([events.fileno()], [], [], 0.1)
+                readable, _, _ = select.select([fd], [], [], 0.1)
                 if readable:
-                    events.get()
+                    _drain_events(fd)
                 elif time.monotonic() - last < self.config.resync_seconds:
                     continue
                 last = time.monotonic()
