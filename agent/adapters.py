@@ -17,7 +17,7 @@ Dual-stack Services have one diagnosis per family; the adapter merges them (see
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -33,7 +33,8 @@ ServiceName = tuple[str, str]  # (namespace, name)
 
 
 class MetadataAdapter:
-    """``MetadataView`` (agent/attribution.py) over a :class:`ClusterMetadata` cache.
+    """``MetadataView`` and ``ObjectView`` (agent/attribution.py) over a
+    :class:`ClusterMetadata` cache.
 
     Args:
         cache: the metadata cache (snapshot or live watch); read only.
@@ -57,6 +58,51 @@ class MetadataAdapter:
         are not (docs/metadata.md, Limits).
         """
         return self.cache.service_address(ip, port, protocol)
+
+    # ObjectView (series expiry) --------------------------------------------------------
+
+    def live_services(self, services: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The Services of ``services`` (``(namespace, name)``) the cache still holds.
+
+        All of them while the cache's Service list is not synced (a missing Service may
+        then just not have arrived yet).
+        """
+        if not self.cache.synced().get("services", False):
+            return set(services)
+        return {s for s in services if self.cache.service(s[0], s[1]) is not None}
+
+    def live_workloads(self, workloads: Collection[tuple[str, str, str]]
+                       ) -> set[tuple[str, str, str]]:
+        """The workloads of ``workloads`` (``(namespace, workload, workload_kind)``) that at
+        least one pod in the cache belongs to (``PodRecord.workload``/``workload_kind``,
+        owner walked as ``agent.k8s.cache.workload_of`` does; terminal pods count).
+
+        All of them while the cache's pod list is not synced. A kind-``Pod`` workload is
+        one lookup; others scan the pods of their namespace once per call.
+        """
+        if not self.cache.synced().get("pods", False):
+            return set(workloads)
+        want = set(workloads)
+        live: set[tuple[str, str, str]] = set()
+        cache = self.cache
+        # ClusterMetadata has no public pod listing (agent/k8s is owned elsewhere): read
+        # its per-namespace pod dict under its lock, without copying it
+        with cache._lock:  # noqa: SLF001
+            pods = cache._pods  # noqa: SLF001
+            scan: set[str] = set()
+            for ns, wl, kind in want:
+                if kind == "Pod":
+                    rec = pods.get(ns, {}).get(wl)
+                    if rec is not None and rec.workload == wl and rec.workload_kind == "Pod":
+                        live.add((ns, wl, kind))
+                else:
+                    scan.add(ns)
+            for ns in scan:
+                for rec in pods.get(ns, {}).values():
+                    key = (ns, rec.workload, rec.workload_kind)
+                    if key in want:
+                        live.add(key)
+        return live
 
     def node(self, name: str) -> Peer | None:
         """The node ``name`` as a NODE peer (zone, region from its labels), or None."""

@@ -50,6 +50,9 @@ DEFAULT_INTERVAL = 10.0
 #: production default of ``--hold-unresolved-seconds``: covers watch latency for new pods
 #: and an API outage up to a minute, delays only the bytes of unknown pod addresses
 DEFAULT_HOLD_UNRESOLVED_SECONDS = 60.0
+#: ``--series-retention`` default: far above any scrape interval, so the last value of a
+#: deleted object's series is scraped many times before the series goes (docs/metrics.md)
+DEFAULT_SERIES_RETENTION = 600.0
 #: ``--pin-path`` default root on a node: ``/sys/fs/bpf/zonemeter/<node-name>``
 DEFAULT_PIN_ROOT = "/sys/fs/bpf/zonemeter"
 
@@ -159,13 +162,17 @@ class AgentLoop:
         interval: the configured interval, seconds (exported in ``/flows``).
         clock: Unix seconds (``at`` of each drain); perf: a monotonic clock for durations.
         top_n: pair rows published per interval for ``/flows``.
+        hold_unresolved_seconds: see ``Attributor``.
+        series_retention: seconds; see ``Attributor`` (0: series never expire).
+        monotonic: the clock ``series_retention`` is measured on (monotonic seconds).
     """
 
     def __init__(self, node: str, datapath: DatapathLike, cache: ClusterMetadata, hints: HintModel,
                  exporter: ex.Exporter, *, interval: float = DEFAULT_INTERVAL,
                  clock: Callable[[], float] = time.time,
                  perf: Callable[[], float] = time.perf_counter, top_n: int = 50,
-                 hold_unresolved_seconds: float = 0.0) -> None:
+                 hold_unresolved_seconds: float = 0.0, series_retention: float = 0.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self.datapath = datapath
         self.cache = cache
@@ -176,7 +183,8 @@ class AgentLoop:
         self._perf = perf
         self.hold_unresolved_seconds = hold_unresolved_seconds
         self.attributor = Attributor(node, MetadataAdapter(cache), hints, top_n=top_n,
-                                     hold_unresolved_seconds=hold_unresolved_seconds)
+                                     hold_unresolved_seconds=hold_unresolved_seconds,
+                                     series_retention=series_retention, clock=monotonic)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
         self._first = True
         self._logged: set[str] = set()
@@ -339,6 +347,7 @@ def build_snapshot(totals: AttributionTotals, *, table: TableStats | None, attac
         unattributed_bytes=totals.unattributed_bytes,
         unknown_crossing_bytes=totals.unknown_crossing_bytes,
         skipped_bytes=totals.skipped_bytes,
+        series_expired=totals.series_expired,
         flow_table_entries=table.entries if table else 0,
         flow_table_capacity=table.capacity if table else 0,
         attached_interfaces=attached,
@@ -408,6 +417,11 @@ def register(subparsers: Any) -> None:
                    help="hold bytes of pod addresses the metadata does not know yet (a new "
                    "pod, an API outage) for up to this long, then count them as unknown "
                    "(default %(default)g; 0: count at once; at most 100000 deltas held)")
+    p.add_argument("--series-retention", type=float, default=DEFAULT_SERIES_RETENTION,
+                   metavar="SECONDS",
+                   help="drop the series of a deleted Service, or of a workload no pod "
+                   "belongs to any more, once it gained no bytes for this long (default "
+                   "%(default)g; 0: never, series live until restart)")
     p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
                    help="live cluster: wait this long for the first list of every resource "
                    "before attaching (default %(default)g)")
@@ -433,6 +447,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError("must be >= 0", source="--sync-timeout-seconds")
     if args.hold_unresolved_seconds < 0:
         raise InputError("must be >= 0", source="--hold-unresolved-seconds")
+    if not args.series_retention >= 0:  # also NaN
+        raise InputError(f"must be >= 0 (0: never expire), got {args.series_retention:g}",
+                         source="--series-retention")
     ex.parse_address(args.metrics_address)
     if args.netns is not None and (not args.netns or "/" in args.netns):
         raise InputError(f"expected a name under /run/netns, got {args.netns!r}", source="--netns")
@@ -600,7 +617,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             dp = Datapath(config)
             try:
                 loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
-                                 hold_unresolved_seconds=args.hold_unresolved_seconds)
+                                 hold_unresolved_seconds=args.hold_unresolved_seconds,
+                                 series_retention=args.series_retention)
                 # Live cluster: attach only once the endpoints are known, else Service bytes
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.

@@ -35,6 +35,12 @@ topology for that Service (``ProxyView.topology_mode != ""``, kube-proxy
 ``pkg/proxy/topology.go`` ``CategorizeEndpoints``) and the server endpoint is not in the
 set N selects. The server cannot tell a client that went through the ClusterIP from one
 that dialled the pod address directly, so clients that bypass the ClusterIP count too.
+
+Series expiry (issue 8, ``series_retention``): a service/hint-ignored series whose Service
+no longer exists, or a workload series whose workload no pod belongs to any more, is
+dropped from the totals once it has gained no bytes for ``series_retention`` seconds
+(:class:`ObjectView` says what exists). Its bytes are kept in ``expired_bytes``; bytes
+arriving later for the same labels start a new series from 0.
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from __future__ import annotations
 import heapq
 import ipaddress
 import logging
+import time
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,12 +71,17 @@ __all__ = [
     "LocalityDiagnosis",
     "LocalityState",
     "MetadataView",
+    "ObjectView",
     "PairRow",
     "ServiceKey",
     "ServiceRef",
     "WorkloadKey",
     "counted_here",
     "CROSSINGS",
+    "EXPIRY_FAMILIES",
+    "FAMILY_HINT_IGNORED",
+    "FAMILY_SERVICE",
+    "FAMILY_WORKLOAD",
     "SKIPPED_REASONS",
     "UNATTRIBUTED_REASONS",
     "UNKNOWN",
@@ -113,6 +125,17 @@ UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE,
 #: reasons of ``skipped_bytes`` (copies another veth counts)
 SKIPPED_REASONS = frozenset({S_CLUSTERIP_CLIENT_COPY, S_CLUSTERIP_MIXED_HOST_NETWORK,
                              S_ENDPOINT_CLIENT_COPY, S_POD_PEER_INGRESS})
+
+#: ``family`` label values of ``zonemeter_series_expired_total``: the exported metric whose
+#: series expired (see :class:`Attributor`, ``series_retention``)
+FAMILY_SERVICE = "zonemeter_service_bytes_total"
+FAMILY_HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
+FAMILY_WORKLOAD = "zonemeter_workload_bytes_total"
+EXPIRY_FAMILIES: tuple[str, ...] = (FAMILY_SERVICE, FAMILY_HINT_IGNORED, FAMILY_WORKLOAD)
+#: an expiry sweep runs at most every ``series_retention * SWEEP_FRACTION`` seconds, so a
+#: series expires between ``series_retention`` and ``(1 + 2 * SWEEP_FRACTION) *
+#: series_retention`` seconds after its last byte (gains are noticed at sweeps)
+SWEEP_FRACTION = 0.1
 
 #: seconds a "do this Service's selected endpoints lack a veth?" decision is reused across
 #: drains (only decisions in which every endpoint resolved; see _clusterip_hostnet)
@@ -260,6 +283,26 @@ class HintView(Protocol):
         ...
 
 
+class ObjectView(Protocol):
+    """Which Kubernetes objects still exist: what series expiry asks before it drops a
+    series (:class:`Attributor`, ``series_retention``). Asked only about series that have
+    gained no bytes for the retention, at most once per sweep, in one batch per family.
+
+    Implementations must answer "exists" when unsure (cache not synced, a lookup failed):
+    a series is only ever dropped for an object that is known to be gone.
+    """
+
+    def live_services(self, services: Collection[tuple[str, str]]) -> Collection[tuple[str, str]]:
+        """The Services of ``services`` (``(namespace, name)``) that still exist."""
+        ...
+
+    def live_workloads(self, workloads: Collection[tuple[str, str, str]]
+                       ) -> Collection[tuple[str, str, str]]:
+        """The workloads of ``workloads`` (``(namespace, workload, workload_kind)``, as in
+        :class:`WorkloadKey`) that at least one pod in the metadata still belongs to."""
+        ...
+
+
 # --------------------------------------------------------------------------- output records
 
 
@@ -348,6 +391,15 @@ class AttributionTotals:
         top_pairs: the heaviest pairs of the last closed interval, bytes descending, then
             one ``other`` row for the rest (absent when nothing was left over).
         top_interval: ``(start, end)`` Unix seconds of that interval, or None before the first.
+        series_expired: ``Mapping[family, int]``: series dropped by expiry (see
+            :class:`Attributor`, ``series_retention``), per :data:`EXPIRY_FAMILIES` name;
+            every family is present (0 when none expired).
+        expired_bytes: ``Mapping[family, int]``: bytes those series held when they were
+            dropped (cumulative). With expiry the per-node sum reads ``bytes_seen ==
+            sum(service_bytes) + sum(workload_bytes) + sum(unattributed_bytes) +
+            sum(skipped_bytes) + held_bytes + expired_bytes[FAMILY_SERVICE] +
+            expired_bytes[FAMILY_WORKLOAD]`` (hint-ignored bytes are a subset of service
+            bytes, expired or not).
     """
 
     node: str
@@ -365,6 +417,8 @@ class AttributionTotals:
     locality: Mapping[ServiceRef, LocalityState]
     top_pairs: tuple[PairRow, ...]
     top_interval: tuple[float, float] | None = None
+    series_expired: Mapping[str, int] = field(default_factory=lambda: _ro({f: 0 for f in EXPIRY_FAMILIES}))
+    expired_bytes: Mapping[str, int] = field(default_factory=lambda: _ro({f: 0 for f in EXPIRY_FAMILIES}))
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-ready form (for the agent's ``/flows`` endpoint and ``zonemeter top -o json``).
@@ -376,7 +430,8 @@ class AttributionTotals:
             "unknown_crossing_bytes": {...}, "skipped_bytes": {...},
             "diagnostics_bytes": {...}, "locality": [{"namespace", "service", "mode",
             "reason", "in_effect": {zone: bool}, "last_change"}], "top_pairs": [...],
-            "top_interval": [start, end] | None}``; rows sorted by their key, bytes are ints.
+            "top_interval": [start, end] | None, "series_expired": {family: series},
+            "expired_bytes": {family: bytes}}``; rows sorted by their key, bytes are ints.
         """
         def rows(m: Mapping[Any, int]) -> list[dict[str, Any]]:
             return [{**{f: getattr(k, f) for f in k.__slots__}, "bytes": v}
@@ -402,6 +457,8 @@ class AttributionTotals:
                                              key=lambda kv: (kv[0].namespace, kv[0].service))],
             "top_pairs": [{f: getattr(p, f) for f in p.__slots__} for p in self.top_pairs],
             "top_interval": list(self.top_interval) if self.top_interval else None,
+            "series_expired": dict(sorted(self.series_expired.items())),
+            "expired_bytes": dict(sorted(self.expired_bytes.items())),
         }
 
 
@@ -536,18 +593,53 @@ class Attributor:
             reason if still unresolved). 0 (default) counts them at once.
         hold_capacity: at most this many deltas are held; beyond it they are counted at
             once (diagnostic ``hold_full``), so memory stays bounded.
+        series_retention: seconds; when > 0, :meth:`close_interval` drops a
+            ``service_bytes`` or ``hint_ignored_bytes`` series whose Service no longer
+            exists, and a ``workload_bytes`` series whose workload no pod belongs to any
+            more (``objects`` says), once the series has gained no bytes for this long
+            (measured on ``clock``; gains are noticed at sweeps, which run at most every
+            ``series_retention * SWEEP_FRACTION`` seconds, so a series goes between 1x
+            and 1.2x the retention after its last byte). A series still gaining bytes, or
+            whose object exists, is never dropped; workload ``unknown`` (pods not in the
+            cache) never is. The dropped bytes move to ``expired_bytes``; bytes that
+            arrive later for the same labels start a new series from 0 (a counter reset
+            to Prometheus). 0 (default) never expires anything.
+        objects: what exists (see :class:`ObjectView`); default ``metadata``, which must
+            then implement it when ``series_retention`` > 0.
+        clock: monotonic seconds for the retention (``time.monotonic``; injectable for
+            tests). Not the ``at`` of :meth:`attribute`, which is wall-clock time.
 
     Raises:
-        ValueError: a negative ``top_n``, ``hold_unresolved_seconds`` or ``hold_capacity``,
-            or ``pair_capacity`` < 1.
+        ValueError: a negative ``top_n``, ``hold_unresolved_seconds``, ``hold_capacity``
+            or ``series_retention``, ``pair_capacity`` < 1, or ``series_retention`` > 0
+            without an :class:`ObjectView`.
     """
 
     def __init__(self, node: str, metadata: MetadataView, hints: HintView, *,
                  top_n: int = 50, pair_capacity: int = 65536,
-                 hold_unresolved_seconds: float = 0.0, hold_capacity: int = 100_000) -> None:
+                 hold_unresolved_seconds: float = 0.0, hold_capacity: int = 100_000,
+                 series_retention: float = 0.0, objects: ObjectView | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if top_n < 0 or pair_capacity < 1 or hold_unresolved_seconds < 0 or hold_capacity < 0:
             raise ValueError("top_n, hold_unresolved_seconds and hold_capacity must be >= 0 "
                              "and pair_capacity >= 1")
+        if not series_retention >= 0:  # also rejects NaN
+            raise ValueError(f"series_retention must be >= 0, got {series_retention!r}")
+        if objects is None and series_retention > 0:
+            if not (callable(getattr(metadata, "live_services", None))
+                    and callable(getattr(metadata, "live_workloads", None))):
+                raise ValueError("series_retention > 0 needs an ObjectView (objects=, or a "
+                                 "metadata view with live_services and live_workloads)")
+            objects = metadata  # type: ignore[assignment]
+        self._retention = float(series_retention)
+        self._objects = objects
+        self._clock = clock
+        self._last_sweep: float | None = None
+        # per family: series key -> (value when last seen to change, clock at that sweep)
+        self._seen: dict[str, dict[tuple[str, ...], tuple[int, float]]] = {
+            f: {} for f in EXPIRY_FAMILIES}
+        self._expired: dict[str, int] = {f: 0 for f in EXPIRY_FAMILIES}
+        self._expired_bytes: dict[str, int] = {f: 0 for f in EXPIRY_FAMILIES}
         self._hold_s = hold_unresolved_seconds
         self._hold_capacity = hold_capacity
         self._pending: list[tuple[float, list[FlowDelta]]] = []
@@ -793,6 +885,67 @@ class Attributor:
             self._refresh_locality(at)
         except Exception as err:  # keep the previous locality state; counters are unaffected
             self._failed(err, 0)
+        if self._retention > 0:
+            self.expire_series()
+
+    def expire_series(self) -> int:
+        """Run an expiry sweep now, unless one ran less than ``series_retention *
+        SWEEP_FRACTION`` seconds ago (:meth:`close_interval` calls it every interval).
+
+        A series is dropped when, at this sweep, it has not changed since a sweep at least
+        ``series_retention`` seconds ago and its object is gone (see the class docstring).
+        Never raises: when ``objects`` raises, nothing of that family is dropped this time.
+
+        Returns:
+            number of series dropped (0 when expiry is off or the sweep was skipped).
+        """
+        if self._retention <= 0 or self._objects is None:
+            return 0
+        now = self._clock()
+        if self._last_sweep is not None and now - self._last_sweep < self._retention * SWEEP_FRACTION:
+            return 0
+        self._last_sweep = now
+        dropped = 0
+        for family, counts, keys, width in (
+                (FAMILY_SERVICE, self._service, self._service_keys, 2),
+                (FAMILY_HINT_IGNORED, self._ignored, self._ignored_keys, 2),
+                (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3)):
+            seen = self._seen[family]
+            idle: list[tuple[str, ...]] = []
+            for k, v in counts.items():
+                s = seen.get(k)
+                if s is None or s[0] != v:  # new, or gained bytes since the last sweep
+                    seen[k] = (v, now)
+                elif now - s[1] >= self._retention:
+                    idle.append(k)
+            if not idle:
+                continue
+            objs = {k[:width] for k in idle}
+            if width == 3:  # pods not in the cache: a catch-all, not an object
+                objs.discard((UNKNOWN, UNKNOWN, UNKNOWN))
+            try:
+                live: set[tuple[str, ...]] = set()
+                if objs and width == 2:
+                    live.update(self._objects.live_services(objs))  # type: ignore[arg-type]
+                elif objs:
+                    live.update(self._objects.live_workloads(objs))  # type: ignore[arg-type]
+            except Exception as err:  # unsure: keep every series of this family
+                self._failed(err, 0)
+                continue
+            for k in idle:
+                obj = k[:width]
+                if obj in live or obj not in objs:
+                    continue
+                v = counts.pop(k)
+                del seen[k]
+                keys.pop(k, None)
+                self._expired[family] += 1
+                self._expired_bytes[family] += v
+                dropped += 1
+        if dropped:
+            _log.info("expired %d series of deleted objects", dropped,
+                      extra={"fields": {"series_expired": dict(self._expired)}})
+        return dropped
 
     def totals(self) -> AttributionTotals:
         """Return an immutable copy of the cumulative totals (see :class:`AttributionTotals`)."""
@@ -812,6 +965,8 @@ class Attributor:
             locality=types.MappingProxyType({v.ref: v.value for v in self._locality.values()}),
             top_pairs=self._top,
             top_interval=self._top_interval,
+            series_expired=_ro(self._expired),
+            expired_bytes=_ro(self._expired_bytes),
         )
 
     # ------------------------------------------------------------------ helpers (cache misses)

@@ -21,6 +21,8 @@ series:
   remote are billed too, see docs/metrics.md)
 * ``zonemeter_unattributed_bytes_total{reason}``, ``zonemeter_unknown_crossing_bytes_total{reason}``,
   ``zonemeter_skipped_bytes_total{reason}``
+* ``zonemeter_series_expired_total{family}`` (issue 8: series of deleted Services and
+  workloads dropped after ``--series-retention``; not in DESIGN.md)
 * ``zonemeter_flow_table_entries``, ``zonemeter_flow_table_capacity``,
   ``zonemeter_attached_interfaces``, ``zonemeter_collector_duration_seconds``,
   ``zonemeter_metadata_synced{resource}``, ``zonemeter_build_info{version}``
@@ -134,6 +136,8 @@ class ExportSnapshot:
             series with crossing ``unknown``, by why.
         skipped_bytes: ``{reason: bytes}``: client-side copies another veth counts
             (self-health, never billed).
+        series_expired: ``{family: series}``: series of deleted objects dropped so far,
+            ``family`` the metric they belonged to (``zonemeter_service_bytes_total``...).
         flow_table_entries, flow_table_capacity: kernel flow table fill and size.
         attached_interfaces: veths with the datapath attached.
         collector_duration_seconds: wall time of the last drain+attribute interval.
@@ -155,6 +159,7 @@ class ExportSnapshot:
     unattributed_bytes: Mapping[str, int] = field(default_factory=dict)
     unknown_crossing_bytes: Mapping[str, int] = field(default_factory=dict)
     skipped_bytes: Mapping[str, int] = field(default_factory=dict)
+    series_expired: Mapping[str, int] = field(default_factory=dict)
     flow_table_entries: int = 0
     flow_table_capacity: int = 0
     attached_interfaces: int = 0
@@ -200,6 +205,9 @@ _HELP = {
     "zonemeter_attached_interfaces": "Interfaces the datapath is attached to.",
     "zonemeter_collector_duration_seconds": "Wall time of the last drain and attribution.",
     "zonemeter_metadata_synced": "1 when the resource's Kubernetes metadata is in sync.",
+    "zonemeter_series_expired": "Series dropped because their Service or workload no longer "
+                                "exists and they gained no bytes for --series-retention seconds, "
+                                "by the metric (family) they belonged to.",
     "zonemeter_build_info": "zonemeter build; always 1.",
 }
 
@@ -300,6 +308,12 @@ class Exporter(Collector):
                 for reason, value in sorted((label(r), v) for r, v in getattr(snap, attr).items()):
                     fam.add_metric([reason], value)
             yield fam
+
+        fam = counter("zonemeter_series_expired", ["family"])
+        if snap:
+            for family, value in sorted((label(f), v) for f, v in snap.series_expired.items()):
+                fam.add_metric([family], value)
+        yield fam
 
         for name, attr in (("zonemeter_flow_table_entries", "flow_table_entries"),
                            ("zonemeter_flow_table_capacity", "flow_table_capacity"),
