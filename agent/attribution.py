@@ -906,10 +906,11 @@ class Attributor:
             return 0
         self._last_sweep = now
         dropped = 0
-        for family, counts, keys, width in (
-                (FAMILY_SERVICE, self._service, self._service_keys, 2),
-                (FAMILY_HINT_IGNORED, self._ignored, self._ignored_keys, 2),
-                (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3)):
+        families: tuple[tuple[str, dict[Any, int], dict[Any, Any], int], ...] = (
+            (FAMILY_SERVICE, self._service, self._service_keys, 2),
+            (FAMILY_HINT_IGNORED, self._ignored, self._ignored_keys, 2),
+            (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3))
+        for family, counts, keys, width in families:
             seen = self._seen[family]
             idle: list[tuple[str, ...]] = []
             for k, v in counts.items():
