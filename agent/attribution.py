@@ -931,7 +931,13 @@ class Attributor:
                 elif objs:
                     live.update(self._objects.live_workloads(objs))  # type: ignore[arg-type]
             except Exception as err:  # unsure: keep every series of this family
-                self._failed(err, 0)
+                name = "expiry:" + type(err).__name__
+                if name not in self._logged:
+                    self._logged.add(name)
+                    _log.warning("series expiry: object lookup failed (%s: %s); no series of "
+                                 "%s dropped this sweep, further %s errors not logged",
+                                 type(err).__name__, err, family, type(err).__name__,
+                                 exc_info=err)
                 continue
             for k in idle:
                 obj = k[:width]

@@ -30,13 +30,27 @@ Traffic drained by node-0 in the interval (worst case: every pod is a client her
   for nodes, a CIDR-mapped address in another zone, one in another region, and the
   internet (EGRESS and INGRESS deltas; every connection has a distinct remote address).
 
+Churn mode (issue 8, ``--churn N``): series stay bounded while pods come and go. A real
+``ClusterMetadata`` cache (API-shaped objects), ``HintModel``, ``Attributor`` with
+``series_retention`` and the ``MetadataAdapter`` as its object view, on a fake clock: N
+owner-less pods (``--churn-kind job``: each owned by its own Job) replace each other one by
+one on node-0, each living ``--lifetime`` seconds behind its own Service (created with it,
+deleted with it), receiving a request from a steady client pod and sending to the internet
+every ``--interval``. Every tenth of the run it reports the live service and workload series,
+all exported sample lines (a real scrape), the expiry counter, and the memory tracemalloc
+sees allocated (cache, model, attributor, exporter), once with ``--retention`` and once
+with expiry off.
+
 Usage:
     python bench/bench_series.py [--pods 1000,10000,100000] [--conns 1,10]
         [--services 10,100,200] [--zones 3] [--seed 1] [--bare-pods] [-o table|json]
+    python bench/bench_series.py --churn N [--lifetime 60] [--interval 10]
+        [--retention 600] [--churn-kind pod|job] [-o table|json]
 
 Examples:
     python bench/bench_series.py                      # the grid in BENCHMARKS.md
     python bench/bench_series.py --pods 1000,10000 --conns 1 --services 10 -o json
+    python bench/bench_series.py --churn 3000         # the churn table in BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -328,6 +342,152 @@ def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
     }
 
 
+# ----------------------------------------------------------------------------- churn
+
+
+def _api_objects() -> dict[str, list[dict[str, Any]]]:
+    """node-0 (zone-a) and node-1 (zone-b); Deployment ``client`` with a pod on node-1."""
+    def node(name: str, addr: str, zone: str, cidr: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone,
+                                                      "topology.kubernetes.io/region": "r1"}},
+                "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+                "status": {"addresses": [{"type": "InternalIP", "address": addr}],
+                           "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+    client = _pod("client-7d9f-x", "node-1", "10.245.0.10", {
+        "pod-template-hash": "7d9f"}, [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                       "name": "client-7d9f", "controller": True}])
+    return {"nodes": [node("node-0", "192.168.0.1", "zone-a", "10.244.0.0/16"),
+                      node("node-1", "192.168.0.2", "zone-b", "10.245.0.0/16")],
+            "pods": [client], "services": [], "endpointslices": []}
+
+
+def _pod(name: str, node: str, addr: str, labels: dict[str, str],
+         owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": "churn", "name": name, "labels": {"app": name, **labels}}
+    if owners:
+        meta["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "main"}]},
+            "status": {"phase": "Running", "podIP": addr, "podIPs": [{"ip": addr}]}}
+
+
+def _service(name: str, cluster_ip: str, addr: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "churn", "name": name},
+           "spec": {"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
+                    "ipFamilies": ["IPv4"], "selector": {"app": name},
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}
+    sl = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+          "metadata": {"namespace": "churn", "name": f"{name}-abcde",
+                       "labels": {"kubernetes.io/service-name": name,
+                                  "endpointslice.kubernetes.io/managed-by":
+                                      "endpointslice-controller.k8s.io"}},
+          "endpoints": [{"addresses": [addr], "nodeName": "node-0", "zone": "zone-a",
+                         "conditions": {"ready": True, "serving": True, "terminating": False}}],
+          "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}
+    return svc, sl
+
+
+def churn(pods: int, retention: float, lifetime: float = 60.0, interval: float = 10.0,
+          kind: str = "pod", samples: int = 10) -> dict[str, Any]:
+    """Replace ``pods`` pods one by one on node-0 (see the module docstring).
+
+    Returns:
+        ``{"pods", "retention", "lifetime", "interval", "kind", "seconds", "rows": [{"pods_seen",
+        "elapsed_s", "service_series", "workload_series", "exported_samples",
+        "expired": {family: n}, "traced_kib"}], "bytes_seen", "balanced"}``.
+    """
+    import gc
+    import tracemalloc
+
+    from agent.adapters import HintModel, MetadataAdapter
+    from agent.k8s.cache import ClusterMetadata
+    from agent.k8s.snapshot import Snapshot
+
+    t_start = time.perf_counter()
+    mono = [0.0]
+    objs = _api_objects()
+    tracemalloc.start()
+    cache = ClusterMetadata(clock=lambda: T0 + mono[0])
+    cache.load_snapshot(Snapshot(nodes=objs["nodes"], pods=objs["pods"], services=[],
+                                 endpointslices=[]))
+    hints = HintModel(cache)
+    hints.refresh(None)
+    att = Attributor(NODE, MetadataAdapter(cache), hints, series_retention=retention,
+                     clock=lambda: mono[0])
+    exp = Exporter()
+    client = ipaddress.IPv4Address("10.245.0.10")
+    internet = ipaddress.IPv4Address("93.184.216.34")
+    rows: list[dict[str, Any]] = []
+    every = max(1, pods // samples)
+    for i in range(pods):
+        name = f"batch-{i}"
+        addr = ipaddress.IPv4Address(0x0AF40000 + 0x100 + i)  # 10.244.1.0 + i
+        owners = ([{"apiVersion": "batch/v1", "kind": "Job", "name": name, "controller": True}]
+                  if kind == "job" else None)
+        pod = _pod(name, NODE, str(addr), {}, owners)
+        svc, sl = _service(name, str(ipaddress.IPv4Address(0x0A600000 + 1 + i % 60000)), str(addr))
+        for res, obj in (("pods", pod), ("services", svc), ("endpointslices", sl)):
+            cache.apply(res, "ADDED", obj)
+        t = 0.0
+        while t < lifetime:
+            hints.refresh(cache.take_dirty())
+            at = T0 + mono[0]
+            att.attribute([FlowDelta(FlowKind.REQUEST, addr, client, 8080, 6, 1000, 2),
+                           FlowDelta(FlowKind.RESPONSE, addr, client, 8080, 6, 9000, 7),
+                           FlowDelta(FlowKind.EGRESS, addr, internet, 443, 6, 500, 1)], at)
+            att.close_interval(at)
+            exp.update(build_snapshot(att.totals(), table=None, attached=1, synced=cache.synced(),
+                                      duration=0.0, at=at, interval=interval))
+            mono[0] += interval
+            t += interval
+        for res, obj in (("endpointslices", sl), ("services", svc), ("pods", pod)):
+            cache.apply(res, "DELETED", obj)
+        if (i + 1) % every == 0 or i + 1 == pods:
+            totals = att.totals()
+            text = generate_latest(exp.registry()).decode()
+            counts, _ = count_series(text, set())
+            gc.collect()  # count live memory, not garbage awaiting the cyclic collector
+            rows.append({"pods_seen": i + 1, "elapsed_s": mono[0],
+                         "service_series": len(totals.service_bytes),
+                         "workload_series": len(totals.workload_bytes),
+                         "exported_samples": sum(counts.values()),
+                         "expired": dict(totals.series_expired),
+                         "traced_kib": round(tracemalloc.get_traced_memory()[0] / 1024)})
+    tracemalloc.stop()
+    t = att.totals()
+    balanced = t.bytes_seen == (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
+                                + sum(t.unattributed_bytes.values()) + sum(t.skipped_bytes.values())
+                                + t.held_bytes + sum(v for f, v in t.expired_bytes.items()
+                                                     if f != "zonemeter_service_hint_ignored_bytes_total"))
+    return {"pods": pods, "retention": retention, "lifetime": lifetime, "interval": interval,
+            "kind": kind, "rows": rows, "bytes_seen": t.bytes_seen, "balanced": balanced,
+            "seconds": round(time.perf_counter() - t_start, 1)}
+
+
+def _churn_main(args: argparse.Namespace) -> int:
+    churn(20, args.retention, args.lifetime, args.interval, args.churn_kind)  # one-time allocations
+    runs = [churn(args.churn, r, args.lifetime, args.interval, args.churn_kind)
+            for r in (args.retention, 0.0)]
+    if args.output == "json":
+        print(json.dumps(runs, indent=1))
+    else:
+        for r in runs:
+            print(f"retention {r['retention']:g} s, {r['pods']} pods ({r['kind']}) replaced one by "
+                  f"one, {r['lifetime']:g} s each, interval {r['interval']:g} s "
+                  f"({r['seconds']} s wall, bytes balanced: {r['balanced']})")
+            print(f"{'pods':>6} {'elapsed':>8} {'svc':>6} {'workload':>8} {'exported':>8} "
+                  f"{'exp_svc':>7} {'exp_wl':>6} {'KiB':>7}")
+            for row in r["rows"]:
+                e = row["expired"]
+                print(f"{row['pods_seen']:>6} {row['elapsed_s']:>8g} {row['service_series']:>6} "
+                      f"{row['workload_series']:>8} {row['exported_samples']:>8} "
+                      f"{e['zonemeter_service_bytes_total']:>7} "
+                      f"{e['zonemeter_workload_bytes_total']:>6} {row['traced_kib']:>7}")
+    return 0 if all(r["balanced"] for r in runs) else 1
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -338,7 +498,7 @@ SHORT = ("svc", "ignored", "in_eff", "info", "chg", "workload")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[36:]))
+                                 epilog="\n".join(__doc__.splitlines()[47:]))
     ap.add_argument("--pods", type=_ints, default=[1000, 10000, 100000])
     ap.add_argument("--conns", type=_ints, default=[1, 10], help="connections per pod")
     ap.add_argument("--services", type=_ints, default=[10, 100, 200])
@@ -347,8 +507,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bare-pods", action="store_true",
                     help="pods without owners (each its own workload): shows the one way "
                     "per-pod names reach series (exit 1: leaks found)")
+    ap.add_argument("--churn", type=int, metavar="N",
+                    help="churn mode: replace N pods one by one (see above)")
+    ap.add_argument("--lifetime", type=float, default=60.0, help="churn: seconds each pod lives")
+    ap.add_argument("--interval", type=float, default=10.0, help="churn: agent interval, s")
+    ap.add_argument("--retention", type=float, default=600.0,
+                    help="churn: --series-retention of the first run (the second runs with 0)")
+    ap.add_argument("--churn-kind", choices=("pod", "job"), default="pod",
+                    help="churn: pods without owners, or each owned by its own Job")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args(argv)
+    if args.churn:
+        return _churn_main(args)
     rows = []
     for s in args.services:
         for p in args.pods:

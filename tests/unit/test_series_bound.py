@@ -3,12 +3,14 @@
 Per node, the number of Prometheus series depends on Services, zones and workloads, never
 on pods or connections: the same Services and zones with 10x the pods and 10x the
 connections export exactly the same series count per family; more Services export more.
-No label value is ever a pod name or an IP address.
+No label value is ever a pod name or an IP address. The one exception (pods that are their
+own workload: owner-less pods, Jobs) stays bounded under churn only through series expiry
+(issue 8, ``--series-retention``).
 """
 
 from __future__ import annotations
 
-from bench.bench_series import FAMILIES, count_series, measure
+from bench.bench_series import FAMILIES, churn, count_series, measure
 
 
 def test_series_do_not_grow_with_pods_or_connections() -> None:
@@ -52,3 +54,21 @@ def test_ownerless_pods_are_their_own_workloads() -> None:
     assert many["local_pods"] > few["local_pods"]
     assert many["series"]["zonemeter_workload_bytes"] > few["series"]["zonemeter_workload_bytes"]
     assert many["series"]["zonemeter_service_bytes"] == few["series"]["zonemeter_service_bytes"]
+
+
+def test_churn_keeps_series_bounded_only_with_expiry() -> None:
+    # issue 8: pods (each its own workload, each behind its own short-lived Service)
+    # replaced one by one; bench/bench_series.py --churn, small
+    kept = churn(120, retention=600.0, lifetime=60.0, interval=10.0, kind="job", samples=4)
+    grown = churn(120, retention=0.0, lifetime=60.0, interval=10.0, kind="job", samples=4)
+    assert kept["balanced"] and grown["balanced"]
+    last_kept, last_grown = kept["rows"][-1], grown["rows"][-1]
+    # without expiry: two service series (request, response) and one workload series per pod
+    assert (last_grown["service_series"], last_grown["workload_series"]) == (240, 120)
+    # with it: the pods of the last 600-720 s, however many came before
+    assert [r["workload_series"] for r in kept["rows"][1:]] == [11, 11, 11]
+    assert last_kept["service_series"] == 2 * last_kept["workload_series"]
+    assert last_kept["exported_samples"] < last_grown["exported_samples"] / 4
+    e = last_kept["expired"]
+    assert e["zonemeter_workload_bytes_total"] == 120 - 11
+    assert e["zonemeter_service_bytes_total"] == 2 * (120 - 11)

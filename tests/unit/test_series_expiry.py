@@ -268,7 +268,7 @@ def test_nothing_expires_while_metadata_is_not_synced() -> None:
     assert expired(n.scrape()) == {FAMILY_SERVICE: 1.0, FAMILY_HINT_IGNORED: 1.0, FAMILY_WORKLOAD: 1.0}
 
 
-def test_a_failing_object_view_keeps_every_series() -> None:
+def test_a_failing_object_view_keeps_every_series(caplog: pytest.LogCaptureFixture) -> None:
     n = Node()
 
     class Broken(MetadataAdapter):
@@ -288,6 +288,9 @@ def test_a_failing_object_view_keeps_every_series() -> None:
     assert samples(s, "zonemeter_service_bytes_total", service="web")
     assert samples(s, "zonemeter_workload_bytes_total", workload="client")
     assert expired(s) == {f: 0.0 for f in EXPIRY_FAMILIES}
+    warned = [r.getMessage() for r in caplog.records if "series expiry" in r.getMessage()]
+    assert len(warned) == 1 and "RuntimeError: api gone" in warned[0]  # once per error type
+    assert n.att.totals().unattributed_bytes.get("attribution_error", 0) == 0
 
 
 # ----------------------------------------------------------------------------- workloads
