@@ -456,13 +456,13 @@ def churn(pods: int, retention: float, lifetime: float = 60.0, interval: float =
                          "expired": dict(totals.series_expired),
                          "traced_kib": round(tracemalloc.get_traced_memory()[0] / 1024)})
     tracemalloc.stop()
-    t = att.totals()
-    balanced = t.bytes_seen == (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
-                                + sum(t.unattributed_bytes.values()) + sum(t.skipped_bytes.values())
-                                + t.held_bytes + sum(v for f, v in t.expired_bytes.items()
+    end = att.totals()
+    balanced = end.bytes_seen == (sum(end.service_bytes.values()) + sum(end.workload_bytes.values())
+                                + sum(end.unattributed_bytes.values()) + sum(end.skipped_bytes.values())
+                                + end.held_bytes + sum(v for f, v in end.expired_bytes.items()
                                                      if f != "zonemeter_service_hint_ignored_bytes_total"))
     return {"pods": pods, "retention": retention, "lifetime": lifetime, "interval": interval,
-            "kind": kind, "rows": rows, "bytes_seen": t.bytes_seen, "balanced": balanced,
+            "kind": kind, "rows": rows, "bytes_seen": end.bytes_seen, "balanced": balanced,
             "seconds": round(time.perf_counter() - t_start, 1)}
 
 
