@@ -119,6 +119,7 @@ D_AMBIGUOUS_SERVICE = "ambiguous_service"
 D_HINT_CHECK_NO_CLIENT_NODE = "hint_check_client_node_unknown"
 D_OVERFLOW_UNFILTERED = "flow_table_full_unfiltered"
 D_HOLD_FULL = "hold_full"
+D_LATE_ENDPOINT = "endpoint_not_in_kernel"
 
 #: reasons of ``unattributed_bytes`` (bytes in no other series)
 UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE, R_ATTRIBUTION_ERROR})
@@ -750,8 +751,23 @@ class Attributor:
                 # _ikey() inlined: this loop runs per delta
                 lk = local._ip if isinstance(local, v4) else ~local._ip  # type: ignore[attr-defined]
                 rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
+                port = d.port
+                lp = d.local_port
+                late = False
+                if lp and kind is not request and kind is not response:
+                    # the kernel's endpoint set lacked (local, lp): a pod traffic delta
+                    # from the server side; it is Service traffic if the metadata now
+                    # lists the endpoint (the client side skips it as a copy either way)
+                    ek = (lk, lp, d.protocol)
+                    ep = local_eps.get(ek, _NOT_CACHED_EP)
+                    if ep is _NOT_CACHED_EP:
+                        ep = local_eps[ek] = self._local_endpoint(b, local, lk, ek)
+                    if ep is not None:
+                        kind = request if kind is FlowKind.INGRESS else response
+                        port = lp
+                        late = True
                 if kind is request or kind is response:
-                    ek = (lk, d.port, d.protocol)
+                    ek = (lk, port, d.protocol)
                     ep = local_eps.get(ek, _NOT_CACHED_EP)
                     if ep is _NOT_CACHED_EP:
                         ep = local_eps[ek] = self._local_endpoint(b, local, lk, ek)
@@ -778,6 +794,8 @@ class Attributor:
                     key = (svc[0], svc[1], svc[2], czl, szl, crossing,
                            "request" if kind is request else "response")
                     service[key] = service.get(key, 0) + nb
+                    if late:
+                        diag[D_LATE_ENDPOINT] = diag.get(D_LATE_ENDPOINT, 0) + nb
                     if reason is not None:
                         unknown[reason] = unknown.get(reason, 0) + nb
                     if svc[3]:

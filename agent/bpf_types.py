@@ -46,7 +46,8 @@ class FlowKey(ct.Structure):
         ("kind", ct.c_uint8),
         ("family", ct.c_uint8),
         ("overflow", ct.c_uint8),
-        ("_pad", ct.c_uint8 * 2),
+        ("port_local", ct.c_uint8),   # 1: port is the local pod's (EGRESS/INGRESS)
+        ("_pad", ct.c_uint8),
     ]
 
 

@@ -53,7 +53,8 @@ from agent.records import FlowDelta, FlowKind, IPAddress
 # struct zm_flow_key read big-endian: each 16-byte address as two big-endian u64 (the
 # address as an integer, high half first), the port in host order, single bytes
 # unaffected; '>' also means no alignment padding, so the two pad bytes are skipped.
-_KEY = struct.Struct(">QQQQHBBBB2x")  # local hi/lo, remote hi/lo, port, proto, kind, family, overflow
+# local hi/lo, remote hi/lo, port, proto, kind, family, overflow, port_local
+_KEY = struct.Struct(">QQQQHBBBBBx")
 _VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
 assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
 
@@ -416,7 +417,8 @@ class FlowTables:
         if paused:
             gc.disable()
         try:
-            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow), (nbytes, npackets) in zip(
+            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_local), (
+                    nbytes, npackets) in zip(
                     _KEY.iter_unpack(keys), _VALUE.iter_unpack(values)):
                 if overflow:
                     self._overflow_bytes += nbytes
@@ -447,7 +449,12 @@ class FlowTables:
                 d.kind = kinds[kind]
                 d.local = la
                 d.remote = ra
-                d.port = port
+                if port_local:
+                    d.port = 0
+                    d.local_port = port
+                else:
+                    d.port = port
+                    d.local_port = 0
                 d.protocol = proto
                 d.bytes = nbytes
                 d.packets = npackets
@@ -489,8 +496,9 @@ class _Unfrozen:
 
 
 (_SET_KIND, _SET_LOCAL, _SET_REMOTE, _SET_PORT, _SET_PROTOCOL, _SET_BYTES, _SET_PACKETS,
- _SET_OVERFLOW) = (getattr(FlowDelta, f).__set__ for f in (
-    "kind", "local", "remote", "port", "protocol", "bytes", "packets", "overflow"))
+ _SET_OVERFLOW, _SET_LOCAL_PORT) = (getattr(FlowDelta, f).__set__ for f in (
+    "kind", "local", "remote", "port", "protocol", "bytes", "packets", "overflow",
+    "local_port"))
 
 
 def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
@@ -510,4 +518,5 @@ def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
     _SET_BYTES(d, nbytes)
     _SET_PACKETS(d, packets)
     _SET_OVERFLOW(d, False)
+    _SET_LOCAL_PORT(d, 0)
     return d

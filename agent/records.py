@@ -45,6 +45,11 @@ class FlowDelta:
         packets: packets as sent on the wire (GSO segments counted one by one).
         overflow: the flow table was full and these bytes went to the overflow entry of
             this kind and address family; addresses and port are then unspecified.
+        local_port: EGRESS/INGRESS only: the local pod's port (host byte order) when the
+            remote port was ephemeral (``port`` is then 0) and the local one was not, i.e.
+            the local pod was most likely the server; else 0. Lets attribution recognise
+            Service traffic to an endpoint the kernel's endpoint set did not hold yet
+            (:meth:`agent.attribution.Attributor.attribute`).
     """
 
     kind: FlowKind
@@ -55,6 +60,7 @@ class FlowDelta:
     bytes: int
     packets: int
     overflow: bool = False
+    local_port: int = 0
 
 
 class PeerKind(enum.Enum):

@@ -408,6 +408,14 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		key.kind = ZM_KIND_EGRESS;
 		key.port = zm_remote_port(p.dport);
 	}
+	/* The remote side's port is ephemeral: the local pod is likely the server. Keep its
+	 * port (when not ephemeral itself) so the agent can still tell Service traffic to an
+	 * endpoint missing from zm_endpoints (written late: a new pod, an agent restart or an
+	 * API outage) from plain pod traffic. Same number of keys: the remote port is 0. */
+	if (!key.port && p.has_ports && (into_local ? p.sport : p.dport)) {
+		key.port = zm_remote_port(svc_port);
+		key.port_local = key.port ? 1 : 0;
+	}
 	zm_count(flows, zm_cache_slot_for(&key), &key, bytes, packets);
 }
 

@@ -66,12 +66,18 @@
 struct zm_flow_key {
 	__u8 local[16];  /* 0:  this node's side: endpoint (REQUEST/RESPONSE) or pod; network order */
 	__u8 remote[16]; /* 16: the peer: client (REQUEST/RESPONSE) or other side; network order */
-	__be16 port;     /* 32: endpoint port (REQUEST/RESPONSE); remote port or 0 (EGRESS/INGRESS) */
+	__be16 port;     /* 32: endpoint port (REQUEST/RESPONSE); EGRESS/INGRESS: the remote port,
+	                  * or the local pod's port when port_local is 1, or 0 */
 	__u8 proto;      /* 34: IP protocol number (IPPROTO_TCP 6, UDP 17, SCTP 132, others) */
 	__u8 kind;       /* 35: ZM_KIND_* */
 	__u8 family;     /* 36: ZM_FAMILY_INET or ZM_FAMILY_INET6 */
 	__u8 overflow;   /* 37: 1 for the per-(kind, family) overflow entry: addresses, port, proto 0 */
-	__u8 _pad[2];    /* 38: always 0 */
+	__u8 port_local; /* 38: EGRESS/INGRESS only: 1 when the remote port is ephemeral and port
+	                  * holds the local pod's (server) port instead, so the agent can still
+	                  * recognise Service traffic to an endpoint it had not yet written to
+	                  * zm_endpoints when the packet passed (was padding, always 0, in
+	                  * layout 2's first programs: old entries read as port_local 0) */
+	__u8 _pad;       /* 39: always 0 */
 };
 
 /* Value of a flow entry: host byte order, updated with atomic adds. 16 bytes. */

@@ -360,3 +360,26 @@ def test_endpoint_changes_take_effect_within_one_drain_interval(lab: MiniLab) ->
     assert set(service) == {FlowKind.REQUEST, FlowKind.RESPONSE}
     assert mixed[FlowKind.REQUEST] == service[FlowKind.REQUEST]
     assert mixed[FlowKind.INGRESS] == plain[FlowKind.INGRESS]
+
+
+def test_server_side_pod_traffic_keeps_the_local_port(lab: MiniLab) -> None:
+    """Pod traffic whose remote port is ephemeral keeps the local pod's (server) port
+    (``port_local``), so attribution can recognise Service traffic to an endpoint the
+    endpoint map does not hold yet; the client's side keeps the remote port as before."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
+    flow = Flow("a1", "a2", pod_ip("a2", 4), 9400, 9400, "tcp", 4)
+    with Datapath(_config(lab, "a")) as dp:
+        dp.attach()
+        dp.drain()
+        lab.run_flow(flow, 3000, 5000, 2)
+        deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
+    server = {d.kind: d for d in deltas if d.local == a2}
+    client = {d.kind: d for d in deltas if d.local == a1}
+    assert set(server) == set(client) == {FlowKind.INGRESS, FlowKind.EGRESS}
+    for d in server.values():
+        assert (d.port, d.local_port, d.protocol) == (0, 9400, 6), d
+    for d in client.values():
+        assert (d.port, d.local_port, d.protocol) == (9400, 0, 6), d
+    # each side saw the same bytes (one veth each way on this node)
+    assert server[FlowKind.INGRESS].bytes == client[FlowKind.EGRESS].bytes > 3000
+    assert server[FlowKind.EGRESS].bytes == client[FlowKind.INGRESS].bytes > 5000

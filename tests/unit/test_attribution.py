@@ -286,6 +286,75 @@ def test_all_scenarios_together_once_and_in_the_right_series() -> None:
     assert not any(k.service == "api" for k in t["n1"].service_bytes if k.crossing == "cross_zone")
 
 
+def run_behind(conns: list[Conn], behind: frozenset[str]) -> dict[str, Attributor]:
+    o = objects()
+    meta, hints = build(o)
+    model = Model(meta, o, kernel_behind=behind)
+    for c in conns:
+        model.send(c)
+    out = {}
+    for node in ("n1", "n2", "n3"):
+        out[node] = Attributor(node, meta, hints)
+        out[node].attribute(model.deltas.get(node, []), T0)
+    return out
+
+
+@pytest.mark.parametrize("behind", [frozenset({"n1"}), frozenset({"n2"}), frozenset({"n3"}),
+                                    frozenset({"n1", "n2", "n3"})])
+def test_endpoint_missing_from_kernel_is_still_service_traffic(behind: frozenset[str]) -> None:
+    # a node whose kernel endpoint map is empty (new pod, agent restart, API outage) counts
+    # its endpoints' traffic as ingress/egress with the pod's port: attribution must give
+    # the same series as when the kernel knew them, and count the bytes exactly once
+    conns = list(SCENARIOS.values())
+    exact = {n: a.totals() for n, a in run(conns).items()}
+    late = {n: a.totals() for n, a in run_behind(conns, behind).items()}
+    for n in exact:
+        assert dict(late[n].service_bytes) == dict(exact[n].service_bytes), n
+        assert dict(late[n].workload_bytes) == dict(exact[n].workload_bytes), n
+        assert dict(late[n].hint_ignored_bytes) == dict(exact[n].hint_ignored_bytes), n
+        assert dict(late[n].unattributed_bytes) == dict(exact[n].unattributed_bytes), n
+    promoted = sum(late[n].diagnostics_bytes.get("endpoint_not_in_kernel", 0) for n in behind)
+    o = objects()
+    model = Model(build(o)[0], o)
+    expected = 0
+    for c in conns:  # bytes to a veth endpoint (EndpointSlice address and port) on a node behind
+        node, addr, veth = model._pod(c.backend or c.dst)
+        port = c.bport if c.bport is not None else c.dport
+        if node in behind and veth and (addr, port, c.proto) in model._local_endpoints(node):
+            expected += c.req + c.resp
+    assert promoted == expected > 0
+    assert not any(exact[n].diagnostics_bytes.get("endpoint_not_in_kernel") for n in exact)
+
+
+def test_local_port_of_a_non_endpoint_stays_pod_traffic(cluster) -> None:  # type: ignore[no-untyped-def]
+    # db-0 (10.1.3.30) serves 5432 outside any Service: the local port is kept by the
+    # kernel but the traffic stays the pod's own (egress counted, ingress a pod copy)
+    at = attributor(cluster, "n3")
+    at.attribute([FlowDelta(FlowKind.INGRESS, ip("10.1.3.30"), ip("10.1.1.10"), 0, 6, 400, 1,
+                            local_port=5432),
+                  FlowDelta(FlowKind.EGRESS, ip("10.1.3.30"), ip("10.1.1.10"), 0, 6, 9000, 1,
+                            local_port=5432)], T0)
+    t = at.totals()
+    assert not t.service_bytes
+    assert sum(t.workload_bytes.values()) == 9000
+    assert dict(t.skipped_bytes) == {"pod_peer_ingress": 400}
+    assert "endpoint_not_in_kernel" not in t.diagnostics_bytes
+
+
+def test_late_endpoint_held_delta_counts_its_diagnostic_once(cluster) -> None:  # type: ignore[no-untyped-def]
+    # a late-endpoint request from an unresolved client is held, then counted once
+    at = attributor(cluster, "n3", hold_unresolved_seconds=30)
+    d = FlowDelta(FlowKind.INGRESS, ip("10.1.3.20"), ip("10.1.1.99"), 0, 6, 700, 1,
+                  local_port=8080)
+    at.attribute([d], T0)
+    assert at.totals().held_bytes == 700
+    at.attribute([], T0 + 5)
+    at.attribute([], T0 + 31)
+    t = at.totals()
+    assert sum(t.service_bytes.values()) == 700 and t.held_bytes == 0
+    assert t.diagnostics_bytes["endpoint_not_in_kernel"] == 700
+
+
 def test_clusterip_to_host_network_endpoints_in_several_zones_is_unknown(cluster) -> None:  # type: ignore[no-untyped-def]
     # monitoring/node-exporter: both endpoints host-network (n2 zone a, n3 zone b), no hints
     at = attributor(cluster, "n1")

@@ -317,6 +317,8 @@ class Model:
     meta: FakeMetadata
     objs: dict[str, Any]
     deltas: dict[str, list[FlowDelta]] = field(default_factory=dict)
+    #: nodes whose kernel endpoint map is still empty (the agent has not written it yet)
+    kernel_behind: frozenset[str] = frozenset()
 
     def _pod(self, name_or_ip: str) -> tuple[str | None, IPAddress, bool]:
         """(node, address, has_veth) of a pod name, ``node:NAME`` or an address."""
@@ -338,7 +340,9 @@ class Model:
 
     def _local_endpoints(self, node_name: str) -> set[tuple[IPAddress, int, int]]:
         """The endpoint table the agent writes into the node's BPF map (veth endpoints only)."""
-        out = set()
+        out: set[tuple[IPAddress, int, int]] = set()
+        if node_name in self.kernel_behind:
+            return out
         for (a, port, proto) in self.meta.endpoints:
             n, _, veth = self._pod(str(a))
             if n == node_name and veth:
@@ -358,8 +362,11 @@ class Model:
             local_eps = self._local_endpoints(cnode)
             # the client's own (addr, sport) is never an endpoint: sport is ephemeral
             assert (caddr, c.sport, c.proto) not in local_eps
+            # the kernel keeps the local port when the remote one is ephemeral (port_local)
+            lport = c.sport if rport == 0 and c.dport and c.sport not in EPHEMERAL else 0
             for kind, n in ((FlowKind.EGRESS, c.req), (FlowKind.INGRESS, c.resp)):
-                self._emit(cnode, FlowDelta(kind, caddr, dst, rport, c.proto, n, max(1, n // 1400)))
+                self._emit(cnode, FlowDelta(kind, caddr, dst, rport, c.proto, n, max(1, n // 1400),
+                                            local_port=lport))
         snode, saddr, sveth = self._pod(str(backend))
         if sveth and snode:
             if (saddr, bport, c.proto) in self._local_endpoints(snode):
@@ -367,8 +374,10 @@ class Model:
                     self._emit(snode, FlowDelta(kind, saddr, caddr, bport, c.proto, n, 1))
             else:
                 cport = c.sport if c.sport not in EPHEMERAL else 0
+                lport = bport if cport == 0 and c.sport and bport not in EPHEMERAL else 0
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
-                    self._emit(snode, FlowDelta(kind, saddr, caddr, cport, c.proto, n, 1))
+                    self._emit(snode, FlowDelta(kind, saddr, caddr, cport, c.proto, n, 1,
+                                                local_port=lport))
 
 
 # --------------------------------------------------------------------------- the model's own checks
