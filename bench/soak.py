@@ -169,12 +169,17 @@ class ChurnRun:
     Args:
         workdir: snapshot, logs, lab state.
         interval: the agents' interval, seconds.
+        agent_args: more ``zonemeter agent`` flags.
+        settle_seconds: pause for in-flight exchanges and for the agents to read the
+            snapshot at each replacement (:meth:`DemoCluster.replace_pod`).
     """
 
-    def __init__(self, workdir: Path, interval: float = 1.0) -> None:
+    def __init__(self, workdir: Path, interval: float = 1.0, agent_args: tuple[str, ...] = (),
+                 settle_seconds: float = 0.5) -> None:
         spec = parse_demo(CHURN_TOPOLOGY, "churn")
         self.run = DemoRun(spec, DemoOptions(interval_seconds=interval, workdir=workdir,
-                                             state_dir=workdir / "state"))
+                                             state_dir=workdir / "state", agent_args=agent_args))
+        self.settle_seconds = settle_seconds
         self.cluster = self.run.cluster
         self.lab = self.cluster.lab
         #: replica slot -> current pod name
@@ -229,7 +234,7 @@ class ChurnRun:
             h.stop()
             self._collect(h)
         before = str(self.lab.pod_ip(old))
-        after = self.cluster.replace_pod(old, new)
+        after = self.cluster.replace_pod(old, new, settle_seconds=self.settle_seconds)
         self.api[slot] = new
         self.replacements += 1
         self.reused += before == after
@@ -281,10 +286,11 @@ class ChurnRun:
 
 
 def soak(duration: float, every: float, max_replacements: int, sample_every: float,
-         workdir: Path, interval: float = 1.0) -> ChurnResult:
+         workdir: Path, interval: float = 1.0, agent_args: tuple[str, ...] = (),
+         settle: float = 0.5) -> ChurnResult:
     """Run traffic for ``duration`` seconds with a rolling replacement every ``every``
     seconds (at most ``max_replacements``), sampling every agent every ``sample_every``."""
-    with ChurnRun(workdir, interval) as cr:
+    with ChurnRun(workdir, interval, agent_args, settle) as cr:
         pids = cr.agent_pids()
         samples: dict[str, list[Sample]] = {n: [] for n in pids}
         t0 = time.monotonic()
@@ -312,6 +318,46 @@ def soak(duration: float, every: float, max_replacements: int, sample_every: flo
             samples[node].append(sample_process(pid, time.monotonic() - t0))
         res.samples = samples
         return res
+
+
+def churn_memory(cycles: int, settle: float, sample_every: int, workdir: Path,
+                 interval: float = 1.0, agent_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Replace api pods back to back, without traffic, ``cycles`` times; sample every
+    agent's RSS every ``sample_every`` replacements. Each replacement deletes a pod veth,
+    creates one (the agent attaches to it), rewrites the snapshot twice (the agent reloads
+    it, a new owner-less workload name appears) and changes the endpoint set.
+
+    Returns:
+        ``{"cycles", "seconds", "agents": {node: {"rss_kib": [(cycle, KiB), ...],
+        "kib_per_cycle_second_half": float}}, "workload_series": {node: n}}``.
+    """
+    with ChurnRun(workdir, interval, agent_args, settle_seconds=settle) as cr:
+        pids = cr.agent_pids()
+        curve: dict[str, list[tuple[int, int]]] = {n: [] for n in pids}
+        t0 = time.monotonic()
+        gen = 0
+        for i in range(cycles + 1):
+            if i % sample_every == 0:
+                for node, pid in pids.items():
+                    curve[node].append((i, sample_process(pid, 0).rss_bytes // 1024))
+            if i == cycles:
+                break
+            slot = i % 6 + 1
+            if slot == 1:
+                gen += 1
+            cr.replace_api(slot, f"api-g{gen}-{slot}")
+        seconds = time.monotonic() - t0
+        texts = cr.run.fleet.scrape_text()
+    out: dict[str, Any] = {"cycles": cycles, "seconds": round(seconds, 1), "agents": {},
+                           "workload_series": {}}
+    for node, pts in curve.items():
+        half = [p for p in pts if p[0] >= cycles // 2]
+        out["agents"][node] = {"rss_kib": pts,
+                               "kib_per_cycle_second_half": round(slope(half), 2)}
+    for node, text in texts.items():
+        out["workload_series"][node] = sum(
+            1 for line in text.splitlines() if line.startswith("zonemeter_workload_bytes_total{"))
+    return out
 
 
 def summarize(res: ChurnResult, duration: float) -> dict[str, Any]:
@@ -368,15 +414,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-replacements", type=int, default=150)
     p.add_argument("--sample-every", type=float, default=10.0)
     p.add_argument("--interval", type=float, default=1.0, help="agent interval, seconds")
+    p.add_argument("--agent-arg", action="append", default=[], metavar="FLAG",
+                   help="extra zonemeter agent flag, repeatable (e.g. --agent-arg=--series-retention=60)")
+    p.add_argument("--churn-only", type=int, default=0, metavar="CYCLES",
+                   help="memory under churn alone: CYCLES back-to-back replacements, no traffic")
+    p.add_argument("--settle", type=float, default=0.5,
+                   help="seconds each replacement waits for the agents (twice per replacement)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("soak: needs root (network namespaces, BPF)", file=sys.stderr)
         return 2
     duration = min(args.duration, 3600.0)
+    if args.churn_only > 0:
+        with tempfile.TemporaryDirectory(prefix="zonemeter-soak-") as tmp:
+            mem = churn_memory(args.churn_only, args.settle, max(1, args.churn_only // 20),
+                               Path(tmp), args.interval, tuple(args.agent_arg))
+        print(json.dumps(mem, indent=1) if args.output == "json" else mem)
+        return 0
     with tempfile.TemporaryDirectory(prefix="zonemeter-soak-") as tmp:
         res = soak(duration, args.every, args.max_replacements, args.sample_every, Path(tmp),
-                   args.interval)
+                   args.interval, tuple(args.agent_arg), args.settle)
     out = summarize(res, duration)
     if args.output == "json":
         print(json.dumps(out, indent=1))

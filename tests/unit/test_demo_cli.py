@@ -79,3 +79,6 @@ def test_agent_command_line_follows_contract() -> None:
     vx = Lab(load_demo(mode="vxlan").topology, prefix="zmcli")
     assert agent_argv(vx, "a1", Path("s"), "a:1", 1.5, python="py")[-3:] == [
         "1.5", "--exclude-interfaces", "zmcliu0,zmclix"]
+    extra = agent_argv(lab, "b2", Path("s"), "a:1", 2.0, python="py",
+                       extra=("--series-retention", "60"))
+    assert extra[-4:] == ["--exclude-interfaces", "zmcliu3", "--series-retention", "60"]

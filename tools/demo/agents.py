@@ -159,10 +159,12 @@ class AgentProcess:
 
 
 def agent_argv(lab: Lab, node: str, snapshot: Path, address: str, interval: float,
-               python: str = sys.executable, command: list[str] | None = None) -> list[str]:
+               python: str = sys.executable, command: list[str] | None = None,
+               extra: tuple[str, ...] = ()) -> list[str]:
     """Return the command line of the agent for ``node`` (the CLI contract of issue 4).
 
-    ``command`` replaces ``[python, "-m", "agent"]`` (another build of the agent)."""
+    ``command`` replaces ``[python, "-m", "agent"]`` (another build of the agent); ``extra``
+    flags go after the generated ones (e.g. ``("--series-retention", "60")``)."""
     netns, uplink = lab.uplink(node)
     exclude = [uplink]
     vx = lab.vxlan_device(node)
@@ -170,7 +172,7 @@ def agent_argv(lab: Lab, node: str, snapshot: Path, address: str, interval: floa
         exclude.append(vx[1])
     return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, "--snapshot", str(snapshot),
             "--netns", netns, "--metrics-address", address, "--interval", f"{interval:g}",
-            "--exclude-interfaces", ",".join(exclude)]
+            "--exclude-interfaces", ",".join(exclude), *extra]
 
 
 def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
@@ -191,10 +193,12 @@ class AgentFleet:
         interval: the agents' export interval (seconds).
         command: the agent program (default ``python -m agent``; the environment variable
             ``ZONEMETER_DEMO_AGENT``, split on spaces, overrides it).
+        extra_args: more ``zonemeter agent`` flags for every agent.
     """
 
     def __init__(self, lab: Lab, snapshot: Path, logdir: Path, interval: float = 2.0,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self.extra_args = tuple(extra_args)
         env_cmd = os.environ.get("ZONEMETER_DEMO_AGENT", "").split()
         self.command = command or env_cmd or None
         self.lab = lab
@@ -226,7 +230,7 @@ class AgentFleet:
                 with open(log, "wb") as fh:
                     proc = subprocess.Popen(
                         agent_argv(self.lab, node.name, self.snapshot, address, self.interval,
-                                   command=self.command),
+                                   command=self.command, extra=self.extra_args),
                         stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
                         env=_env(), start_new_session=True)
                 self.agents.append(AgentProcess(node.name, address, proc, log))

@@ -65,6 +65,7 @@ class DemoOptions:
         workdir: directory for snapshot, logs and TSDB (default: a new temporary one).
         prefix: lab prefix (default random).
         state_dir: lab state directory (default the lab's).
+        agent_args: more ``zonemeter agent`` flags for every agent (benchmarks).
     """
 
     duration_seconds: float = 30.0
@@ -77,6 +78,7 @@ class DemoOptions:
     workdir: Path | None = None
     prefix: str | None = None
     state_dir: Path | None = None
+    agent_args: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -147,7 +149,8 @@ class DemoRun:
                                    state_dir=self.options.state_dir,
                                    server_max_seconds=max(3600.0, self.options.duration_seconds * 4))
         self.fleet = AgentFleet(self.cluster.lab, self.cluster.snapshot_path,
-                                self.workdir / "logs", self.options.interval_seconds)
+                                self.workdir / "logs", self.options.interval_seconds,
+                                extra_args=self.options.agent_args)
         self.prometheus_url: str | None = None
         self._prom: subprocess.Popen[bytes] | None = None
         self._handles: list[FlowHandle] = []
