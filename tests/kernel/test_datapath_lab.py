@@ -19,7 +19,7 @@ import pytest
 
 from agent.datapath import Datapath, DatapathConfig
 from agent.attribution import counted_here
-from agent.records import FlowKind
+from agent.records import FlowKind, IPAddress
 
 pytestmark = pytest.mark.kernel
 
@@ -82,7 +82,7 @@ class LabEnv:
         self.dps: dict[str, Datapath] = {}
         try:
             self.frontends: set[tuple[object, int, int]] = set()
-            endpoints: dict[str, set[tuple[object, int, int]]] = defaultdict(set)
+            endpoints: dict[str, set[tuple[IPAddress, int, int]]] = defaultdict(set)
             for svc in self.topo.services:
                 for sp in svc.ports:
                     proto = PROTO[sp.protocol]

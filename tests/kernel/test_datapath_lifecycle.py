@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,7 @@ def lab() -> Iterator[MiniLab]:
     lab.down()
 
 
-def _config(lab: MiniLab, node: str, **kw: object) -> DatapathConfig:
+def _config(lab: MiniLab, node: str, **kw: Any) -> DatapathConfig:
     return DatapathConfig(netns=lab.nodes[node], exclude_patterns=(f"{lab.prefix}u",), **kw)
 
 
