@@ -217,10 +217,12 @@ SCENARIOS = {
 }
 
 
-def run(conns: list[Conn]) -> dict[str, Attributor]:
+def run(conns: list[Conn], behind: frozenset[str] = frozenset()) -> dict[str, Attributor]:
+    """One Attributor per node fed what the kernel model counted; ``behind``: nodes whose
+    kernel endpoint map is still empty."""
     o = objects()
     meta, hints = build(o)
-    model = Model(meta, o)
+    model = Model(meta, o, kernel_behind=behind)
     for c in conns:
         model.send(c)
     out = {}
@@ -286,19 +288,6 @@ def test_all_scenarios_together_once_and_in_the_right_series() -> None:
     assert not any(k.service == "api" for k in t["n1"].service_bytes if k.crossing == "cross_zone")
 
 
-def run_behind(conns: list[Conn], behind: frozenset[str]) -> dict[str, Attributor]:
-    o = objects()
-    meta, hints = build(o)
-    model = Model(meta, o, kernel_behind=behind)
-    for c in conns:
-        model.send(c)
-    out = {}
-    for node in ("n1", "n2", "n3"):
-        out[node] = Attributor(node, meta, hints)
-        out[node].attribute(model.deltas.get(node, []), T0)
-    return out
-
-
 @pytest.mark.parametrize("behind", [frozenset({"n1"}), frozenset({"n2"}), frozenset({"n3"}),
                                     frozenset({"n1", "n2", "n3"})])
 def test_endpoint_missing_from_kernel_is_still_service_traffic(behind: frozenset[str]) -> None:
@@ -307,7 +296,7 @@ def test_endpoint_missing_from_kernel_is_still_service_traffic(behind: frozenset
     # the same series as when the kernel knew them, and count the bytes exactly once
     conns = list(SCENARIOS.values())
     exact = {n: a.totals() for n, a in run(conns).items()}
-    late = {n: a.totals() for n, a in run_behind(conns, behind).items()}
+    late = {n: a.totals() for n, a in run(conns, behind).items()}
     for n in exact:
         assert dict(late[n].service_bytes) == dict(exact[n].service_bytes), n
         assert dict(late[n].workload_bytes) == dict(exact[n].workload_bytes), n
