@@ -226,7 +226,10 @@ class ResourceWatcher:
                 raise _Gone() from None
             raise
         self.stats.watches += 1
-        self._answered()
+        # not yet "answered": an API server that accepts every watch and then streams only
+        # an ERROR event (etcd down, "too large resource version" after an etcd restore)
+        # is failing; the streak (and its backoff) ends with the first good event or a
+        # stream that ends normally, so such a resource goes unsynced and is listed again
         with self._resp_lock:
             self._resp = resp
         try:
@@ -237,8 +240,12 @@ class ResourceWatcher:
                     continue
                 rv = self._handle_line(line, rv)
                 self.resource_version = rv
+                if self._failing_since is not None:
+                    self._answered()
                 if self.stop_event.is_set():
                     break
+            else:
+                self._answered()  # the server ended the watch normally (its timeout)
         except urllib3.exceptions.ReadTimeoutError:
             log.debug("watch of %s quiet for too long, watching again", self.resource)
         except (urllib3.exceptions.ProtocolError, OSError):
@@ -257,7 +264,7 @@ class ResourceWatcher:
     def _handle_line(self, line: str, rv: str) -> str:
         try:
             event = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             log.warning("watch of %s: skipping a line that is not JSON", self.resource)
             return rv
         if not isinstance(event, dict):
@@ -273,7 +280,12 @@ class ResourceWatcher:
                                reason=f"watch ERROR event: {message}")
         if not isinstance(obj, dict):
             return rv
-        new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+        meta = obj.get("metadata")
+        # an object whose metadata is not an object is counted as bad by the cache and
+        # skipped; it must not end the watch (resumed from before it, it would come again)
+        new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if isinstance(new_rv, bool) or not isinstance(new_rv, (str, int)):
+            new_rv = None
         if etype in ("ADDED", "MODIFIED", "DELETED"):
             self.cache.apply(self.resource, etype, obj)
             self.stats.events += 1

@@ -1,0 +1,137 @@
+"""Attacks on the list+watch loop (issue 8, API outage and odd objects on the watch).
+
+Same rig as ``test_watch_kmock.py``: the official client over real HTTP against kmock,
+failures injected with kmock reactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import kmock as kmock_lib
+import pytest
+from test_k8s_objects import pod
+from test_watch_kmock import PODS, Clock, Rig, ip, seed, start, until
+
+from kubernetes import client
+
+from agent.k8s.cache import ClusterMetadata
+from agent.k8s.client import build_api_client
+from agent.k8s.watch import ResourceWatcher, WatchSettings
+from agent.records import PeerKind
+
+
+@pytest.fixture()
+def rig(kmock: Any) -> Any:
+    seed(kmock)
+    return Rig(kmock, Clock())
+
+
+async def _stop(r: Rig) -> None:
+    await asyncio.to_thread(r.watcher.stop, 5.0)
+    assert not any(t.is_alive() for t in r.watcher._threads)
+
+
+@pytest.mark.asyncio
+async def test_watches_that_only_stream_an_error_event_go_unsynced_and_relist(rig: Rig) -> None:
+    """An API server that accepts every watch (HTTP 200) and then sends only an ERROR
+    event (etcd unavailable; "too large resource version" after an etcd restore) is an
+    outage: the resource must go unsynced and be listed again, with growing backoff. It
+    used to count as answered at every attempt: synced stayed 1 forever, no relist, a
+    retry every ``backoff_initial_seconds``."""
+    km = rig.km
+    failing = {"on": False}
+
+    def error_stream(request: Any) -> Any:
+        return ({"type": "ERROR", "object": {"kind": "Status", "code": 500,
+                                              "message": "etcdserver: request timed out"}},)
+
+    km[kmock_lib.action.WATCH, PODS][lambda request: failing["on"]] << error_stream
+    try:
+        await start(rig)
+        failing["on"] = True
+        # end the open watch so the next one meets the failure
+        rig.watcher.watchers["pods"].interrupt()
+        await until(lambda: not rig.synced("pods"), timeout=6.0)
+        assert rig.stats("pods").errors >= 2
+        assert "etcdserver" in rig.stats("pods").last_error
+        lists = rig.stats("pods").lists
+        failing["on"] = False
+        await until(lambda: rig.synced("pods"), timeout=6.0)
+        assert rig.stats("pods").lists > lists  # recovered by listing, not just re-watching
+    finally:
+        await _stop(rig)
+
+
+@pytest.mark.asyncio
+async def test_error_events_back_off_instead_of_retrying_at_the_initial_delay(kmock: Any) -> None:
+    """With every watch answered by an ERROR event, retries must slow down to the cap."""
+    seed(kmock)
+    fired: list[float] = []
+
+    def error_stream(request: Any) -> Any:
+        fired.append(asyncio.get_running_loop().time())
+        return ({"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "down"}},)
+
+    kmock[kmock_lib.action.WATCH, PODS] << error_stream
+    settings = WatchSettings(timeout_seconds=1, read_margin_seconds=0.5, connect_timeout_seconds=1,
+                             backoff_initial_seconds=0.05, backoff_max_seconds=0.4,
+                             unsynced_after_seconds=60)
+    api = build_api_client(host=str(kmock.url).rstrip("/"))
+    w = ResourceWatcher(client.CoreV1Api(api).list_pod_for_all_namespaces, "pods",
+                        ClusterMetadata(), settings, threading.Event())
+    th = threading.Thread(target=w.run, daemon=True)
+    th.start()
+    try:
+        await until(lambda: len(fired) >= 7, timeout=10.0)
+        gaps = [b - a for a, b in zip(fired, fired[1:])]
+        # 0.05, 0.1, 0.2, 0.4, 0.4, ...: the later gaps are at the cap, not at 0.05 s
+        assert min(gaps[-2:]) >= 0.3, gaps
+    finally:
+        w.stop_event.set()
+        w.interrupt()
+        await asyncio.to_thread(th.join, 5.0)
+    assert not th.is_alive()
+
+
+@pytest.mark.asyncio
+async def test_an_event_whose_metadata_is_not_an_object_is_skipped_not_fatal(rig: Rig) -> None:
+    """A watch event carrying an object with ``metadata`` of the wrong type is counted as
+    a bad object and skipped; the events after it on the same stream still apply. It used
+    to end the watch with an AttributeError, resumed from before that event."""
+    km = rig.km
+    fired: list[int] = []
+    good = pod("shop", "fine", "10.0.1.67", "n1")
+    good["metadata"]["resourceVersion"] = "60"
+
+    def odd_then_good(request: Any) -> Any:
+        if fired:
+            return NotImplemented
+        fired.append(1)
+        return ({"type": "ADDED", "object": {"kind": "Pod", "metadata": ["not", "a", "map"]}},
+                {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": "x",
+                                                "namespace": "shop", "resourceVersion": {"a": 1}}}},
+                {"type": "ADDED", "object": good})
+
+    km[kmock_lib.action.WATCH, PODS] << odd_then_good
+    try:
+        await start(rig)
+        await until(lambda: rig.cache.resolve(ip("10.0.1.67")).kind is PeerKind.POD)
+        assert rig.stats("pods").errors == 0
+        assert rig.cache.bad_objects()["pods"] == 1
+        await until(lambda: len(rig.requests(kmock_lib.action.WATCH, PODS)) >= 2)
+        # the next watch resumes after the good event, not from a dict turned into text
+        assert rig.requests(kmock_lib.action.WATCH, PODS)[1].params["resourceVersion"] == "60"
+    finally:
+        await _stop(rig)
+
+
+def test_deeply_nested_watch_line_is_skipped() -> None:
+    w = ResourceWatcher(lambda **kw: None, "pods", ClusterMetadata(), WatchSettings(),
+                        threading.Event())
+    assert w._handle_line("[" * 100_000 + "]" * 100_000, "7") == "7"
+    assert w._handle_line(json.dumps({"type": "BOOKMARK", "object": {"metadata": {
+        "resourceVersion": True}}}), "7") == "7"
