@@ -135,3 +135,21 @@ def test_deeply_nested_watch_line_is_skipped() -> None:
     assert w._handle_line("[" * 100_000 + "]" * 100_000, "7") == "7"
     assert w._handle_line(json.dumps({"type": "BOOKMARK", "object": {"metadata": {
         "resourceVersion": True}}}), "7") == "7"
+
+
+def test_default_api_client_detects_a_dead_peer_within_30_seconds() -> None:
+    """The default client's connections carry TCP keepalive whose give-up time fits the
+    30 s after which the watch marks metadata unsynced (the partition itself is injected
+    in tests/kernel/test_break_partition.py)."""
+    import socket
+
+    from agent.k8s.client import KEEPALIVE
+
+    api = build_api_client(host="http://127.0.0.1:1")
+    opts = {(level, name): value for level, name, value in api.configuration.socket_options}
+    assert opts[(socket.SOL_SOCKET, socket.SO_KEEPALIVE)] == 1
+    idle = opts[(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)]
+    interval = opts[(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)]
+    count = opts[(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)]
+    assert (idle, interval, count) == KEEPALIVE and idle + interval * count <= 30
+    assert opts[(socket.IPPROTO_TCP, socket.TCP_NODELAY)] == 1  # urllib3's default kept
