@@ -109,3 +109,28 @@ def test_cleanup_without_a_pin_directory_still_removes_filters(tmp_path: Path,
     gone = str(tmp_path / "never-created")
     assert cli.main(["agent", "--cleanup", "--pin-path", gone]) == 0
     assert seen == [gone]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--hints-populated", "web"], "--hints-populated"),           # no namespace
+    (["--hints-populated", "shop/web,db"], "--hints-populated"),   # one good, one not
+    (["--hints-populated", "a/b/c"], "--hints-populated"),
+    (["--hints-populated", "/web"], "--hints-populated"),
+    (["--context", "prod"], "--context"),                         # ignored with --snapshot
+])
+def test_explain_flags_that_were_silently_ignored(argv: list[str], flag: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``--hints-populated web`` (no namespace) matched no Service and was dropped without
+    a word, so the diagnosis silently assumed the controller had not populated hints;
+    ``--context`` with ``--snapshot`` was ignored the same way."""
+    snap = str(write_snapshot(tmp_path / "c.json"))
+    rc = cli.main(["explain", "--snapshot", snap, *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and flag in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_explain_hints_populated_accepts_namespace_name_lists(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    snap = str(write_snapshot(tmp_path / "c.json"))
+    assert cli.main(["explain", "--snapshot", snap, "--hints-populated", " shop/web , shop/db ,"]) == 0
+    assert "shop/web" in capsys.readouterr().out
