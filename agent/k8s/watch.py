@@ -304,12 +304,15 @@ class ResourceWatcher:
         """Run the loop until the stop event is set. Never raises."""
         rv: str | None = None
         went_unsynced = False
+        gone_backoff = 0.0  # 0 until a 410 follows a list without any event in between
+        listed_events = -1  # stats.events right after the last list
         while not self.stop_event.is_set():
             try:
                 if rv is None or went_unsynced:
                     rv = self.list_once()
                     self.resource_version = rv
                     went_unsynced = False
+                    listed_events = self.stats.events
                 started, events = time.monotonic(), self.stats.events
                 rv = self.watch_once(rv)
                 if time.monotonic() - started < 1.0 and self.stats.events == events:
@@ -318,6 +321,15 @@ class ResourceWatcher:
             except _Gone:
                 log.info("%s: resourceVersion %s expired (410 Gone), listing again", self.resource, rv)
                 rv = None
+                if self.stats.events == listed_events:
+                    # the watch from a fresh list expired before a single event: relisting
+                    # at once again would fetch the whole resource in a tight loop (from
+                    # every node); back off as for errors
+                    gone_backoff = min(max(gone_backoff * 2, self.settings.backoff_initial_seconds),
+                                       self.settings.backoff_max_seconds)
+                    self.stop_event.wait(gone_backoff)
+                else:
+                    gone_backoff = 0.0
                 continue
             except Exception as err:  # noqa: BLE001 - the loop must survive any error
                 if self.stop_event.is_set():

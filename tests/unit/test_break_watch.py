@@ -153,3 +153,25 @@ def test_default_api_client_detects_a_dead_peer_within_30_seconds() -> None:
     count = opts[(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)]
     assert (idle, interval, count) == KEEPALIVE and idle + interval * count <= 30
     assert opts[(socket.IPPROTO_TCP, socket.TCP_NODELAY)] == 1  # urllib3's default kept
+
+
+@pytest.mark.asyncio
+async def test_a_server_answering_every_watch_with_410_is_not_relisted_in_a_tight_loop(rig: Rig) -> None:
+    """Every watch answered 410 Gone (the list's resourceVersion already compacted away,
+    a broken proxy): each 410 triggered an immediate full relist, hundreds of full lists
+    a second from every node. A 410 after a watch that applied events still relists at
+    once; a 410 before any event since the last list backs off like errors (doubling,
+    bounded by backoff_max_seconds)."""
+    km = rig.km
+    km[kmock_lib.action.WATCH, PODS] << (lambda request: kmock_lib.Response(
+        status=410, payload={"kind": "Status", "code": 410, "reason": "Gone"}))
+    try:
+        await start(rig)
+        await asyncio.sleep(2.0)
+        lists = rig.stats("pods").lists
+        # FAST: backoff 0.05 s doubling to 0.2 s: about 12 lists in 2 s; without it, hundreds
+        assert 3 <= lists <= 25, lists
+        assert rig.synced("pods")  # every list succeeded: the metadata is fresh
+        assert rig.stats("nodes").lists == 1
+    finally:
+        await _stop(rig)
