@@ -180,6 +180,14 @@ class ResourceWatcher:
         self._answered()
         if not isinstance(data, dict):
             raise ValueError("list response is not an object")
+        # a list is replaced as a whole: a body that is no list (a Status, "{}" from a
+        # misbehaving proxy) must fail, not read as "no objects" and delete them all
+        kind = data.get("kind")
+        items = data.get("items")
+        if kind == "Status" or not isinstance(items, (list, type(None))) or (
+                items is None and not (isinstance(kind, str) and kind.endswith("List"))):
+            raise ValueError(f"list response is not a list (kind {kind!r}, items "
+                             f"{type(items).__name__})")
         return data
 
     def list_once(self) -> str:

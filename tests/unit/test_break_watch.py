@@ -175,3 +175,32 @@ async def test_a_server_answering_every_watch_with_410_is_not_relisted_in_a_tigh
         assert rig.stats("nodes").lists == 1
     finally:
         await _stop(rig)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("body", [{}, {"kind": "Status", "status": "Failure", "code": 500},
+                                  {"kind": "PodList", "metadata": {}, "items": {"a": 1}}])
+async def test_a_list_answer_that_is_no_list_keeps_the_cache(rig: Rig, body: dict[str, Any]) -> None:
+    """A relist replaces the resource as a whole. An HTTP 200 whose body is not a list (a
+    Status, ``{}`` from a misbehaving proxy) used to read as "no pods": every pod was
+    deleted (its address unknown once the grace ran out) and the resource reported
+    synced. It is a failed list now: the cache keeps its pods, the loop retries."""
+    km = rig.km
+    broken = {"on": False}
+    km[kmock_lib.action.LIST, PODS][lambda request: broken["on"]] << (lambda request: body)
+    km[kmock_lib.action.WATCH, PODS][lambda request: broken["on"]] << (lambda request: kmock_lib.Response(
+        status=410, payload={"kind": "Status", "code": 410, "reason": "Gone"}))
+    try:
+        await start(rig)
+        assert rig.cache.counts()["pods"] == 2
+        broken["on"] = True
+        rig.watcher.watchers["pods"].interrupt()  # the next watch gets 410: relist
+        await until(lambda: rig.stats("pods").errors >= 2)
+        assert rig.cache.counts()["pods"] == 2
+        assert rig.cache.resolve(ip("10.0.1.5")).name == "web-1"
+        assert "not a list" in rig.stats("pods").last_error
+        broken["on"] = False
+        await until(lambda: rig.stats("pods").lists >= 2 and rig.synced("pods"))
+        assert rig.cache.counts()["pods"] == 2
+    finally:
+        await _stop(rig)
