@@ -131,6 +131,8 @@ def flows_problem(doc: Any) -> str | None:
         for key in ("namespace", "service"):
             if key in p and not isinstance(p[key], str):
                 return f"{where}.{key}"
+        if p.get("service") and "namespace" not in p:
+            return f"{where}.namespace"
         if not _num(p.get("bytes")):
             return f"{where}.bytes"
     span = doc.get("pairs_interval")
