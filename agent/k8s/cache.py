@@ -894,6 +894,13 @@ class ClusterMetadata:
             memo.pop(k, None)
             cur = live.get(k)
             if cur is not None and (cur.namespace != rec.namespace or cur.name != rec.name):
+                if ip in old_ips:
+                    # this pod claimed the address before and another pod claimed it
+                    # since: a late update of the earlier holder (a terminating pod's
+                    # status still lists its released IP) must not take it back; that
+                    # buried the new pod for good, and once the grace ran out its bytes
+                    # went to unknown until its next update
+                    continue
                 # the IP went to another pod before we saw the old one go
                 self._bury(k, Tenure(cur, cur.since, now))
             live[k] = rec

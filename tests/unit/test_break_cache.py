@@ -15,6 +15,8 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_k8s_objects import endpoint, endpointslice, node, pod, service
@@ -139,3 +141,85 @@ def test_every_listed_pod_is_in_the_cache_after_a_list(pods: list[tuple[str | No
 def _json(doc: Any) -> str:
     import json
     return json.dumps(doc)
+
+
+# --------------------------------------------------------------------------- IP reuse
+
+def _reuse_cache() -> tuple[ClusterMetadata, Clock]:
+    clock = Clock()
+    cache = ClusterMetadata(MetadataSettings(grace_seconds=60), clock=clock)
+    cache.apply("nodes", "ADDED", node("n1", "zone-a", pod_cidrs=["10.0.1.0/24"]))
+    return cache, clock
+
+
+def _terminating(p: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(p)
+    out["metadata"]["deletionTimestamp"] = "2026-11-30T06:00:00Z"
+    out["status"]["containerStatuses"] = [{"name": "c", "state": {"terminated": {"exitCode": 0}}}]
+    return out
+
+
+def test_late_update_of_the_previous_holder_does_not_take_the_address_back() -> None:
+    """Rolling update with fast IP reuse: web-new gets 10.0.1.5 while the terminating
+    web-old's status (phase still Running) still lists it, and a status update of web-old
+    arrives after web-new's ADDED. That update used to take the address back: web-new was
+    buried, web-old's tenure then covered every time (its ``since`` was kept), and once
+    web-old was deleted and the grace ran out web-new's bytes went to unknown
+    (``no_pod_for_ip``) until web-new's next update, which may be hours away."""
+    cache, clock = _reuse_cache()
+    old = pod("shop", "web-old", "10.0.1.5", "n1")
+    new = pod("shop", "web-new", "10.0.1.5", "n1")
+    cache.apply("pods", "ADDED", old)
+    clock.t = 1010.0
+    cache.apply("pods", "ADDED", new)
+    clock.t = 1020.0
+    cache.apply("pods", "MODIFIED", _terminating(old))
+    clock.t = 1030.0
+    assert [cache.resolve(ip("10.0.1.5"), at).name for at in (1005.0, 1015.0, 1025.0, None)] == [
+        "web-old", "web-new", "web-new", "web-new"]
+    clock.t = 1040.0
+    cache.apply("pods", "DELETED", _terminating(old))
+    assert cache.resolve(ip("10.0.1.5"), 1042.0).name == "web-new"
+    clock.t = 1200.0  # far past the grace
+    peer = cache.resolve(ip("10.0.1.5"))
+    assert (peer.kind, peer.name) == (PeerKind.POD, "web-new")
+
+
+@pytest.mark.parametrize("order", ["old-first", "new-first"])
+def test_relist_with_both_claimants_keeps_the_newer_one(order: str) -> None:
+    """A relist that still carries the terminating holder next to the new one (list order
+    is by name, not by time) keeps the pod that claimed the address last."""
+    cache, clock = _reuse_cache()
+    old = pod("shop", "web-old", "10.0.1.5", "n1")
+    new = pod("shop", "web-new", "10.0.1.5", "n1")
+    cache.apply("pods", "ADDED", old)
+    clock.t = 1010.0
+    cache.apply("pods", "ADDED", new)
+    clock.t = 1020.0
+    objs = [_terminating(old), new] if order == "old-first" else [new, _terminating(old)]
+    cache.replace("pods", objs)
+    clock.t = 1200.0
+    assert cache.resolve(ip("10.0.1.5")).name == "web-new"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(["old", "new"]), min_size=1, max_size=6), st.booleans())
+def test_once_the_new_pod_claimed_the_address_updates_never_move_it_back(
+        updates: list[str], delete_old: bool) -> None:
+    """Property: after web-new's ADDED, any sequence of MODIFIED events of either pod (and
+    web-old's deletion) leaves the address with web-new, now and after the grace."""
+    cache, clock = _reuse_cache()
+    old = pod("shop", "web-old", "10.0.1.5", "n1")
+    new = pod("shop", "web-new", "10.0.1.5", "n1")
+    cache.apply("pods", "ADDED", old)
+    clock.t += 10
+    cache.apply("pods", "ADDED", new)
+    for who in updates:
+        clock.t += 1
+        cache.apply("pods", "MODIFIED", _terminating(old) if who == "old" else new)
+        assert cache.resolve(ip("10.0.1.5")).name == "web-new"
+    if delete_old:
+        clock.t += 1
+        cache.apply("pods", "DELETED", _terminating(old))
+    clock.t += 120
+    assert cache.resolve(ip("10.0.1.5")).name == "web-new"
