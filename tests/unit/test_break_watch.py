@@ -204,3 +204,46 @@ async def test_a_list_answer_that_is_no_list_keeps_the_cache(rig: Rig, body: dic
         assert rig.cache.counts()["pods"] == 2
     finally:
         await _stop(rig)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("page2", [500, 410])
+async def test_a_paged_relist_that_fails_on_page_two_deletes_nothing(rig: Rig, page2: int) -> None:
+    """Relist after 410 Gone in pages: page 2 fails (500, or 410 for an expired continue
+    token). Pods of the unread pages must not be deleted (a half list is not the cluster),
+    and the next full list repairs everything."""
+    km = rig.km
+    state = {"relist": False, "fail": True}
+    page1 = {"kind": "PodList", "apiVersion": "v1",
+             "metadata": {"resourceVersion": "90", "continue": "tok-2"},
+             "items": [pod("shop", "web-1", "10.0.1.5", "n1")]}
+    page2_ok = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "90"},
+                "items": [pod("shop", "stale", "10.0.2.9", "n2"), pod("shop", "p3", "10.0.1.30", "n1")]}
+
+    def tok2(request: Any) -> bool:
+        return state["relist"] and request.params.get("continue") == "tok-2"
+
+    km[kmock_lib.action.LIST, PODS][lambda request: state["relist"]
+                                    and "continue" not in request.params] << (lambda request: page1)
+    km[kmock_lib.action.LIST, PODS][lambda request: tok2(request) and state["fail"]] << (
+        lambda request: kmock_lib.Response(status=page2, payload={"kind": "Status", "code": page2}))
+    km[kmock_lib.action.LIST, PODS][lambda request: tok2(request) and not state["fail"]] << (
+        lambda request: page2_ok)
+    km[kmock_lib.action.WATCH, PODS][lambda request: state["relist"] and state["fail"]] << (
+        lambda request: kmock_lib.Response(status=410, payload={"kind": "Status", "code": 410}))
+    try:
+        await start(rig)
+        assert rig.cache.resolve(ip("10.0.2.9")).name == "stale"
+        state["relist"] = True
+        rig.watcher.watchers["pods"].interrupt()
+        await until(lambda: len([r for r in rig.requests(kmock_lib.action.LIST, PODS)
+                                 if r.params.get("continue") == "tok-2"]) >= 2)
+        # the pod only on page 2 is still there, not in the grace cache
+        assert rig.cache.counts()["pods"] == 2 and rig.cache.counts()["deleted_ips"] == 0
+        rig.clock.t += 600
+        assert rig.cache.resolve(ip("10.0.2.9")).name == "stale"
+        state["fail"] = False
+        await until(lambda: rig.cache.resolve(ip("10.0.1.30")).kind is PeerKind.POD)
+        assert rig.cache.counts()["pods"] == 3
+    finally:
+        await _stop(rig)
