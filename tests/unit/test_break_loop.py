@@ -3,7 +3,8 @@
 The loop runs as in production (real cache, hint model, attributor, exporter) over the
 agent test cluster with 1-3 values anywhere replaced by odd JSON or deleted, the
 metadata reloaded between ticks (a snapshot rewrite: diff load) and unresolved deltas
-held. Properties: no stage raises or is logged as failed, no lookup fails
+held. Properties: no stage raises or is logged as failed, every export renders as
+Prometheus text and ``/flows`` JSON, no lookup fails
 (``attribution_error``), and every byte drained ends in exactly one of the counted
 families once the held bytes are flushed.
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import json
 import logging
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 from agent.adapters import HintModel
 from agent.agent import AgentLoop
@@ -51,6 +54,13 @@ def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 @st.composite
 def mutated(draw: Any) -> dict[str, list[dict[str, Any]]]:
     c = cluster(hinted=draw(st.booleans()))
+    # churn: pods replaced by new pods that take their addresses (a rolling update), or
+    # two pods swapping addresses
+    for i in draw(st.lists(st.integers(0, len(c["pods"]) - 1), max_size=2)):
+        c["pods"][i]["metadata"]["name"] += "-" + draw(st.sampled_from(["x1", "x2"]))
+    if draw(st.booleans()):
+        a, b = c["pods"][0]["status"], c["pods"][3]["status"]
+        a["podIP"], b["podIP"], a["podIPs"], b["podIPs"] = b["podIP"], a["podIP"], b["podIPs"], a["podIPs"]
     objs = [o for k in ("nodes", "pods", "services", "endpointslices") for o in c[k]]
     for _ in range(draw(st.integers(0, 3))):
         obj = draw(st.sampled_from(objs))
@@ -80,7 +90,7 @@ def _snap(c: dict[str, list[dict[str, Any]]]) -> Snapshot:
                     pods=c["pods"])
 
 
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=400, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(mutated(), st.lists(DELTA, max_size=6)), min_size=1, max_size=4),
        st.sampled_from(["na", "nb"]), st.sampled_from([0.0, 15.0]))
@@ -92,7 +102,8 @@ def test_loop_over_odd_metadata_and_churn_conserves_bytes(
     cache = ClusterMetadata(clock=lambda: t[0])
     cache.load_snapshot(_snap(phases[0][0]))
     dp = FakeDatapath()
-    loop = AgentLoop(node, dp, cache, HintModel(cache), Exporter(version="t"), interval=10,
+    exp = Exporter(version="t")
+    loop = AgentLoop(node, dp, cache, HintModel(cache), exp, interval=10,
                      clock=lambda: t[0], hold_unresolved_seconds=hold)
     drained = 0
     with caplog.at_level(logging.ERROR, logger="zonemeter.agent"):
@@ -103,6 +114,9 @@ def test_loop_over_odd_metadata_and_churn_conserves_bytes(
             drained += sum(d.bytes for d in deltas)
             loop.tick()
             t[0] += 10.0
+            # what a scrape and `zonemeter top` read of every interval's export
+            generate_latest(exp.registry())
+            json.dumps(exp.flows())
         loop.flush_held()
     failures = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not failures, failures
