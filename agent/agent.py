@@ -653,6 +653,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.
                 _wait_synced(source.cache, stop, args.sync_timeout_seconds)
+                warn_unknown_node(source.cache, node)
                 loop.sync_endpoints()
                 dp.watch()
                 attached.set()
@@ -688,6 +689,24 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         source.stop()
     log.info("stopped")
     return 0
+
+
+def warn_unknown_node(cache: ClusterMetadata, node: str) -> bool:
+    """Log a warning when the Nodes are listed and ``node`` is not among them (a
+    ``--node-name`` that is the host name rather than ``spec.nodeName``): no endpoint would
+    count as local, so Service traffic would be counted as workload traffic, and every
+    zone of this node would be unknown, with nothing else saying why.
+
+    Returns:
+        True when the warning was logged.
+    """
+    if not cache.synced().get("nodes") or cache.node(node) is not None:
+        return False
+    log.warning("node %r is not among the cluster's Nodes: --node-name (NODE_NAME) must be "
+                "the Node's name (spec.nodeName of its pods); until it appears, no endpoint "
+                "counts as local and this node's zone is unknown", node,
+                extra={"fields": {"node": node, "nodes": cache.counts()["nodes"]}})
+    return True
 
 
 def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:

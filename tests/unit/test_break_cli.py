@@ -134,3 +134,24 @@ def test_explain_hints_populated_accepts_namespace_name_lists(tmp_path: Path,
     snap = str(write_snapshot(tmp_path / "c.json"))
     assert cli.main(["explain", "--snapshot", snap, "--hints-populated", " shop/web , shop/db ,"]) == 0
     assert "shop/web" in capsys.readouterr().out
+
+
+def test_a_node_name_the_cluster_does_not_know_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """Live cluster: ``--node-name`` set to the host name instead of the Node's name ran
+    silently: no local endpoints (Service bytes counted as workload bytes), every zone of
+    the node unknown. The agent now says so once the Nodes are listed."""
+    import logging
+
+    from agent.agent import warn_unknown_node
+    from agent.k8s.cache import ClusterMetadata
+    from tests.unit.agent_cluster import cluster
+
+    cache = ClusterMetadata()
+    with caplog.at_level(logging.WARNING, logger="zonemeter.agent"):
+        assert not warn_unknown_node(cache, "na.ec2.internal")  # not listed yet: no verdict
+        cache.replace("nodes", cluster()["nodes"])
+        cache.set_synced("nodes", True)
+        assert not warn_unknown_node(cache, "na")
+        assert warn_unknown_node(cache, "na.ec2.internal")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "'na.ec2.internal' is not among the cluster's Nodes" in msgs[0]
