@@ -192,11 +192,19 @@ class AgentLoop:
             log.error(msg, *args, exc_info=exc)
 
     def sync_endpoints(self) -> bool:
-        """Write this node's local endpoints to the datapath when they changed.
+        """Write this node's local endpoints to the datapath when they changed; nothing is
+        written before the EndpointSlices were listed once (the kernel keeps its set).
 
         Returns:
             True when the set was rewritten.
         """
+        if self._endpoints is None and not self.cache.synced().get("endpointslices"):
+            # EndpointSlices never listed (API down at start, a list that failed half way):
+            # the cache's set is empty or partial. The kernel's set is better: with pinned
+            # maps it is the previous agent's, which keeps classifying Service traffic;
+            # overwriting it would count this node's Service bytes as workload bytes for
+            # the whole outage.
+            return False
         eps = self.cache.local_endpoints(self.node)  # memoized per slice/node generation
         if eps == self._endpoints:
             return False

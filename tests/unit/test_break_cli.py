@@ -155,3 +155,36 @@ def test_a_node_name_the_cluster_does_not_know_is_warned_about(caplog: pytest.Lo
         assert warn_unknown_node(cache, "na.ec2.internal")
     msgs = [r.getMessage() for r in caplog.records]
     assert len(msgs) == 1 and "'na.ec2.internal' is not among the cluster's Nodes" in msgs[0]
+
+
+def test_endpoints_are_not_overwritten_before_the_slices_were_ever_listed() -> None:
+    """Restart with pinned maps while the API is down: after --sync-timeout-seconds the
+    agent attached and wrote the cache's endpoint set, which is empty (or the first page
+    of a list that failed), over the previous agent's set still in the pinned map. Until
+    the API came back, this node's Service bytes were counted as workload bytes."""
+    from agent.adapters import HintModel
+    from agent.agent import AgentLoop
+    from agent.exporter import Exporter
+    from agent.k8s.cache import ClusterMetadata
+    from tests.unit.agent_cluster import cluster
+    from tests.unit.test_agent import FakeDatapath
+
+    c = cluster()
+    cache = ClusterMetadata()
+    cache.replace("nodes", c["nodes"])
+    cache.set_synced("nodes", True)
+    cache.replace("endpointslices", c["endpointslices"][:1])  # a list that failed half way
+    dp = FakeDatapath()
+    loop = AgentLoop("nb", dp, cache, HintModel(cache), Exporter(version="t"), interval=10,
+                     clock=lambda: 1000.0)
+    assert loop.sync_endpoints() is False
+    loop.tick()
+    assert dp.endpoints == []  # the kernel keeps what it has
+    cache.replace("endpointslices", c["endpointslices"])  # the list completes
+    cache.set_synced("endpointslices", True)
+    loop.tick()
+    assert len(dp.endpoints) == 1 and len(dp.endpoints[0]) == 2  # web-b and db-b on nb
+    cache.set_synced("endpointslices", False)  # a later outage: the cache keeps its objects
+    cache.replace("endpointslices", c["endpointslices"][1:])  # ... and what it last heard
+    loop.tick()
+    assert len(dp.endpoints) == 2 and len(dp.endpoints[-1]) == 1
