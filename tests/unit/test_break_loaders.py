@@ -92,3 +92,30 @@ def test_cidr_yaml_duplicate_field_is_refused() -> None:
     """``{cidr: ..., zone: a, zone: b}``: the second zone silently won."""
     with pytest.raises(InputError, match="zone: given twice"):
         parse_zone_cidrs("- {cidr: 10.0.0.0/8, zone: a, zone: b}\n", "zones.yaml")
+
+
+@pytest.mark.parametrize("cpu", ["1e999999", "1e100000", "9223372036854776", "8E", 1e308, 10**400])
+def test_cpu_beyond_int64_millis_is_a_bad_quantity(cpu: object) -> None:
+    """``1e999999`` raised decimal.Overflow out of the hint model (a traceback from
+    ``zonemeter explain``); ``1e100000`` built a 330,000-bit integer per node. Go's
+    ``Quantity.MilliValue`` is an int64: more is no CPU count."""
+    from agent.hints import cpu_millis
+
+    with pytest.raises(InputError, match="status.allocatable.cpu"):
+        cpu_millis(cpu, "Node n1")
+    assert cpu_millis("9223372036854775", "Node n1") == 9223372036854775000
+
+
+def test_explain_with_an_overflowing_node_cpu_is_not_a_traceback(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from agent import cli
+    from tests.unit.agent_cluster import cluster, write_snapshot
+
+    c = cluster()
+    c["nodes"][0]["status"]["allocatable"]["cpu"] = "1e999999"
+    for svc in c["services"]:
+        svc["metadata"]["annotations"] = {"service.kubernetes.io/topology-mode": "Auto"}
+    path = write_snapshot(tmp_path / "big.json", c)
+    rc = cli.main(["explain", "--snapshot", str(path)])
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    assert rc == 2 or "status.allocatable.cpu" in out, out
