@@ -16,6 +16,8 @@ import pytest
 from test_k8s_objects import pod
 from test_watch_kmock import PODS, Clock, Rig, ip, seed, start, until
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 
 from agent.k8s.cache import ClusterMetadata
@@ -247,3 +249,35 @@ async def test_a_paged_relist_that_fails_on_page_two_deletes_nothing(rig: Rig, p
         assert rig.cache.counts()["pods"] == 3
     finally:
         await _stop(rig)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                    | st.text(max_size=5),
+                    lambda kids: st.lists(kids, max_size=3)
+                    | st.dictionaries(st.sampled_from(["type", "object", "metadata", "name",
+                                                       "namespace", "resourceVersion", "code",
+                                                       "message", "status", "spec"]), kids, max_size=4),
+                    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", "X", None, 5]),
+       st.sampled_from(["pods", "nodes", "services", "endpointslices"]), JSON)
+def test_any_watch_line_is_applied_skipped_or_a_handled_error(etype: Any, resource: str,
+                                                              obj: Any) -> None:
+    """Property: a watch line of any shape is applied, skipped or counted as bad; only an
+    ERROR event ends the watch, and only with the two exceptions the loop handles."""
+    from kubernetes.client.exceptions import ApiException
+
+    from agent.k8s.watch import _Gone
+
+    w = ResourceWatcher(lambda **kw: None, resource, ClusterMetadata(), WatchSettings(),
+                        threading.Event())
+    line = json.dumps({"type": etype, "object": obj})
+    try:
+        rv = w._handle_line(line, "7")
+    except (_Gone, ApiException):
+        assert etype == "ERROR"
+        return
+    assert etype != "ERROR"  # an ERROR event always ends the watch
+    assert isinstance(rv, str)
