@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -55,6 +56,9 @@ DEFAULT_HOLD_UNRESOLVED_SECONDS = 60.0
 DEFAULT_SERIES_RETENTION = 600.0
 #: ``--pin-path`` default root on a node: ``/sys/fs/bpf/zonemeter/<node-name>``
 DEFAULT_PIN_ROOT = "/sys/fs/bpf/zonemeter"
+#: upper bound of every seconds flag (one week): larger values are typos, and
+#: ``time.sleep`` refuses some of them
+MAX_SECONDS = 7 * 24 * 3600.0
 
 _EPILOG = """\
 examples:
@@ -196,11 +200,19 @@ class AgentLoop:
             log.error(msg, *args, exc_info=exc)
 
     def sync_endpoints(self) -> bool:
-        """Write this node's local endpoints to the datapath when they changed.
+        """Write this node's local endpoints to the datapath when they changed; nothing is
+        written before the EndpointSlices were listed once (the kernel keeps its set).
 
         Returns:
             True when the set was rewritten.
         """
+        if self._endpoints is None and not self.cache.synced().get("endpointslices"):
+            # EndpointSlices never listed (API down at start, a list that failed half way):
+            # the cache's set is empty or partial. The kernel's set is better: with pinned
+            # maps it is the previous agent's, which keeps classifying Service traffic;
+            # overwriting it would count this node's Service bytes as workload bytes for
+            # the whole outage.
+            return False
         eps = self.cache.local_endpoints(self.node)  # memoized per slice/node generation
         if eps == self._endpoints:
             return False
@@ -441,6 +453,16 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError("required (or set NODE_NAME)", source="--node-name")
     if not args.interval > 0:
         raise InputError(f"must be > 0, got {args.interval:g}", source="--interval")
+    # NaN passes every "< 0" check and infinity is no interval: --hold-unresolved-seconds
+    # nan held bytes forever (never exported), --final-linger-seconds inf or nan crashed
+    # time.sleep() after the final export, --interval inf exported once
+    for flag, value in (("--interval", args.interval),
+                        ("--final-linger-seconds", args.final_linger_seconds),
+                        ("--sync-timeout-seconds", args.sync_timeout_seconds),
+                        ("--hold-unresolved-seconds", args.hold_unresolved_seconds)):
+        if not math.isfinite(value) or value > MAX_SECONDS:
+            raise InputError(f"must be a number of seconds up to {MAX_SECONDS:g}, got {value:g}",
+                             source=flag)
     if args.final_linger_seconds < 0:
         raise InputError("must be >= 0", source="--final-linger-seconds")
     if args.sync_timeout_seconds < 0:
@@ -451,7 +473,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"must be >= 0 (0: never expire), got {args.series_retention:g}",
                          source="--series-retention")
     ex.parse_address(args.metrics_address)
-    if args.netns is not None and (not args.netns or "/" in args.netns):
+    if args.netns is not None and (not args.netns or "/" in args.netns
+                                   or args.netns in (".", "..")):
         raise InputError(f"expected a name under /run/netns, got {args.netns!r}", source="--netns")
     if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
         raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
@@ -533,7 +556,8 @@ def cleanup(args: argparse.Namespace) -> int:
 
     Raises:
         InputError: a malformed pin path, or one that is not on a BPF filesystem.
-        RuntimeFailure: a filter or pin could not be removed.
+        RuntimeFailure: a filter or pin could not be removed, or an agent still runs on
+            the pin path (it holds the pin lock).
     """
     from agent.datapath import Datapath
 
@@ -543,11 +567,43 @@ def cleanup(args: argparse.Namespace) -> int:
     if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
         raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
     path, _ = pin_path_for(args)
-    res = Datapath.cleanup(path, args.netns)
+    lock = _lock_for_cleanup(path)
+    try:
+        res = Datapath.cleanup(path, args.netns)
+    finally:
+        if lock is not None:
+            os.close(lock)
     print(json.dumps({"msg": "cleanup done", "pin_path": path, "netns": args.netns,
                       "filters_removed": [f"{n}/{side}" for n, side in res.filters],
                       "pins_removed": list(res.pins)}))
     return 0
+
+
+def _lock_for_cleanup(path: str | None) -> int | None:
+    """Take the pin directory's lock (the one a running agent holds for its lifetime)
+    without waiting, so ``--cleanup`` never removes the filters and pins of an agent that
+    is still running: it would go on exporting as if attached while counting nothing.
+
+    Returns:
+        the locked fd (close it to release), or None when there is no pin directory.
+
+    Raises:
+        InputError: a malformed pin path.
+        RuntimeFailure: an agent holds the lock.
+    """
+    from agent.datapath import check_pin_path, lock_pins
+
+    if path is None:
+        return None
+    check_pin_path(path)
+    if not os.path.isdir(path):
+        return None
+    try:
+        return lock_pins(path, 0.0)
+    except RuntimeFailure:
+        raise RuntimeFailure(
+            f"an agent is running on the pins in {path}: stop it before --cleanup (its "
+            "filters and tables would vanish under it)") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -623,6 +679,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.
                 _wait_synced(source.cache, stop, args.sync_timeout_seconds)
+                warn_unknown_node(source.cache, node)
                 loop.sync_endpoints()
                 dp.watch()
                 attached.set()
@@ -658,6 +715,24 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         source.stop()
     log.info("stopped")
     return 0
+
+
+def warn_unknown_node(cache: ClusterMetadata, node: str) -> bool:
+    """Log a warning when the Nodes are listed and ``node`` is not among them (a
+    ``--node-name`` that is the host name rather than ``spec.nodeName``): no endpoint would
+    count as local, so Service traffic would be counted as workload traffic, and every
+    zone of this node would be unknown, with nothing else saying why.
+
+    Returns:
+        True when the warning was logged.
+    """
+    if not cache.synced().get("nodes") or cache.node(node) is not None:
+        return False
+    log.warning("node %r is not among the cluster's Nodes: --node-name (NODE_NAME) must be "
+                "the Node's name (spec.nodeName of its pods); until it appears, no endpoint "
+                "counts as local and this node's zone is unknown", node,
+                extra={"fields": {"node": node, "nodes": cache.counts()["nodes"]}})
+    return True
 
 
 def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:

@@ -215,6 +215,13 @@ def run_explain(args: argparse.Namespace) -> int:
     populated = None
     if args.hints_populated is not None:
         populated = [p.strip() for p in args.hints_populated.split(",") if p.strip()]
+        for entry in populated:  # a typo here silently changed the diagnosis before
+            ns, sep, name = entry.partition("/")
+            if not (sep and ns and name) or "/" in name:
+                raise InputError(f"expected NAMESPACE/NAME[,...], got {entry!r}",
+                                 source="--hints-populated")
+    if args.context is not None and args.kubeconfig is None:
+        raise InputError("only with --kubeconfig", source="--context")
     # Acyclic data freed by refcounting: the cyclic collector's repeated full scans of a large
     # cluster (while parsing the dump and building the model) cost more than the model itself,
     # so it is paused for the run (and restored, as tests call this in-process).

@@ -601,13 +601,18 @@ def _opt_str(value: Any, where: str, fld: str) -> str | None:
     raise InputError("must be a string", obj=where, field=fld)
 
 
+#: largest CPU quantity whose milli value fits Go's int64 (``Quantity.MilliValue``)
+_MAX_CPU = Decimal((1 << 63) - 1) / 1000
+
+
 def cpu_millis(quantity: Any, where: str, fld: str = "status.allocatable.cpu") -> int:
     """Parse a CPU quantity into milli-CPU, rounding up like Go ``Quantity.MilliValue``.
 
     Uses ``kubernetes.utils.parse_quantity``.
 
     Raises:
-        InputError: the quantity is malformed or negative.
+        InputError: the quantity is malformed, negative, or its milli value exceeds
+            int64.
     """
     from kubernetes.utils import parse_quantity
 
@@ -623,6 +628,11 @@ def cpu_millis(quantity: Any, where: str, fld: str = "status.allocatable.cpu") -
         raise InputError(f"bad quantity {quantity!r}: not a finite number", obj=where, field=fld)
     if q < 0:
         raise InputError(f"bad quantity {quantity!r}: negative", obj=where, field=fld)
+    # Go's Quantity.MilliValue is an int64; beyond it (1e999999 overflowed the Decimal
+    # context: a traceback; 1e100000 cost a 330,000-bit integer per node) it is no CPU count
+    if q > _MAX_CPU:
+        raise InputError(f"bad quantity {quantity!r}: more than {_MAX_CPU} CPUs", obj=where,
+                         field=fld)
     return int(math.ceil(q * 1000))
 
 

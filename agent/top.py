@@ -17,7 +17,9 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
+import math
 import sys
 import time
 import urllib.error
@@ -30,6 +32,8 @@ from agent.errors import InputError, RuntimeFailure
 DEFAULT_URL = "http://127.0.0.1:9808"
 CROSSING_COLUMNS = ("cross_zone", "cross_region", "same_zone", "same_node", "external", "unknown")
 CLEAR = "\x1b[H\x1b[2J"
+#: largest ``--interval`` (one day): ``time.sleep`` refuses far larger values
+MAX_INTERVAL = 86400.0
 
 _EPILOG = """\
 examples:
@@ -44,22 +48,113 @@ def fetch(url: str, top: int = 20, timeout: float = 5.0) -> dict[str, Any]:
     """Return the agent's ``/flows?top=N`` document.
 
     Raises:
-        RuntimeFailure: unreachable agent, HTTP error, or a body that is not the document.
+        InputError: ``url`` is not a URL urllib can request.
+        RuntimeFailure: unreachable agent, HTTP error, not an HTTP server, or a body that
+            is not the document (the message names the first field that is off).
     """
     full = url.rstrip("/") + f"/flows?top={top}"
     try:
         with urllib.request.urlopen(full, timeout=timeout) as resp:
-            doc = json.loads(resp.read().decode())
+            body = resp.read()
     except urllib.error.HTTPError as err:
         raise RuntimeFailure(f"{full}: HTTP {err.code}") from None
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
         raise RuntimeFailure(f"{full}: cannot reach the agent: {reason}") from None
-    except ValueError as err:
-        raise RuntimeFailure(f"{full}: not JSON: {err}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("services"), list):
-        raise RuntimeFailure(f"{full}: not a zonemeter /flows document")
+    except http.client.InvalidURL as err:
+        raise InputError(f"not a valid URL: {err}", source="--url") from None
+    except http.client.HTTPException as err:  # something that is not an HTTP server
+        raise RuntimeFailure(f"{full}: not an HTTP answer: {type(err).__name__}: {err}") from None
+    except ValueError as err:  # urllib's own URL checks ("Invalid IPv6 URL")
+        raise InputError(f"not a valid URL: {err}", source="--url") from None
+    try:
+        doc = json.loads(body.decode())
+    except (ValueError, RecursionError) as err:
+        raise RuntimeFailure(f"{full}: not JSON: {' '.join(str(err).split())[:200]}") from None
+    problem = flows_problem(doc)
+    if problem is not None:
+        raise RuntimeFailure(f"{full}: not a zonemeter /flows document: {problem}")
     return doc
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _counts(value: Any) -> bool:
+    """``{str: finite number}``."""
+    return isinstance(value, dict) and all(isinstance(k, str) and _num(v) for k, v in value.items())
+
+
+def flows_problem(doc: Any) -> str | None:
+    """Check a ``/flows`` document against what :meth:`agent.exporter.Exporter.flows`
+    writes and what :func:`render` reads.
+
+    Returns:
+        the first field that is missing or of the wrong type (``services[2].by_crossing``),
+        or None when the document is usable.
+    """
+    if not isinstance(doc, dict):
+        return "not an object"
+    for key in ("generated_at", "interval_seconds"):
+        if key in doc and not _num(doc[key]):
+            return key
+    services = doc.get("services")
+    if not isinstance(services, list):
+        return "services"
+    for i, s in enumerate(services):
+        where = f"services[{i}]"
+        if not isinstance(s, dict):
+            return where
+        for key in ("namespace", "service"):
+            if not isinstance(s.get(key), str):
+                return f"{where}.{key}"
+        for key in ("mode", "reason"):
+            if key in s and not isinstance(s[key], str):
+                return f"{where}.{key}"
+        if not _counts(s.get("by_crossing", {})):
+            return f"{where}.by_crossing"
+        zones = s.get("locality_in_effect")
+        if zones is not None and not (isinstance(zones, dict)
+                                      and all(isinstance(z, str) for z in zones)):
+            return f"{where}.locality_in_effect"
+    pairs = doc.get("pairs", [])
+    if not isinstance(pairs, list):
+        return "pairs"
+    for i, p in enumerate(pairs):
+        where = f"pairs[{i}]"
+        if not isinstance(p, dict):
+            return where
+        for key in ("client", "server", "client_zone", "server_zone", "crossing"):
+            if not isinstance(p.get(key), str):
+                return f"{where}.{key}"
+        for key in ("namespace", "service"):
+            if key in p and not isinstance(p[key], str):
+                return f"{where}.{key}"
+        if p.get("service") and "namespace" not in p:
+            return f"{where}.namespace"
+        if not _num(p.get("bytes")):
+            return f"{where}.bytes"
+    span = doc.get("pairs_interval")
+    if span is not None and not (isinstance(span, list) and len(span) == 2
+                                 and all(_num(x) for x in span)):
+        return "pairs_interval"
+    if "unattributed_bytes" in doc and not (doc["unattributed_bytes"] is None
+                                            or _counts(doc["unattributed_bytes"])):
+        return "unattributed_bytes"
+    me = doc.get("self")
+    if me is not None:
+        if not isinstance(me, dict):
+            return "self"
+        for key in ("flow_table_entries", "flow_table_capacity", "attached_interfaces",
+                    "collector_duration_seconds"):
+            if key in me and not _num(me[key]):
+                return f"self.{key}"
+        synced = me.get("metadata_synced")
+        if synced is not None and not (isinstance(synced, dict)
+                                       and all(isinstance(k, str) for k in synced)):
+            return "self.metadata_synced"
+    return None
 
 
 def rates(prev: Mapping[str, Any] | None, cur: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
@@ -184,8 +279,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None,
         RuntimeFailure: the agent is unreachable (exit 1, one line).
     """
     out = out or sys.stdout
-    if not args.interval > 0:
-        raise InputError(f"must be > 0, got {args.interval:g}", source="--interval")
+    if not 0 < args.interval <= MAX_INTERVAL:  # NaN fails too
+        raise InputError(f"must be > 0 and at most {MAX_INTERVAL:g} seconds, got {args.interval:g}",
+                         source="--interval")
     if args.pairs < 0:
         raise InputError("must be >= 0", source="--pairs")
     if not args.url.startswith(("http://", "https://")):

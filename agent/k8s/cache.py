@@ -527,10 +527,20 @@ def prune_endpointslice(obj: Mapping[str, Any], shared: _Shared | None = None) -
     return out
 
 
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+def _key(obj: Mapping[str, Any], resource: str | None = None) -> tuple[str, str]:
+    """``(namespace, name)`` under which the cache files ``obj`` of ``resource``.
+
+    Nodes are cluster-scoped: ``("", name)`` whatever the object says. Namespaced kinds
+    without a namespace (a hand-written snapshot) are filed under ``"default"``, the
+    namespace the API server would have put them in and the one :func:`parse_pod`,
+    :func:`parse_service` and the hint model use; a key of ``""`` here made a list (or a
+    snapshot load) delete the pod or Service it had just added, and a DELETED event miss it.
+    """
     meta = _meta(obj)
+    if resource == "nodes":
+        return "", meta["name"]
     ns = meta.get("namespace")
-    return (ns if isinstance(ns, str) and ns else ""), meta["name"]
+    return (ns if isinstance(ns, str) and ns else "default"), meta["name"]
 
 
 def _slice_ports(sl: Mapping[str, Any]) -> list[tuple[int, int, str]]:
@@ -665,7 +675,7 @@ class ClusterMetadata:
                 if event_type in ("ADDED", "MODIFIED"):
                     self._upsert(resource, obj)
                 elif event_type == "DELETED":
-                    self._delete(resource, _key(obj))
+                    self._delete(resource, _key(obj, resource))
                 else:
                     return
             except _BAD_SHAPE as err:
@@ -711,7 +721,7 @@ class ClusterMetadata:
         with self._lock:
             for obj in batch:
                 try:
-                    seen.add(_key(obj))
+                    seen.add(_key(obj, resource))
                     if not relist and self._unchanged(resource, obj):
                         continue
                     self._upsert(resource, obj)
@@ -722,7 +732,7 @@ class ClusterMetadata:
         """True when ``obj`` would not change what the cache holds for it (diff reload)."""
         if not isinstance(obj, Mapping):
             return False
-        key = _key(obj)
+        key = _key(obj, resource)
         if resource == "pods":
             old = self._pods.get(key[0], {}).get(key[1])
             if old is None:
@@ -783,7 +793,7 @@ class ClusterMetadata:
     def _count_bad(self, resource: str, obj: Any, err: Exception) -> None:
         self._bad[resource] = self._bad.get(resource, 0) + 1
         try:
-            key = _key(obj)
+            key = _key(obj, resource)
         except _BAD_SHAPE:
             key = ("?", "?")
         if (resource, key) not in self._bad_logged and len(self._bad_logged) < 10000:
@@ -884,6 +894,13 @@ class ClusterMetadata:
             memo.pop(k, None)
             cur = live.get(k)
             if cur is not None and (cur.namespace != rec.namespace or cur.name != rec.name):
+                if ip in old_ips:
+                    # this pod claimed the address before and another pod claimed it
+                    # since: a late update of the earlier holder (a terminating pod's
+                    # status still lists its released IP) must not take it back; that
+                    # buried the new pod for good, and once the grace ran out its bytes
+                    # went to unknown until its next update
+                    continue
                 # the IP went to another pod before we saw the old one go
                 self._bury(k, Tenure(cur, cur.since, now))
             live[k] = rec
@@ -945,7 +962,7 @@ class ClusterMetadata:
     # endpointslices --------------------------------------------------------
 
     def _upsert_slice(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+        key = _key(obj, "endpointslices")
         svc_name = _labels(_meta(obj)).get(SERVICE_NAME_LABEL)
         if obj.get("ports") is not None and not isinstance(obj.get("ports"), list):
             raise BadObject("ports is not a list")

@@ -176,7 +176,18 @@ def _parse_yaml(text: str, source: str) -> Iterator[tuple[str, ZoneCidr]]:
             if key not in ("cidr", "zone", "region"):
                 raise InputError("unknown field (expected cidr, zone, region)", source=source,
                                  obj=f"line {k.start_mark.line + 1}", field=str(key))
-            fields[key] = _scalar(v)
+            if key in fields:  # {zone: a, zone: b}: the second would silently win
+                raise InputError("given twice", source=source,
+                                 obj=f"line {k.start_mark.line + 1}", field=str(key))
+            try:
+                fields[key] = _scalar(v)
+            except (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError,
+                    OverflowError, RecursionError) as err:
+                # a tag PyYAML cannot construct safely (!!python/..., !custom) or whose text
+                # is not of its type (!!float abc, !!timestamp foo)
+                problem = " ".join(str(getattr(err, "problem", None) or err).split())[:120]
+                raise InputError(f"unreadable value ({v.tag}): {problem}", source=source,
+                                 obj=f"line {v.start_mark.line + 1}", field=str(key)) from None
         yield where, _make(fields.get("cidr"), fields.get("zone"), fields.get("region"), source, where)
 
 

@@ -8,8 +8,11 @@ mounted token). The agent only ever reads pods, nodes, services and endpointslic
 from __future__ import annotations
 
 import os
-from typing import Any
+import socket
 from pathlib import Path
+from typing import Any
+
+import urllib3
 
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
@@ -17,8 +20,42 @@ from kubernetes.config.config_exception import ConfigException
 from agent.errors import InputError, RuntimeFailure
 
 
+#: TCP keepalive of API connections: (idle seconds, probe interval seconds, probes). A
+#: watch whose peer vanished without FIN or RST (API server VM gone, network partition,
+#: a load balancer dropping the flow) then fails after 15 + 5 x 3 = 30 s, and the watch
+#: loop's outage handling starts (unsynced, relist); without it the only bound was the
+#: watch's read timeout (``timeout_seconds`` + margin: 330 s) during which the metadata
+#: counted as synced. client-go relies on keepalive and HTTP/2 pings the same way.
+KEEPALIVE = (15, 5, 3)
+
+
+def keepalive_socket_options(idle: int, interval: int, count: int) -> list[tuple[int, int, int]]:
+    """urllib3 ``socket_options``: its defaults (TCP_NODELAY) plus TCP keepalive and a
+    TCP user timeout of ``idle + interval * count`` seconds (Linux; options the platform
+    lacks are left out).
+
+    Args:
+        idle: seconds of silence before the first probe.
+        interval: seconds between unanswered probes.
+        count: unanswered probes after which the connection is dead.
+
+    Raises:
+        ValueError: a value below 1.
+    """
+    if min(idle, interval, count) < 1:
+        raise ValueError("keepalive idle, interval and count must be >= 1")
+    opts: list[tuple[int, int, int]] = list(urllib3.connection.HTTPConnection.default_socket_options)
+    opts.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+                        ("TCP_USER_TIMEOUT", (idle + interval * count) * 1000)):  # ms
+        if hasattr(socket, name):
+            opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return opts
+
+
 def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None = None,
-                     context: str | None = None, pool_maxsize: int = 8) -> client.ApiClient:
+                     context: str | None = None, pool_maxsize: int = 8,
+                     keepalive: tuple[int, int, int] = KEEPALIVE) -> client.ApiClient:
     """Return a configured :class:`kubernetes.client.ApiClient`.
 
     Args:
@@ -28,6 +65,7 @@ def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None =
         context: kubeconfig context (default: the file's current context).
         pool_maxsize: HTTP connections kept per host; the watcher holds one per watched
             resource, so at least 5.
+        keepalive: (idle s, interval s, probes) of TCP keepalive, see :data:`KEEPALIVE`.
 
     Raises:
         InputError: the kubeconfig cannot be read or is invalid (names the file).
@@ -53,6 +91,7 @@ def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None =
     # no urllib3-level retries: the watch loop retries with its own bounded backoff and
     # must see each failure to judge how long the API has been unreachable
     cfg.retries = False
+    cfg.socket_options = keepalive_socket_options(*keepalive)
     return client.ApiClient(configuration=cfg)
 
 

@@ -126,6 +126,24 @@ class _NoAliasLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def _timestamp_as_text(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+    """A YAML timestamp (``2024-01-01``, also unquoted and implicit) stays the text it is,
+    as in the JSON the API server works with (sigs.k8s.io/yaml converts YAML to JSON):
+    PyYAML would make it a ``datetime`` (no JSON value), and raise a ValueError on a
+    date-like scalar that is no date (``2024-02-30``)."""
+    return str(loader.construct_scalar(node))  # type: ignore[arg-type]
+
+
+def _not_json(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(
+        None, None, f"{node.tag} values are not JSON (a Kubernetes dump has none)", node.start_mark)
+
+
+_NoAliasLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_text)
+for _tag in ("binary", "set", "omap", "pairs"):
+    _NoAliasLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _not_json)
+
+
 def parse_documents(text: str, source: str) -> Iterable[Any]:
     """Parse JSON or (multi-document) YAML text; raise InputError naming ``source``.
 
@@ -151,6 +169,12 @@ def parse_documents(text: str, source: str) -> Iterable[Any]:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or "syntax error"
         raise InputError(f"invalid YAML{where}: {problem}", source=source) from None
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
+        # an explicit tag whose text is not of its type (!!int x, !!float abc, !!bool maybe):
+        # PyYAML's constructors raise plain Python errors for those
+        text = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        raise InputError(f"invalid YAML: a tagged value is not of its type ({text})",
+                         source=source) from None
 
 
 def load_text(text: str, source: str = "<memory>") -> Snapshot:

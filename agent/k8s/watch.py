@@ -180,6 +180,14 @@ class ResourceWatcher:
         self._answered()
         if not isinstance(data, dict):
             raise ValueError("list response is not an object")
+        # a list is replaced as a whole: a body that is no list (a Status, "{}" from a
+        # misbehaving proxy) must fail, not read as "no objects" and delete them all
+        kind = data.get("kind")
+        items = data.get("items")
+        if kind == "Status" or not isinstance(items, (list, type(None))) or (
+                items is None and not (isinstance(kind, str) and kind.endswith("List"))):
+            raise ValueError(f"list response is not a list (kind {kind!r}, items "
+                             f"{type(items).__name__})")
         return data
 
     def list_once(self) -> str:
@@ -226,7 +234,10 @@ class ResourceWatcher:
                 raise _Gone() from None
             raise
         self.stats.watches += 1
-        self._answered()
+        # not yet "answered": an API server that accepts every watch and then streams only
+        # an ERROR event (etcd down, "too large resource version" after an etcd restore)
+        # is failing; the streak (and its backoff) ends with the first good event or a
+        # stream that ends normally, so such a resource goes unsynced and is listed again
         with self._resp_lock:
             self._resp = resp
         try:
@@ -237,8 +248,12 @@ class ResourceWatcher:
                     continue
                 rv = self._handle_line(line, rv)
                 self.resource_version = rv
+                if self._failing_since is not None:
+                    self._answered()
                 if self.stop_event.is_set():
                     break
+            else:
+                self._answered()  # the server ended the watch normally (its timeout)
         except urllib3.exceptions.ReadTimeoutError:
             log.debug("watch of %s quiet for too long, watching again", self.resource)
         except (urllib3.exceptions.ProtocolError, OSError):
@@ -257,7 +272,7 @@ class ResourceWatcher:
     def _handle_line(self, line: str, rv: str) -> str:
         try:
             event = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             log.warning("watch of %s: skipping a line that is not JSON", self.resource)
             return rv
         if not isinstance(event, dict):
@@ -273,7 +288,12 @@ class ResourceWatcher:
                                reason=f"watch ERROR event: {message}")
         if not isinstance(obj, dict):
             return rv
-        new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+        meta = obj.get("metadata")
+        # an object whose metadata is not an object is counted as bad by the cache and
+        # skipped; it must not end the watch (resumed from before it, it would come again)
+        new_rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if isinstance(new_rv, bool) or not isinstance(new_rv, (str, int)):
+            new_rv = None
         if etype in ("ADDED", "MODIFIED", "DELETED"):
             self.cache.apply(self.resource, etype, obj)
             self.stats.events += 1
@@ -292,12 +312,15 @@ class ResourceWatcher:
         """Run the loop until the stop event is set. Never raises."""
         rv: str | None = None
         went_unsynced = False
+        gone_backoff = 0.0  # 0 until a 410 follows a list without any event in between
+        listed_events = -1  # stats.events right after the last list
         while not self.stop_event.is_set():
             try:
                 if rv is None or went_unsynced:
                     rv = self.list_once()
                     self.resource_version = rv
                     went_unsynced = False
+                    listed_events = self.stats.events
                 started, events = time.monotonic(), self.stats.events
                 rv = self.watch_once(rv)
                 if time.monotonic() - started < 1.0 and self.stats.events == events:
@@ -306,6 +329,15 @@ class ResourceWatcher:
             except _Gone:
                 log.info("%s: resourceVersion %s expired (410 Gone), listing again", self.resource, rv)
                 rv = None
+                if self.stats.events == listed_events:
+                    # the watch from a fresh list expired before a single event: relisting
+                    # at once again would fetch the whole resource in a tight loop (from
+                    # every node); back off as for errors
+                    gone_backoff = min(max(gone_backoff * 2, self.settings.backoff_initial_seconds),
+                                       self.settings.backoff_max_seconds)
+                    self.stop_event.wait(gone_backoff)
+                else:
+                    gone_backoff = 0.0
                 continue
             except Exception as err:  # noqa: BLE001 - the loop must survive any error
                 if self.stop_event.is_set():
