@@ -612,7 +612,7 @@ class Attributor:
 
     Raises:
         ValueError: a negative ``top_n``, ``hold_unresolved_seconds``, ``hold_capacity``
-            or ``series_retention``, ``pair_capacity`` < 1, or ``series_retention`` > 0
+            or ``series_retention``, a non-finite ``hold_unresolved_seconds``, ``pair_capacity`` < 1, or ``series_retention`` > 0
             without an :class:`ObjectView`.
     """
 
@@ -621,9 +621,10 @@ class Attributor:
                  hold_unresolved_seconds: float = 0.0, hold_capacity: int = 100_000,
                  series_retention: float = 0.0, objects: ObjectView | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if top_n < 0 or pair_capacity < 1 or hold_unresolved_seconds < 0 or hold_capacity < 0:
+        if top_n < 0 or pair_capacity < 1 or not 0 <= hold_unresolved_seconds < float("inf") \
+                or hold_capacity < 0:  # "not 0 <= x < inf" also refuses NaN
             raise ValueError("top_n, hold_unresolved_seconds and hold_capacity must be >= 0 "
-                             "and pair_capacity >= 1")
+                             "(the hold finite) and pair_capacity >= 1")
         if not series_retention >= 0:  # also rejects NaN
             raise ValueError(f"series_retention must be >= 0, got {series_retention!r}")
         if objects is None and series_retention > 0:

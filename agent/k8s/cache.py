@@ -9,7 +9,12 @@ dicts in the API's JSON shape for the hint model (:mod:`agent.hints`).
 Resolution order (:meth:`ClusterMetadata.resolve`):
 
 1. a pod IP of a live (or recently deleted, within the grace) non-host-network pod: POD;
-2. a node address (InternalIP, ExternalIP) or a host-network pod's IP: NODE;
+2. a node address (InternalIP, ExternalIP) or a host-network pod's IP: NODE; also the
+   first address of a node's ``spec.podCIDRs`` when no pod holds it: bridge CNIs (the
+   ``bridge`` plugin with host-local IPAM, flannel's ``cni0``, kubenet) give it to the
+   node's bridge, the source of kubelet probes and of node-to-pod traffic. Without this
+   those bytes would be ``no_pod_for_ip`` and their ingress copy skipped as a pod's
+   (counted by no veth);
 3. a ``--zone-cidrs`` range: CIDR;
 4. inside a node's ``spec.podCIDRs`` (or an extra pod CIDR) but no pod: UNKNOWN, reason
    ``no_pod_for_ip``;
@@ -633,6 +638,8 @@ class ClusterMetadata:
         self._shared = _Shared()
         self._nodes: dict[str, NodeRecord] = {}
         self._node_by_ip: dict[int, str] = {}
+        #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
+        self._gateway_by_ip: dict[int, str] = {}
         self._pod_cidr_refs: dict[IPNetwork, int] = {}
         self._pod_cidrs: PrefixTable[bool] = PrefixTable()
         for net in self.settings.extra_pod_cidrs:
@@ -817,6 +824,8 @@ class ClusterMetadata:
             self._raw_nodes[rec.name] = raw
             for net in rec.pod_cidrs:
                 self._pod_cidr_ref(net, +1)
+                if net.num_addresses > 2:
+                    self._gateway_by_ip[_ikey(net.network_address + 1)] = rec.name
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
@@ -937,6 +946,9 @@ class ClusterMetadata:
                     del self._node_by_ip[_ikey(ip)]
             for net in old.pod_cidrs:
                 self._pod_cidr_ref(net, -1)
+                gw = _ikey(net.network_address + 1)
+                if self._gateway_by_ip.get(gw) == name:
+                    del self._gateway_by_ip[gw]
 
     def _pod_cidr_ref(self, net: IPNetwork, delta: int) -> None:
         """Count the nodes declaring ``net``; the table holds the nets counted above 0.
@@ -1038,7 +1050,8 @@ class ClusterMetadata:
             if owner is not None:
                 peer = self._pod_peer(owner)
             else:
-                node_name = self._node_by_ip.get(k) or self._hostnet_by_ip.get(k)
+                node_name = (self._node_by_ip.get(k) or self._hostnet_by_ip.get(k)
+                             or self._gateway_by_ip.get(k))
                 if node_name is not None:
                     peer = self._node_peer(node_name)
                 else:

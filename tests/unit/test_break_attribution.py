@@ -1,5 +1,6 @@
-"""Attacks on the Attributor's contract (agent/attribution.py is owned elsewhere: what
-breaks is recorded here as strict xfail for the lead to fix)."""
+"""Attacks on the Attributor's contract that broke it once: a NaN hold kept bytes held
+forever; ingress from a node's bridge gateway (first address of its podCIDR) was skipped
+as a pod's copy and counted nowhere."""
 
 from __future__ import annotations
 
@@ -20,12 +21,6 @@ from tests.unit.test_agent import FakeDatapath
 ip = ipaddress.ip_address
 
 
-@pytest.mark.xfail(strict=True, reason="Attributor accepts hold_unresolved_seconds=NaN (the "
-                   "'< 0' check passes): every unresolved delta is then held forever, since "
-                   "'at - at0 >= nan' is never true, so neither later drains nor "
-                   "AgentLoop.flush_held release it and its bytes are never counted. The CLI "
-                   "now refuses non-finite flags (agent/agent.py _validate); Attributor.__init__ "
-                   "should raise ValueError for a non-finite hold too")
 def test_nan_hold_never_loses_bytes() -> None:
     c = cluster()
     cache = ClusterMetadata()
@@ -49,13 +44,6 @@ def test_nan_hold_never_loses_bytes() -> None:
     assert sum(tot.service_bytes.values()) == 500
 
 
-@pytest.mark.xfail(strict=True, reason="INGRESS at a local pod from an address in a pod CIDR "
-                   "that no pod holds is skipped as pod_peer_ingress (the copy of the remote "
-                   "pod's EGRESS), but the bridge gateway (first address of the node's podCIDR, "
-                   "cni0 on bridge CNIs, the source of kubelet probes) has no pod veth: those "
-                   "bytes are counted nowhere in the cluster, while the reply EGRESS counts as "
-                   "unknown/no_pod_for_ip. agent/attribution.py _remote treats PeerKind.UNKNOWN "
-                   "as podlike; the gateway could resolve as the node")
 def test_ingress_from_the_node_bridge_gateway_is_counted_once() -> None:
     c = cluster()
     cache = ClusterMetadata()

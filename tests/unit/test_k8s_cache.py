@@ -185,7 +185,7 @@ def test_deleted_cache_is_bounded() -> None:
         c.apply("pods", "DELETED", pod("ns", f"p{i}", f"10.0.1.{i + 1}", "n1"))
     assert c.counts()["deleted_ips"] == 10
     assert c.resolve(ip("10.0.1.50")).name == "p49"          # the newest survive
-    assert c.resolve(ip("10.0.1.1")).kind is PeerKind.UNKNOWN  # the oldest were dropped
+    assert c.resolve(ip("10.0.1.2")).kind is PeerKind.UNKNOWN  # the oldest were dropped
 
 
 def test_relist_deletes_missing_and_keeps_them_in_grace() -> None:
@@ -483,3 +483,17 @@ def test_pod_cidrs_follow_node_changes() -> None:
     c.apply("nodes", "MODIFIED", node("x2", pod_cidrs=["10.8.0.0/16"]))
     assert c.resolve(ip("10.9.1.1")).kind is PeerKind.EXTERNAL
     assert c.resolve(ip("10.8.1.1")).kind is PeerKind.UNKNOWN
+
+
+def test_first_address_of_a_pod_cidr_is_the_nodes_bridge_unless_a_pod_holds_it() -> None:
+    c = make()
+    gw = c.resolve(ip("10.0.1.1"))
+    assert (gw.kind, gw.node, gw.zone) == (PeerKind.NODE, "n1", "zone-a")
+    assert c.resolve(ip("fd00:1::1")).node == "n1"
+    assert c.resolve(ip("10.0.2.1")).node == "n2"
+    assert c.resolve(ip("10.0.1.2")).kind is PeerKind.UNKNOWN  # other free addresses: no pod
+    c.apply("pods", "ADDED", pod("ns", "odd", "10.0.2.1", "n2"))  # an IPAM that hands it out
+    assert c.resolve(ip("10.0.2.1")).name == "odd"
+    c.replace("nodes", [node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.9.0/24"])])
+    assert c.resolve(ip("10.0.1.1")).kind is PeerKind.EXTERNAL  # n1 left that range
+    assert c.resolve(ip("10.0.9.1")).node == "n1"
