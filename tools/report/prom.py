@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,7 +147,8 @@ class PromClient:
         session: a ``requests.Session`` to reuse (tests, auth headers); a new one otherwise.
 
     Attributes:
-        requests_made: HTTP requests sent so far (one per query).
+        requests_made: HTTP requests sent so far (one per query; thread-safe: the report
+            sends a few concurrently).
 
     Raises:
         InputError: ``base_url`` is not an http(s) URL (the message shows it redacted).
@@ -172,6 +174,7 @@ class PromClient:
         self.timeout = timeout
         self.session = session or requests.Session()
         self.requests_made = 0
+        self._count_lock = threading.Lock()
 
     @property
     def shown_url(self) -> str:
@@ -183,7 +186,8 @@ class PromClient:
         url = f"{self.base_url}{path}"
         shown = redact_url(url)
         params = {**self.extra_params, **params}
-        self.requests_made += 1
+        with self._count_lock:
+            self.requests_made += 1
         try:
             if len(urllib.parse.urlencode(params)) > MAX_GET_QUERY_BYTES:
                 resp = self.session.post(url, data=params, timeout=self.timeout)
