@@ -127,6 +127,11 @@ def test_explicit_windows_make_the_same_few_requests_for_1_and_200_services(
             assert change.before.cross_zone_bytes_per_second == approx(2000)
             assert change.after.cross_zone_bytes_per_second == approx(500)
         counts[n] = session.sent
+        by_key = {ch.key: ch for ch in report.services}
+        for key in list(by_key)[:: max(1, n // 7)]:  # bit for bit, as one query per Service
+            assert key is not None
+            assert by_key[key].before == reference_window_stats(c, before, key)
+            assert by_key[key].after == reference_window_stats(c, after, key)
     assert counts == {1: 5, MANY: 5}
 
 

@@ -279,3 +279,16 @@ def test_bad_window_values_name_the_flag(capsys: pytest.CaptureFixture[str], arg
                                          message: str) -> None:
     """Checked before Prometheus is asked (URL is a closed port)."""
     assert error_line(capsys, ["--prometheus", URL, *argv]).startswith(message)
+
+
+def test_silent_prometheus_times_out_with_one_line() -> None:
+    """A server that accepts the connection and never answers: a timeout, said so."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        client = PromClient(f"http://alice:{SECRET}@127.0.0.1:{port}", timeout=0.3)
+        with pytest.raises(InputError) as err:
+            client.query("up", 0)
+    assert str(err.value) == (f"--prometheus: http://REDACTED@127.0.0.1:{port} did not answer "
+                              "within 0.3 s")

@@ -540,7 +540,9 @@ def _no_data(which: str, window: Window, service: ServiceKey | None) -> InputErr
     what = f" for {service}" if service else ""
     return InputError(
         f"no {BYTES} data{what} in the {which} window {format_time(window.start)}.."
-        f"{format_time(window.end)} (a window needs at least two scrapes)", source=f"--{which}")
+        f"{format_time(window.end)} (a window needs at least two scrapes: check that this "
+        "Prometheus scrapes the zonemeter agents and still keeps data that old)",
+        source=f"--{which}")
 
 
 def change_of(key: ServiceKey | None, before: WindowStats, after: WindowStats, price: Price,
