@@ -339,6 +339,9 @@ class _RangePart:
     start: float
     end: float
     step: float
+    #: evaluate in a request of its own: a part over every Service is cheapest aggregated
+    #: on its own (its series outnumber all the small parts together)
+    alone: bool = False
 
 
 def _range_calls(client: PromClient, parts: list[_RangePart], aggregate: str | None = None
@@ -364,11 +367,13 @@ def _range_calls(client: PromClient, parts: list[_RangePart], aggregate: str | N
         Calls returning ``{tag: [Series, ...]}`` with the part's own instants.
     """
     by_step: dict[float, list[_RangePart]] = {}
-    for part in sorted(parts, key=lambda p: p.start):
+    chunks = [[p] for p in parts if p.alone]
+    for part in sorted((p for p in parts if not p.alone), key=lambda p: p.start):
         by_step.setdefault(part.step, []).append(part)
-    return [lambda step=step, chunk=chunk: _range_chunk(client, step, chunk, aggregate)
-            for step, group in sorted(by_step.items())
-            for chunk in _chunks(group, MAX_RANGE_PARTS_PER_QUERY)]
+    chunks += [chunk for _, group in sorted(by_step.items())
+               for chunk in _chunks(group, MAX_RANGE_PARTS_PER_QUERY)]
+    return [lambda chunk=chunk: _range_chunk(client, chunk[0].step, chunk, aggregate)
+            for chunk in chunks]
 
 
 def _range_chunk(client: PromClient, step: float, group: list[_RangePart],
@@ -378,18 +383,23 @@ def _range_chunk(client: PromClient, step: float, group: list[_RangePart],
     base = prometheus_ms(first.start)
     shift = {p.tag: prometheus_ms(p.start) - base for p in group}
     last = {p.tag: prometheus_ms(p.end) for p in group}
-    exprs = []
-    for p in group:
-        clause = f" offset -{shift[p.tag]}ms" if shift[p.tag] else ""
-        exprs.append(_tagged(p.expr(clause), p.tag))
-    query = _or_all(exprs)
-    if aggregate is not None:
-        query = f"{aggregate} by (namespace, service, {PART_LABEL}) ({query})"
+    if len(group) == 1:  # exactly the query a single window would send
+        query = group[0].expr("")
+        if aggregate is not None:
+            query = f"{aggregate} by (namespace, service) ({query})"
+    else:
+        exprs = []
+        for p in group:
+            clause = f" offset -{shift[p.tag]}ms" if shift[p.tag] else ""
+            exprs.append(_tagged(p.expr(clause), p.tag))
+        query = _or_all(exprs)
+        if aggregate is not None:
+            query = f"{aggregate} by (namespace, service, {PART_LABEL}) ({query})"
     end_ms = max(last[p.tag] - shift[p.tag] for p in group)
     end = first.start if end_ms <= base else (end_ms + step_ms / 2) / 1000
     out: dict[str, list[Series]] = {}
     for series in client.query_range(query, first.start, end, step):
-        tag = series.labels.get(PART_LABEL)
+        tag = group[0].tag if len(group) == 1 else series.labels.get(PART_LABEL)
         if tag not in shift:
             continue
         points = []
@@ -411,7 +421,7 @@ def _merged(results: Iterable[dict[str, list[_T]]]) -> dict[str, list[_T]]:
 
 
 def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
-                       coverage_by_service: bool = False
+                       coverage_by_service: bool = False, separate_ranges: bool = False
                        ) -> list[tuple[dict[ServiceKey, WindowStats], list[str],
                                        dict[ServiceKey, list[str]]]]:
     """Per-Service statistics of many (window, scope) jobs in a fixed number of queries.
@@ -428,6 +438,8 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
         jobs: ``[(window, scope), ...]``.
         coverage_by_service: check the window edges per Service (``count by (namespace,
             service)``) rather than for the scope as a whole (``count``).
+        separate_ranges: one locality range query per job, exactly as for one window
+            (cheapest when each job selects every Service); else they are batched.
 
     Returns:
         Per job, in order: ``({service: WindowStats}, scope warnings, {service: warnings})``;
@@ -460,7 +472,8 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
         n = max(1, math.ceil(w.seconds / step))
         sel = scope.matchers()
         ranges.append(_RangePart(f"{i}", lambda clause, sel=sel: f"{IN_EFFECT}{sel}{clause}",
-                                 w.start, w.start + (n - 1) * step, step))
+                                 w.start, w.start + (n - 1) * step, step,
+                                 alone=separate_ranges))
     kinds = [_instant_calls(client, q, at) for q in (totals_q, cross_q, hints_q)]
     kinds.append(_instant_calls(client, cover_q, at, per_job=2))  # start and end
     kinds.append(_range_calls(client, ranges, "min"))  # type: ignore[arg-type]
@@ -667,7 +680,7 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
         parts.append(_RangePart(
             f"{i}", lambda clause, sel=sel, rng=rng:
                 f"sum by (namespace, service) (rate({BYTES}{sel}[{rng}]{clause}))",
-            start, end, step))
+            start, end, step, alone=scope.keys is None))
     result = _merged(_run_all(_range_calls(client, parts)))
     return [{_key(s.labels): tuple(s.points) for s in result.get(f"{i}", [])
              if scope.admits(_key(s.labels))}
@@ -697,14 +710,15 @@ def report_for_windows(client: PromClient, price: Price, before: Window, after: 
     """Report with one before and one after window for every Service.
 
     Makes a fixed number of HTTP requests whatever the number of Services: 4 instant
-    queries, 1 or 2 range queries (one per distinct step), and 2 more with ``with_series``.
+    queries (each window an ``@``-pinned part), 2 range queries (the locality state over
+    each window), and 2 more with ``with_series``.
 
     Raises:
         InputError: no data in a window, unreachable Prometheus.
     """
     scope = Scope(service)
     (b_stats, b_warn, _), (a_stats, a_warn, _) = batch_window_stats(
-        client, [(before, scope), (after, scope)])
+        client, [(before, scope), (after, scope)], separate_ranges=True)
     if not b_stats:
         raise _no_data("before", before, service)
     if not a_stats:
