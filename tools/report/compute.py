@@ -342,23 +342,29 @@ class _RangePart:
     #: evaluate in a request of its own: a part over every Service is cheapest aggregated
     #: on its own (its series outnumber all the small parts together)
     alone: bool = False
+    #: the one Service the part selects (exact matchers): such parts are batched without a
+    #: tag label, each Service at most once per request
+    key: ServiceKey | None = None
 
 
 def _range_calls(client: PromClient, parts: list[_RangePart], aggregate: str | None = None
                  ) -> list[Callable[[], dict[str, list[Series]]]]:
-    """Range queries evaluating every part on its own grid, one request per distinct step
-    and :data:`MAX_PARTS_PER_QUERY` parts.
+    """Range queries evaluating every part on its own grid, in few requests.
 
     Each part's grid is shifted onto a common one with ``offset``: the request runs from the
     earliest part's start, and a part starting ``X`` ms later reads its data ``offset -Xms``,
     so it is evaluated at exactly its own instants (Prometheus's millisecond rounding of each
     start and end is reproduced by :func:`prometheus_ms`). Returned timestamps are mapped back.
+    Requests: one per ``alone`` part (exactly the query of that window alone); the others
+    grouped by step and at most :data:`MAX_RANGE_PARTS_PER_QUERY` per request, parts with a
+    ``key`` additionally in lanes so no Service appears twice in a request: those need no
+    tag label, which Prometheus would otherwise add to every raw series at every step.
 
     Args:
         client: the Prometheus API.
         parts: the grids.
         aggregate: ``"min"`` etc.: the parts are raw selectors and the request aggregates
-            ``by (namespace, service)`` and part once outside the ``or`` of the parts
+            ``by (namespace, service)`` (and the tag) once outside the ``or`` of the parts
             (cheaper than one aggregation per part; exact for ``min``/``max``, whose result
             does not depend on the order of the series); ``None``: the parts are complete
             expressions.
@@ -366,11 +372,16 @@ def _range_calls(client: PromClient, parts: list[_RangePart], aggregate: str | N
     Returns:
         Calls returning ``{tag: [Series, ...]}`` with the part's own instants.
     """
-    by_step: dict[float, list[_RangePart]] = {}
     chunks = [[p] for p in parts if p.alone]
+    lanes: dict[tuple[float, int, bool], list[_RangePart]] = {}
+    seen: dict[tuple[float, ServiceKey], int] = {}
     for part in sorted((p for p in parts if not p.alone), key=lambda p: p.start):
-        by_step.setdefault(part.step, []).append(part)
-    chunks += [chunk for _, group in sorted(by_step.items())
+        lane = 0
+        if part.key is not None:
+            lane = seen.get((part.step, part.key), 0)
+            seen[(part.step, part.key)] = lane + 1
+        lanes.setdefault((part.step, lane, part.key is not None), []).append(part)
+    chunks += [chunk for _, group in sorted(lanes.items(), key=lambda kv: kv[0])
                for chunk in _chunks(group, MAX_RANGE_PARTS_PER_QUERY)]
     return [lambda chunk=chunk: _range_chunk(client, chunk[0].step, chunk, aggregate)
             for chunk in chunks]
@@ -381,34 +392,39 @@ def _range_chunk(client: PromClient, step: float, group: list[_RangePart],
     step_ms = int(step * 1000)
     first = min(group, key=lambda p: prometheus_ms(p.start))
     base = prometheus_ms(first.start)
-    shift = {p.tag: prometheus_ms(p.start) - base for p in group}
-    last = {p.tag: prometheus_ms(p.end) for p in group}
-    if len(group) == 1:  # exactly the query a single window would send
-        query = group[0].expr("")
-        if aggregate is not None:
-            query = f"{aggregate} by (namespace, service) ({query})"
-    else:
-        exprs = []
-        for p in group:
-            clause = f" offset -{shift[p.tag]}ms" if shift[p.tag] else ""
-            exprs.append(_tagged(p.expr(clause), p.tag))
-        query = _or_all(exprs)
-        if aggregate is not None:
-            query = f"{aggregate} by (namespace, service, {PART_LABEL}) ({query})"
-    end_ms = max(last[p.tag] - shift[p.tag] for p in group)
+    shift = [prometheus_ms(p.start) - base for p in group]
+    last = [prometheus_ms(p.end) for p in group]
+    keyed = all(p.key is not None for p in group)
+    exprs = []
+    for p, x in zip(group, shift):
+        clause = f" offset -{x}ms" if x else ""
+        exprs.append(p.expr(clause) if keyed or len(group) == 1 else _tagged(p.expr(clause),
+                                                                             str(id(p))))
+    by = "namespace, service" if keyed or len(group) == 1 else f"namespace, service, {PART_LABEL}"
+    query = _or_all(exprs)  # one part: exactly the query of that window alone
+    if aggregate is not None:
+        query = f"{aggregate} by ({by}) ({query})"
+    end_ms = max(e - x for e, x in zip(last, shift))
     end = first.start if end_ms <= base else (end_ms + step_ms / 2) / 1000
+    index = {str(id(p)): i for i, p in enumerate(group)}
+    by_key = {p.key: i for i, p in enumerate(group)}
     out: dict[str, list[Series]] = {}
     for series in client.query_range(query, first.start, end, step):
-        tag = group[0].tag if len(group) == 1 else series.labels.get(PART_LABEL)
-        if tag not in shift:
+        if len(group) == 1:
+            i: int | None = 0
+        elif keyed:
+            i = by_key.get(_key(series.labels))
+        else:
+            i = index.get(series.labels.get(PART_LABEL, ""))
+        if i is None:
             continue
         points = []
         for t, v in series.points:
-            ms = round(t * 1000) + shift[tag]
-            if ms <= last[tag]:
+            ms = round(t * 1000) + shift[i]
+            if ms <= last[i]:
                 points.append((ms / 1000, v))
         labels = {k: v for k, v in series.labels.items() if k != PART_LABEL}
-        out.setdefault(tag, []).append(Series(labels, points))
+        out.setdefault(group[i].tag, []).append(Series(labels, points))
     return out
 
 
@@ -470,10 +486,17 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
                                      f"@ {format_ms(prometheus_ms(t))})")
         step = choose_step(w.seconds)
         n = max(1, math.ceil(w.seconds / step))
-        sel = scope.matchers()
-        ranges.append(_RangePart(f"{i}", lambda clause, sel=sel: f"{IN_EFFECT}{sel}{clause}",
-                                 w.start, w.start + (n - 1) * step, step,
-                                 alone=separate_ranges))
+        last = w.start + (n - 1) * step
+        if scope.keys is None or separate_ranges:
+            sel = scope.matchers()
+            ranges.append(_RangePart(f"{i}", lambda clause, sel=sel: f"{IN_EFFECT}{sel}{clause}",
+                                     w.start, last, step, alone=separate_ranges))
+        else:  # one part per Service: batched without tags
+            for key in sorted(scope.keys):
+                sel = label_matchers(key)
+                ranges.append(_RangePart(
+                    f"{i}", lambda clause, sel=sel: f"{IN_EFFECT}{sel}{clause}",
+                    w.start, last, step, key=key))
     kinds = [_instant_calls(client, q, at) for q in (totals_q, cross_q, hints_q)]
     kinds.append(_instant_calls(client, cover_q, at, per_job=2))  # start and end
     kinds.append(_range_calls(client, ranges, "min"))  # type: ignore[arg-type]
@@ -680,7 +703,9 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
         parts.append(_RangePart(
             f"{i}", lambda clause, sel=sel, rng=rng:
                 f"sum by (namespace, service) (rate({BYTES}{sel}[{rng}]{clause}))",
-            start, end, step, alone=scope.keys is None))
+            start, end, step, alone=scope.keys is None,
+            key=next(iter(scope.keys)) if scope.keys is not None and len(scope.keys) == 1
+            else None))
     result = _merged(_run_all(_range_calls(client, parts)))
     return [{_key(s.labels): tuple(s.points) for s in result.get(f"{i}", [])
              if scope.admits(_key(s.labels))}
@@ -813,8 +838,7 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
     for key, (before, after) in windows.items():
         members.setdefault(before, set()).add(key)
         members.setdefault(after, set()).add(key)
-    everyone = frozenset(times)
-    jobs = [(w, Scope(service, None if frozenset(keys) == everyone else frozenset(keys)))
+    jobs = [(w, Scope(service, frozenset(keys)))
             for w, keys in sorted(members.items(), key=lambda kv: (kv[0].start, kv[0].end))]
     results = dict(zip((w for w, _ in jobs), batch_window_stats(client, jobs,
                                                                 coverage_by_service=True)))
