@@ -418,11 +418,13 @@ def _range_chunk(client: PromClient, step: float, group: list[_RangePart],
             i = index.get(series.labels.get(PART_LABEL, ""))
         if i is None:
             continue
-        points = []
-        for t, v in series.points:
-            ms = round(t * 1000) + shift[i]
-            if ms <= last[i]:
-                points.append((ms / 1000, v))
+        points = series.points
+        if shift[i] or (points and round(points[-1][0] * 1000) > last[i]):
+            points = []
+            for t, v in series.points:
+                ms = round(t * 1000) + shift[i]
+                if ms <= last[i]:
+                    points.append((ms / 1000, v))
         labels = {k: v for k, v in series.labels.items() if k != PART_LABEL}
         out.setdefault(group[i].tag, []).append(Series(labels, points))
     return out
