@@ -25,6 +25,7 @@ from the normalised figure.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -323,8 +324,10 @@ def _instant_calls(client: PromClient, exprs: dict[str, str], at: float, *, per_
     """Instant queries evaluating every ``{tag: expr}`` (each pinned with ``@``), the parts
     of at most :data:`MAX_PARTS_PER_QUERY` jobs (``per_job`` consecutive parts each) per
     request; each call returns ``{tag: [Sample, ...]}`` (tags without a result are absent)."""
-    return [lambda chunk=chunk: _by_tag(client.query(_or_all(
-                [_tagged(exprs[t], t) for t in chunk]), at))
+    def call(chunk: list[str]) -> dict[str, list[Sample]]:
+        return _by_tag(client.query(_or_all([_tagged(exprs[t], t) for t in chunk]), at))
+
+    return [functools.partial(call, chunk)
             for chunk in _chunks(list(exprs), MAX_PARTS_PER_QUERY * per_job)]
 
 
@@ -383,7 +386,7 @@ def _range_calls(client: PromClient, parts: list[_RangePart], aggregate: str | N
         lanes.setdefault((part.step, lane, part.key is not None), []).append(part)
     chunks += [chunk for _, group in sorted(lanes.items(), key=lambda kv: kv[0])
                for chunk in _chunks(group, MAX_RANGE_PARTS_PER_QUERY)]
-    return [lambda chunk=chunk: _range_chunk(client, chunk[0].step, chunk, aggregate)
+    return [functools.partial(_range_chunk, client, chunk[0].step, chunk, aggregate)
             for chunk in chunks]
 
 
@@ -430,6 +433,14 @@ def _range_chunk(client: PromClient, step: float, group: list[_RangePart],
     return out
 
 
+def _offset_selector(selector: str, clause: str) -> str:
+    return selector + clause
+
+
+def _offset_rate(range_selector: str, clause: str) -> str:
+    return f"sum by (namespace, service) (rate({range_selector}{clause}))"
+
+
 def _merged(results: Iterable[dict[str, list[_T]]]) -> dict[str, list[_T]]:
     out: dict[str, list[_T]] = {}
     for result in results:
@@ -474,14 +485,14 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
     ranges: list[_RangePart] = []
     at = max(w.end for w, _ in jobs)
     for i, (w, scope) in enumerate(jobs):
-        d = _range(w.seconds)
+        rng = _range(w.seconds)
         end = format_ms(prometheus_ms(w.end))
         totals_q[f"{i}"] = (f"sum by (namespace, service) "
-                            f"(increase({BYTES}{scope.matchers()}[{d}] @ {end}))")
+                            f"(increase({BYTES}{scope.matchers()}[{rng}] @ {end}))")
         cross_q[f"{i}"] = ("sum by (namespace, service, direction, client_zone, server_zone) "
-                           f"(increase({BYTES}{scope.matchers(CROSS_ZONE)}[{d}] @ {end}))")
+                           f"(increase({BYTES}{scope.matchers(CROSS_ZONE)}[{rng}] @ {end}))")
         hints_q[f"{i}"] = (f"sum by (namespace, service) "
-                           f"(increase({HINT_IGNORED}{scope.matchers()}[{d}] @ {end}))")
+                           f"(increase({HINT_IGNORED}{scope.matchers()}[{rng}] @ {end}))")
         count = "count by (namespace, service)" if coverage_by_service else "count"
         for edge, t in (("start", w.start), ("end", w.end)):
             cover_q[f"{i}{edge}"] = (f"{count} ({BYTES}{scope.matchers()} "
@@ -491,17 +502,17 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
         last = w.start + (n - 1) * step
         if scope.keys is None or separate_ranges:
             sel = scope.matchers()
-            ranges.append(_RangePart(f"{i}", lambda clause, sel=sel: f"{IN_EFFECT}{sel}{clause}",
+            ranges.append(_RangePart(f"{i}", functools.partial(_offset_selector, IN_EFFECT + sel),
                                      w.start, last, step, alone=separate_ranges))
         else:  # one part per Service: batched without tags
             for key in sorted(scope.keys):
                 sel = label_matchers(key)
                 ranges.append(_RangePart(
-                    f"{i}", lambda clause, sel=sel: f"{IN_EFFECT}{sel}{clause}",
+                    f"{i}", functools.partial(_offset_selector, IN_EFFECT + sel),
                     w.start, last, step, key=key))
     kinds = [_instant_calls(client, q, at) for q in (totals_q, cross_q, hints_q)]
     kinds.append(_instant_calls(client, cover_q, at, per_job=2))  # start and end
-    kinds.append(_range_calls(client, ranges, "min"))  # type: ignore[arg-type]
+    kinds.append(_range_calls(client, ranges, "min"))  # type: ignore[arg-type]  # Series lists
     flat: list[Callable[[], dict[str, list[Any]]]] = [c for calls in kinds for c in calls]
     done = iter(_run_all(flat))
     totals, cross, hints, cover, loc = (_merged(next(done) for _ in calls) for calls in kinds)
@@ -703,8 +714,7 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
         rng = _range(max(4 * scrape, step + scrape))
         sel = scope.matchers(CROSS_ZONE)
         parts.append(_RangePart(
-            f"{i}", lambda clause, sel=sel, rng=rng:
-                f"sum by (namespace, service) (rate({BYTES}{sel}[{rng}]{clause}))",
+            f"{i}", functools.partial(_offset_rate, f"{BYTES}{sel}[{rng}]"),
             start, end, step, alone=scope.keys is None,
             key=next(iter(scope.keys)) if scope.keys is not None and len(scope.keys) == 1
             else None))
