@@ -115,6 +115,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body, kind, code = b"<html>hello</html>", "text/html", 200
         elif self.path.startswith("/auth/"):
             body, kind, code = b"Unauthorized", "text/plain", 401
+        elif self.path.startswith("/old/"):  # Prometheus 2.25-2.32 without feature flags
+            body = (b'{"status":"error","errorType":"bad_data",'
+                    b'"error":"1:40: parse error: @ modifier is disabled"}')
+            kind, code = "application/json", 400
         elif self.path.startswith("/ok/"):
             body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
             kind, code = "application/json", 200
@@ -292,3 +296,9 @@ def test_silent_prometheus_times_out_with_one_line() -> None:
             client.query("up", 0)
     assert str(err.value) == (f"--prometheus: http://REDACTED@127.0.0.1:{port} did not answer "
                               "within 0.3 s")
+
+
+def test_prometheus_without_at_modifier_is_told_which_version_works(web: str) -> None:
+    with pytest.raises(InputError, match=r"@ modifier is disabled \(the report needs the @ "
+                                         r"modifier and negative offsets: Prometheus >= 2.33"):
+        PromClient(f"{web}/old").query("up @ 1", 0)

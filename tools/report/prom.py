@@ -209,6 +209,10 @@ class PromClient:
                              "JSON (is this a Prometheus URL?)", source="--prometheus") from None
         if not isinstance(body, dict) or body.get("status") != "success":
             why = body.get("error", "no error text") if isinstance(body, dict) else "not an object"
+            if isinstance(why, str) and "is disabled" in why and (
+                    "@ modifier" in why or "offset" in why):
+                why += (" (the report needs the @ modifier and negative offsets: Prometheus "
+                        ">= 2.33 has both on by default)")
             raise InputError(f"{shown} refused the query: {why}", source="--prometheus")
         if not isinstance(body.get("data"), dict):
             raise InputError(f"{shown} answered without a 'data' object", source="--prometheus")
