@@ -25,6 +25,7 @@ from the normalised figure.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -813,6 +814,9 @@ def windows_around(change: float, now: float, window_seconds: float | None, *,
     return Window(change - d, change), Window(change, change + d)
 
 
+#: Services drawn (one panel each) in the chart of per-Service windows, largest normalised
+#: saving first; the chart's series are fetched for these only
+CHART_PANELS = 12
 #: skipped Services named in the error when none has data (the rest are counted)
 MAX_NAMED_SKIPS = 5
 
@@ -880,17 +884,19 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
         raise InputError("no Service has data around its last locality change: "
                          + "; ".join(named) + (f"; and {more} more" if more else ""),
                          source="--prometheus")
-    series: dict[ServiceKey, tuple[tuple[float, float], ...]] = {}
-    if with_series:
-        curves = cross_zone_series(
-            client, [(windows[k][0].start, windows[k][1].end, Scope(service, frozenset({k})))
-                     for k in kept], kept[0])
-        series = {k: c.get(k, ()) for k, c in zip(kept, curves)}
     for key in kept:
         before, after = windows[key]
         changes.append(change_of(key, results[before][0][key], results[after][0][key], price,
-                                 change_time=times[key], series=series.get(key, ())))
+                                 change_time=times[key]))
     changes.sort(key=_order)
+    if with_series:  # only for the Services the chart draws
+        drawn = [c.key for c in changes[:CHART_PANELS] if c.key is not None]
+        curves = cross_zone_series(
+            client, [(windows[k][0].start, windows[k][1].end, Scope(service, frozenset({k})))
+                     for k in drawn], drawn[0])
+        series = {k: c.get(k, ()) for k, c in zip(drawn, curves)}
+        changes = [dataclasses.replace(c, series=series[c.key]) if c.key in series else c
+                   for c in changes]
     spans = [windows[k] for k in kept]
     env_before = Window(min(b.start for b, _ in spans), max(b.end for b, _ in spans))
     env_after = Window(min(a.start for _, a in spans), max(a.end for _, a in spans))
