@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +21,8 @@ import requests
 
 from tests.prom.promdata import (MANY_SPAN, MANY_T0, MANY_WINDOW, ONE_T0, many_change_time,
                                  running_prometheus, scale_input)
-from tools.report.compute import (BYTES, CHART_PANELS, CROSS_ZONE, HINT_IGNORED, IN_EFFECT, PairRate, Report,
+from tools.report.compute import (BYTES, CHART_PANELS, CROSS_ZONE, HINT_IGNORED, IN_EFFECT,
+                                  PairRate, Report,
                                   ServiceKey, WindowStats, in_effect_shares, label_matchers,
                                   report_for_windows, report_per_service)
 from tools.report.pricing import parse_price
@@ -199,7 +199,7 @@ def test_service_filter_keeps_the_query_small(scale_url: str) -> None:
     assert session.sent == 7 and session.methods == ["GET"] * 7
 
 
-def test_long_batched_queries_are_posted(scale_url: str, tmp_path: Path) -> None:
+def test_long_batched_queries_are_posted(scale_url: str) -> None:
     c, session = client(scale_url)
     report_per_service(c, AWS, MANY_T0 + MANY_SPAN, window_seconds=MANY_WINDOW)
     # 200 distinct windows make long queries: sent as POST forms, the short ones as GET

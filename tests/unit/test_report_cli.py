@@ -190,8 +190,8 @@ def test_redact_url(url: str, shown: str) -> None:
 
 def test_unreachable_prometheus_hides_credentials(capsys: pytest.CaptureFixture[str]) -> None:
     port = _closed_port()
-    line = error_line(capsys, ["--prometheus", f"http://alice:{SECRET}@127.0.0.1:{port}/?token={SECRET}",
-                               "--before", "-2h..-1h", "--after", "-1h..now"])
+    url = f"http://alice:{SECRET}@127.0.0.1:{port}/?token={SECRET}"
+    line = error_line(capsys, ["--prometheus", url, "--before", "-2h..-1h", "--after", "-1h..now"])
     assert line.startswith(f"zonemeter: error: --prometheus: cannot reach "
                            f"http://REDACTED@127.0.0.1:{port}?token=REDACTED (ConnectionError)")
     assert SECRET not in line
@@ -241,8 +241,8 @@ def test_no_service_with_data_names_a_few_and_counts_the_rest(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Every Service has a change time but no bytes in its windows: one short line."""
     now = 1_760_000_000.0
-    changes = [{"metric": {"namespace": "shop", "service": f"s{i}"}, "value": [now, str(now - 7200)]}
-               for i in range(9)]
+    changes = [{"metric": {"namespace": "shop", "service": f"s{i}"},
+                "value": [now, str(now - 7200)]} for i in range(9)]
 
     class Session:
         def get(self, url: str, params: dict[str, str], timeout: float) -> Any:
