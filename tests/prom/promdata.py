@@ -154,3 +154,70 @@ def prometheus_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with running_prometheus(tmp_path_factory.mktemp("prom"),
                             openmetrics=openmetrics_input()) as url:
         yield url
+
+
+#: many-Services data set (:func:`many_services_input`): start of the data, 2025-01-08T00:00Z
+MANY_T0 = T0 + 2 * 86400
+#: ... its length, seconds, and the window each test uses around each change (``--window``)
+MANY_SPAN = 4200
+MANY_WINDOW = 600
+#: the one-Service data set lies a day after the many-Services one (its series are stale then)
+ONE_T0 = MANY_T0 + 86400
+
+
+def many_change_time(t0: int, i: int) -> int:
+    """Service ``i``'s locality change: on the scrape grid, 15 s apart, so Service ``i``'s
+    after window is Service ``i + 40``'s before window (shared windows) and the rest differ."""
+    return t0 + MANY_WINDOW + SCRAPE * i
+
+
+def many_services_input(n: int, t0: int, namespace: str, span: int = MANY_SPAN
+                        ) -> dict[str, list[str]]:
+    """OpenMetrics sample lines for ``n`` Services ``svc-000...`` in ``namespace``, 15 s
+    scrapes over ``[t0, t0 + span]``, by metric family (each series contiguous).
+
+    Service ``i`` sends ``1000 * (i + 1)`` same-zone bytes/s throughout, and 2000 cross-zone
+    request bytes/s (zone a -> b) until :func:`many_change_time`, 500 after it; its locality
+    is in effect (1) from the change on, 0 before; its last-change gauge is the change time
+    from then on (a day earlier before it).
+    """
+    out: dict[str, list[str]] = {"zonemeter_service_bytes": [],
+                                 "zonemeter_service_locality_in_effect": [],
+                                 "zonemeter_service_locality_last_change_timestamp_seconds": []}
+    times = range(t0, t0 + span + 1, SCRAPE)
+    for i in range(n):
+        svc = f"svc-{i:03d}"
+        c = many_change_time(t0, i)
+        base = (f'namespace="{namespace}",service="{svc}",port="80",client_zone="a",'
+                f'instance="node-a"')
+        for zone, crossing, rate in (("a", "same_zone", lambda t: 1000 * (i + 1)),
+                                     ("b", "cross_zone", lambda t: 2000 if t <= c else 500)):
+            value = 0
+            for t in times:
+                value += rate(t) * SCRAPE if t > t0 else 0
+                out["zonemeter_service_bytes"].append(
+                    f'zonemeter_service_bytes_total{{{base},server_zone="{zone}",'
+                    f'crossing="{crossing}",direction="request"}} {value} {t}')
+        out["zonemeter_service_locality_in_effect"] += [
+            f"zonemeter_service_locality_in_effect{{{base}}} {1 if t >= c else 0} {t}"
+            for t in times]
+        out["zonemeter_service_locality_last_change_timestamp_seconds"] += [
+            f'zonemeter_service_locality_last_change_timestamp_seconds{{namespace="{namespace}",'
+            f'service="{svc}",instance="node-a"}} {c if t >= c else c - 86400} {t}'
+            for t in times]
+    return out
+
+
+def scale_input(many: int, span: int = MANY_SPAN) -> str:
+    """OpenMetrics text of two data sets: ``many`` Services in namespace ``many`` from
+    :data:`MANY_T0`, and one Service in namespace ``one`` from :data:`ONE_T0`, each
+    ``span`` seconds long (every change must leave a full window after it:
+    ``span >= 2 * MANY_WINDOW + 15 * (many - 1)``)."""
+    a = many_services_input(many, MANY_T0, "many", span)
+    b = many_services_input(1, ONE_T0, "one", span)
+    lines = []
+    for family, kind in (("zonemeter_service_bytes", "counter"),
+                         ("zonemeter_service_locality_in_effect", "gauge"),
+                         ("zonemeter_service_locality_last_change_timestamp_seconds", "gauge")):
+        lines += [f"# TYPE {family} {kind}", *a[family], *b[family]]
+    return "\n".join(lines + ["# EOF"]) + "\n"

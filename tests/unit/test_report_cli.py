@@ -5,15 +5,18 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
+import urllib.parse
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from agent.cli import main
 from agent.errors import InputError
+import tools.report.cli as report_cli
 from tools.report.cli import parse_service
 from tools.report.compute import ServiceKey
-from tools.report.prom import PromClient
+from tools.report.prom import PromClient, redact_url
 
 
 def _closed_port() -> int:
@@ -96,9 +99,29 @@ def test_missing_prometheus_flag_is_usage_error(capsys: pytest.CaptureFixture[st
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
+    #: (method, path with query, form body) of every request, for the tests to inspect
+    seen: list[tuple[str, str, str]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length", "0"))
+        self._answer("POST", self.rfile.read(length).decode())
+
     def do_GET(self) -> None:  # noqa: N802
+        self._answer("GET", "")
+
+    def _answer(self, method: str, form: str) -> None:
+        _Handler.seen.append((method, self.path, form))
         if self.path.startswith("/html/"):
             body, kind, code = b"<html>hello</html>", "text/html", 200
+        elif self.path.startswith("/auth/"):
+            body, kind, code = b"Unauthorized", "text/plain", 401
+        elif self.path.startswith("/old/"):  # Prometheus 2.25-2.32 without feature flags
+            body = (b'{"status":"error","errorType":"bad_data",'
+                    b'"error":"1:40: parse error: @ modifier is disabled"}')
+            kind, code = "application/json", 400
+        elif self.path.startswith("/ok/"):
+            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+            kind, code = "application/json", 200
         else:
             body = b'{"status":"error","errorType":"bad_data","error":"parse error at char 3"}'
             kind, code = "application/json", 400
@@ -144,3 +167,138 @@ def test_parse_service() -> None:
     for bad in ("shop/", "/cart", "Shop/cart", "a/b/c"):
         with pytest.raises(InputError):
             parse_service(bad)
+
+
+SECRET = "s3cr3t-Pa55"
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://alice:s3cr3t-Pa55@prom.example:9090/prom",
+     "http://REDACTED@prom.example:9090/prom"),
+    ("https://s3cr3t-Pa55@prom.example", "https://REDACTED@prom.example"),
+    ("http://prom:9090/api?token=s3cr3t-Pa55&tenant=shop&X-Amz-Signature=s3cr3t-Pa55",
+     "http://prom:9090/api?token=REDACTED&tenant=shop&X-Amz-Signature=REDACTED"),
+    ("http://prom:9090/?password=s3cr3t-Pa55&api_key=s3cr3t-Pa55#s3cr3t-Pa55",
+     "http://prom:9090/?password=REDACTED&api_key=REDACTED"),
+    ("http://a:s3cr3t-Pa55@[::1:9090/", "http://REDACTED@[::1:9090/"),  # unparsable
+    ("http://prom:9090", "http://prom:9090"),
+])
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    assert SECRET not in redact_url(url)
+
+
+def test_unreachable_prometheus_hides_credentials(capsys: pytest.CaptureFixture[str]) -> None:
+    port = _closed_port()
+    url = f"http://alice:{SECRET}@127.0.0.1:{port}/?token={SECRET}"
+    line = error_line(capsys, ["--prometheus", url, "--before", "-2h..-1h", "--after", "-1h..now"])
+    assert line.startswith(f"zonemeter: error: --prometheus: cannot reach "
+                           f"http://REDACTED@127.0.0.1:{port}?token=REDACTED (ConnectionError)")
+    assert SECRET not in line
+
+
+@pytest.mark.parametrize("url", [f"ftp://alice:{SECRET}@prom", f"http://alice:{SECRET}@prom:x/",
+                                 f"http://alice:{SECRET}@/"])
+def test_bad_url_messages_hide_credentials(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    line = error_line(capsys, ["--prometheus", url, "--change-time", "-1h"])
+    assert line.startswith("zonemeter: error: --prometheus: ") and SECRET not in line
+    assert "REDACTED" in line
+
+
+def test_refused_and_not_prometheus_messages_hide_credentials(web: str) -> None:
+    authed = web.replace("http://", f"http://alice:{SECRET}@") + f"/api?token={SECRET}"
+    with pytest.raises(InputError, match="refused the query") as err:
+        PromClient(authed).query("up", 0)
+    assert SECRET not in str(err.value) and "http://REDACTED@127.0.0.1" in str(err.value)
+    authed_html = web.replace("http://", f"http://alice:{SECRET}@") + "/html"
+    with pytest.raises(InputError, match="without Prometheus API JSON") as err:
+        PromClient(authed_html).query("up", 0)
+    assert SECRET not in str(err.value)
+
+
+def test_unauthorised_says_so(web: str) -> None:
+    with pytest.raises(InputError, match="answered HTTP 401: not authorised") as err:
+        PromClient(web.replace("http://", f"http://alice:{SECRET}@") + "/auth").query("up", 0)
+    assert SECRET not in str(err.value)
+
+
+def test_url_parameters_are_sent_with_every_query_and_long_queries_are_posted(web: str) -> None:
+    _Handler.seen.clear()
+    client = PromClient(f"{web}/ok/?tenant=shop")
+    client.query("up", 0)
+    long_query = " or ".join(f'up{{job="j{i}"}}' for i in range(400))
+    client.query(long_query, 0)
+    (m1, path1, _), (m2, path2, form2) = _Handler.seen
+    assert (m1, m2) == ("GET", "POST")
+    assert path1.startswith("/ok/api/v1/query?") and "tenant=shop" in path1
+    assert path2 == "/ok/api/v1/query"
+    form = urllib.parse.parse_qs(form2)
+    assert form["tenant"] == ["shop"] and form["query"] == [long_query]
+    assert client.requests_made == 2
+
+
+def test_no_service_with_data_names_a_few_and_counts_the_rest(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every Service has a change time but no bytes in its windows: one short line."""
+    now = 1_760_000_000.0
+    changes = [{"metric": {"namespace": "shop", "service": f"s{i}"},
+                "value": [now, str(now - 7200)]} for i in range(9)]
+
+    class Session:
+        def get(self, url: str, params: dict[str, str], timeout: float) -> Any:
+            result = changes if "last_change" in params["query"] else []
+            kind = "matrix" if url.endswith("query_range") else "vector"
+            return _Json({"status": "success", "data": {"resultType": kind, "result": result}})
+
+        post = None
+
+    monkeypatch.setattr(report_cli, "PromClient",
+                        lambda url: PromClient(url, session=Session()))  # type: ignore[arg-type]
+    line = error_line(capsys, ["--prometheus", URL, "--now", str(now), "--window", "1h"])
+    assert line.startswith("zonemeter: error: --prometheus: no Service has data around its last "
+                           "locality change: shop/s0: skipped: no zonemeter_service_bytes_total "
+                           "data for shop/s0 in the before window")
+    assert "shop/s4: skipped" in line and "shop/s5" not in line and line.endswith("; and 4 more")
+
+
+class _Json:
+    status_code = 200
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+    def json(self) -> Any:
+        return self.body
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--window="], "zonemeter: error: --window: empty duration"),
+    (["--change-time", "-3d", "--window", "5M"], "zonemeter: error: --window: '5M' is ambiguous"),
+    (["--change-time", "-3d", "--window", "30"], "zonemeter: error: --window: '30' has no unit"),
+    (["--change-time", "-3M"], "zonemeter: error: --change-time: '3M' is ambiguous"),
+    (["--before", "-7d", "--after", "-1d..now"],
+     "zonemeter: error: --before: '-7d' is not a window START..END"),
+])
+def test_bad_window_values_name_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                         message: str) -> None:
+    """Checked before Prometheus is asked (URL is a closed port)."""
+    assert error_line(capsys, ["--prometheus", URL, *argv]).startswith(message)
+
+
+def test_silent_prometheus_times_out_with_one_line() -> None:
+    """A server that accepts the connection and never answers: a timeout, said so."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        client = PromClient(f"http://alice:{SECRET}@127.0.0.1:{port}", timeout=0.3)
+        with pytest.raises(InputError) as err:
+            client.query("up", 0)
+    assert str(err.value) == (f"--prometheus: http://REDACTED@127.0.0.1:{port} did not answer "
+                              "within 0.3 s")
+
+
+def test_prometheus_without_at_modifier_is_told_which_version_works(web: str) -> None:
+    with pytest.raises(InputError, match=r"@ modifier is disabled \(the report needs the @ "
+                                         r"modifier and negative offsets: Prometheus >= 2.33"):
+        PromClient(f"{web}/old").query("up @ 1", 0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import InputError
-from tools.report.compute import (PairRate, ServiceKey, WindowStats, change_of, in_effect_shares,
-                                  label_matchers, total_of, windows_around)
+from tools.report.compute import (CROSS_ZONE, PairRate, Scope, ServiceKey, WindowStats, change_of,
+                                  in_effect_shares, label_matchers, total_of, windows_around)
 from tools.report.pricing import Price
-from tools.report.prom import Series
+from tools.report.prom import Series, format_ms, prometheus_ms
 from tools.report.timespec import Window
 
 B, A = Window(0, 3600), Window(3600, 7200)
@@ -119,3 +119,24 @@ def test_windows_around() -> None:
         windows_around(99_000, now, 3600)
     with pytest.raises(InputError, match="under 60 s"):
         windows_around(99_990, now, None)
+
+
+@pytest.mark.parametrize("t, ms", [
+    (1736125200.0, 1736125200000), (1736125200.123, 1736125200123),
+    (1736125200.1235, 1736125200124), (1736125200.9996, 1736125201000), (0.0005, 1),
+    (1736125200.0004, 1736125200000)])
+def test_prometheus_ms_rounds_like_prometheus(t: float, ms: int) -> None:
+    """Prometheus's parseTime rounds the fraction to milliseconds, half away from zero."""
+    assert prometheus_ms(t) == ms
+    assert prometheus_ms(float(format_ms(ms))) == ms
+
+
+def test_scope_matchers_select_a_superset_and_admit_exactly() -> None:
+    one = Scope(None, frozenset({CART}))
+    assert one.matchers() == '{namespace="shop",service="cart"}'
+    two = Scope(None, frozenset({CART, ServiceKey("web", "a.b")}))
+    assert two.matchers(CROSS_ZONE) == ('{crossing="cross_zone",namespace=~"shop|web",'
+                                        'service=~"a\\\\.b|cart"}')
+    assert two.admits(CART) and not two.admits(ServiceKey("web", "cart"))
+    assert Scope(CART).matchers() == label_matchers(CART) and Scope(CART).admits(
+        ServiceKey("x", "y"))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import struct
+from pathlib import Path
 
 import pytest
 
-from tools.report.compute import (PairRate, Report, ServiceKey, WindowStats, assumptions,
-                                  change_of, total_of)
+from tools.report.compute import (CHART_PANELS, PairRate, Report, ServiceKey, WindowStats,
+                                  assumptions, change_of, total_of)
 from tools.report.pricing import Price
 from tools.report.render import CSV_COLUMNS, fmt_rate, fmt_usd, to_csv, to_json, to_table
 from tools.report.timespec import Window
@@ -114,3 +117,25 @@ def test_per_service_windows_in_table_and_csv() -> None:
     rows = list(csv.DictReader(io.StringIO(to_csv(per))))
     assert rows[-1]["kind"] == "total" and rows[-1]["before_start"] == ""
     assert to_json(per)["windows"] == {"before": None, "after": None}
+
+
+def test_chart_of_many_per_service_windows_draws_the_first_panels(tmp_path: Path) -> None:
+    """300 Services with their own windows: a readable PNG of CHART_PANELS panels, not 300
+    (which would exceed matplotlib's image size limit)."""
+    from tools.report import chart
+
+    changes = []
+    for i in range(300):
+        b = WindowStats(B, 4e6, 3e6 - i, 0.0, 0.0)
+        a = WindowStats(A, 1.3e6, 3e5, 0.0, 1.0)
+        changes.append(change_of(ServiceKey("shop", f"s{i:03d}"), b, a, AWS,
+                                 change_time=A.start, series=((A.start, 1e5), (A.end, 2e5))))
+    report = Report(AWS, None, None, None, tuple(changes), total_of(changes, AWS, B, A), (),
+                    assumptions(AWS))
+    png = tmp_path / "many.png"
+    chart.render_png(report, png)
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    rows = math.ceil(CHART_PANELS / 2)
+    assert width < 2000 and height < 400 * rows  # 2 columns x 6 rows at 100 dpi

@@ -102,3 +102,19 @@ def test_choose_step_very_long_spans_stay_under_the_point_limit() -> None:
 def test_format_time() -> None:
     assert format_time(1_736_121_600) == "2025-01-06T00:00:00Z"
     assert format_time(1_736_121_600.5) == "2025-01-06T00:00:00.500Z"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("5M", "--window: '5M' is ambiguous: use m for minutes"),
+    ("10", "--window: '10' has no unit (use e.g. 10s, 10m, 10h or 10d)"),
+    ("1.5", "--window: '1.5' has no unit"),
+    (" ", "--window: empty duration"),
+    ("", "--window: empty duration"),
+    ("P1D", "--window: 'P1D' is not a duration"),
+])
+def test_bad_duration_messages_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(InputError) as err:
+        parse_duration(text, flag="--window")
+    assert str(err.value).startswith(message)
+    with pytest.raises(InputError, match="^--change-time: "):
+        parse_time(f"-{text}", NOW, flag="--change-time")

@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from agent.errors import InputError  # noqa: E402
-from tools.report.compute import Change, Report  # noqa: E402
+from tools.report.compute import CHART_PANELS, Change, Report  # noqa: E402
 from tools.report.render import TABLE_HEADER, fmt_rate, table_rows, to_table  # noqa: E402
 from tools.report.timespec import format_time  # noqa: E402
 
@@ -72,7 +72,8 @@ def render_png(report: Report, path: str | Path) -> None:
 
     With one pair of windows: one panel, a line per Service (largest before cross-zone
     rate first, at most :data:`MAX_LINES`), window averages as thick segments, the change
-    as a dashed line. With per-Service windows: one small panel per Service.
+    as a dashed line. With per-Service windows: one small panel per Service, for the
+    first :data:`~tools.report.compute.CHART_PANELS` (largest normalised saving first).
 
     Raises:
         InputError: the file cannot be written.
@@ -80,6 +81,10 @@ def render_png(report: Report, path: str | Path) -> None:
     services = list(report.services)
     per_service = report.before is None
     if per_service:
+        # the Services come ordered by normalised saving: draw the first panels only (a
+        # panel per Service of a large cluster would exceed any image size)
+        hidden = max(0, len(services) - CHART_PANELS)
+        services = services[:CHART_PANELS]
         n = len(services)
         cols = 1 if n == 1 else 2
         rows = math.ceil(n / cols)
@@ -99,7 +104,9 @@ def render_png(report: Report, path: str | Path) -> None:
         for j in range(n, rows * cols):
             axes[j // cols][j % cols].axis("off")
         fig.legend(loc="lower center", ncol=3, fontsize=8)
-        fig.suptitle("Cross-zone bytes/s around each Service's last locality change")
+        fig.suptitle("Cross-zone bytes/s around each Service's last locality change"
+                     + (f" (the {n} largest normalised savings; {hidden} more Services in the "
+                        "table)" if hidden else ""))
         fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     else:
         fig, ax = plt.subplots(figsize=(11, 5.5))

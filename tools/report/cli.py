@@ -91,7 +91,7 @@ def build(args: argparse.Namespace) -> Report:
     now = time.time() if args.now is None else parse_time(args.now, time.time(), flag="--now")
     price = parse_price(args.price)
     service = parse_service(args.service)
-    window = parse_duration(args.window) if args.window else None
+    window = parse_duration(args.window) if args.window is not None else None
     if (args.before is None) != (args.after is None):
         raise InputError("give both --before and --after, or neither",
                          source="--after" if args.after is None else "--before")

@@ -74,9 +74,18 @@ def parse_duration(text: str, *, flag: str = "--window") -> float:
         The duration in seconds (> 0).
 
     Raises:
-        InputError: the text is not a duration or is zero.
+        InputError: the text is empty, not a duration, a bare number without a unit, uses
+            ``M`` (minutes or months?), is zero or longer than 100 years.
     """
+    if "M" in text:
+        raise InputError(f"{text!r} is ambiguous: use m for minutes (months are not accepted; "
+                         "use e.g. 30d)", source=flag)
     s = text.strip().lower()
+    if not s:
+        raise InputError("empty duration (use e.g. 90s, 15m, 2h30m, 7d)", source=flag)
+    if re.fullmatch(r"\d+(?:\.\d+)?", s):
+        n = s if len(s) <= 12 else "N"
+        raise InputError(f"{text!r} has no unit (use e.g. {n}s, {n}m, {n}h or {n}d)", source=flag)
     if not _DURATION_RE.match(s):
         raise InputError(f"{text!r} is not a duration (use e.g. 90s, 15m, 2h30m, 7d)", source=flag)
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART_RE.findall(s))
