@@ -374,7 +374,11 @@ def summarize(res: ChurnResult, duration: float) -> dict[str, Any]:
             "rss_mib": {"first": round(rss[0], 1), "last": round(rss[-1], 1),
                         "max": round(max(rss), 1),
                         "slope_mib_per_min": round(slope(
-                            (s.t / 60, s.rss_bytes / 2**20) for s in ss), 3)},
+                            (s.t / 60, s.rss_bytes / 2**20) for s in ss), 3),
+                        # warm-up (caches, allocator arenas) is over by then
+                        "slope_mib_per_min_second_half": round(slope(
+                            (s.t / 60, s.rss_bytes / 2**20) for s in ss
+                            if s.t >= ss[-1].t / 2), 3)},
             "cpu_percent": {"first": round(cpu[0], 1) if cpu else None,
                             "last": round(cpu[-1], 1) if cpu else None,
                             "max": round(max(cpu), 1) if cpu else None,
