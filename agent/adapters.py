@@ -16,6 +16,7 @@ Dual-stack Services have one diagnosis per family; the adapter merges them (see
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 
 from agent.errors import InputError
 from agent.hints import DEFAULT_VERSION, KubeVersion, ServiceDiagnosis, evaluate_cluster
-from agent.k8s.cache import ClusterMetadata, DirtySet
+from agent.k8s.cache import ClusterMetadata, DirtySet, protocol_number
 from agent.records import IPAddress, Peer, PeerKind, ProxyView, ServicePort
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,11 @@ class MetadataAdapter:
 
     def __init__(self, cache: ClusterMetadata) -> None:
         self.cache = cache
+        # (address, port, protocol) -> Service port of NodePorts, externalIPs and
+        # LoadBalancer ingress IPs, rebuilt when Services or Nodes change
+        self._doors: dict[tuple[IPAddress, int, int], ServicePort] = {}
+        self._door_ports: frozenset[int] = frozenset()
+        self._door_gen: tuple[int, int] | None = None
 
     def resolve(self, ip: IPAddress, at: float) -> Peer:
         """Resolve ``ip`` as of ``at`` (Unix seconds); see ``ClusterMetadata.resolve``."""
@@ -52,12 +58,72 @@ class MetadataAdapter:
         return self.cache.endpoint_services(ip, port, protocol)
 
     def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
-        """The Service port behind a ClusterIP ``ip:port/protocol``, or None.
+        """The Service port behind ``ip:port/protocol`` when it is a ClusterIP, a NodePort
+        on a node address (InternalIP/ExternalIP), an ``spec.externalIPs`` address or a
+        ``status.loadBalancer.ingress[].ip``; else None.
 
-        Only ClusterIPs are indexed by the cache; NodePorts, LoadBalancer and external IPs
-        are not (docs/metadata.md, Limits).
+        All four are Service front doors: kube-proxy DNATs them (iptables/nftables/IPVS
+        proxiers, ``pkg/proxy`` ``KUBE-SERVICES``/``KUBE-NODEPORTS``; a NodePort of another
+        node is DNATed and masqueraded there, an LB IP with ``ipMode: Proxy`` comes back
+        through a NodePort), so the endpoint's node counts the bytes as request/response
+        and the client's veth copy must be skipped. The cache indexes ClusterIPs only
+        (docs/metadata.md, Limits); the other doors are indexed here from the cache's
+        pruned Services and Nodes, rebuilt when either changes. LoadBalancer ingress
+        entries with only a ``hostname`` cannot be indexed.
         """
-        return self.cache.service_address(ip, port, protocol)
+        sp = self.cache.service_address(ip, port, protocol)
+        if sp is not None:
+            return sp
+        gen = (self.cache.generation("services"), self.cache.generation("nodes"))
+        if gen != self._door_gen:
+            self._rebuild_doors(gen)
+        if port not in self._door_ports:
+            return None
+        return self._doors.get((ip, port, protocol))
+
+    def _rebuild_doors(self, gen: tuple[int, int]) -> None:
+        """Index every Service's NodePorts, externalIPs and LoadBalancer IPs (malformed
+        fields are skipped: the hint model reports bad objects)."""
+        nodes, services, _ = self.cache.raw_objects()
+        node_ips: list[IPAddress] = []
+        for n in nodes:
+            addrs = (n.get("status") or {}).get("addresses") if isinstance(n, dict) else None
+            for a in addrs if isinstance(addrs, list) else ():
+                if isinstance(a, dict) and a.get("type") in ("InternalIP", "ExternalIP"):
+                    addr = _ip_or_none(a.get("address"))
+                    if addr is not None:
+                        node_ips.append(addr)
+        doors: dict[tuple[IPAddress, int, int], ServicePort] = {}
+        for svc in services:
+            try:
+                meta, spec = svc.get("metadata") or {}, svc.get("spec") or {}
+                ns, name = meta.get("namespace") or "default", meta.get("name")
+                if not isinstance(name, str) or not isinstance(spec, dict):
+                    continue
+                ext = [_ip_or_none(a) for a in spec.get("externalIPs") or ()]
+                status = svc.get("status") or {}
+                lb = ((status.get("loadBalancer") or {}).get("ingress") or ()) \
+                    if isinstance(status, dict) else ()
+                ext += [_ip_or_none(i.get("ip")) for i in lb if isinstance(i, dict)]
+                for p in spec.get("ports") or ():
+                    if not isinstance(p, dict) or not _is_port(p.get("port")):
+                        continue
+                    proto = protocol_number(p.get("protocol"))
+                    tp = p.get("targetPort", p["port"])
+                    sp = ServicePort(ns, name, p["port"], str(p.get("name") or ""),
+                                     tp if _is_port(tp) else 0, proto)
+                    for a in ext:
+                        if a is not None:
+                            doors.setdefault((a, p["port"], proto), sp)
+                    np_ = p.get("nodePort")
+                    if _is_port(np_):
+                        for a in node_ips:
+                            doors.setdefault((a, np_, proto), sp)
+            except Exception:  # noqa: BLE001 (a malformed Service must not stop the index)
+                continue
+        self._doors = doors
+        self._door_ports = frozenset(k[1] for k in doors)
+        self._door_gen = gen
 
     # ObjectView (series expiry) --------------------------------------------------------
 
@@ -111,6 +177,17 @@ class MetadataAdapter:
             return None
         return Peer(PeerKind.NODE, zone=rec.zone, region=rec.region, node=rec.name,
                     reason=None if rec.zone else "node_without_zone")
+
+
+def _ip_or_none(text: Any) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _is_port(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,77 @@
+"""Breaker 2: a pod dialling a Service through a NodePort, an externalIP or a
+LoadBalancer ingress IP. kube-proxy DNATs the connection (on the client's node for its own
+node address, externalIPs and LB IPs; on the target node for another node's address, then
+with masquerade SNAT), so the endpoint's node counts the bytes as ``request``/``response``.
+The client's veth copy must therefore be skipped like a ClusterIP copy: counting it too
+counted every such byte twice cluster-wide (once as the client's workload egress to a
+node / external address, once as Service traffic)."""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from typing import Any
+
+import pytest
+
+from agent.adapters import HintModel, MetadataAdapter
+from agent.attribution import Attributor
+from agent.k8s.cache import ClusterMetadata
+from agent.k8s.snapshot import Snapshot
+from agent.records import FlowDelta, FlowKind
+from tests.unit.agent_cluster import cluster
+
+ip = ipaddress.ip_address
+T0 = 1_764_000_000.0
+
+
+def objs(ip_mode: str | None = None) -> dict[str, Any]:
+    o = copy.deepcopy(cluster())
+    web = next(s for s in o["services"] if s["metadata"]["name"] == "web")
+    web["spec"]["type"] = "LoadBalancer"
+    web["spec"]["ports"][0]["nodePort"] = 30080
+    web["spec"]["externalIPs"] = ["198.51.100.7"]
+    ingress: dict[str, Any] = {"ip": "203.0.113.80"}
+    if ip_mode:
+        ingress["ipMode"] = ip_mode
+    web["status"] = {"loadBalancer": {"ingress": [ingress]}}
+    return o
+
+
+def agents(o: dict[str, Any]) -> tuple[ClusterMetadata, dict[str, Attributor]]:
+    cache = ClusterMetadata()
+    cache.load_snapshot(Snapshot(nodes=o["nodes"], services=o["services"],
+                                 endpointslices=o["endpointslices"], pods=o["pods"]))
+    meta, hints = MetadataAdapter(cache), HintModel(cache)
+    hints.refresh()
+    return cache, {n: Attributor(n, meta, hints) for n in ("na", "nb")}
+
+
+def counted(t: Any) -> int:
+    return (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
+            + sum(t.unattributed_bytes.values()))
+
+
+# client-a (na, 10.244.1.10) -> web-b (nb, 10.244.2.20:8080) through each front door;
+# "seen" is the client address web-b's veth sees (masquerade to na's address when the
+# DNAT happens on nb for na's traffic to nb's NodePort)
+DOORS = [
+    ("own node NodePort", "10.1.0.1", 30080, "10.244.1.10"),
+    ("other node NodePort", "10.1.0.2", 30080, "10.1.0.2"),
+    ("externalIP", "198.51.100.7", 80, "10.244.1.10"),
+    ("LoadBalancer IP", "203.0.113.80", 80, "10.244.1.10"),
+]
+
+
+@pytest.mark.parametrize("door,addr,port,seen", DOORS, ids=[d[0] for d in DOORS])
+def test_front_door_client_copy_not_counted(door: str, addr: str, port: int, seen: str) -> None:
+    _, a = agents(objs())
+    req, resp = 1000, 7000
+    a["na"].attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip(addr), port, 6, req, 1),
+                       FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip(addr), port, 6, resp, 5)], T0)
+    a["nb"].attribute([FlowDelta(FlowKind.REQUEST, ip("10.244.2.20"), ip(seen), 8080, 6, req, 1),
+                       FlowDelta(FlowKind.RESPONSE, ip("10.244.2.20"), ip(seen), 8080, 6, resp, 5)], T0)
+    ta, tb = a["na"].totals(), a["nb"].totals()
+    assert counted(ta) + counted(tb) == req + resp
+    assert ta.skipped_bytes.get("clusterip_client_copy") == req + resp
+    assert sum(v for k, v in tb.service_bytes.items() if k.service == "web") == req + resp
