@@ -307,3 +307,36 @@ def test_late_endpoint_with_a_fixed_client_port_counted_once(behind: frozenset[s
     total, t, _ = run(o, cs, behind)
     assert total == sum(c.req + c.resp for c in cs)
     assert service_bytes(t, "shop", "api") + service_bytes(t, "shop", "legacy") == total
+
+
+LATE = {
+    "ipv6_clusterip": Conn("fd00:10:1:1::10", "fd00:96::10", 80, 1100, 7700,
+                           backend="fd00:10:1:2::20", bport=8080),
+    "udp_clusterip": Conn("web-7c9f-abcde", "10.96.0.53", 53, 80, 400, backend="10.1.3.30",
+                          bport=5353, proto=17),
+    "node_client_direct": Conn("node:n1", "10.1.2.20", 8080, 90, 900),
+    "host_network_client_clusterip": Conn("node:n2", "10.96.0.10", 80, 77, 880,
+                                          backend="10.1.3.20", bport=8080),
+    # a node's traffic to a ClusterIP, masqueraded (source port kept)
+    "node_clusterip_snat": Conn("node:n1", "10.96.0.10", 80, 300, 3000,
+                                backend="10.1.3.20", bport=8080, snat=("192.168.0.1", 45001)),
+    "same_node_direct": Conn("web-7c9f-abcde", "10.1.1.20", 8080, 5, 6, sport=50000),
+    "not_ready_endpoint_scraped": Conn("web-7c9f-abcde", "10.1.2.70", 8000, 20, 30000),
+    "endpoint_without_node_name": Conn("web-7c9f-abcde", "10.96.0.71", 80, 200, 2000,
+                                       backend="10.1.3.71", bport=8001),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LATE))
+@pytest.mark.parametrize("behind", [frozenset(), frozenset({"n1", "n2", "n3"})], ids=["synced", "behind"])
+def test_late_endpoints_counted_once_in_their_service(name: str, behind: frozenset[str]) -> None:
+    o = cluster()
+    c = LATE[name]
+    total, t, k = run(o, [c], behind)
+    assert total == c.req + c.resp
+    back = ip(c.backend or c.dst)
+    meta, _ = build(o)
+    eps = meta.endpoints.get((back, c.bport or c.dport, c.proto), [])
+    assert eps, "scenario must target an endpoint"
+    sp = min(eps, key=lambda s: (s.namespace, s.service, s.port, s.port_name))
+    assert service_bytes(t, sp.namespace, sp.service) == total
