@@ -47,7 +47,10 @@ class MetadataAdapter:
         # LoadBalancer ingress IPs, rebuilt when Services or Nodes change
         self._doors: dict[tuple[IPAddress, int, int], ServicePort] = {}
         self._door_ports: frozenset[int] = frozenset()
-        self._door_gen: tuple[int, int] | None = None
+        self._nodeports: dict[tuple[int, int], ServicePort] = {}
+        self._door_gen: int | None = None
+        # (ClusterIP / externalIP / LB IP, protocol) -> a Service port, for port 0
+        self._by_addr: dict[tuple[IPAddress, int], ServicePort] = {}
 
     def resolve(self, ip: IPAddress, at: float) -> Peer:
         """Resolve ``ip`` as of ``at`` (Unix seconds); see ``ClusterMetadata.resolve``."""
@@ -68,32 +71,42 @@ class MetadataAdapter:
         through a NodePort), so the endpoint's node counts the bytes as request/response
         and the client's veth copy must be skipped. The cache indexes ClusterIPs only
         (docs/metadata.md, Limits); the other doors are indexed here from the cache's
-        pruned Services and Nodes, rebuilt when either changes. LoadBalancer ingress
+        pruned Services, rebuilt when they change (a NodePort answers on any address
+        that resolves to a node). LoadBalancer ingress
         entries with only a ``hostname`` cannot be indexed.
+
+        ``port`` 0 with TCP/UDP/SCTP means the datapath recorded the remote port as 0 (it
+        lay in the node's ephemeral range, e.g. gRPC's 50051): a ClusterIP, externalIP or
+        LoadBalancer IP only carries Service traffic, so the answer is one of the
+        Service's ports of that protocol (the first inside Linux's default ephemeral
+        range 32768-60999, else the lowest).
         """
-        sp = self.cache.service_address(ip, port, protocol)
-        if sp is not None:
-            return sp
-        gen = (self.cache.generation("services"), self.cache.generation("nodes"))
+        if port:
+            sp = self.cache.service_address(ip, port, protocol)
+            if sp is not None:
+                return sp
+        gen = self.cache.generation("services")
         if gen != self._door_gen:
             self._rebuild_doors(gen)
+        if not port:
+            return self._by_addr.get((ip, protocol)) if protocol in (6, 17, 132) else None
         if port not in self._door_ports:
             return None
-        return self._doors.get((ip, port, protocol))
+        sp = self._doors.get((ip, port, protocol))
+        if sp is None:
+            sp = self._nodeports.get((port, protocol))
+            if sp is not None and self.cache.resolve(ip).kind is not PeerKind.NODE:
+                return None
+        return sp
 
-    def _rebuild_doors(self, gen: tuple[int, int]) -> None:
-        """Index every Service's NodePorts, externalIPs and LoadBalancer IPs (malformed
-        fields are skipped: the hint model reports bad objects)."""
-        nodes, services, _ = self.cache.raw_objects()
-        node_ips: list[IPAddress] = []
-        for n in nodes:
-            addrs = (n.get("status") or {}).get("addresses") if isinstance(n, dict) else None
-            for a in addrs if isinstance(addrs, list) else ():
-                if isinstance(a, dict) and a.get("type") in ("InternalIP", "ExternalIP"):
-                    addr = _ip_or_none(a.get("address"))
-                    if addr is not None:
-                        node_ips.append(addr)
+    def _rebuild_doors(self, gen: int) -> None:
+        """Index every Service's NodePorts (by port: any node address serves them),
+        externalIPs and LoadBalancer IPs, O(Services x ports) per Service change
+        (malformed fields are skipped: the hint model reports bad objects)."""
+        _, services, _ = self.cache.raw_objects()
+        nodeports: dict[tuple[int, int], ServicePort] = {}
         doors: dict[tuple[IPAddress, int, int], ServicePort] = {}
+        by_addr: dict[tuple[IPAddress, int], ServicePort] = {}
         for svc in services:
             try:
                 meta, spec = svc.get("metadata") or {}, svc.get("spec") or {}
@@ -105,24 +118,33 @@ class MetadataAdapter:
                 lb = ((status.get("loadBalancer") or {}).get("ingress") or ()) \
                     if isinstance(status, dict) else ()
                 ext += [_ip_or_none(i.get("ip")) for i in lb if isinstance(i, dict)]
+                cips = spec.get("clusterIPs") or [spec.get("clusterIP")]
+                addrs = [a for a in [_ip_or_none(c) for c in cips] + ext if a is not None]
+                candidates: dict[int, list[ServicePort]] = {}
                 for p in spec.get("ports") or ():
                     if not isinstance(p, dict) or not _is_port(p.get("port")):
                         continue
                     proto = protocol_number(p.get("protocol"))
                     tp = p.get("targetPort", p["port"])
                     sp = ServicePort(ns, name, p["port"], str(p.get("name") or ""),
-                                     tp if _is_port(tp) else 0, proto)
+                                     tp if isinstance(tp, int) and _is_port(tp) else 0, proto)
+                    candidates.setdefault(proto, []).append(sp)
                     for a in ext:
                         if a is not None:
                             doors.setdefault((a, p["port"], proto), sp)
                     np_ = p.get("nodePort")
-                    if _is_port(np_):
-                        for a in node_ips:
-                            doors.setdefault((a, np_, proto), sp)
+                    if isinstance(np_, int) and _is_port(np_):
+                        nodeports.setdefault((np_, proto), sp)
+                for proto, sps in candidates.items():
+                    best = min(sps, key=lambda x: (not 32768 <= x.port <= 60999, x.port))
+                    for a in addrs:
+                        by_addr.setdefault((a, proto), best)
             except Exception:  # noqa: BLE001 (a malformed Service must not stop the index)
                 continue
+        self._by_addr = by_addr
         self._doors = doors
-        self._door_ports = frozenset(k[1] for k in doors)
+        self._nodeports = nodeports
+        self._door_ports = frozenset(k[1] for k in doors) | frozenset(k[0] for k in nodeports)
         self._door_gen = gen
 
     # ObjectView (series expiry) --------------------------------------------------------

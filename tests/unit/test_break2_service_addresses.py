@@ -75,3 +75,32 @@ def test_front_door_client_copy_not_counted(door: str, addr: str, port: int, see
     assert counted(ta) + counted(tb) == req + resp
     assert ta.skipped_bytes.get("clusterip_client_copy") == req + resp
     assert sum(v for k, v in tb.service_bytes.items() if k.service == "web") == req + resp
+
+
+def grpc_objs() -> dict[str, Any]:
+    """web serves gRPC on Service port 50051 (inside Linux's default ephemeral range
+    32768-60999, where the kernel records the remote port of ingress/egress as 0)."""
+    o = copy.deepcopy(cluster())
+    web = next(s for s in o["services"] if s["metadata"]["name"] == "web")
+    web["spec"]["ports"] = [{"name": "grpc", "port": 50051, "targetPort": 50051, "protocol": "TCP"}]
+    web["spec"]["externalIPs"] = ["198.51.100.7"]
+    for sl in o["endpointslices"]:
+        if sl["metadata"]["labels"]["kubernetes.io/service-name"] == "web":
+            sl["ports"] = [{"name": "grpc", "port": 50051, "protocol": "TCP"}]
+    return o
+
+
+@pytest.mark.parametrize("dialled", ["10.96.0.10", "198.51.100.7"])
+def test_service_port_in_the_ephemeral_range_client_copy_not_counted(dialled: str) -> None:
+    # client-a (na) -> ClusterIP:50051 -> web-b (nb): the client's veth records port 0
+    _, a = agents(grpc_objs())
+    req, resp = 2000, 9000
+    a["na"].attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip(dialled), 0, 6, req, 1),
+                       FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip(dialled), 0, 6, resp, 5)], T0)
+    a["nb"].attribute([FlowDelta(FlowKind.REQUEST, ip("10.244.2.20"), ip("10.244.1.10"), 50051, 6, req, 1),
+                       FlowDelta(FlowKind.RESPONSE, ip("10.244.2.20"), ip("10.244.1.10"), 50051, 6, resp, 5)],
+                      T0)
+    ta, tb = a["na"].totals(), a["nb"].totals()
+    assert counted(ta) + counted(tb) == req + resp
+    assert not ta.workload_bytes
+    assert {k.port for k in tb.service_bytes} == {"50051"}
