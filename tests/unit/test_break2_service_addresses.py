@@ -60,12 +60,14 @@ DOORS = [
     ("other node NodePort", "10.1.0.2", 30080, "10.1.0.2"),
     ("externalIP", "198.51.100.7", 80, "10.244.1.10"),
     ("LoadBalancer IP", "203.0.113.80", 80, "10.244.1.10"),
+    # ipMode Proxy (KEP-1860): not short-circuited; the LB sends it to a NodePort
+    ("LoadBalancer IP ipMode Proxy", "203.0.113.80", 80, "10.1.0.2"),
 ]
 
 
 @pytest.mark.parametrize("door,addr,port,seen", DOORS, ids=[d[0] for d in DOORS])
 def test_front_door_client_copy_not_counted(door: str, addr: str, port: int, seen: str) -> None:
-    _, a = agents(objs())
+    _, a = agents(objs("Proxy" if "Proxy" in door else None))
     req, resp = 1000, 7000
     a["na"].attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip(addr), port, 6, req, 1),
                        FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip(addr), port, 6, resp, 5)], T0)
