@@ -364,3 +364,27 @@ def test_late_endpoint_on_an_ephemeral_range_port_counted_once() -> None:
     assert total == service_bytes(t, "shop", "grpc") == c.req + c.resp
     total, t, _ = run(o, [c], frozenset({"n2"}))
     assert total == service_bytes(t, "shop", "grpc") == c.req + c.resp
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(conns(), max_size=6), st.sets(st.sampled_from(("n1", "n2", "n3"))))
+def test_shared_model_agrees_with_the_kernel_model(cs: list[Conn], behind: set[str]) -> None:
+    """``Model.send`` of test_attribution_cluster (which the other attribution tests use)
+    emits what classify.h would, for clients with ephemeral source ports."""
+    from test_attribution_cluster import Conn as C0
+    from test_attribution_cluster import Model
+    o = cluster()
+    meta, _ = build(o)
+    m, k = Model(meta, o, kernel_behind=frozenset(behind)), Kernel(o, meta, frozenset(behind))
+    for c in cs:
+        assume(c.sport in EPHEMERAL and k._addr(c.client) != ip(c.dst))
+        # the shared Model's table ignores readiness and nodeName: draw only endpoints
+        # every node's map treats alike
+        assume(ip(c.backend or c.dst) not in (ip("10.1.2.70"), ip("10.1.3.71")))
+        m.send(C0(c.client, c.dst, c.dport, c.req, c.resp, backend=c.backend, bport=c.bport,
+                  proto=c.proto, sport=c.sport))
+        k.send(c)
+    for n in NODES:
+        def key(d: FlowDelta) -> tuple[Any, ...]:
+            return (d.kind.value, str(d.local), str(d.remote), d.port, d.protocol, d.bytes, d.local_port)
+        assert sorted(map(key, m.deltas.get(n, []))) == sorted(map(key, k.deltas.get(n, [])))
