@@ -75,11 +75,14 @@ class MetadataAdapter:
         that resolves to a node). LoadBalancer ingress
         entries with only a ``hostname`` cannot be indexed.
 
-        ``port`` 0 with TCP/UDP/SCTP means the datapath recorded the remote port as 0 (it
+        ``port`` 0 with TCP or SCTP means the datapath recorded the remote port as 0 (it
         lay in the node's ephemeral range, e.g. gRPC's 50051): a ClusterIP, externalIP or
         LoadBalancer IP only carries Service traffic, so the answer is one of the
         Service's ports of that protocol (the first inside Linux's default ephemeral
-        range 32768-60999, else the lowest).
+        range 32768-60999, else the lowest). Not for UDP: port 0 there is mostly a
+        non-first fragment of a large datagram, which the endpoint's node cannot tell
+        from pod traffic either (it skips it as a pod's ingress), so the client's copy is
+        the only one counted.
         """
         if port:
             sp = self.cache.service_address(ip, port, protocol)
@@ -89,7 +92,7 @@ class MetadataAdapter:
         if gen != self._door_gen:
             self._rebuild_doors(gen)
         if not port:
-            return self._by_addr.get((ip, protocol)) if protocol in (6, 17, 132) else None
+            return self._by_addr.get((ip, protocol)) if protocol in (6, 132) else None
         if port not in self._door_ports:
             return None
         sp = self._doors.get((ip, port, protocol))

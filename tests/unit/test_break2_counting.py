@@ -67,7 +67,7 @@ class Meta(FakeMetadata):
     kernel records a remote port inside the ephemeral range as 0)."""
 
     def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
-        if port == 0 and protocol in (6, 17, 132):
+        if port == 0 and protocol in (6, 132):
             sps = [sp for (a, _, pr), sp in self.service_addrs.items() if a == ip and pr == protocol]
             return min(sps, key=lambda x: (not 32768 <= x.port <= 60999, x.port)) if sps else None
         return super().service_address(ip, port, protocol)

@@ -106,3 +106,21 @@ def test_service_port_in_the_ephemeral_range_client_copy_not_counted(dialled: st
     assert counted(ta) + counted(tb) == req + resp
     assert not ta.workload_bytes
     assert {k.port for k in tb.service_bytes} == {"50051"}
+
+
+def test_udp_fragments_to_a_clusterip_counted_once() -> None:
+    # A UDP datagram larger than the MTU (statsd, Jaeger agent batches): non-first
+    # fragments carry no ports, so both veths record port 0. The endpoint's node skips
+    # them as a pod's ingress, so the client's copy must stay counted (a port-0 answer for
+    # UDP would lose them); TCP and SCTP are not fragmented this way (PMTU, DF).
+    o = copy.deepcopy(cluster())
+    web = next(s for s in o["services"] if s["metadata"]["name"] == "web")
+    web["spec"]["ports"].append({"name": "statsd", "port": 8125, "targetPort": 8125, "protocol": "UDP"})
+    for sl in o["endpointslices"]:
+        if sl["metadata"]["labels"]["kubernetes.io/service-name"] == "web":
+            sl["ports"].append({"name": "statsd", "port": 8125, "protocol": "UDP"})
+    _, a = agents(o)
+    frag = 2960
+    a["na"].attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.96.0.10"), 0, 17, frag, 2)], T0)
+    a["nb"].attribute([FlowDelta(FlowKind.INGRESS, ip("10.244.2.20"), ip("10.244.1.10"), 0, 17, frag, 2)], T0)
+    assert counted(a["na"].totals()) + counted(a["nb"].totals()) == frag
