@@ -51,10 +51,30 @@ class MetadataAdapter:
         self._door_gen: int | None = None
         # (ClusterIP / externalIP / LB IP, protocol) -> a Service port, for port 0
         self._by_addr: dict[tuple[IPAddress, int], ServicePort] = {}
+        self._service_ips: frozenset[IPAddress] = frozenset()
 
     def resolve(self, ip: IPAddress, at: float) -> Peer:
-        """Resolve ``ip`` as of ``at`` (Unix seconds); see ``ClusterMetadata.resolve``."""
-        return self.cache.resolve(ip, at)
+        """Resolve ``ip`` as of ``at`` (Unix seconds); see ``ClusterMetadata.resolve``.
+
+        A ClusterIP, ``externalIPs`` address or LoadBalancer IP (which the cache answers as
+        EXTERNAL) is UNKNOWN with reason ``service_address_port_unknown``: attribution
+        asks this only when :meth:`service_address` had no answer for its port (UDP
+        non-first fragments, ICMP errors of a Service flow). Like an unresolved pod, only
+        the client's outbound bytes count then: the endpoint's node counts its side as
+        the pod's egress.
+        """
+        peer = self.cache.resolve(ip, at)
+        if peer.kind is PeerKind.EXTERNAL and self._is_service_ip(ip):
+            return _SERVICE_IP_PEER
+        return peer
+
+    def _is_service_ip(self, ip: IPAddress) -> bool:
+        if self.cache.is_cluster_ip(ip):
+            return True
+        gen = self.cache.generation("services")
+        if gen != self._door_gen:
+            self._rebuild_doors(gen)
+        return ip in self._service_ips
 
     def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
         """Service ports the endpoint ``ip:port/protocol`` (target port, host order) serves."""
@@ -145,6 +165,7 @@ class MetadataAdapter:
             except Exception:  # noqa: BLE001 (a malformed Service must not stop the index)
                 continue
         self._by_addr = by_addr
+        self._service_ips = frozenset(a for a, _ in by_addr)
         self._doors = doors
         self._nodeports = nodeports
         self._door_ports = frozenset(k[1] for k in doors) | frozenset(k[0] for k in nodeports)
@@ -202,6 +223,10 @@ class MetadataAdapter:
             return None
         return Peer(PeerKind.NODE, zone=rec.zone, region=rec.region, node=rec.name,
                     reason=None if rec.zone else "node_without_zone")
+
+
+#: what :meth:`MetadataAdapter.resolve` answers for a Service address (see there)
+_SERVICE_IP_PEER = Peer(PeerKind.UNKNOWN, reason="service_address_port_unknown")
 
 
 def _ip_or_none(text: Any) -> IPAddress | None:

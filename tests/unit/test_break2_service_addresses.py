@@ -108,19 +108,38 @@ def test_service_port_in_the_ephemeral_range_client_copy_not_counted(dialled: st
     assert {k.port for k in tb.service_bytes} == {"50051"}
 
 
-def test_udp_fragments_to_a_clusterip_counted_once() -> None:
-    # A UDP datagram larger than the MTU (statsd, Jaeger agent batches): non-first
-    # fragments carry no ports, so both veths record port 0. The endpoint's node skips
-    # them as a pod's ingress, so the client's copy must stay counted (a port-0 answer for
-    # UDP would lose them); TCP and SCTP are not fragmented this way (PMTU, DF).
+def statsd_objs() -> dict[str, Any]:
     o = copy.deepcopy(cluster())
     web = next(s for s in o["services"] if s["metadata"]["name"] == "web")
     web["spec"]["ports"].append({"name": "statsd", "port": 8125, "targetPort": 8125, "protocol": "UDP"})
     for sl in o["endpointslices"]:
         if sl["metadata"]["labels"]["kubernetes.io/service-name"] == "web":
             sl["ports"].append({"name": "statsd", "port": 8125, "protocol": "UDP"})
-    _, a = agents(o)
+    return o
+
+
+def test_udp_fragments_to_a_clusterip_counted_once() -> None:
+    # A UDP datagram larger than the MTU (statsd, Jaeger agent batches): non-first
+    # fragments carry no ports, so both veths record port 0. The endpoint's node skips
+    # them as a pod's ingress, so the client's copy must stay counted (a port-0 answer for
+    # UDP would lose them); TCP and SCTP are not fragmented this way (PMTU, DF).
+    _, a = agents(statsd_objs())
     frag = 2960
     a["na"].attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.96.0.10"), 0, 17, frag, 2)], T0)
     a["nb"].attribute([FlowDelta(FlowKind.INGRESS, ip("10.244.2.20"), ip("10.244.1.10"), 0, 17, frag, 2)], T0)
+    ta = a["na"].totals()
+    assert counted(ta) + counted(a["nb"].totals()) == frag
+    # a ClusterIP is no address outside the cluster: not "external"
+    assert [(k.remote_kind, k.crossing) for k in ta.workload_bytes] == [("unknown", "unknown")]
+    assert ta.unknown_crossing_bytes == {"service_address_port_unknown": frag}
+
+
+def test_udp_response_fragments_from_a_clusterip_counted_once() -> None:
+    # the endpoint's node counts its fragments as the pod's egress; the client's veth
+    # sees them un-DNATed, from the ClusterIP, port 0: a copy (was counted as ingress from
+    # an external address, twice in all)
+    _, a = agents(statsd_objs())
+    frag = 4400
+    a["nb"].attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.2.20"), ip("10.244.1.10"), 0, 17, frag, 3)], T0)
+    a["na"].attribute([FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip("10.96.0.10"), 0, 17, frag, 3)], T0)
     assert counted(a["na"].totals()) + counted(a["nb"].totals()) == frag
