@@ -377,12 +377,15 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 
 	/* The Service side of the packet: the destination port when it enters the local pod,
 	 * the source port when it leaves it. Only a port some endpoint uses (the inlined port
-	 * array) can make the packet Service traffic. */
+	 * array) can make the packet Service traffic. A packet leaving from an endpoint port
+	 * *to the same port* is not a response: it is a peer talking to a peer (memberlist
+	 * gossip UDP 9094 -> 9094, NTP 123 -> 123), which the receiving endpoint counts as its
+	 * request; counted here as egress too, it would be counted twice. */
 	__be16 svc_port = into_local ? p.dport : p.sport;
 	key.proto = p.proto;
 	key.family = p.family;
 	struct zm_cache_slot *slot;
-	if (p.has_ports && zm_endpoint_port(svc_port)) {
+	if (p.has_ports && zm_endpoint_port(svc_port) && (into_local || p.sport != p.dport)) {
 		key.kind = into_local ? ZM_KIND_REQUEST : ZM_KIND_RESPONSE;
 		key.port = svc_port;
 		/* This Service key in this CPU's cache slot or in the active table means the

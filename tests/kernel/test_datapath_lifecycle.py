@@ -384,3 +384,52 @@ def test_server_side_pod_traffic_keeps_the_local_port(lab: MiniLab) -> None:
     # each side saw the same bytes (one veth each way on this node)
     assert server[FlowKind.INGRESS].bytes == client[FlowKind.EGRESS].bytes > 3000
     assert server[FlowKind.EGRESS].bytes == client[FlowKind.INGRESS].bytes > 5000
+
+
+def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: MiniLab) -> None:
+    """Two local endpoints of UDP 9500 gossiping from 9500 to 9500 (memberlist): the
+    receiver's veth counts a REQUEST, the sender's an EGRESS with the remote port, which
+    attribution skips as the copy of an endpoint's traffic: once, not twice."""
+    import socket
+
+    from agent.datapath import run_in_netns
+
+    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
+    got: list[int] = []
+
+    def receive() -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((str(a2), 9500))
+        s.settimeout(5)
+        ready.set()
+        try:
+            while sum(got) < 3000:
+                got.append(len(s.recv(65536)))
+        finally:
+            s.close()
+
+    def send() -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((str(a1), 9500))
+        for _ in range(3):
+            s.sendto(b"g" * 1000, (str(a2), 9500))
+        s.close()
+
+    import threading
+    ready = threading.Event()
+    with Datapath(_config(lab, "a")) as dp:
+        dp.attach()
+        dp.set_local_endpoints([(a1, 9500, 17), (a2, 9500, 17)])
+        dp.drain()
+        th = threading.Thread(target=run_in_netns, args=(lab.pod_ns["a2"], receive))
+        th.start()
+        assert ready.wait(5)
+        run_in_netns(lab.pod_ns["a1"], send)
+        th.join(10)
+        deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
+    assert sum(got) == 3000
+    by = {(d.kind, d.local): d for d in deltas}
+    assert set(by) == {(FlowKind.EGRESS, a1), (FlowKind.REQUEST, a2)}, deltas
+    assert by[FlowKind.EGRESS, a1].port == by[FlowKind.REQUEST, a2].port == 9500
+    assert by[FlowKind.EGRESS, a1].bytes == by[FlowKind.REQUEST, a2].bytes == 3 * (1000 + 28)
