@@ -568,10 +568,15 @@ def _slice_ports(sl: Mapping[str, Any]) -> list[tuple[int, int, str]]:
     return out
 
 
+#: ``_slice_addresses(node_name=NO_NODE_NAME)``: the endpoints that have no ``nodeName``
+NO_NODE_NAME = "\x00no-node-name"
+
+
 def _slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> list[IPAddress]:
     """Distinct IP addresses of a slice's endpoints (FQDN slices and malformed addresses
-    skipped); with ``node_name``, only endpoints on that node that are ready or serving
-    (nil counts as true, as the EndpointSlice API defines)."""
+    skipped); with ``node_name``, only endpoints on that node (:data:`NO_NODE_NAME`: those
+    without ``nodeName``) that are ready or serving (nil counts as true, as the
+    EndpointSlice API defines)."""
     out: list[IPAddress] = []
     seen: set[int] = set()
     if sl.get("addressType") == "FQDN":
@@ -583,7 +588,7 @@ def _slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> lis
         if not isinstance(ep, dict):
             continue
         if node_name is not None:
-            if ep.get("nodeName") != node_name:
+            if (ep.get("nodeName") or NO_NODE_NAME) != node_name:
                 continue
             cond = _sub(ep, "conditions")
             if cond.get("ready") is False and cond.get("serving", False) is False:
@@ -660,8 +665,10 @@ class ClusterMetadata:
         self._synced: dict[str, bool] = {r: False for r in RESOURCES}
         self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
         self._bad_logged: set[tuple[str, tuple[str, str]]] = set()
-        self._local_cache: dict[str, tuple[tuple[int, int, int],
-                                          frozenset[tuple[IPAddress, int, int]]]] = {}
+        # node -> (generations, endpoints with that nodeName, endpoints without nodeName)
+        self._local_cache: dict[str, tuple[
+            tuple[int, int, int], frozenset[tuple[IPAddress, int, int]],
+            tuple[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]], ...]]] = {}
         self._hostnet_gen = 0  # bumped whenever the host-network address set changes
         self._released = 0  # bumped whenever a pod's tenure of an address ends
 
@@ -1203,8 +1210,10 @@ class ClusterMetadata:
     def local_endpoints(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
         """Return this node's Service endpoints for the datapath's endpoint map.
 
-        An endpoint counts when its ``nodeName`` is ``node_name`` and it is ready or
-        serving (a nil condition counts as true, as the EndpointSlice API defines).
+        An endpoint counts when its ``nodeName`` is ``node_name``, or it has no
+        ``nodeName`` (a hand-written or mirrored slice) and a live pod on ``node_name``
+        holds its address, and it is ready or serving (a nil condition counts as true, as
+        the EndpointSlice API defines).
         FQDN addresses, slices without a service-name label, and host-network endpoints
         (a node address or a host-network pod's IP: they have no veth, so DESIGN.md counts
         their traffic on the client side) are skipped. Memoized per EndpointSlice
@@ -1216,24 +1225,33 @@ class ClusterMetadata:
         with self._lock:
             gen = (self._generation["endpointslices"], self._generation["nodes"], self._hostnet_gen)
             hit = self._local_cache.get(node_name)
-            if hit is not None and hit[0] == gen:
-                return hit[1]
-            out: set[tuple[IPAddress, int, int]] = set()
-            for key, sl in self._raw_slices.items():
-                if key not in self._slice_service:
-                    continue
-                ports = _slice_ports(sl)
-                if not ports:
-                    continue
-                for ip in _slice_addresses(sl, node_name):
-                    k = _ikey(ip)
-                    if k in self._node_by_ip or k in self._hostnet_by_ip:
-                        continue  # host-network endpoint: no veth, counted client-side
-                    for port, proto, _name in ports:
-                        out.add((ip, port, proto))
-            result = frozenset(out)
-            self._local_cache[node_name] = (gen, result)
-            return result
+            if hit is None or hit[0] != gen:
+                out: set[tuple[IPAddress, int, int]] = set()
+                nodeless: list[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]]] = []
+                for key, sl in self._raw_slices.items():
+                    if key not in self._slice_service:
+                        continue
+                    ports = _slice_ports(sl)
+                    if not ports:
+                        continue
+                    for ip in _slice_addresses(sl, node_name):
+                        k = _ikey(ip)
+                        if k in self._node_by_ip or k in self._hostnet_by_ip:
+                            continue  # host-network endpoint: no veth, counted client-side
+                        for port, proto, _name in ports:
+                            out.add((ip, port, proto))
+                    for ip in _slice_addresses(sl, NO_NODE_NAME):
+                        nodeless.append((_ikey(ip), ip, tuple(ports)))
+                hit = self._local_cache[node_name] = (gen, frozenset(out), tuple(nodeless))
+            _, result, nodeless_eps = hit
+            if not nodeless_eps:
+                return result
+            # endpoints without nodeName (hand-written or mirrored slices): local when a
+            # live pod on this node holds the address; looked up per call, pods change
+            extra = {(ip, port, proto) for k, ip, ports in nodeless_eps
+                     if (pod := self._live_by_ip.get(k)) is not None and pod.node == node_name
+                     and not pod.host_network for port, proto, _name in ports}
+            return result | extra if extra else result
 
     def raw_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         """Return ``(nodes, services, endpointslices)``: pruned API-shaped dicts.

@@ -497,3 +497,19 @@ def test_first_address_of_a_pod_cidr_is_the_nodes_bridge_unless_a_pod_holds_it()
     c.replace("nodes", [node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.9.0/24"])])
     assert c.resolve(ip("10.0.1.1")).kind is PeerKind.EXTERNAL  # n1 left that range
     assert c.resolve(ip("10.0.9.1")).node == "n1"
+
+
+def test_endpoint_without_node_name_is_local_where_its_pod_runs() -> None:
+    # a hand-written or mirrored slice (no nodeName): local on the node of the live pod
+    # that holds the address, and it follows that pod
+    c = make()
+    c.apply("services", "ADDED", service("shop", "legacy", "10.96.0.71", [{"port": 80}]))
+    c.apply("endpointslices", "ADDED", endpointslice(
+        "shop", "legacy-x", "legacy", [{"port": 8001, "protocol": "TCP"}],
+        [endpoint("10.0.1.71", None, None), endpoint("10.0.9.9", None, None)]))
+    assert c.local_endpoints("n1") == frozenset()  # no pod holds 10.0.1.71 yet
+    c.apply("pods", "ADDED", pod("shop", "legacy-0", "10.0.1.71", "n1"))
+    assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.71"), 8001, 6)})
+    assert c.local_endpoints("n2") == frozenset()
+    c.apply("pods", "DELETED", pod("shop", "legacy-0", "10.0.1.71", "n1"))
+    assert c.local_endpoints("n1") == frozenset()
