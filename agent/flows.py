@@ -4,10 +4,13 @@ The programs in ``bpf/tc.c`` write to whichever of two identical hash maps
 (``zm_flows_a``/``zm_flows_b``) the one-slot array-of-maps ``zm_active`` points at.
 :meth:`FlowTables.drain`:
 
-1. points ``zm_active`` at the other (empty) table. The kernel waits for every running
-   BPF program before the ``bpf()`` update of an array-of-maps returns
-   (``maybe_wait_bpf_programs``: ``synchronize_rcu``), so from then on nothing writes
-   to the old table;
+1. points ``zm_active`` at the other (empty) table, and ``zm_cache_active`` at the other
+   (empty) per-CPU flow cache; both updates are issued at once from two threads, so
+   they wait for one grace period, not two (:meth:`FlowTables._switch_both`). The kernel
+   waits for every running BPF program before the ``bpf()`` update of an array-of-maps
+   returns (``maybe_wait_bpf_programs``: ``synchronize_rcu``), so from then on nothing
+   writes to the old table or the old cache; the old cache is then folded into the old
+   table;
 2. reads and deletes the old table with ``BPF_MAP_LOOKUP_AND_DELETE_BATCH`` (fallback
    when the kernel refuses batch operations: collect the keys with ``get_next_key``, then
    look up and delete them one by one; exact too, because the table is idle);
@@ -57,10 +60,12 @@ _KEY = struct.Struct(">QQQQHBBBB2x")  # local hi/lo, remote hi/lo, port, proto, 
 _VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
 assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
 
-#: addresses :meth:`FlowTables._convert` keeps between drains (IPv4 and IPv6 together);
-#: above it both caches start again empty at the next drain. 65,536 addresses hold about
-#: 8 MiB (an ``ipaddress`` object, its integer and the dict entry: ~130 bytes).
-ADDRESS_CACHE_MAX = 65536
+#: addresses :meth:`FlowTables._convert` keeps between drains (IPv4 and IPv6 together):
+#: a drain that leaves more empties both caches. A node's pods and the peers they talk
+#: to within one interval are usually far fewer; 16,384 addresses hold about 2.4 MiB
+#: (the ``ipaddress`` object, its integer key and the dict entry: ~150 bytes each,
+#: measured with tracemalloc).
+ADDRESS_CACHE_MAX = 16384
 
 _BPF_NOEXIST = 1
 _BPF_EXIST = 2
