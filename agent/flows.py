@@ -280,11 +280,17 @@ class FlowTables:
                 failed.append(err)
 
         worker = threading.Thread(target=switch_cache, name="zm-cache-switch", daemon=True)
-        worker.start()
+        try:
+            worker.start()
+            started = True
+        except RuntimeError:  # no thread to be had: one switch after the other
+            switch_cache()
+            started = False
         try:
             self._point_active(1 - self._active)
         finally:
-            worker.join()
+            if started:
+                worker.join()
         if failed:
             self._leftover = True  # the table switched: drain the old one next time
             raise failed[0]

@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -349,15 +350,15 @@ def main() -> int:
         print(json.dumps(results, indent=2))
         return 0
     fmt = lambda s, u="": f"{s['median']:.1f}{u} ({s['min']:.1f}..{s['max']:.1f})"  # noqa: E731
-    la = results["load_average_1m"]
+    la: Any = results["load_average_1m"]
     print(f"kernel {results['kernel']}, {args.rounds} rounds alternated, {args.packets} frames each, "
           f"load average (1 min) {la['min']:.2f}..{la['max']:.2f} (median {la['median']:.2f})\n")
     print("| traffic | empty ns/pkt | zonemeter ns/pkt | extra ns | ratio |")
     print("|---|---|---|---|---|")
     for traffic in traffics:
-        r = results[f"ns_{traffic}"]
-        rt = r["ratio"]  # type: ignore[index]
-        print(f"| {traffic} | {fmt(r['empty'])} | {fmt(r['zonemeter'])} | {fmt(r['extra_ns'])} | "  # type: ignore[index]
+        row: Any = results[f"ns_{traffic}"]
+        rt = row["ratio"]
+        print(f"| {traffic} | {fmt(row['empty'])} | {fmt(row['zonemeter'])} | {fmt(row['extra_ns'])} | "
               f"{rt['median']:.2f} ({rt['min']:.2f}..{rt['max']:.2f}) |")
     rr = results["udp_rate_ratio"]
     rp = results["udp_rate_pps"]

@@ -207,3 +207,31 @@ def test_failed_cache_switch_keeps_the_switched_table_for_the_next_drain(
         t._switch_both()  # type: ignore[attr-defined]
     # the table did switch: its old one is drained first next time, like after a restart
     assert (t._active, t._cache_active, t._leftover) == (1, 0, True)  # type: ignore[attr-defined]
+
+
+def test_switches_one_after_the_other_without_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from agent.flows import FlowTables
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    calls: list[tuple[str, str]] = []
+
+    def point_cache(self: FlowTables, index: int) -> None:
+        calls.append(("cache", threading.current_thread().name))
+        self._cache_active = index
+
+    def point_active(self: FlowTables, index: int) -> None:
+        calls.append(("table", threading.current_thread().name))
+        self._active = index
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    monkeypatch.setattr(FlowTables, "_point_cache", point_cache)
+    monkeypatch.setattr(FlowTables, "_point_active", point_active)
+    t = _switchable()
+    t._switch_both()  # type: ignore[attr-defined]
+    main = threading.current_thread().name
+    assert calls == [("cache", main), ("table", main)]
+    assert (t._active, t._cache_active) == (1, 1)  # type: ignore[attr-defined]
