@@ -14,7 +14,9 @@ alternated round by round (medians, with min..max spread):
    the empty one (bpf_stats off). Each round runs four bursts in the order A B B A (A, B
    = empty, ours; swapped every other round) and yields one ratio, ours / empty over the
    round's two bursts each: a load that drifts linearly during a round weighs on both
-   configurations alike. The figure is the median of the rounds' ratios;
+   configurations alike. The figure is the median of the rounds' ratios; for comparison
+   the same bursts are also reported as adjacent pairs (A B, then B A), the method of
+   earlier runs;
 3. drain: 100,000 flow entries read, deleted and converted to FlowDelta records (wall
    time, and the process's CPU time, which other jobs on shared cores do not inflate) by
    one ``drain()`` call. As in the agent's tick (agent/agent.py: the deltas are a local
@@ -250,8 +252,20 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
 
     dp = Datapath(DatapathConfig(flow_capacity=n))
     out = {}
+    # where a drain's wall time goes: the steps of FlowTables.drain, timed per call
+    phases: dict[str, list[float]] = {}
+    tables: Any = dp.tables
+    for step in ("_switch_both", "_fold", "_take_batch", "_convert"):
+        def timed(*a: Any, _f: Any = getattr(tables, step), _s: str = step) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*a)
+            finally:
+                phases.setdefault(_s, []).append(time.perf_counter() - t0)
+        setattr(tables, step, timed)
     try:
         for layout, (n_local, n_remote) in (("distinct", (n, n)), ("pods", (1000, 10_000))):
+            phases.clear()
             keys = (FlowKey * n)()
             vals = (FlowValue * n)()
             for i in range(n):
@@ -284,6 +298,8 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
             out[layout] = summary(times)
             out[f"{layout}_cpu"] = summary(cpu)
             out[f"{layout}_free"] = summary(free[1:])  # the first round had nothing to free
+            for step, xs in phases.items():
+                out[f"{layout}_step{step}"] = summary(xs)
     finally:
         dp.close()
     return out
@@ -330,17 +346,22 @@ def main() -> int:
         set_stats(False)
         rates: dict[str, list[float]] = {"empty": [], "zonemeter": []}
         ratios: list[float] = []
+        pairwise: list[float] = []  # the same bursts taken two by two (A B, then B A)
         for r in range(args.rate_rounds or 3 * args.rounds):
             a, b = ("empty", "zonemeter") if r % 2 == 0 else ("zonemeter", "empty")
             elapsed: dict[str, float] = {"empty": 0.0, "zonemeter": 0.0}
-            for config in (a, b, b, a):
+            bursts: list[dict[str, float]] = [{}, {}]
+            for i, config in enumerate((a, b, b, a)):
                 bench.use(config)
                 seconds = bench.udp_burst(4, args.packets)
                 elapsed[config] += seconds
+                bursts[i // 2][config] = seconds
                 rates[config].append(args.packets / seconds)
             ratios.append(elapsed["empty"] / elapsed["zonemeter"])  # = rate ours / rate empty
+            pairwise += [p["empty"] / p["zonemeter"] for p in bursts]
         results["udp_rate_pps"] = {c: summary(v) for c, v in rates.items()}
         results["udp_rate_ratio"] = summary(ratios)
+        results["udp_rate_ratio_pairwise"] = summary(pairwise)
     finally:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)
         bench.close()
@@ -365,10 +386,15 @@ def main() -> int:
     print(f"\nUDP 64-byte rate ({args.rate_rounds or 3 * args.rounds} A-B-B-A rounds): "  # type: ignore[index]
           f"empty {fmt(rp['empty'])} pps, zonemeter {fmt(rp['zonemeter'])} pps, "  # type: ignore[index]
           f"ratio {rr['median']:.3f} ({rr['min']:.3f}..{rr['max']:.3f})")  # type: ignore[index]
+    pw: Any = results["udp_rate_ratio_pairwise"]
+    print(f"the same bursts as adjacent pairs (A B, B A): ratio {pw['median']:.3f} "
+          f"({pw['min']:.3f}..{pw['max']:.3f})")
     for layout, s in results["drain_100k_seconds"].items():  # type: ignore[attr-defined]
         base, _, part = layout.partition("_")
         what = {"cpu": f"{base} addresses, CPU time", "free": f"{base} addresses, freeing the "
-                "previous drain's records before it, wall"}.get(part, f"{base} addresses, wall")
+                "previous drain's records before it, wall"}.get(
+                    part, f"{base} addresses, step {part[4:]}, wall" if part.startswith("step")
+                    else f"{base} addresses, wall")
         print(f"drain 100,000 entries ({what}): {s['median']:.3f} s "
               f"({s['min']:.3f}..{s['max']:.3f})")
     return 0
