@@ -310,9 +310,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--packets", type=int, default=200000, help="UDP frames per measurement")
     ap.add_argument("--rate-rounds", type=int, default=0,
-                    help="rounds of the UDP rate measurement (default: 3 x --rounds): the "
-                         "rate is wall-clock and suffers most from other jobs on the cores, "
-                         "so it gets more alternations")
+                    help="A-B-B-A rounds (4 bursts each) of the UDP rate measurement (default: "
+                         "3 x --rounds): the rate is wall-clock and suffers most from other "
+                         "jobs on the cores, so it gets more alternations")
     ap.add_argument("--flows", type=int, action="append", default=[],
                     help="also measure the per-packet cost with the client sending round-robin "
                          "to this many server ports (one flow each at the client's hook; the "
