@@ -4,10 +4,13 @@ The programs in ``bpf/tc.c`` write to whichever of two identical hash maps
 (``zm_flows_a``/``zm_flows_b``) the one-slot array-of-maps ``zm_active`` points at.
 :meth:`FlowTables.drain`:
 
-1. points ``zm_active`` at the other (empty) table. The kernel waits for every running
-   BPF program before the ``bpf()`` update of an array-of-maps returns
-   (``maybe_wait_bpf_programs``: ``synchronize_rcu``), so from then on nothing writes
-   to the old table;
+1. points ``zm_active`` at the other (empty) table, and ``zm_cache_active`` at the other
+   (empty) per-CPU flow cache; both updates are issued at once from two threads, so
+   they wait for one grace period, not two (:meth:`FlowTables._switch_both`). The kernel
+   waits for every running BPF program before the ``bpf()`` update of an array-of-maps
+   returns (``maybe_wait_bpf_programs``: ``synchronize_rcu``), so from then on nothing
+   writes to the old table or the old cache; the old cache is then folded into the old
+   table;
 2. reads and deletes the old table with ``BPF_MAP_LOOKUP_AND_DELETE_BATCH`` (fallback
    when the kernel refuses batch operations: collect the keys with ``get_next_key``, then
    look up and delete them one by one; exact too, because the table is idle);
@@ -57,6 +60,13 @@ from agent.records import FlowDelta, FlowKind, IPAddress
 _KEY = struct.Struct(">QQQQHBBBBBx")
 _VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
 assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
+
+#: addresses :meth:`FlowTables._convert` keeps between drains (IPv4 and IPv6 together):
+#: a drain that leaves more empties both caches. A node's pods and the peers they talk
+#: to within one interval are usually far fewer; 16,384 addresses hold about 2.4 MiB
+#: (the ``ipaddress`` object, its integer key and the dict entry: ~150 bytes each,
+#: measured with tracemalloc).
+ADDRESS_CACHE_MAX = 16384
 
 _BPF_NOEXIST = 1
 _BPF_EXIST = 2
@@ -171,6 +181,9 @@ class FlowTables:
         self._keys = (FlowKey * self._max)()
         self._values = (FlowValue * self._max)()
         self._leftover = False
+        # address objects shared by the records of this and later drains (see _convert)
+        self._v4: dict[int, IPAddress] = {}
+        self._v6: dict[int, IPAddress] = {}
         for fd in self._fds:
             self._seed(fd)
         current = self._kernel_active(self._active_fd, self._fds) if reuse else None
@@ -239,6 +252,49 @@ class FlowTables:
             raise RuntimeFailure(
                 f"cannot switch the active flow cache: {errno.errorcode.get(_err(res))}")
         self._cache_active = index
+
+    def _switch_both(self) -> None:
+        """Point zm_cache_active at the other cache and zm_active at the other table, the
+        two ``bpf()`` updates issued at the same time from two threads.
+
+        Each update returns after ``synchronize_rcu()``; issued together they wait for the
+        same grace period instead of one after the other (about 12 ms less per drain,
+        BENCHMARKS.md; ctypes releases the GIL during the calls). The order of the two
+        switches does not matter for exactness: a count lands in the old or the new cache
+        and is flushed from there into the old or the new table; once both calls have
+        returned no program holds the old cache or the old table, and the old cache is
+        folded into the old table before it is read. Every count is thus read exactly
+        once, by this drain or the next one.
+
+        Raises:
+            RuntimeFailure: the kernel refused a switch. If only the cache switch failed,
+                the table did switch: its old table is kept for the next drain (as after
+                a restart), so nothing is lost; a cache left unfolded keeps its counts,
+                which reach a table when the cache is active again.
+        """
+        failed: list[RuntimeFailure] = []
+
+        def switch_cache() -> None:
+            try:
+                self._point_cache(1 - self._cache_active)
+            except RuntimeFailure as err:
+                failed.append(err)
+
+        worker = threading.Thread(target=switch_cache, name="zm-cache-switch", daemon=True)
+        try:
+            worker.start()
+            started = True
+        except RuntimeError:  # no thread to be had: one switch after the other
+            switch_cache()
+            started = False
+        try:
+            self._point_active(1 - self._active)
+        finally:
+            if started:
+                worker.join()
+        if failed:
+            self._leftover = True  # the table switched: drain the old one next time
+            raise failed[0]
 
     def _fold(self, cache_fd: int, table_fd: int) -> None:
         """Move every slot of the idle per-CPU cache cache_fd into the idle table table_fd
@@ -362,11 +418,10 @@ class FlowTables:
                 if self._cache_leftover:  # idle since a previous agent's swap, like the table
                     self._cache_leftover = False
                     fold.append(1 - self._cache_active)
-                # the cache first: programs still on the old cache flush into the old
-                # table, which the second switch then retires; see bpf/maps.h
                 fold.append(self._cache_active)
-                self._point_cache(1 - self._cache_active)
-            self._point_active(1 - old)
+                self._switch_both()
+            else:
+                self._point_active(1 - old)
             for index in fold:  # nothing writes to these any more
                 assert self._caches is not None
                 self._fold(self._caches[0][index], self._fds[old])
@@ -393,26 +448,31 @@ class FlowTables:
     def _convert(self, n: int) -> list[FlowDelta]:
         """Turn the first n buffered entries into records.
 
-        The hot loop of a drain (100,000 entries in BENCHMARKS.md): addresses are built
-        from integers and cached per drain (flows share pods); records are built as
-        :class:`_Unfrozen` objects (same slots as FlowDelta, plain attribute stores, which
-        the interpreter specialises to a direct slot write) and then given their class
-        FlowDelta: half the cost of calling the eight slot descriptors (what
-        :func:`_fast_delta` does), a third of the constructor's. The cyclic garbage
-        collector is paused meanwhile, since none of these objects can form a cycle and
-        100,000 new objects would otherwise trigger about 140 collections.
+        The hot loop of a drain (100,000 entries in BENCHMARKS.md):
+
+        * addresses are built from integers once and kept across drains in
+          ``self._v4``/``self._v6`` (keyed by the key's low 64 bits for IPv4, the whole
+          128 bits for IPv6): flows share pods, and a node's pods and peers stay from one
+          interval to the next. Both dicts are emptied after a drain that leaves them
+          above :data:`ADDRESS_CACHE_MAX` addresses, so they stay bounded;
+        * records are built as :class:`_Unfrozen` objects (same slots as FlowDelta, plain
+          attribute stores, which the interpreter specialises to a direct slot write) and
+          then given their class FlowDelta: half the cost of calling the eight slot
+          descriptors (what :func:`_fast_delta` does), a third of the constructor's;
+        * the cyclic garbage collector is paused meanwhile, since none of these objects
+          can form a cycle and 100,000 new objects would otherwise trigger about 140
+          collections.
         """
         keys = memoryview(self._keys).cast("B")[: n * _KEY.size]
         values = memoryview(self._values).cast("B")[: n * _VALUE.size]
-        v4cache: dict[int, IPAddress] = {}
-        v6cache: dict[int, IPAddress] = {}
+        v4cache = self._v4
+        v6cache = self._v6
         v4 = ipaddress.IPv4Address
         v6 = ipaddress.IPv6Address
         kinds = KIND_BY_VALUE
-        new, fd, unfrozen = _NEW, FlowDelta, _Unfrozen
+        fd, unfrozen = FlowDelta, _Unfrozen
         out: list[FlowDelta] = []
-        append = out.append
-        entries = 0
+        overflows = 0
         paused = gc.isenabled()
         if paused:
             gc.disable()
@@ -421,12 +481,12 @@ class FlowTables:
                     nbytes, npackets) in zip(
                     _KEY.iter_unpack(keys), _VALUE.iter_unpack(values)):
                 if overflow:
+                    overflows += 1
                     self._overflow_bytes += nbytes
                     if nbytes or npackets:
-                        append(FlowDelta(kinds[kind], _UNSPEC[family], _UNSPEC[family], 0, 0,
-                                         nbytes, npackets, True))
+                        out.append(FlowDelta(kinds[kind], _UNSPEC[family], _UNSPEC[family],
+                                             0, 0, nbytes, npackets, True))
                     continue
-                entries += 1
                 if not npackets:
                     continue
                 if family == FAMILY_INET:  # ::ffff:a.b.c.d: the address is the low 32 bits
@@ -445,7 +505,7 @@ class FlowTables:
                     ra = v6cache.get(rint)
                     if ra is None:
                         ra = v6cache[rint] = v6(rint)
-                d: Any = new(unfrozen)  # slots typed through FlowDelta; see _Unfrozen
+                d: Any = unfrozen()  # slots typed through FlowDelta; see _Unfrozen
                 d.kind = kinds[kind]
                 d.local = la
                 d.remote = ra
@@ -460,11 +520,14 @@ class FlowTables:
                 d.packets = npackets
                 d.overflow = False
                 d.__class__ = fd  # now a FlowDelta (frozen from here on)
-                append(d)
+                out.append(d)  # the specialised list append (faster than a bound method)
         finally:
             if paused:
                 gc.enable()
-        self._entries = entries
+            if len(v4cache) + len(v6cache) > ADDRESS_CACHE_MAX:
+                v4cache.clear()
+                v6cache.clear()
+        self._entries = n - overflows
         return out
 
     def lost(self) -> tuple[int, int]:

@@ -11,12 +11,24 @@ alternated round by round (medians, with min..max spread):
    lookup) and a TCP bulk transfer (offloads off: one skb per wire packet);
 2. small-packet UDP rate: 64-byte frames a client (a small C program using sendmmsg,
    built with gcc at start) pushes through the two veths per second with our programs vs
-   the empty one (bpf_stats off);
+   the empty one (bpf_stats off). Each round runs four bursts in the order A B B A (A, B
+   = empty, ours; swapped every other round) and yields one ratio, ours / empty over the
+   round's two bursts each: a load that drifts linearly during a round weighs on both
+   configurations alike. The figure is the median of the rounds' ratios; for comparison
+   the same bursts are also reported as adjacent pairs (A B, then B A), the method of
+   earlier runs;
 3. drain: 100,000 flow entries read, deleted and converted to FlowDelta records (wall
-   time, and the process's CPU time, which other jobs on shared cores do not inflate).
+   time, and the process's CPU time, which other jobs on shared cores do not inflate) by
+   one ``drain()`` call. As in the agent's tick (agent/agent.py: the deltas are a local
+   of ``tick``), the previous drain's records are freed before the next drain starts;
+   the time that freeing takes is reported on its own line.
+
+The 1-minute load average is sampled every 5 s during the run and reported (min..max):
+the machine's other jobs share its cores.
 
 Usage (as root, from the repository root):
-    .venv/bin/python bench/bench_datapath.py [--rounds 7] [--packets 200000] [--rate-rounds N] [--json]
+    .venv/bin/python bench/bench_datapath.py [--rounds 7] [--packets 200000] [--rate-rounds N]
+        [--drain-rounds N] [--flows N]... [--json]
 
 It builds its own namespaces (``zm<hex>`` prefix, removed at exit) with the kernel tests'
 two-node lab (tests/kernel/_dp_fixtures.py); all traffic stays inside them.
@@ -37,6 +49,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -212,14 +225,47 @@ def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
+class LoadSampler:
+    """Samples the 1-minute load average every `every` seconds in a daemon thread."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.samples = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._every = every
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        return summary(self.samples)
+
+
 def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
     """Drain n entries written into the active table from userspace (bpf_update_batch)."""
     from bcc.libbcc import lib
 
     dp = Datapath(DatapathConfig(flow_capacity=n))
     out = {}
+    # where a drain's wall time goes: the steps of FlowTables.drain, timed per call
+    phases: dict[str, list[float]] = {}
+    tables: Any = dp.tables
+    for step in ("_switch_both", "_fold", "_take_batch", "_convert"):
+        def timed(*a: Any, _f: Any = getattr(tables, step), _s: str = step) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*a)
+            finally:
+                phases.setdefault(_s, []).append(time.perf_counter() - t0)
+        setattr(tables, step, timed)
     try:
         for layout, (n_local, n_remote) in (("distinct", (n, n)), ("pods", (1000, 10_000))):
+            phases.clear()
             keys = (FlowKey * n)()
             vals = (FlowValue * n)()
             for i in range(n):
@@ -231,7 +277,8 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
                     addr[10] = addr[11] = 0xFF
                     addr[12], addr[13], addr[14], addr[15] = net, v >> 16, (v >> 8) & 0xFF, v & 0xFF
                 vals[i].bytes, vals[i].packets = 1500 + i, 1 + i % 7
-            times, cpu = [], []
+            times, cpu, free = [], [], []
+            deltas: list = []
             for _ in range(rounds):
                 t = dp.tables
                 cnt = ct.c_uint32(n)
@@ -239,6 +286,9 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
                                            ct.byref(cnt))
                 if res != 0 or cnt.value != n:
                     raise RuntimeError(f"bpf_update_batch: {res} {cnt.value}")
+                t0 = time.perf_counter()
+                del deltas  # the previous drain's records, as at the end of an agent tick
+                free.append(time.perf_counter() - t0)
                 t0, c0 = time.perf_counter(), time.process_time()
                 deltas = dp.drain()
                 times.append(time.perf_counter() - t0)
@@ -247,6 +297,9 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
                     raise RuntimeError(f"drained {len(deltas)} of {n} (duplicate keys?)")
             out[layout] = summary(times)
             out[f"{layout}_cpu"] = summary(cpu)
+            out[f"{layout}_free"] = summary(free[1:])  # the first round had nothing to free
+            for step, xs in phases.items():
+                out[f"{layout}_step{step}"] = summary(xs)
     finally:
         dp.close()
     return out
@@ -257,13 +310,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--packets", type=int, default=200000, help="UDP frames per measurement")
     ap.add_argument("--rate-rounds", type=int, default=0,
-                    help="rounds of the UDP rate measurement (default: 3 x --rounds): the "
-                         "rate is wall-clock and suffers most from other jobs on the cores, "
-                         "so it gets more alternations")
+                    help="A-B-B-A rounds (4 bursts each) of the UDP rate measurement (default: "
+                         "3 x --rounds): the rate is wall-clock and suffers most from other "
+                         "jobs on the cores, so it gets more alternations")
     ap.add_argument("--flows", type=int, action="append", default=[],
                     help="also measure the per-packet cost with the client sending round-robin "
                          "to this many server ports (one flow each at the client's hook; the "
                          "per-CPU flow cache has 256 slots); repeatable")
+    ap.add_argument("--drain-rounds", type=int, default=0,
+                    help="drains per address layout (default: --rounds, at least 3)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -272,6 +327,7 @@ def main() -> int:
     old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     results: dict[str, object] = {"rounds": args.rounds, "packets": args.packets,
                                   "kernel": os.uname().release}
+    load = LoadSampler()
     bench = Bench(args.packets)
     try:
         set_stats(True)
@@ -289,35 +345,56 @@ def main() -> int:
                                         "extra_ns": summary(extra), "ratio": summary(ratio)}
         set_stats(False)
         rates: dict[str, list[float]] = {"empty": [], "zonemeter": []}
+        ratios: list[float] = []
+        pairwise: list[float] = []  # the same bursts taken two by two (A B, then B A)
         for r in range(args.rate_rounds or 3 * args.rounds):
-            order = ("empty", "zonemeter") if r % 2 == 0 else ("zonemeter", "empty")
-            for config in order:
+            a, b = ("empty", "zonemeter") if r % 2 == 0 else ("zonemeter", "empty")
+            elapsed: dict[str, float] = {"empty": 0.0, "zonemeter": 0.0}
+            bursts: list[dict[str, float]] = [{}, {}]
+            for i, config in enumerate((a, b, b, a)):
                 bench.use(config)
-                rates[config].append(args.packets / bench.udp_burst(4, args.packets))
+                seconds = bench.udp_burst(4, args.packets)
+                elapsed[config] += seconds
+                bursts[i // 2][config] = seconds
+                rates[config].append(args.packets / seconds)
+            ratios.append(elapsed["empty"] / elapsed["zonemeter"])  # = rate ours / rate empty
+            pairwise += [p["empty"] / p["zonemeter"] for p in bursts]
         results["udp_rate_pps"] = {c: summary(v) for c, v in rates.items()}
-        results["udp_rate_ratio"] = summary([z / e for z, e in zip(rates["zonemeter"], rates["empty"])])
+        results["udp_rate_ratio"] = summary(ratios)
+        results["udp_rate_ratio_pairwise"] = summary(pairwise)
     finally:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)
         bench.close()
-    results["drain_100k_seconds"] = bench_drain(max(3, args.rounds // 2))
+    results["drain_100k_seconds"] = bench_drain(max(3, args.drain_rounds or args.rounds))
+    results["load_average_1m"] = load.stop()
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     fmt = lambda s, u="": f"{s['median']:.1f}{u} ({s['min']:.1f}..{s['max']:.1f})"  # noqa: E731
-    print(f"kernel {results['kernel']}, {args.rounds} rounds alternated, {args.packets} frames each\n")
+    la: Any = results["load_average_1m"]
+    print(f"kernel {results['kernel']}, {args.rounds} rounds alternated, {args.packets} frames each, "
+          f"load average (1 min) {la['min']:.2f}..{la['max']:.2f} (median {la['median']:.2f})\n")
     print("| traffic | empty ns/pkt | zonemeter ns/pkt | extra ns | ratio |")
     print("|---|---|---|---|---|")
     for traffic in traffics:
-        r = results[f"ns_{traffic}"]
-        rt = r["ratio"]  # type: ignore[index]
-        print(f"| {traffic} | {fmt(r['empty'])} | {fmt(r['zonemeter'])} | {fmt(r['extra_ns'])} | "  # type: ignore[index]
+        row: Any = results[f"ns_{traffic}"]
+        rt = row["ratio"]
+        print(f"| {traffic} | {fmt(row['empty'])} | {fmt(row['zonemeter'])} | {fmt(row['extra_ns'])} | "
               f"{rt['median']:.2f} ({rt['min']:.2f}..{rt['max']:.2f}) |")
     rr = results["udp_rate_ratio"]
     rp = results["udp_rate_pps"]
-    print(f"\nUDP 64-byte rate: empty {fmt(rp['empty'])} pps, zonemeter {fmt(rp['zonemeter'])} pps, "  # type: ignore[index]
+    print(f"\nUDP 64-byte rate ({args.rate_rounds or 3 * args.rounds} A-B-B-A rounds): "  # type: ignore[index]
+          f"empty {fmt(rp['empty'])} pps, zonemeter {fmt(rp['zonemeter'])} pps, "  # type: ignore[index]
           f"ratio {rr['median']:.3f} ({rr['min']:.3f}..{rr['max']:.3f})")  # type: ignore[index]
+    pw: Any = results["udp_rate_ratio_pairwise"]
+    print(f"the same bursts as adjacent pairs (A B, B A): ratio {pw['median']:.3f} "
+          f"({pw['min']:.3f}..{pw['max']:.3f})")
     for layout, s in results["drain_100k_seconds"].items():  # type: ignore[attr-defined]
-        what = f"{layout[:-4]} addresses, CPU time" if layout.endswith("_cpu") else f"{layout} addresses, wall"
+        base, _, part = layout.partition("_")
+        what = {"cpu": f"{base} addresses, CPU time", "free": f"{base} addresses, freeing the "
+                "previous drain's records before it, wall"}.get(
+                    part, f"{base} addresses, step {part[4:]}, wall" if part.startswith("step")
+                    else f"{base} addresses, wall")
         print(f"drain 100,000 entries ({what}): {s['median']:.3f} s "
               f"({s['min']:.3f}..{s['max']:.3f})")
     return 0

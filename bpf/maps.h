@@ -31,8 +31,9 @@ ZM_MAP("hash", struct zm_flow_key, struct zm_flow_value, zm_flows_b,
        ZM_FLOW_CAPACITY + ZM_OVERFLOW_SLOTS);
 ZM_MAP("array_of_maps$zm_flows_a", int, int, zm_active, 1);
 
-/* Per-CPU flow caches, one per flow table, switched by the agent like the tables (first
- * zm_cache_active, then zm_active; each switch waits for running programs). A packet whose
+/* Per-CPU flow caches, one per flow table, switched by the agent like the tables
+ * (zm_cache_active and zm_active updated at the same time from two threads; each update
+ * waits for running programs, both for the same grace period). A packet whose
  * flow sits in its CPU's slot is counted there without the flow-table hash lookup; a
  * packet of another flow moves the slot's counts into the active flow table and takes
  * the slot. After both switches the agent folds the idle cache into the idle table
