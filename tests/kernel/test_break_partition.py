@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ CHILD = textwrap.dedent(r'''
 ''')
 
 
-def _run_in_netns(keepalive: tuple[int, int, int], budget: float) -> dict[str, object]:
+def _run_in_netns(keepalive: tuple[int, int, int], budget: float) -> dict[str, Any]:
     ns = "zm" + os.urandom(3).hex() + "part"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
