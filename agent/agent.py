@@ -359,6 +359,7 @@ def build_snapshot(totals: AttributionTotals, *, table: TableStats | None, attac
         unattributed_bytes=totals.unattributed_bytes,
         unknown_crossing_bytes=totals.unknown_crossing_bytes,
         skipped_bytes=totals.skipped_bytes,
+        diagnostic_bytes=totals.diagnostics_bytes,
         series_expired=totals.series_expired,
         flow_table_entries=table.entries if table else 0,
         flow_table_capacity=table.capacity if table else 0,

@@ -23,6 +23,8 @@ series:
   ``zonemeter_skipped_bytes_total{reason}``
 * ``zonemeter_series_expired_total{family}`` (issue 8: series of deleted Services and
   workloads dropped after ``--series-retention``; not in DESIGN.md)
+* ``zonemeter_diagnostic_bytes_total{name}``: counted bytes worth a look (a subset of the
+  series above, e.g. ``endpoint_not_in_kernel``; docs/attribution.md; not in DESIGN.md)
 * ``zonemeter_flow_table_entries``, ``zonemeter_flow_table_capacity``,
   ``zonemeter_attached_interfaces``, ``zonemeter_collector_duration_seconds``,
   ``zonemeter_metadata_synced{resource}``, ``zonemeter_build_info{version}``
@@ -136,6 +138,8 @@ class ExportSnapshot:
             series with crossing ``unknown``, by why.
         skipped_bytes: ``{reason: bytes}``: client-side copies another veth counts
             (self-health, never billed).
+        diagnostic_bytes: ``{name: bytes}``: bytes already in the series above that are
+            worth a look (attribution's ``diagnostics_bytes``).
         series_expired: ``{family: series}``: series of deleted objects dropped so far,
             ``family`` the metric they belonged to (``zonemeter_service_bytes_total``...).
         flow_table_entries, flow_table_capacity: kernel flow table fill and size.
@@ -159,6 +163,7 @@ class ExportSnapshot:
     unattributed_bytes: Mapping[str, int] = field(default_factory=dict)
     unknown_crossing_bytes: Mapping[str, int] = field(default_factory=dict)
     skipped_bytes: Mapping[str, int] = field(default_factory=dict)
+    diagnostic_bytes: Mapping[str, int] = field(default_factory=dict)
     series_expired: Mapping[str, int] = field(default_factory=dict)
     flow_table_entries: int = 0
     flow_table_capacity: int = 0
@@ -200,6 +205,9 @@ _HELP = {
                                         "is unknown, by reason (a subset of those series).",
     "zonemeter_skipped_bytes": "L3 bytes seen but not counted here because another veth counts "
                                "them (client-side copies), by reason; never billed.",
+    "zonemeter_diagnostic_bytes": "L3 bytes already counted in the series above that are worth "
+                                  "a look, by diagnostic name (e.g. endpoint_not_in_kernel: "
+                                  "the kernel endpoint map lagged the EndpointSlices).",
     "zonemeter_flow_table_entries": "Entries in the kernel flow table at the last drain.",
     "zonemeter_flow_table_capacity": "Maximum entries of the kernel flow table.",
     "zonemeter_attached_interfaces": "Interfaces the datapath is attached to.",
@@ -308,6 +316,12 @@ class Exporter(Collector):
                 for reason, value in sorted((label(r), v) for r, v in getattr(snap, attr).items()):
                     fam.add_metric([reason], value)
             yield fam
+
+        fam = counter("zonemeter_diagnostic_bytes", ["name"])
+        if snap:
+            for name_, value in sorted((label(n), v) for n, v in snap.diagnostic_bytes.items()):
+                fam.add_metric([name_], value)
+        yield fam
 
         fam = counter("zonemeter_series_expired", ["family"])
         if snap:

@@ -41,6 +41,8 @@ CONTRACT_METRICS = {
     "zonemeter_attached_interfaces",
     "zonemeter_collector_duration_seconds",
     "zonemeter_metadata_synced",
+    "zonemeter_diagnostic_bytes_total",
+    "zonemeter_series_expired_total",
 }
 OTHER_METRICS = {"up", "kube_daemonset_status_number_ready", "kube_daemonset_status_desired_number_scheduled"}
 # Grafana variables and the values substituted before promtool parses a query.

@@ -47,6 +47,7 @@ def full_snapshot() -> ExportSnapshot:
         unattributed_bytes={"flow_table_full": 9},
         unknown_crossing_bytes={"no_pod_for_ip": 4},
         skipped_bytes={"clusterip_client_copy": 6200},
+        diagnostic_bytes={"endpoint_not_in_kernel": 3300},
         series_expired={"zonemeter_workload_bytes_total": 2, "zonemeter_service_bytes_total": 0},
         flow_table_entries=12, flow_table_capacity=65536, attached_interfaces=3,
         collector_duration_seconds=0.25,
@@ -88,6 +89,9 @@ zonemeter_unknown_crossing_bytes_total{reason="no_pod_for_ip"} 4.0
 # HELP zonemeter_skipped_bytes_total L3 bytes seen but not counted here because another veth counts them (client-side copies), by reason; never billed.
 # TYPE zonemeter_skipped_bytes_total counter
 zonemeter_skipped_bytes_total{reason="clusterip_client_copy"} 6200.0
+# HELP zonemeter_diagnostic_bytes_total L3 bytes already counted in the series above that are worth a look, by diagnostic name (e.g. endpoint_not_in_kernel: the kernel endpoint map lagged the EndpointSlices).
+# TYPE zonemeter_diagnostic_bytes_total counter
+zonemeter_diagnostic_bytes_total{name="endpoint_not_in_kernel"} 3300.0
 # HELP zonemeter_series_expired_total Series dropped because their Service or workload no longer exists and they gained no bytes for --series-retention seconds, by the metric (family) they belonged to.
 # TYPE zonemeter_series_expired_total counter
 zonemeter_series_expired_total{family="zonemeter_service_bytes_total"} 0.0
@@ -134,6 +138,7 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_unattributed_bytes": "counter",
         "zonemeter_unknown_crossing_bytes": "counter",
         "zonemeter_skipped_bytes": "counter",
+        "zonemeter_diagnostic_bytes": "counter",
         "zonemeter_series_expired": "counter",
         "zonemeter_flow_table_entries": "gauge",
         "zonemeter_flow_table_capacity": "gauge",
@@ -169,7 +174,7 @@ def test_empty_exporter_exposes_families_and_gauges_at_zero() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 16 and all(not m.samples for m in described)
+    assert len(described) == 17 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:
