@@ -348,6 +348,8 @@ def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
     cidrs: list[IPNetwork] = []
     raw_cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
     for c in raw_cidrs if isinstance(raw_cidrs, list) else ():
+        if not isinstance(c, str):  # ip_network(True) would be 0.0.0.1/32
+            continue
         try:
             cidrs.append(ipaddress.ip_network(c, strict=False))
         except (ValueError, TypeError):

@@ -513,3 +513,12 @@ def test_endpoint_without_node_name_is_local_where_its_pod_runs() -> None:
     assert c.local_endpoints("n2") == frozenset()
     c.apply("pods", "DELETED", pod("shop", "legacy-0", "10.0.1.71", "n1"))
     assert c.local_endpoints("n1") == frozenset()
+
+
+def test_non_string_pod_cidrs_are_ignored_not_read_as_numbers() -> None:
+    # JSON true / 7 in spec.podCIDRs: ip_network() would take them as 0.0.0.1/32, 0.0.0.7/32
+    c = ClusterMetadata()
+    c.replace("nodes", [node("n9", "zone-a", internal="192.168.9.1", pod_cidrs=[True, 7, "10.9.0.0/24"])])
+    assert c.resolve(ip("0.0.0.1")).kind is PeerKind.EXTERNAL
+    assert c.resolve(ip("0.0.0.7")).kind is PeerKind.EXTERNAL
+    assert c.resolve(ip("10.9.0.5")).kind is PeerKind.UNKNOWN
