@@ -30,6 +30,7 @@ from agent.k8s.snapshot import Snapshot
 from agent.records import FlowDelta, FlowKind
 from tests.unit.agent_cluster import cluster
 from tests.unit.test_agent import FakeDatapath
+from tests.unit.mutation import paths
 
 ip = ipaddress.ip_address
 
@@ -40,15 +41,6 @@ ADDRS = ["10.244.1.10", "10.244.2.10", "10.244.2.20", "10.244.2.30", "10.244.1.2
 PORTS = [0, 80, 443, 5432, 8080]
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
 
 
 @st.composite
@@ -64,7 +56,7 @@ def mutated(draw: Any) -> dict[str, list[dict[str, Any]]]:
     objs = [o for k in ("nodes", "pods", "services", "endpointslices") for o in c[k]]
     for _ in range(draw(st.integers(0, 3))):
         obj = draw(st.sampled_from(objs))
-        paths = [p for p in _paths(obj) if p and p[0] not in ("kind", "apiVersion")]
+        paths = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
         if not paths:
             continue
         path = draw(st.sampled_from(paths))

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import agent.top as top
 from agent import cli
 from agent.errors import ZonemeterError
+from tests.unit.mutation import paths
 
 GOOD: dict[str, Any] = {
     "generated_at": 100.0, "interval_seconds": 2.0,
@@ -40,22 +41,13 @@ ODD = st.sampled_from([None, "", "x", 0, -1, 1.5, True, [], {}, [None], {"a": 1}
                        "1e3", 1e308, -1e308, 10**30])
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
 
 
 @st.composite
 def documents(draw: Any) -> Any:
     doc = copy.deepcopy(GOOD)
     for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(doc) if p]
+        paths = [p for p in paths(doc) if p]
         if not paths:
             break
         path = draw(st.sampled_from(paths))

@@ -30,6 +30,7 @@ from agent.cli import main
 from agent.errors import InputError
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
+from tests.unit.mutation import paths
 
 ZONE = hints.LABEL_ZONE
 
@@ -467,15 +468,6 @@ def test_explain_slice_service_label_of_any_type(tmp_path: Path, capsys: Any, la
 
 # --------------------------------------------------------------------------- random mutations
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
 
 
 ANY_JSON = st.recursive(ODD_VALUES, lambda kids: st.lists(kids, max_size=2)
@@ -490,7 +482,7 @@ def mutated(draw: Any) -> Snapshot:
     objs = snap.nodes + snap.services + snap.endpointslices + snap.pods
     for _ in range(draw(st.integers(1, 3))):
         obj = draw(st.sampled_from(objs))
-        paths = [p for p in _paths(obj) if p and p[0] not in ("kind", "apiVersion")]
+        paths = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
         if not paths:  # an earlier mutation left only kind/apiVersion
             continue
         path = draw(st.sampled_from(paths))
