@@ -56,10 +56,10 @@ def mutated(draw: Any) -> dict[str, list[dict[str, Any]]]:
     objs = [o for k in ("nodes", "pods", "services", "endpointslices") for o in c[k]]
     for _ in range(draw(st.integers(0, 3))):
         obj = draw(st.sampled_from(objs))
-        paths = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
-        if not paths:
+        candidates = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
+        if not candidates:
             continue
-        path = draw(st.sampled_from(paths))
+        path = draw(st.sampled_from(candidates))
         parent = obj
         for k in path[:-1]:
             parent = parent[k]

@@ -47,10 +47,10 @@ ODD = st.sampled_from([None, "", "x", 0, -1, 1.5, True, [], {}, [None], {"a": 1}
 def documents(draw: Any) -> Any:
     doc = copy.deepcopy(GOOD)
     for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in paths(doc) if p]
-        if not paths:
+        candidates = [p for p in paths(doc) if p]
+        if not candidates:
             break
-        path = draw(st.sampled_from(paths))
+        path = draw(st.sampled_from(candidates))
         parent = doc
         for k in path[:-1]:
             parent = parent[k]

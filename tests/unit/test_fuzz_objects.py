@@ -482,10 +482,10 @@ def mutated(draw: Any) -> Snapshot:
     objs = snap.nodes + snap.services + snap.endpointslices + snap.pods
     for _ in range(draw(st.integers(1, 3))):
         obj = draw(st.sampled_from(objs))
-        paths = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
-        if not paths:  # an earlier mutation left only kind/apiVersion
+        candidates = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
+        if not candidates:  # an earlier mutation left only kind/apiVersion
             continue
-        path = draw(st.sampled_from(paths))
+        path = draw(st.sampled_from(candidates))
         parent = obj
         for k in path[:-1]:
             parent = parent[k]
