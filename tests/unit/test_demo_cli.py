@@ -82,3 +82,24 @@ def test_agent_command_line_follows_contract() -> None:
     extra = agent_argv(lab, "b2", Path("s"), "a:1", 2.0, python="py",
                        extra=("--series-retention", "60"))
     assert extra[-4:] == ["--exclude-interfaces", "zmcliu3", "--series-retention", "60"]
+
+
+def test_teardown_says_the_workdir_stays(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # a kept run whose agents and lab are already gone: teardown stops nothing, removes no
+    # namespace, and ends by naming the directory it leaves (snapshot and logs for explain)
+    import json
+    import secrets
+
+    workdir = tmp_path / "zonemeter-demo-x"
+    workdir.mkdir()
+    prefix = "zm" + secrets.token_hex(3)
+    (workdir / "demo.json").write_text(json.dumps({
+        "prefix": prefix, "state_dir": str(tmp_path / "state"), "workdir": str(workdir),
+        "agents": [], "prometheus": None}))
+    assert main(["demo", "--teardown", str(workdir)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [f"lab {prefix}: 0 namespaces removed",
+                     f"kept {workdir} (snapshot, agent logs); remove it when done: "
+                     f"rm -r {workdir}"]
+    assert workdir.is_dir()
