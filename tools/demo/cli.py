@@ -178,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
                           refresh_seconds=max(2.0, args.interval), prometheus=args.prometheus,
                           keep=args.keep, workdir=args.workdir)
     restore = sigterm_as_interrupt()
+    owner = os.getpid()
     run_ = DemoRun(spec, options)
     try:
         with run_:
@@ -199,6 +200,13 @@ def run(args: argparse.Namespace) -> int:
             modes.update({k: m.mode for k, m in run_.cluster.models.items()})
             print(f"zonemeter demo: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
             _report(result, run_, args, zones, modes)
+    except KeyboardInterrupt:
+        # leaving `with run_` stopped the agents and removed the lab; a forked helper that
+        # unwound here must stay silent
+        if os.getpid() == owner:
+            print(f"zonemeter demo: interrupted: agents stopped, lab removed; snapshot and "
+                  f"agent logs stay in {run_.workdir}", file=sys.stderr, flush=True)
+        raise
     finally:
         restore()
     bad = [n for n, c in result.agent_exit_codes.items() if c != 0]
