@@ -124,8 +124,12 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
     def q(path: object) -> str:
         return shlex.quote(str(path))
 
+    why = (f"why: {cmd} explain --snapshot {q(run.cluster.snapshot_path)} "
+           f"(snapshot and agent logs stay in {run.workdir})")
     if args.output == "json":
         print(json.dumps(result.summary, indent=1))
+        # standard output stays pure JSON; the directory left in /tmp is still named
+        print(f"zonemeter demo: {why}", file=sys.stderr)
     else:
         try:
             messages = warning_messages(run.cluster.snapshot_path)
@@ -147,8 +151,7 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
                 got = p.aligned.get(key, 0.0)
                 print(f"  {key:<22} {got:>14,.0f} vs {truth:>14,}   (plain increase, "
                       f"extrapolated: {p.plain.get(key, 0.0):,.0f})")
-        print(f"why: {cmd} explain --snapshot {q(run.cluster.snapshot_path)} "
-              f"(snapshot and agent logs stay in {run.workdir})")
+        print(why)
     out = sys.stdout if args.output == "table" else sys.stderr
     if args.keep:
         lines = [f"kept running (workdir {run.workdir}):"]
