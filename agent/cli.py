@@ -4,13 +4,15 @@ Each verb lives in its own module, which exposes ``register(subparsers)``; that 
 adds the verb's parser and sets ``func`` to a callable ``(args) -> int`` exit code.
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (one line naming the file,
-object and field).
+object and field), 130 interrupted (Ctrl-C), 141 standard output closed early (a pager or
+``head`` quit: 128 + SIGPIPE, as a shell reports a command killed by SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -69,3 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `zonemeter lab status | head`: the reader left; say nothing more, and keep the
+        # interpreter's exit-time flush of stdout from raising (and printing) again
+        if args.debug:
+            raise
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141

@@ -267,7 +267,8 @@ def render_table(diags: list[hints.ServiceDiagnosis], version: str, node: str | 
                          f"internal={p.internal_traffic}{shown}")
         details.append(lines)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = [f"Kubernetes {version}: {len(diags)} Service entries"]
+    out = [f"Kubernetes {version}: {len(diags)} Service "
+           f"{'entry' if len(diags) == 1 else 'entries'}"]
     if not diags:
         out.append("no Services in the input: nothing to explain (Nodes and EndpointSlices "
                    "alone have no topology-aware routing)")

@@ -57,10 +57,18 @@ def fetch(url: str, top: int = 20, timeout: float = 5.0) -> dict[str, Any]:
         with urllib.request.urlopen(full, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as err:
-        raise RuntimeFailure(f"{full}: HTTP {err.code}") from None
+        # the agent says why in the body (a 403 names --flows-allow-remote): pass it on
+        try:
+            said = " ".join(err.read(300).decode("utf-8", "replace").split())
+        except OSError:
+            said = ""
+        raise RuntimeFailure(f"{full}: HTTP {err.code}" + (f": {said}" if said else "")
+                             ) from None
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", err)
-        raise RuntimeFailure(f"{full}: cannot reach the agent: {reason}") from None
+        raise RuntimeFailure(f"{full}: cannot reach the agent: {reason} (is an agent "
+                             "listening there? give its address with --url; "
+                             "'zonemeter demo --keep' prints one per lab node)") from None
     except http.client.InvalidURL as err:
         raise InputError(f"not a valid URL: {err}", source="--url") from None
     except http.client.HTTPException as err:  # something that is not an HTTP server

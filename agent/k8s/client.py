@@ -86,7 +86,15 @@ def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None =
         try:
             config.load_incluster_config(client_configuration=cfg)
         except ConfigException as err:
-            raise RuntimeFailure(f"not running in a cluster and no --kubeconfig given: {err}") from None
+            # the client's own text for the usual case ("Service host/port is not set.")
+            # reads like a Kubernetes Service problem: name the variables instead, and
+            # the flags that help
+            why = (str(err) if os.environ.get("KUBERNETES_SERVICE_HOST")
+                   else "KUBERNETES_SERVICE_HOST unset")
+            raise RuntimeFailure(
+                f"not running in a cluster ({' '.join(why.split())}) and no --kubeconfig "
+                "given: give --kubeconfig FILE, or --snapshot FILE with a kubectl dump"
+            ) from None
     cfg.connection_pool_maxsize = max(pool_maxsize, 5)
     # no urllib3-level retries: the watch loop retries with its own bounded backoff and
     # must see each failure to judge how long the API has been unreachable

@@ -82,3 +82,55 @@ def test_agent_command_line_follows_contract() -> None:
     extra = agent_argv(lab, "b2", Path("s"), "a:1", 2.0, python="py",
                        extra=("--series-retention", "60"))
     assert extra[-4:] == ["--exclude-interfaces", "zmcliu3", "--series-retention", "60"]
+
+
+def test_teardown_says_the_workdir_stays(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # a kept run whose agents and lab are already gone: teardown stops nothing, removes no
+    # namespace, and ends by naming the directory it leaves (snapshot and logs for explain)
+    import json
+    import secrets
+
+    workdir = tmp_path / "zonemeter-demo-x"
+    workdir.mkdir()
+    prefix = "zm" + secrets.token_hex(3)
+    (workdir / "demo.json").write_text(json.dumps({
+        "prefix": prefix, "state_dir": str(tmp_path / "state"), "workdir": str(workdir),
+        "agents": [], "prometheus": None}))
+    assert main(["demo", "--teardown", str(workdir)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [f"lab {prefix}: 0 namespaces removed",
+                     f"kept {workdir} (snapshot, agent logs); remove it when done: "
+                     f"rm -r {workdir}"]
+    assert workdir.is_dir()
+
+
+def test_ctrl_c_says_what_was_cleaned_and_where_the_workdir_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # nothing is built: a stand-in run is interrupted in its first phase, as by Ctrl-C
+    import tools.demo.cli as demo_cli
+
+    left: list[str] = []
+
+    class Interrupted:
+        def __init__(self, spec: object, options: object) -> None:
+            self.workdir = tmp_path / "zonemeter-demo-x"
+            self.cluster = type("C", (), {"prefix": "zmffff"})()
+
+        def __enter__(self) -> "Interrupted":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            left.append("torn down")  # the real DemoRun stops agents and removes the lab
+
+        def execute(self, **kw: object) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo_cli, "DemoRun", Interrupted)
+    monkeypatch.setattr(demo_cli.os, "geteuid", lambda: 0)
+    assert main(["demo", "--duration", "1"]) == 130
+    assert left == ["torn down"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("zonemeter demo: interrupted: agents stopped, lab removed; snapshot "
+                       f"and agent logs stay in {tmp_path / 'zonemeter-demo-x'}")

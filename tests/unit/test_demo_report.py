@@ -110,3 +110,19 @@ def test_keep_prints_top_and_the_exact_teardown_command(
     assert "agent a1: curl -s http://127.0.0.1:19001/metrics" in lines
     assert f"{cmd} top --url http://127.0.0.1:19001" in lines
     assert f"tear down: {cmd} demo --teardown {tmp_path}" in lines
+
+
+def test_json_output_still_names_the_workdir_on_stderr(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # `demo -o json` leaves its work directory in /tmp like the table run: say which one,
+    # on standard error so standard output stays one JSON document
+    monkeypatch.setattr("sys.argv", [str(Path("agent/__main__.py").resolve())])
+    import sys
+    result, run = finished_run(tmp_path)
+    demo_cli._report(result, run, argparse.Namespace(output="json", keep=False),
+                     ["zone-a", "zone-b", "zone-c"], {})
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["double_counted_bytes"] == 0
+    assert captured.err.splitlines() == [
+        f"zonemeter demo: why: {sys.executable} -m agent explain --snapshot "
+        f"{tmp_path / 'snapshot.json'} (snapshot and agent logs stay in {tmp_path})"]

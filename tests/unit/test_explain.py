@@ -69,6 +69,7 @@ def test_explain_table_and_node_filter(tmp_path: Path, capsys) -> None:  # type:
                         "--service", "shop/web"], capsys)
     assert code == 0
     lines = out.splitlines()
+    assert lines[0] == "Kubernetes 1.35: 1 Service entry"
     assert lines[1].split() == ["SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL", "ZONES"]
     assert lines[2].split()[:3] == ["shop/web", "IPv4", "topology-mode-annotation"]
     assert "partial-hints" in lines[2] and "0/3" in lines[2]

@@ -53,5 +53,8 @@ def test_missing_and_bad_kubeconfig(tmp_path) -> None:  # type: ignore[no-untype
 def test_in_cluster_outside_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
-    with pytest.raises(RuntimeFailure, match="not running in a cluster"):
+    with pytest.raises(RuntimeFailure, match="not running in a cluster") as info:
         build_api_client()
+    # says what to do instead, on one line
+    assert "--kubeconfig FILE" in str(info.value) and "--snapshot FILE" in str(info.value)
+    assert "\n" not in str(info.value)

@@ -84,3 +84,27 @@ def test_client_rejects_tiny_requests(capsys: pytest.CaptureFixture[str]) -> Non
         traffic.main(["client", "--dst", "127.0.0.1", "--port", "1", "--request-bytes", "4"])
     assert info.value.code == 2
     assert "at least 8" in capsys.readouterr().err
+
+
+def test_lab_up_teardown_hint_runs_as_printed(tmp_path: Path) -> None:
+    # `lab up` ends with this line; a new user runs .venv/bin/zonemeter, not on PATH, so a
+    # bare "zonemeter lab down" would be "command not found"
+    import secrets
+    import shlex
+    import subprocess
+    import sys
+
+    from tools.lab.cli import down_command
+    from tools.lab.lab import DEFAULT_STATE_DIR
+
+    prefix = "zm" + secrets.token_hex(3)  # no lab has it: `down` removes nothing
+    assert down_command(prefix, DEFAULT_STATE_DIR).endswith(f" lab down --prefix {prefix}")
+    cmd = down_command(prefix, tmp_path)
+    argv = shlex.split(cmd)
+    # under pytest argv[0] is not a zonemeter script: the running interpreter with -m agent
+    assert argv[:3] == [sys.executable, "-m", "agent"]
+    assert argv[3:] == ["lab", "down", "--prefix", prefix, "--state-dir", str(tmp_path)]
+    done = subprocess.run(argv, cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"lab {prefix}: removed 0 network namespaces"

@@ -115,8 +115,10 @@ def test_windows_around() -> None:
     # default: at most a day
     b, a = windows_around(0.0, 200_000.0, None)
     assert (b.seconds, a.seconds) == (86400, 86400)
-    with pytest.raises(InputError, match="in the future"):
+    with pytest.raises(InputError, match="in the future") as info:
         windows_around(99_000, now, 3600)
+    # says how short: the change was 1,000 s ago
+    assert "use a --window of at most 1000 s" in str(info.value)
     with pytest.raises(InputError, match="under 60 s"):
         windows_around(99_990, now, None)
 

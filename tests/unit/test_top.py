@@ -124,6 +124,40 @@ def test_unreachable_agent_is_one_line_exit_1(capsys: pytest.CaptureFixture[str]
     assert cli.main(["top", "--url", f"http://127.0.0.1:{port}", "--once"]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "cannot reach the agent" in err
+    assert "--url" in err  # says what to do
+
+
+def test_http_error_passes_on_what_the_agent_said(capsys: pytest.CaptureFixture[str]) -> None:
+    # the agent's 403 for a non-loopback peer explains itself in the body; top must not
+    # reduce that to "HTTP 403" (a stand-in on loopback answers as the agent would)
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    said = (b"/flows answers loopback only (run zonemeter top on the node, "
+            b"or start the agent with --flows-allow-remote)\n")
+
+    class Forbidden(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(said)))
+            self.end_headers()
+            self.wfile.write(said)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Forbidden)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        assert cli.main(["top", "--url", url, "--once"]) == 1
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    err = capsys.readouterr().err.strip()
+    assert err == (f"zonemeter: error: {url}/flows?top=10: HTTP 403: /flows answers loopback "
+                   "only (run zonemeter top on the node, or start the agent with "
+                   "--flows-allow-remote)")
 
 
 @pytest.mark.parametrize("argv, msg", [

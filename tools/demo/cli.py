@@ -124,8 +124,12 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
     def q(path: object) -> str:
         return shlex.quote(str(path))
 
+    why = (f"why: {cmd} explain --snapshot {q(run.cluster.snapshot_path)} "
+           f"(snapshot and agent logs stay in {run.workdir})")
     if args.output == "json":
         print(json.dumps(result.summary, indent=1))
+        # standard output stays pure JSON; the directory left in /tmp is still named
+        print(f"zonemeter demo: {why}", file=sys.stderr)
     else:
         try:
             messages = warning_messages(run.cluster.snapshot_path)
@@ -147,8 +151,7 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
                 got = p.aligned.get(key, 0.0)
                 print(f"  {key:<22} {got:>14,.0f} vs {truth:>14,}   (plain increase, "
                       f"extrapolated: {p.plain.get(key, 0.0):,.0f})")
-        print(f"why: {cmd} explain --snapshot {q(run.cluster.snapshot_path)} "
-              f"(snapshot and agent logs stay in {run.workdir})")
+        print(why)
     out = sys.stdout if args.output == "table" else sys.stderr
     if args.keep:
         lines = [f"kept running (workdir {run.workdir}):"]
@@ -178,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
                           refresh_seconds=max(2.0, args.interval), prometheus=args.prometheus,
                           keep=args.keep, workdir=args.workdir)
     restore = sigterm_as_interrupt()
+    owner = os.getpid()
     run_ = DemoRun(spec, options)
     try:
         with run_:
@@ -199,6 +203,13 @@ def run(args: argparse.Namespace) -> int:
             modes.update({k: m.mode for k, m in run_.cluster.models.items()})
             print(f"zonemeter demo: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
             _report(result, run_, args, zones, modes)
+    except KeyboardInterrupt:
+        # leaving `with run_` stopped the agents and removed the lab; a forked helper that
+        # unwound here must stay silent
+        if os.getpid() == owner:
+            print(f"zonemeter demo: interrupted: agents stopped, lab removed; snapshot and "
+                  f"agent logs stay in {run_.workdir}", file=sys.stderr, flush=True)
+        raise
     finally:
         restore()
     bad = [n for n, c in result.agent_exit_codes.items() if c != 0]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -462,6 +463,11 @@ def teardown_kept(workdir: Path) -> list[str]:
             time.sleep(0.1)
     removed = Lab.down_prefix(state["prefix"], state["state_dir"])
     done.append(f"lab {state['prefix']}: {len(removed)} namespaces removed")
+    # the work directory is the one thing left behind, on purpose (explain reads its
+    # snapshot): say so, or a user checking /tmp afterwards takes it for a leak
+    kept = "snapshot, agent logs" + (", Prometheus data" if state.get("prometheus") else "")
+    done.append(f"kept {workdir} ({kept}); remove it when done: rm -r "
+                f"{shlex.quote(str(workdir))}")
     return done
 
 

@@ -58,12 +58,19 @@ def register(subparsers: Any) -> None:
                          help="Service (namespace/name), pod name, or IP address")
     traffic.add_argument("--port", type=int, required=True,
                          help="destination port (the Service port for a Service)")
-    traffic.add_argument("--proto", choices=("tcp", "udp"), default="tcp")
-    traffic.add_argument("--family", type=int, choices=(4, 6), default=4)
-    traffic.add_argument("--request-bytes", type=int, default=100)
-    traffic.add_argument("--response-bytes", type=int, default=1000)
-    traffic.add_argument("--count", type=int, default=10)
-    traffic.add_argument("--rate", type=float, default=None, help="exchanges per second")
+    traffic.add_argument("--proto", choices=("tcp", "udp"), default="tcp",
+                         help="transport (default tcp; one connection per exchange)")
+    traffic.add_argument("--family", type=int, choices=(4, 6), default=4,
+                         help="address family of a Service's ClusterIP or a pod's address "
+                         "(default 4)")
+    traffic.add_argument("--request-bytes", type=int, default=100,
+                         help="application bytes per request, at least 8 (default 100)")
+    traffic.add_argument("--response-bytes", type=int, default=1000,
+                         help="application bytes per response (default 1000)")
+    traffic.add_argument("--count", type=int, default=10,
+                         help="request/response exchanges (default 10)")
+    traffic.add_argument("--rate", type=float, default=None,
+                         help="exchanges per second (default: back to back)")
     traffic.add_argument("-o", "--output", choices=("table", "json"), default="table")
     parser.set_defaults(func=run)
 
@@ -130,8 +137,29 @@ def _up(args: argparse.Namespace) -> int:
     lab.up()
     _print_status(lab.status(), args.output)
     if args.output == "table":
-        print(f"\ntear down with: zonemeter lab down --prefix {lab.prefix}")
+        print(f"\ntear down with: {down_command(lab.prefix, args.state_dir)}")
     return 0
+
+
+def down_command(prefix: str, state_dir: Path) -> str:
+    """Return the ``lab down`` command that removes this lab, runnable as printed.
+
+    It names the running ``zonemeter`` as the demo's printed commands do
+    (``tools.demo.cli.zonemeter_command``: ``.venv/bin/zonemeter`` is not on ``PATH``) and
+    adds ``--state-dir`` when it is not the default.
+
+    Args:
+        prefix: the lab's name prefix.
+        state_dir: where the lab's state file lives.
+    """
+    import shlex
+
+    from tools.demo.cli import zonemeter_command
+
+    cmd = f"{zonemeter_command()} lab down --prefix {shlex.quote(prefix)}"
+    if Path(state_dir) != Path(DEFAULT_STATE_DIR):
+        cmd += f" --state-dir {shlex.quote(str(state_dir))}"
+    return cmd
 
 
 def _traffic(lab: Lab, args: argparse.Namespace) -> int:

@@ -54,7 +54,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--change-time", metavar="T",
                    help="the change instant; windows are [T-D, T) and [T, T+D)")
     p.add_argument("--window", metavar="D",
-                   help="window length D around a change (default 24h, shortened to end by now)")
+                   help="window length D around a change (default 24h, shortened so the "
+                   "after window ends by now; a D you give must fit: no after window may end "
+                   "in the future)")
     p.add_argument("--service", metavar="NS/NAME", help="only this Service")
     p.add_argument("--price", default="aws", metavar="aws|gcp|azure|USD_PER_GB",
                    help="price per GB crossing zones (default aws: $0.01 each side)")

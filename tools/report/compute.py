@@ -807,7 +807,9 @@ def windows_around(change: float, now: float, window_seconds: float | None, *,
         d = window_seconds
         if change + d > now + 60:
             raise InputError(f"the after window {format_time(change)}..{format_time(change + d)} "
-                             "ends in the future: use a shorter --window", source=flag)
+                             f"ends in the future: use a --window of at most "
+                             f"{max(now - change, 0.0):.0f} s, or none (24 h shortened to end "
+                             "by now)", source=flag)
     if d < MIN_WINDOW_SECONDS:
         raise InputError(f"the change at {format_time(change)} leaves a window of {d:.0f} s, "
                          f"under {MIN_WINDOW_SECONDS:.0f} s", source=flag)
