@@ -367,7 +367,7 @@ def build_snapshot(totals: AttributionTotals, *, table: TableStats | None, attac
         collector_duration_seconds=duration,
         metadata_synced=synced,
         pairs=tuple(ex.PairRow(p.client, p.server, p.client_zone, p.server_zone, p.crossing,
-                               p.namespace, p.service, "", p.bytes) for p in totals.top_pairs),
+                               p.namespace, p.service, p.port, p.bytes) for p in totals.top_pairs),
         pairs_interval=totals.top_interval,
         generated_at=at,
         interval_seconds=interval,

@@ -344,6 +344,8 @@ class PairRow:
         namespace, service: the Service, ``""`` for non-Service traffic.
         client_zone, server_zone, crossing: as in :class:`ServiceKey`.
         bytes: bytes in the interval.
+        port: the Service port (its name, or its number when unnamed, as the ``port``
+            label of :class:`ServiceKey`), ``""`` for non-Service traffic.
     """
 
     client: str
@@ -354,6 +356,7 @@ class PairRow:
     server_zone: str
     crossing: str
     bytes: int
+    port: str = ""
 
 
 def _ro(d: Mapping) -> Mapping:  # type: ignore[type-arg]
@@ -668,7 +671,7 @@ class Attributor:
         self._ignored_keys: dict[tuple[str, ...], HintIgnoredKey] = {}
         self._workload_keys: dict[tuple[str, ...], WorkloadKey] = {}
         # per-interval pairs
-        self._pairs: dict[tuple[str, str, str, str, str, str, str], int] = {}
+        self._pairs: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
         self._pairs_other = 0
         self._interval_start: float | None = None
         self._top: tuple[PairRow, ...] = ()
@@ -806,7 +809,7 @@ class Attributor:
                         ignored[ikey] = ignored.get(ikey, 0) + nb
                     elif check and cnode is None:
                         diag[D_HINT_CHECK_NO_CLIENT_NODE] = diag.get(D_HINT_CHECK_NO_CLIENT_NODE, 0) + nb
-                    pk = (clabel, slabel, svc[0], svc[1], czl, szl, crossing)
+                    pk = (clabel, slabel, svc[0], svc[1], czl, szl, crossing, svc[2])
                 else:
                     # EGRESS / INGRESS at a local pod
                     rkey = (rk, d.port, d.protocol)
@@ -844,7 +847,7 @@ class Attributor:
                         if ig:
                             ikey = (svc[0], svc[1], czl, rzl)
                             ignored[ikey] = ignored.get(ikey, 0) + nb
-                        pk = (loc[3], rlabel, svc[0], svc[1], czl, rzl, crossing)
+                        pk = (loc[3], rlabel, svc[0], svc[1], czl, rzl, crossing, svc[2])
                     else:
                         _, rzl, rkind, crossing, reason, ingress_here, rlabel, _ = r
                         if kind is not egress and not ingress_here:
@@ -852,10 +855,10 @@ class Attributor:
                             continue
                         if kind is egress:
                             wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "egress")
-                            pk = (loc[3], rlabel, "", "", czl, rzl, crossing)
+                            pk = (loc[3], rlabel, "", "", czl, rzl, crossing, "")
                         else:
                             wkey = (loc[0], loc[1], loc[2], czl, rzl, rkind, crossing, "ingress")
-                            pk = (rlabel, loc[3], "", "", rzl, czl, crossing)
+                            pk = (rlabel, loc[3], "", "", rzl, czl, crossing, "")
                         workload[wkey] = workload.get(wkey, 0) + nb
                     if reason is not None:
                         unknown[reason] = unknown.get(reason, 0) + nb
@@ -888,7 +891,7 @@ class Attributor:
         """
         start = self._interval_start if self._interval_start is not None else at
         top = heapq.nsmallest(self._top_n, self._pairs.items(), key=lambda kv: (-kv[1], kv[0]))
-        rows = [PairRow(*k, bytes=v) for k, v in top]
+        rows = [PairRow(*k[:7], bytes=v, port=k[7]) for k, v in top]
         other = self._pairs_other + sum(self._pairs.values()) - sum(v for _, v in top)
         if other:
             rows.append(PairRow("other", "other", "", "", UNKNOWN, UNKNOWN, UNKNOWN, other))

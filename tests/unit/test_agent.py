@@ -308,3 +308,13 @@ def test_metrics_port_in_use_is_exit_1(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and err[-1].startswith("zonemeter: error: --metrics-address 127.0.0.1:")
     assert all(json.loads(x) for x in err[:-1])  # anything before it is JSON log lines
+
+
+def test_flows_pairs_carry_the_service_port() -> None:
+    # /flows rows name the Service port like the service series' port label ("" for
+    # non-Service traffic); it used to be "" always
+    loop, dp, exp, _ = make_loop()
+    dp.pending = list(DELTAS)
+    loop.tick()
+    pairs = exp.flows(top=50)["pairs"]
+    assert {(p["service"], p["port"]) for p in pairs} == {("web", "80"), ("db", "5432"), ("", "")}

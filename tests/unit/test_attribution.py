@@ -484,7 +484,8 @@ def test_top_pairs_ranked_bounded_and_per_interval(cluster) -> None:  # type: ig
     t = at.totals()
     assert t.top_interval == (T0, T0 + 10)
     assert t.top_pairs == (
-        PairRow("shop/worker-x", "shop/api-5d8b-ccccc", "shop", "api", US, B, "cross_region", 400),
+        PairRow("shop/worker-x", "shop/api-5d8b-ccccc", "shop", "api", US, B, "cross_region", 400,
+                port="80"),
         PairRow("other", "other", "", "", "unknown", "unknown", "unknown", 150 + 30),
     )
     at.close_interval(T0 + 20)
@@ -621,7 +622,8 @@ def test_totals_to_json_round_trips_through_json(cluster) -> None:  # type: igno
     assert doc["workload_bytes"][0]["workload"] == "db" and doc["workload_bytes"][0]["bytes"] == 5
     assert doc["top_pairs"][0] == {"client": "shop/web-7c9f-abcde", "server": "shop/api-5d8b-ccccc",
                                    "namespace": "shop", "service": "api", "client_zone": A,
-                                   "server_zone": B, "crossing": "cross_zone", "bytes": 100}
+                                   "server_zone": B, "crossing": "cross_zone", "bytes": 100,
+                                   "port": "80"}
     assert doc["top_interval"] == [T0, T0 + 10]
     api = next(x for x in doc["locality"] if x["service"] == "api")
     assert api["in_effect"] == {A: True, B: True, US: False} and api["last_change"] == T0 + 10
