@@ -49,28 +49,11 @@ from agent.cli import main
 from tools.demo import prometheus as prom
 from tools.demo.agents import AgentFleet
 from tools.demo.cluster import DemoCluster, ServiceTruth
-from tools.demo.topology import parse_demo
+from tools.demo.topology import THREE_ZONE_API_TOPOLOGY, parse_demo
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root")]
 
-TOPOLOGY = """
-zones: [{name: za}, {name: zb}, {name: zc}]
-nodes:
-  - {name: n1, zone: za, cpu: 2}
-  - {name: n2, zone: zb, cpu: 2}
-  - {name: n3, zone: zc, cpu: 2}
-pods:
-  - {name: web-1, namespace: app, node: n1, app: web}
-  - {name: web-2, namespace: app, node: n2, app: web}
-  - {name: web-3, namespace: app, node: n3, app: web}
-  - {name: api-1, namespace: app, node: n1, app: api, ports: [{port: 8080}]}
-  - {name: api-2, namespace: app, node: n2, app: api, ports: [{port: 8080}]}
-  - {name: api-3, namespace: app, node: n3, app: api, ports: [{port: 8080}]}
-services:
-  - {name: api, namespace: app, selector: {app: api}, ports: [{port: 80, targetPort: 8080}]}
-traffic: {clients: {app: web}, rate: 20, requestBytes: 300, responseBytes: 3000, family: 4}
-"""
 SERVICE = "app/api"
 INTERVAL = 1.0     # agents' export interval and Prometheus's scrape interval (s)
 LEAD = 4.0         # traffic before the before window: every series exists at its start
@@ -84,7 +67,7 @@ MONTH_SECONDS = 30 * 86400
 
 @pytest.fixture()
 def lab(tmp_path: Path) -> Iterator[DemoCluster]:
-    cluster = DemoCluster(parse_demo(TOPOLOGY), tmp_path, state_dir=tmp_path / "state",
+    cluster = DemoCluster(parse_demo(THREE_ZONE_API_TOPOLOGY), tmp_path, state_dir=tmp_path / "state",
                           server_max_seconds=600)
     cluster.up()
     try:

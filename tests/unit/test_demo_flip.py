@@ -18,32 +18,15 @@ import pytest
 from agent.errors import InputError
 from agent.k8s.snapshot import load
 from tools.demo.cluster import DemoCluster
-from tools.demo.topology import parse_demo
+from tools.demo.topology import THREE_ZONE_API_TOPOLOGY, parse_demo
 
-FLIP_TOPOLOGY = """
-zones: [{name: za}, {name: zb}, {name: zc}]
-nodes:
-  - {name: n1, zone: za, cpu: 2}
-  - {name: n2, zone: zb, cpu: 2}
-  - {name: n3, zone: zc, cpu: 2}
-pods:
-  - {name: web-1, namespace: app, node: n1, app: web}
-  - {name: web-2, namespace: app, node: n2, app: web}
-  - {name: web-3, namespace: app, node: n3, app: web}
-  - {name: api-1, namespace: app, node: n1, app: api, ports: [{port: 8080}]}
-  - {name: api-2, namespace: app, node: n2, app: api, ports: [{port: 8080}]}
-  - {name: api-3, namespace: app, node: n3, app: api, ports: [{port: 8080}]}
-services:
-  - {name: api, namespace: app, selector: {app: api}, ports: [{port: 80, targetPort: 8080}]}
-traffic: {clients: {app: web}, rate: 10, requestBytes: 200, responseBytes: 2000, family: 4}
-"""
 ALL = ("api-1", "api-2", "api-3")
 OWN = {"n1": ("api-1",), "n2": ("api-2",), "n3": ("api-3",)}
 
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> DemoCluster:
-    c = DemoCluster(parse_demo(FLIP_TOPOLOGY), tmp_path, prefix="zmflip",
+    c = DemoCluster(parse_demo(THREE_ZONE_API_TOPOLOGY), tmp_path, prefix="zmflip",
                     state_dir=tmp_path / "state")
     c.write_snapshot()
     return c
@@ -137,7 +120,7 @@ def test_bad_input(cluster: DemoCluster) -> None:
 
 
 def test_ignore_hints_node_keeps_every_endpoint(tmp_path: Path) -> None:
-    text = FLIP_TOPOLOGY.replace("{name: n3, zone: zc, cpu: 2}",
+    text = THREE_ZONE_API_TOPOLOGY.replace("{name: n3, zone: zc, cpu: 2}",
                                  "{name: n3, zone: zc, cpu: 2, ignoreHints: true}")
     c = DemoCluster(parse_demo(text), tmp_path, prefix="zmflip", state_dir=tmp_path / "state")
     c.write_snapshot()

@@ -121,6 +121,27 @@ traffic:
   family: 4
 """
 
+#: the smallest three-zone demo: one web client and one ``app/api`` endpoint per zone, no
+#: locality settings (the tests flip them: tests/unit/test_demo_flip.py,
+#: tests/e2e/test_report_live.py)
+THREE_ZONE_API_TOPOLOGY = """\
+zones: [{name: za}, {name: zb}, {name: zc}]
+nodes:
+  - {name: n1, zone: za, cpu: 2}
+  - {name: n2, zone: zb, cpu: 2}
+  - {name: n3, zone: zc, cpu: 2}
+pods:
+  - {name: web-1, namespace: app, node: n1, app: web}
+  - {name: web-2, namespace: app, node: n2, app: web}
+  - {name: web-3, namespace: app, node: n3, app: web}
+  - {name: api-1, namespace: app, node: n1, app: api, ports: [{port: 8080}]}
+  - {name: api-2, namespace: app, node: n2, app: api, ports: [{port: 8080}]}
+  - {name: api-3, namespace: app, node: n3, app: api, ports: [{port: 8080}]}
+services:
+  - {name: api, namespace: app, selector: {app: api}, ports: [{port: 80, targetPort: 8080}]}
+traffic: {clients: {app: web}, rate: 20, requestBytes: 300, responseBytes: 3000, family: 4}
+"""
+
 _KEYS = {"clients", "services", "rate", "requestBytes", "responseBytes", "family"}
 
 
