@@ -11,7 +11,6 @@ families once the held bytes are flushed.
 
 from __future__ import annotations
 
-import copy
 import ipaddress
 import json
 import logging
@@ -30,7 +29,7 @@ from agent.k8s.snapshot import Snapshot
 from agent.records import FlowDelta, FlowKind
 from tests.unit.agent_cluster import cluster
 from tests.unit.test_agent import FakeDatapath
-from tests.unit.mutation import paths
+from tests.unit.mutation import mutate_once
 
 ip = ipaddress.ip_address
 
@@ -55,18 +54,7 @@ def mutated(draw: Any) -> dict[str, list[dict[str, Any]]]:
         a["podIP"], b["podIP"], a["podIPs"], b["podIPs"] = b["podIP"], a["podIP"], b["podIPs"], a["podIPs"]
     objs = [o for k in ("nodes", "pods", "services", "endpointslices") for o in c[k]]
     for _ in range(draw(st.integers(0, 3))):
-        obj = draw(st.sampled_from(objs))
-        candidates = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
-        if not candidates:
-            continue
-        path = draw(st.sampled_from(candidates))
-        parent = obj
-        for k in path[:-1]:
-            parent = parent[k]
-        if draw(st.booleans()) and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = copy.deepcopy(draw(ODD))
+        mutate_once(draw, draw(st.sampled_from(objs)), ODD, skip=("kind", "apiVersion"))
     return c
 
 

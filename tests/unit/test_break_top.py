@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import agent.top as top
 from agent import cli
 from agent.errors import ZonemeterError
-from tests.unit.mutation import paths
+from tests.unit.mutation import mutate_once
 
 GOOD: dict[str, Any] = {
     "generated_at": 100.0, "interval_seconds": 2.0,
@@ -47,17 +47,8 @@ ODD = st.sampled_from([None, "", "x", 0, -1, 1.5, True, [], {}, [None], {"a": 1}
 def documents(draw: Any) -> Any:
     doc = copy.deepcopy(GOOD)
     for _ in range(draw(st.integers(1, 3))):
-        candidates = [p for p in paths(doc) if p]
-        if not candidates:
+        if not mutate_once(draw, doc, ODD):
             break
-        path = draw(st.sampled_from(candidates))
-        parent = doc
-        for k in path[:-1]:
-            parent = parent[k]
-        if draw(st.booleans()) and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = copy.deepcopy(draw(ODD))
     return doc
 
 

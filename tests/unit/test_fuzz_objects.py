@@ -30,7 +30,7 @@ from agent.cli import main
 from agent.errors import InputError
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
-from tests.unit.mutation import paths
+from tests.unit.mutation import mutate_once
 
 ZONE = hints.LABEL_ZONE
 
@@ -481,18 +481,8 @@ def mutated(draw: Any) -> Snapshot:
     snap = copy.deepcopy(good_cluster())
     objs = snap.nodes + snap.services + snap.endpointslices + snap.pods
     for _ in range(draw(st.integers(1, 3))):
-        obj = draw(st.sampled_from(objs))
-        candidates = [p for p in paths(obj) if p and p[0] not in ("kind", "apiVersion")]
-        if not candidates:  # an earlier mutation left only kind/apiVersion
-            continue
-        path = draw(st.sampled_from(candidates))
-        parent = obj
-        for k in path[:-1]:
-            parent = parent[k]
-        if draw(st.booleans()) and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = copy.deepcopy(draw(ANY_JSON))  # sampled values are shared objects
+        # False when an earlier mutation left only kind/apiVersion: try another object
+        mutate_once(draw, draw(st.sampled_from(objs)), ANY_JSON, skip=("kind", "apiVersion"))
     return snap
 
 
