@@ -46,7 +46,6 @@ class MetadataAdapter:
         # (address, port, protocol) -> Service port of NodePorts, externalIPs and
         # LoadBalancer ingress IPs, rebuilt when Services or Nodes change
         self._doors: dict[tuple[IPAddress, int, int], ServicePort] = {}
-        self._door_ports: frozenset[int] = frozenset()
         self._nodeports: dict[tuple[int, int], ServicePort] = {}
         self._door_gen: int | None = None
         # (ClusterIP / externalIP / LB IP, protocol) -> a Service port, for port 0
@@ -113,8 +112,6 @@ class MetadataAdapter:
             self._rebuild_doors(gen)
         if not port:
             return self._by_addr.get((ip, protocol)) if protocol in (6, 132) else None
-        if port not in self._door_ports:
-            return None
         sp = self._doors.get((ip, port, protocol))
         if sp is None:
             sp = self._nodeports.get((port, protocol))
@@ -168,7 +165,6 @@ class MetadataAdapter:
         self._service_ips = frozenset(a for a, _ in by_addr)
         self._doors = doors
         self._nodeports = nodeports
-        self._door_ports = frozenset(k[1] for k in doors) | frozenset(k[0] for k in nodeports)
         self._door_gen = gen
 
     # ObjectView (series expiry) --------------------------------------------------------
@@ -189,32 +185,12 @@ class MetadataAdapter:
         least one pod in the cache belongs to (``PodRecord.workload``/``workload_kind``,
         owner walked as ``agent.k8s.cache.workload_of`` does; terminal pods count).
 
-        All of them while the cache's pod list is not synced. A kind-``Pod`` workload is
-        one lookup; others scan the pods of their namespace once per call.
+        All of them while the cache's pod list is not synced
+        (:meth:`ClusterMetadata.live_workloads` otherwise).
         """
         if not self.cache.synced().get("pods", False):
             return set(workloads)
-        want = set(workloads)
-        live: set[tuple[str, str, str]] = set()
-        cache = self.cache
-        # ClusterMetadata has no public pod listing (agent/k8s is owned elsewhere): read
-        # its per-namespace pod dict under its lock, without copying it
-        with cache._lock:  # noqa: SLF001
-            pods = cache._pods  # noqa: SLF001
-            scan: set[str] = set()
-            for ns, wl, kind in want:
-                if kind == "Pod":
-                    rec = pods.get(ns, {}).get(wl)
-                    if rec is not None and rec.workload == wl and rec.workload_kind == "Pod":
-                        live.add((ns, wl, kind))
-                else:
-                    scan.add(ns)
-            for ns in scan:
-                for rec in pods.get(ns, {}).values():
-                    key = (ns, rec.workload, rec.workload_kind)
-                    if key in want:
-                        live.add(key)
-        return live
+        return self.cache.live_workloads(workloads)
 
     def node(self, name: str) -> Peer | None:
         """The node ``name`` as a NODE peer (zone, region from its labels), or None."""

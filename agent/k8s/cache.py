@@ -1151,6 +1151,32 @@ class ClusterMetadata:
         with self._lock:
             return self._services.get((namespace, name))
 
+    def live_workloads(self, workloads: Iterable[tuple[str, str, str]]
+                       ) -> set[tuple[str, str, str]]:
+        """The workloads of ``workloads`` (``(namespace, workload, workload_kind)``, as in
+        :class:`PodRecord`) that at least one cached pod belongs to (terminal pods count).
+
+        A kind-``Pod`` workload is one lookup; the others scan the pods of their
+        namespace, once per namespace per call.
+        """
+        want = set(workloads)
+        live: set[tuple[str, str, str]] = set()
+        scan: set[str] = set()
+        with self._lock:
+            for ns, wl, kind in want:
+                if kind == "Pod":
+                    rec = self._pods.get(ns, {}).get(wl)
+                    if rec is not None and rec.workload == wl and rec.workload_kind == "Pod":
+                        live.add((ns, wl, kind))
+                else:
+                    scan.add(ns)
+            for ns in scan:
+                for rec in self._pods.get(ns, {}).values():
+                    key = (ns, rec.workload, rec.workload_kind)
+                    if key in want:
+                        live.add(key)
+        return live
+
     def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
         """Return the Service ports an endpoint ``ip:port/protocol`` serves.
 

@@ -522,3 +522,16 @@ def test_non_string_pod_cidrs_are_ignored_not_read_as_numbers() -> None:
     assert c.resolve(ip("0.0.0.1")).kind is PeerKind.EXTERNAL
     assert c.resolve(ip("0.0.0.7")).kind is PeerKind.EXTERNAL
     assert c.resolve(ip("10.9.0.5")).kind is PeerKind.UNKNOWN
+
+
+def test_live_workloads_answers_which_still_have_a_pod() -> None:
+    c = make()
+    c.apply("pods", "ADDED", pod("ns", "solo", "10.0.1.40", "n1"))  # owner-less: its own workload
+    asked = {("ns", "solo", "Pod"), ("ns", "gone", "Pod"), ("other", "solo", "Pod")}
+    assert c.live_workloads(asked) == {("ns", "solo", "Pod")}
+    c.apply("pods", "DELETED", pod("ns", "solo", "10.0.1.40", "n1"))
+    assert c.live_workloads(asked) == set()
+    c.apply("pods", "ADDED", pod("ns", "web-7c9f-x1", "10.0.1.41", "n1",
+                                 owner=("ReplicaSet", "web-7c9f"), template_hash="7c9f"))
+    assert c.live_workloads({("ns", "web", "Deployment"), ("ns", "api", "Deployment")}) == {
+        ("ns", "web", "Deployment")}
