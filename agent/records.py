@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -199,3 +200,32 @@ class WorkloadBytesKey:
     remote_kind: str
     crossing: str
     direction: str
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceRef:
+    """A Service by namespace and name (keys per-Service state: locality, diagnoses)."""
+
+    namespace: str
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Locality:
+    """One Service's locality as the hint model derives it (read by the exporter).
+
+    Attributes:
+        mode: requested mode (hint-model vocabulary: ``none``, ``topology-mode``,
+            ``PreferClose``, ``PreferSameZone``, ``PreferSameNode``,
+            ``internalTrafficPolicy-Local``, ...).
+        reason: why locality is off, ``none`` when in effect in every client zone.
+        in_effect: client zone -> kube-proxy of that zone filters by topology
+            (read-only mapping, sorted by zone).
+        last_change: Unix time in seconds of the hint-model refresh at which
+            ``(mode, reason, in_effect)`` last changed or was first seen.
+    """
+
+    mode: str
+    reason: str
+    in_effect: Mapping[str, bool]
+    last_change: float
