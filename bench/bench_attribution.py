@@ -9,14 +9,14 @@ pod-to-external traffic. Each batch uses fresh flows (the per-call caches start 
 remote addresses, as after a real drain). Target: >= 200,000 deltas/s (issue 4, item 9).
 
 Usage:
-    python bench/bench_attribution.py [--pods 150000] [--nodes 5000] [--services 10000]
+    python -m bench.bench_attribution [--pods 150000] [--nodes 5000] [--services 10000]
         [--batch 50000] [--batches 20] [--seed 1] [--remotes N]
 
 Examples:
-    python bench/bench_attribution.py                 # full scale
-    python bench/bench_attribution.py --batch 5000    # smaller drains
-    python bench/bench_attribution.py --batch 5000 --per-drain 10   # one drain, 10 batches
-    python bench/bench_attribution.py --remotes 2000  # clients repeat within a drain
+    python -m bench.bench_attribution                 # full scale
+    python -m bench.bench_attribution --batch 5000    # smaller drains
+    python -m bench.bench_attribution --batch 5000 --per-drain 10   # one drain, 10 batches
+    python -m bench.bench_attribution --remotes 2000  # clients repeat within a drain
 """
 
 from __future__ import annotations
@@ -25,16 +25,10 @@ import argparse
 import gc
 import ipaddress
 import random
-import sys
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent.attribution import Attributor  # noqa: E402
-from agent.records import (  # noqa: E402
+from agent.attribution import Attributor
+from agent.records import (
     FlowDelta,
     FlowKind,
     IPAddress,
@@ -43,60 +37,9 @@ from agent.records import (  # noqa: E402
     ProxyView,
     ServicePort,
 )
+from tests.fixtures.fakes import DictHints, DictMetadata, LocalityDiag
 
 ZONES = ("zone-a", "zone-b", "zone-c")
-
-
-@dataclass(frozen=True, slots=True)
-class _Diag:
-    mode: str
-    reason: str
-    in_effect: Mapping[str, bool]
-
-
-class DictMetadata:
-    """MetadataView over plain dicts (what agent/k8s indexes look like at lookup time)."""
-
-    def __init__(self) -> None:
-        self.peers: dict[IPAddress, Peer] = {}
-        self.nodes: dict[str, Peer] = {}
-        self.endpoints: dict[tuple[IPAddress, int, int], tuple[ServicePort, ...]] = {}
-        self.addresses: dict[tuple[IPAddress, int, int], ServicePort] = {}
-        self.external = Peer(PeerKind.EXTERNAL)
-
-    def resolve(self, ip: IPAddress, at: float) -> Peer:
-        return self.peers.get(ip) or self.external
-
-    def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
-        return self.endpoints.get((ip, port, protocol), ())
-
-    def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
-        return self.addresses.get((ip, port, protocol))
-
-    def node(self, name: str) -> Peer | None:
-        return self.nodes.get(name)
-
-
-class DictHints:
-    """HintView over plain dicts."""
-
-    def __init__(self) -> None:
-        self.views: dict[tuple[str, str, str], ProxyView] = {}
-        self.zone_views: dict[tuple[str, str], dict[str, ProxyView]] = {}
-        self.node_zone: dict[str, str] = {}
-        self.diag: dict[tuple[str, str], _Diag] = {}
-
-    def proxy_view(self, namespace: str, service: str, node: str) -> ProxyView | None:
-        zv = self.zone_views.get((namespace, service))
-        if zv is None:
-            return None
-        return zv.get(self.node_zone.get(node, ""))
-
-    def services(self) -> Iterable[tuple[str, str]]:
-        return self.diag.keys()
-
-    def locality(self, namespace: str, service: str) -> _Diag | None:
-        return self.diag.get((namespace, service))
 
 
 def build(pods: int, nodes: int, services: int, rng: random.Random
@@ -138,7 +81,7 @@ def build(pods: int, nodes: int, services: int, rng: random.Random
             zv[z] = ProxyView("PreferSameZone" if hinted and sel else "", sel or
                               frozenset(str(e) for e in eps), "cluster")
         hints.zone_views[(ns, name)] = zv
-        hints.diag[(ns, name)] = _Diag("trafficDistribution" if hinted else "none",
+        hints.diag[(ns, name)] = LocalityDiag("trafficDistribution" if hinted else "none",
                                        "none" if hinted else "not_requested",
                                        {z: hinted for z in ZONES})
     return meta, hints, pods_by_node, node_ips, cluster_ips
@@ -149,7 +92,7 @@ def deltas(batch: int, local_pods: list[IPAddress], meta: DictMetadata, all_pods
            rng: random.Random) -> list[FlowDelta]:
     local_eps = [k for k in meta.endpoints if k[0] in set(local_pods)]
     out = []
-    R, S, E, I = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS, FlowKind.INGRESS
+    R, S, E, IN = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS, FlowKind.INGRESS
     for _ in range(batch // 2):
         x = rng.random()
         nb = rng.randint(60, 1_000_000)
@@ -162,21 +105,21 @@ def deltas(batch: int, local_pods: list[IPAddress], meta: DictMetadata, all_pods
             cip, port = rng.choice(cluster_ips)
             lp = rng.choice(local_pods)
             out.append(FlowDelta(E, lp, cip, port, 6, nb, 1))
-            out.append(FlowDelta(I, lp, cip, port, 6, nb * 3, 1))
+            out.append(FlowDelta(IN, lp, cip, port, 6, nb * 3, 1))
         elif x < 0.90:               # pod to pod, no Service
             lp = rng.choice(local_pods)
             rp = rng.choice(all_pods)
             out.append(FlowDelta(E, lp, rp, 5432, 6, nb, 1))
-            out.append(FlowDelta(I, lp, rp, 5432, 6, nb, 1))
+            out.append(FlowDelta(IN, lp, rp, 5432, 6, nb, 1))
         elif x < 0.95:               # pod to node
             lp = rng.choice(local_pods)
             out.append(FlowDelta(E, lp, rng.choice(node_ips), 10250, 6, nb, 1))
-            out.append(FlowDelta(I, lp, rng.choice(node_ips), 10250, 6, nb, 1))
+            out.append(FlowDelta(IN, lp, rng.choice(node_ips), 10250, 6, nb, 1))
         else:                        # pod to the internet
             lp = rng.choice(local_pods)
             ext = ipaddress.IPv4Address(rng.randint(0x08000000, 0x09000000))
             out.append(FlowDelta(E, lp, ext, 443, 6, nb, 1))
-            out.append(FlowDelta(I, lp, ext, 443, 6, nb * 5, 1))
+            out.append(FlowDelta(IN, lp, ext, 443, 6, nb * 5, 1))
     return out
 
 

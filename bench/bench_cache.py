@@ -10,9 +10,9 @@ agent imports (kubernetes client, prometheus_client), so the RSS is what an agen
 cache would use before flows.
 
 Usage:
-    python bench/bench_cache.py                       # 150k pods, 5k nodes, 10k Services
-    python bench/bench_cache.py --pods 15000 --nodes 500 --services 1000   # quick run
-    python bench/bench_cache.py -o json
+    python -m bench.bench_cache                       # 150k pods, 5k nodes, 10k Services
+    python -m bench.bench_cache --pods 15000 --nodes 500 --services 1000   # quick run
+    python -m bench.bench_cache -o json
 
 Targets (issue 4): RSS <= 300 MiB with 150,000 pods, 5,000 nodes, 10,000 Services.
 """
@@ -23,20 +23,17 @@ import argparse
 import gc
 import ipaddress
 import json
-import os
 import random
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import kubernetes  # noqa: F401 - imported for an honest agent-sized RSS
+import prometheus_client  # noqa: F401
 
-import kubernetes  # noqa: E402,F401 - imported for an honest agent-sized RSS
-import prometheus_client  # noqa: E402,F401
-
-from agent.k8s.cache import ClusterMetadata  # noqa: E402
-from agent.records import PeerKind  # noqa: E402
+from agent.k8s.cache import ClusterMetadata
+from agent.records import PeerKind
 
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
 
@@ -248,7 +245,7 @@ def run(n_pods: int, n_nodes: int, n_services: int, lookups: int) -> dict[str, A
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: python bench/bench_cache.py --pods 150000 -o json")
+                                epilog="example: python -m bench.bench_cache --pods 150000 -o json")
     p.add_argument("--pods", type=int, default=150_000)
     p.add_argument("--nodes", type=int, default=5_000)
     p.add_argument("--services", type=int, default=10_000)

@@ -27,7 +27,7 @@ The 1-minute load average is sampled every 5 s during the run and reported (min.
 the machine's other jobs share its cores.
 
 Usage (as root, from the repository root):
-    .venv/bin/python bench/bench_datapath.py [--rounds 7] [--packets 200000] [--rate-rounds N]
+    .venv/bin/python -m bench.bench_datapath [--rounds 7] [--packets 200000] [--rate-rounds N]
         [--drain-rounds N] [--flows N]... [--json]
 
 It builds its own namespaces (``zm<hex>`` prefix, removed at exit) with the kernel tests'
@@ -44,20 +44,18 @@ import shutil
 import socket
 import statistics
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agent.bpf_types import FlowKey, FlowValue
+from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns
+from tests.kernel._dp_fixtures import MiniLab, pod_ip
 
-from agent.datapath import (  # noqa: E402
-    ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns)
-from agent.bpf_types import FlowKey, FlowValue  # noqa: E402
-from tests.kernel._dp_fixtures import MiniLab, pod_ip  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EMPTY_C = b"""
 #include <uapi/linux/bpf.h>
@@ -212,7 +210,7 @@ class Bench:
         if fds[0] == fds[1]:  # the empty program on both hooks: one fd, summed stats
             rt, cnt = after[0][0] - before[0][0], after[0][1] - before[0][1]
             return 2 * rt / cnt
-        return sum((a[0] - b[0]) / (a[1] - b[1]) for a, b in zip(after, before))
+        return sum((a[0] - b[0]) / (a[1] - b[1]) for a, b in zip(after, before, strict=True))
 
     def close(self) -> None:
         shutil.rmtree(self.sender.parent, ignore_errors=True)
@@ -256,7 +254,7 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
     phases: dict[str, list[float]] = {}
     tables: Any = dp.tables
     for step in ("_switch_both", "_fold", "_take_batch", "_convert"):
-        def timed(*a: Any, _f: Any = getattr(tables, step), _s: str = step) -> Any:
+        def timed(*a: Any, _f: Any = getattr(tables, step), _s: str = step) -> Any:  # noqa: B008 - binds this step's method
             t0 = time.perf_counter()
             try:
                 return _f(*a)
@@ -338,8 +336,8 @@ def main() -> int:
                 order = ("empty", "zonemeter") if r % 2 == 0 else ("zonemeter", "empty")
                 for config in order:
                     samples[config].append(bench.per_packet_ns(config, traffic))
-            extra = [z - e for z, e in zip(samples["zonemeter"], samples["empty"])]
-            ratio = [z / e for z, e in zip(samples["zonemeter"], samples["empty"])]
+            extra = [z - e for z, e in zip(samples["zonemeter"], samples["empty"], strict=True)]
+            ratio = [z / e for z, e in zip(samples["zonemeter"], samples["empty"], strict=True)]
             results[f"ns_{traffic}"] = {"empty": summary(samples["empty"]),
                                         "zonemeter": summary(samples["zonemeter"]),
                                         "extra_ns": summary(extra), "ratio": summary(ratio)}

@@ -15,7 +15,7 @@ Target (issue 3): at most 5 s. Measures, in one process and one run:
   reporting-size problem rather than a model one; it is not part of the target.)
 
 Usage:
-    python bench/bench_explain.py [--services 10000] [--endpoints 50] [--nodes 1000] [--zones 3]
+    python -m bench.bench_explain [--services 10000] [--endpoints 50] [--nodes 1000] [--zones 3]
 """
 
 from __future__ import annotations
@@ -28,46 +28,29 @@ import time
 from typing import Any
 
 from agent import explain, hints
+from tests.fixtures import k8s
 
 
 def build(services: int, endpoints: int, nodes: int, zones: int) -> tuple[list[dict[str, Any]], ...]:
     """Synthetic cluster: mixed mechanisms (Auto, PreferClose, PreferSameNode, none, iTP Local)."""
     zone_names = [f"zone-{chr(97 + i)}" for i in range(zones)]
-    node_objs = [{"kind": "Node", "metadata": {"name": f"node-{i}", "labels": {hints.LABEL_ZONE: zone_names[i % zones]}},
-                  "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"cpu": "8"}}}
-                 for i in range(nodes)]
+    node_objs = [k8s.node(f"node-{i}", zone_names[i % zones], cpu="8") for i in range(nodes)]
     svcs, slices = [], []
     kinds = ["auto", "close", "node", "none", "local"]
     for s in range(services):
         kind = kinds[s % len(kinds)]
-        ann = {hints.ANNOTATION_TOPOLOGY_MODE: "Auto"} if kind == "auto" else {}
-        spec: dict[str, Any] = {"selector": {"app": f"s{s}"}, "ports": [{"name": "http", "port": 80}],
-                                "ipFamilies": ["IPv4"], "clusterIP": f"10.96.{s >> 8 & 255}.{s & 255}"}
-        if kind in ("close", "local"):
-            spec["trafficDistribution"] = "PreferClose"
-        if kind == "node":
-            spec["trafficDistribution"] = "PreferSameNode"
-        if kind == "local":
-            spec["internalTrafficPolicy"] = "Local"
-        svcs.append({"kind": "Service", "metadata": {"name": f"s{s}", "namespace": "bench", "annotations": ann},
-                     "spec": spec})
+        td = {"close": "PreferClose", "local": "PreferClose", "node": "PreferSameNode"}.get(kind)
+        svcs.append(k8s.service(f"s{s}", "bench", cluster_ip=f"10.96.{s >> 8 & 255}.{s & 255}", auto=kind == "auto",
+                                traffic_distribution=td,
+                                internal_traffic_policy="Local" if kind == "local" else None))
         eps = []
         for e in range(endpoints):
             n = (s * 7 + e * 13) % nodes
             z = zone_names[n % zones]
-            ep: dict[str, Any] = {"addresses": [f"10.{(s >> 8) & 255}.{s & 255}.{e}"],
-                                  "conditions": {"ready": True, "serving": True, "terminating": False},
-                                  "zone": z, "nodeName": f"node-{n}"}
-            if kind != "none":
-                ep["hints"] = {"forZones": [{"name": z}]}
-                if kind == "node":
-                    ep["hints"]["forNodes"] = [{"name": f"node-{n}"}]
-            eps.append(ep)
-        slices.append({"kind": "EndpointSlice", "addressType": "IPv4",
-                       "metadata": {"name": f"s{s}-1", "namespace": "bench",
-                                    "labels": {hints.LABEL_SERVICE_NAME: f"s{s}",
-                                               hints.LABEL_MANAGED_BY: hints.CONTROLLER_NAME}},
-                       "ports": [{"name": "http", "port": 8080}], "endpoints": eps})
+            eps.append(k8s.endpoint(f"10.{(s >> 8) & 255}.{s & 255}.{e}", z, f"node-{n}",
+                                    for_zones=None if kind == "none" else [z],
+                                    for_nodes=[f"node-{n}"] if kind == "node" else None))
+        slices.append(k8s.endpointslice(f"s{s}-1", f"s{s}", eps, namespace="bench"))
     return node_objs, svcs, slices
 
 

@@ -1,6 +1,6 @@
 """Benchmark: ``zonemeter report`` wall time and Prometheus requests as Services grow.
 
-Builds a TSDB with ``--services`` N Services (``tests/prom/promdata.py``'s
+Builds a TSDB with ``--services`` N Services (``tests/fixtures/promdata.py``'s
 :func:`many_services_input`: each Service has its own locality change, 15 s apart, so
 every Service has its own windows), starts Debian's Prometheus on 127.0.0.1 over it, and
 runs the real CLI ``python -m agent report --prometheus URL --window 10m -o json`` (the
@@ -14,10 +14,10 @@ compared: the numbers must be identical.
 To compare with the code before batching (commit a0cb7f7)::
 
     git archive a0cb7f7 | (mkdir -p /tmp/zm-old && tar -x -C /tmp/zm-old)
-    PYTHONPATH=. python bench/bench_report.py --services 500 --tree /tmp/zm-old --tree .
+    PYTHONPATH=. python -m bench.bench_report --services 500 --tree /tmp/zm-old --tree .
 
 Usage:
-    python bench/bench_report.py [--services 500] [--tree DIR ...] [--mode per-service|windows]
+    python -m bench.bench_report [--services 500] [--tree DIR ...] [--mode per-service|windows]
 """
 
 from __future__ import annotations
@@ -32,11 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.prom.promdata import (MANY_T0, MANY_WINDOW, SCRAPE,  # noqa: E402
-                                 many_services_input)
-from tools.demo.prometheus import running_prometheus  # noqa: E402
+from tests.fixtures.promdata import MANY_T0, MANY_WINDOW, SCRAPE, many_services_input
+from tools.demo.prometheus import running_prometheus
 
 
 def openmetrics(n: int, span: int) -> str:

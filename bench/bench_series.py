@@ -42,15 +42,15 @@ sees allocated (cache, model, attributor, exporter), once with ``--retention`` a
 with expiry off.
 
 Usage:
-    python bench/bench_series.py [--pods 1000,10000,100000] [--conns 1,10]
+    python -m bench.bench_series [--pods 1000,10000,100000] [--conns 1,10]
         [--services 10,100,200] [--zones 3] [--seed 1] [--bare-pods] [-o table|json]
-    python bench/bench_series.py --churn N [--lifetime 60] [--interval 10]
+    python -m bench.bench_series --churn N [--lifetime 60] [--interval 10]
         [--retention 600] [--churn-kind pod|job] [-o table|json]
 
 Examples:
-    python bench/bench_series.py                      # the grid in BENCHMARKS.md
-    python bench/bench_series.py --pods 1000,10000 --conns 1 --services 10 -o json
-    python bench/bench_series.py --churn 3000         # the churn table in BENCHMARKS.md
+    python -m bench.bench_series                      # the grid in BENCHMARKS.md
+    python -m bench.bench_series --pods 1000,10000 --conns 1 --services 10 -o json
+    python -m bench.bench_series --churn 3000         # the churn table in BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -59,21 +59,17 @@ import argparse
 import ipaddress
 import json
 import random
-import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from prometheus_client import generate_latest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from agent.agent import build_snapshot  # noqa: E402
-from agent.attribution import Attributor  # noqa: E402
-from agent.exporter import Exporter  # noqa: E402
-from agent.records import (  # noqa: E402
+from agent.agent import build_snapshot
+from agent.attribution import Attributor
+from agent.exporter import Exporter
+from agent.records import (
     FlowDelta,
     FlowKind,
     IPAddress,
@@ -82,7 +78,8 @@ from agent.records import (  # noqa: E402
     ProxyView,
     ServicePort,
 )
-from bench.bench_attribution import DictHints, DictMetadata, _Diag  # noqa: E402
+from tests.fixtures import k8s
+from tests.fixtures.fakes import DictHints, DictMetadata, LocalityDiag
 
 #: the families whose series scale with the cluster (the rest are fixed-size)
 FAMILIES = (
@@ -196,7 +193,7 @@ def build_cluster(pods: int, services: int, zones: int, bare: bool = False) -> C
             sel = frozenset(str(e) for e in endpoints[s] if meta.peers[e].zone == z) if hinted else everyone
             zv[z] = ProxyView("PreferSameZone" if hinted and sel else "", sel or everyone, "cluster")
         hints.zone_views[(ns, name)] = zv
-        hints.diag[(ns, name)] = _Diag("PreferSameZone" if hinted else "none",
+        hints.diag[(ns, name)] = LocalityDiag("PreferSameZone" if hinted else "none",
                                        "none" if hinted else "not_requested",
                                        {z: hinted for z in zn})
     return Cluster(meta, hints, zn, local, by_class, nodes_by_class, cluster_ips, names)
@@ -204,7 +201,7 @@ def build_cluster(pods: int, services: int, zones: int, bare: bool = False) -> C
 
 def traffic(c: Cluster, pods: int, conns: int, services: int, rng: random.Random) -> Iterator[list[FlowDelta]]:
     """Yield node-0's deltas for one interval in batches of at most ``BATCH``."""
-    R, S, E, I = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS, FlowKind.INGRESS
+    R, S, E, IN = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS, FlowKind.INGRESS
     classes = ["node0", "zone0", *c.zones[1:], "external"]
     out: list[FlowDelta] = []
     ext = 0x08000000
@@ -236,7 +233,7 @@ def traffic(c: Cluster, pods: int, conns: int, services: int, rng: random.Random
             for _ in range(conns):
                 cip, port = rng.choice(c.cluster_ips)  # client-side ClusterIP copy
                 out.append(FlowDelta(E, lp, cip, port, 6, 500, 1))
-                out.append(FlowDelta(I, lp, cip, port, 6, 1500, 1))
+                out.append(FlowDelta(IN, lp, cip, port, 6, 1500, 1))
                 remotes: list[IPAddress] = []
                 for k in classes[:-1]:
                     remotes.append(rng.choice(c.by_class[k]))
@@ -251,7 +248,7 @@ def traffic(c: Cluster, pods: int, conns: int, services: int, rng: random.Random
                 remotes.append(ipaddress.IPv4Address(ext))
                 for r in remotes:
                     out.append(FlowDelta(E, lp, r, 5432, 6, 700, 1))
-                    out.append(FlowDelta(I, lp, r, 5432, 6, 900, 1))
+                    out.append(FlowDelta(IN, lp, r, 5432, 6, 900, 1))
             yield from flush()
     if out:
         yield out
@@ -347,45 +344,16 @@ def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
 
 def _api_objects() -> dict[str, list[dict[str, Any]]]:
     """node-0 (zone-a) and node-1 (zone-b); Deployment ``client`` with a pod on node-1."""
-    def node(name: str, addr: str, zone: str, cidr: str) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone,
-                                                      "topology.kubernetes.io/region": "r1"}},
-                "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
-                "status": {"addresses": [{"type": "InternalIP", "address": addr}],
-                           "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-                           "conditions": [{"type": "Ready", "status": "True"}]}}
-    client = _pod("client-7d9f-x", "node-1", "10.245.0.10", {
-        "pod-template-hash": "7d9f"}, [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                       "name": "client-7d9f", "controller": True}])
-    return {"nodes": [node("node-0", "192.168.0.1", "zone-a", "10.244.0.0/16"),
-                      node("node-1", "192.168.0.2", "zone-b", "10.245.0.0/16")],
+    client = k8s.pod("client-7d9f-x", "10.245.0.10", "node-1", namespace="churn", template_hash="7d9f",
+                     owner=("ReplicaSet", "client-7d9f"))
+    return {"nodes": [k8s.node("node-0", "zone-a", internal="192.168.0.1", pod_cidrs=["10.244.0.0/16"], region="r1"),
+                      k8s.node("node-1", "zone-b", internal="192.168.0.2", pod_cidrs=["10.245.0.0/16"], region="r1")],
             "pods": [client], "services": [], "endpointslices": []}
 
 
-def _pod(name: str, node: str, addr: str, labels: dict[str, str],
-         owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"namespace": "churn", "name": name, "labels": {"app": name, **labels}}
-    if owners:
-        meta["ownerReferences"] = owners
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"nodeName": node, "containers": [{"name": "main"}]},
-            "status": {"phase": "Running", "podIP": addr, "podIPs": [{"ip": addr}]}}
-
-
 def _service(name: str, cluster_ip: str, addr: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "churn", "name": name},
-           "spec": {"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
-                    "ipFamilies": ["IPv4"], "selector": {"app": name},
-                    "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}
-    sl = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-          "metadata": {"namespace": "churn", "name": f"{name}-abcde",
-                       "labels": {"kubernetes.io/service-name": name,
-                                  "endpointslice.kubernetes.io/managed-by":
-                                      "endpointslice-controller.k8s.io"}},
-          "endpoints": [{"addresses": [addr], "nodeName": "node-0", "zone": "zone-a",
-                         "conditions": {"ready": True, "serving": True, "terminating": False}}],
-          "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}
+    svc = k8s.service(name, "churn", cluster_ip=cluster_ip)
+    sl = k8s.endpointslice(f"{name}-abcde", name, [k8s.endpoint(addr, "zone-a", "node-0")], namespace="churn")
     return svc, sl
 
 
@@ -424,9 +392,7 @@ def churn(pods: int, retention: float, lifetime: float = 60.0, interval: float =
     for i in range(pods):
         name = f"batch-{i}"
         addr = ipaddress.IPv4Address(0x0AF40000 + 0x100 + i)  # 10.244.1.0 + i
-        owners = ([{"apiVersion": "batch/v1", "kind": "Job", "name": name, "controller": True}]
-                  if kind == "job" else None)
-        pod = _pod(name, NODE, str(addr), {}, owners)
+        pod = k8s.pod(name, str(addr), NODE, namespace="churn", owner=("Job", name) if kind == "job" else None)
         svc, sl = _service(name, str(ipaddress.IPv4Address(0x0A600000 + 1 + i % 60000)), str(addr))
         for res, obj in (("pods", pod), ("services", svc), ("endpointslices", sl)):
             cache.apply(res, "ADDED", obj)
@@ -541,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in args.services:
             b = next(r["bound"] for r in rows if r["services"] == s)
             print(f"bound at {s} Services, {args.zones} zones: "
-                  + " ".join(f"{k}={b[f]}" for k, f in zip(SHORT, FAMILIES)))
+                  + " ".join(f"{k}={b[f]}" for k, f in zip(SHORT, FAMILIES, strict=True)))
     return 1 if any(r["leaks"] for r in rows) else 0
 
 

@@ -21,8 +21,8 @@ Checks at the end (both :func:`main` and ``tests/e2e/test_churn.py``):
 * no unattributed bytes.
 
 Usage (root):
-    python bench/soak.py                      # 600 s, a replacement every 5 s (<= 150)
-    python bench/soak.py --duration 60 --every 3 -o json
+    python -m bench.soak                      # 600 s, a replacement every 5 s (<= 150)
+    python -m bench.soak --duration 60 --every 3 -o json
 
 Figures go to BENCHMARKS.md (*Soak*).
 """
@@ -30,6 +30,7 @@ Figures go to BENCHMARKS.md (*Soak*).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -40,13 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from prometheus_client.parser import text_string_to_metric_families
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from tools.demo.run import DemoOptions, DemoRun  # noqa: E402
-from tools.demo.topology import parse_demo  # noqa: E402
-from tools.lab import FlowHandle  # noqa: E402
+from tools.demo.run import DemoOptions, DemoRun
+from tools.demo.topology import parse_demo
+from tools.lab import FlowHandle
 
 CHURN_TOPOLOGY = """\
 zones: [{name: za}, {name: zb}]
@@ -191,7 +190,7 @@ class ChurnRun:
         self.reused = 0
         self.failed = 0
 
-    def __enter__(self) -> "ChurnRun":
+    def __enter__(self) -> ChurnRun:
         self.run.build()
         return self
 
@@ -366,7 +365,7 @@ def summarize(res: ChurnResult, duration: float) -> dict[str, Any]:
     for node, ss in res.samples.items():
         rss = [s.rss_bytes / 2**20 for s in ss]
         cpu = [(b.cpu_seconds - a.cpu_seconds) / (b.t - a.t) * 100
-               for a, b in zip(ss, ss[1:]) if b.t > a.t]
+               for a, b in itertools.pairwise(ss) if b.t > a.t]
         agents[node] = {
             "samples": len(ss),
             "rss_mib_each_minute": [round(s.rss_bytes / 2**20, 1) for s in ss
@@ -383,7 +382,8 @@ def summarize(res: ChurnResult, duration: float) -> dict[str, Any]:
                             "last": round(cpu[-1], 1) if cpu else None,
                             "max": round(max(cpu), 1) if cpu else None,
                             "slope_pct_per_min": round(slope(
-                                ((a.t + b.t) / 120, c) for a, b, c in zip(ss, ss[1:], cpu)), 3)},
+                                ((a.t + b.t) / 120, c)
+                                for (a, b), c in zip(itertools.pairwise(ss), cpu, strict=False)), 3)},
         }
     return {
         "duration_seconds": duration,

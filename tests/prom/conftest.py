@@ -1,3 +1,3 @@
-"""Fixtures of the real-Prometheus tests: see :mod:`tests.prom.promdata`."""
+"""Fixtures of the real-Prometheus tests: see :mod:`tests.fixtures.promdata`."""
 
-from tests.prom.promdata import prometheus_url  # noqa: F401  (a pytest fixture)
+from tests.fixtures.promdata import prometheus_url  # noqa: F401  (a pytest fixture)

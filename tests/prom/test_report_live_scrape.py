@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.cli import main
-from tests.prom.promdata import running_prometheus, scrape_config
+from tests.fixtures.promdata import running_prometheus, scrape_config
 from tools.report.prom import PromClient
 
 SAME = 1_000_000          # same-zone bytes added per scrape, both phases

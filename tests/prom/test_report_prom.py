@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from tests.prom.promdata import CHANGE, END, T0, WITHDRAWN
-from tools.report.compute import (ServiceKey, report_for_windows, report_per_service,
-                                  scrape_interval)
+from tests.fixtures.promdata import CHANGE, END, T0, WITHDRAWN
+from tools.report.compute import ServiceKey, report_for_windows, scrape_interval
 from tools.report.pricing import parse_price
 from tools.report.prom import PromClient
 from tools.report.timespec import Window, format_time
