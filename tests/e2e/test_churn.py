@@ -27,10 +27,23 @@ pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="the lab and the agents need root")]
 
 
+def _wait_until_every_api_pod_sent(cr: ChurnRun, timeout: float = 15.0) -> None:
+    """Wait until the lab counted request bytes from every first-generation ``api`` pod to
+    its ``db``: each old owner of an address must have bytes of its own before it goes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sent = {c for (c, s, d), n in cr.lab.ground_truth().items()
+                if s.startswith("db-") and d == "request" and n > 0}
+        if all(pod in sent for pod in cr.api.values()):
+            return
+        assert time.monotonic() < deadline, f"api pods without bytes: {set(cr.api.values()) - sent}"
+        time.sleep(0.2)
+
+
 def test_rolling_update_with_address_reuse_attributes_every_byte(tmp_path: Path) -> None:
     with ChurnRun(tmp_path, interval=1.0) as cr:
         cr.start_traffic(22)
-        time.sleep(1.5)
+        _wait_until_every_api_pod_sent(cr)
         for slot in range(1, 7):
             assert cr.replace_api(slot, f"api-v2-{slot}"), slot  # same address
         assert cr.traffic_running()  # the last new pods still send

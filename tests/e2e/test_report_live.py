@@ -100,6 +100,19 @@ def _wait_for_scrapes(url: str, targets: list[str], timeout: float = 30.0) -> No
         time.sleep(0.3)
 
 
+def _wait_for_scrape_after(url: str, targets: list[str], t: float, timeout: float = 10.0) -> None:
+    """Wait until Prometheus stored a scrape of every target at or after ``t``, so the
+    samples at or before ``t`` that ``increase()`` over a window ending at ``t`` reads are
+    all in (a scrape is stored once it completes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = time.time()
+        if all(prom.scrape_times(url, target, t, now) for target in targets):
+            return
+        assert time.monotonic() < deadline, f"Prometheus stored no scrape after {t:.3f}"
+        time.sleep(0.2)
+
+
 def _gt(first: ServiceTruth, last: ServiceTruth) -> tuple[int, int]:
     """(all bytes, cross-zone bytes) the lab counted between two readings."""
     return (sum(last.bytes.values()) - sum(first.bytes.values()),
@@ -136,7 +149,7 @@ def test_report_through_a_live_flip(lab: DemoCluster, tmp_path: Path,
             finally:
                 for h in handles:
                     h.stop()
-            time.sleep(2 * INTERVAL)  # the scrape at or before d is stored
+            _wait_for_scrape_after(url, fleet.targets(), d)
             code = main(["report", "--prometheus", url, "-o", "json",
                          "--before", f"{a:.3f}..{b:.3f}", "--after", f"{c:.3f}..{d:.3f}"])
             out, err = capsys.readouterr()
