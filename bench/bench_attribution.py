@@ -6,7 +6,7 @@ then feeds one node's :class:`agent.attribution.Attributor` batches of synthetic
 the mix a node's datapath drains: Service requests and responses at local endpoints from
 clients anywhere in the cluster, client-side ClusterIP copies, pod-to-pod, pod-to-node and
 pod-to-external traffic. Each batch uses fresh flows (the per-call caches start cold for
-remote addresses, as after a real drain). Target: >= 200,000 deltas/s (issue 4, item 9).
+remote addresses, as after a real drain). Target: >= 200,000 deltas/s.
 
 Usage:
     python -m bench.bench_attribution [--pods 150000] [--nodes 5000] [--services 10000]

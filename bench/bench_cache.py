@@ -14,7 +14,7 @@ Usage:
     python -m bench.bench_cache --pods 15000 --nodes 500 --services 1000   # quick run
     python -m bench.bench_cache -o json
 
-Targets (issue 4): RSS <= 300 MiB with 150,000 pods, 5,000 nodes, 10,000 Services.
+Targets: RSS <= 300 MiB with 150,000 pods, 5,000 nodes, 10,000 Services.
 """
 
 from __future__ import annotations

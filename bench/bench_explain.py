@@ -1,6 +1,6 @@
 """Benchmark: explain a cluster of 10,000 Services x 50 endpoints over 1,000 nodes.
 
-Target (issue 3): at most 5 s. Measures, in one process and one run:
+Target: at most 5 s. Measures, in one process and one run:
 
 * ``build``: generating the API-shaped dicts (not counted against the target);
 * ``evaluate``: :func:`agent.hints.evaluate_cluster` over the whole cluster (parsing, node

@@ -1,6 +1,6 @@
 """Benchmark: Prometheus series one node's agent exports, as pods and connections grow.
 
-Issue 4 item 9: the series count must not grow with pods or connections, only with
+Target (docs/metrics.md): the series count must not grow with pods or connections, only with
 Services x zone pairs. For each point of a grid (pods, connections per pod, Services,
 zones) this builds a synthetic cluster with the dict-backed ``MetadataView`` /
 ``HintView`` fakes of ``bench/bench_attribution.py`` (imported, not copied), feeds one
@@ -30,7 +30,7 @@ Traffic drained by node-0 in the interval (worst case: every pod is a client her
   for nodes, a CIDR-mapped address in another zone, one in another region, and the
   internet (EGRESS and INGRESS deltas; every connection has a distinct remote address).
 
-Churn mode (issue 8, ``--churn N``): series stay bounded while pods come and go. A real
+Churn mode (``--churn N``): series stay bounded while pods come and go. A real
 ``ClusterMetadata`` cache (API-shaped objects), ``HintModel``, ``Attributor`` with
 ``series_retention`` and the ``MetadataAdapter`` as its object view, on a fake clock: N
 owner-less pods (``--churn-kind job``: each owned by its own Job) replace each other one by

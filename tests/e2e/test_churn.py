@@ -1,4 +1,4 @@
-"""Issue 8 item 3, pod churn: a rolling update of all 6 ``api`` replicas while traffic runs,
+"""Pod churn (docs/reliability.md): a rolling update of all 6 ``api`` replicas while traffic runs,
 each new pod taking the deleted pod's address within about a second; real agents (one per
 lab node, ``--interval 1``) reading the snapshot the lab rewrites.
 

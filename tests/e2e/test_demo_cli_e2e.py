@@ -1,4 +1,4 @@
-"""``zonemeter demo -o json`` as a user runs it: a short run, the issue-5 JSON on stdout,
+"""``zonemeter demo -o json`` as a user runs it: a short run, the summary JSON of docs/demo.md on stdout,
 exit 0, and nothing left behind (no lab namespace, no agent process)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 5 step 1: the lab as a cluster (no agent involved).
+"""The demo lab as a cluster (docs/demo.md) (no agent involved).
 
 The default demo cluster is built for real; the test checks that the EndpointSlices carry
 the hints the controller model computes, that every node's kube-proxy emulation holds

@@ -1,4 +1,4 @@
-"""Issue 5 end to end: real lab traffic, one real ``zonemeter agent`` per node, a real
+"""The demo end to end (docs/demo.md): real lab traffic, one real ``zonemeter agent`` per node, a real
 Prometheus; the agents' numbers against the lab's own nftables counters.
 
 Two runs (module fixtures, to stay within a few minutes on two cores):

@@ -1,4 +1,4 @@
-"""Issue 6, live: Prometheus scrapes the lab's real agents through a change of
+"""``zonemeter report`` live (docs/report.md): Prometheus scrapes the lab's real agents through a change of
 ``trafficDistribution``, and ``zonemeter report`` proves the saving against the lab's own
 counters.
 
