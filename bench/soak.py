@@ -204,9 +204,11 @@ class ChurnRun:
         return str(self.lab.pod_ip(f"db-{NEXT_NODE[node]}"))
 
     def _start_db(self, pod: str) -> None:
-        left = self._end - time.monotonic()
-        if left < 1:
+        if not self._end:  # no traffic (churn_memory): no db flows either
             return
+        # a pod that joins after the traffic's planned end still sends for a second, so
+        # every owner of an address has bytes of its own however long the replacements took
+        left = max(1.0, self._end - time.monotonic())
         self._db_flows[pod] = self.lab.start_flow(
             pod, self._db_of(pod), 5432, "tcp", DB_REQUEST, DB_RESPONSE,
             count=max(1, round(DB_RATE * left)), rate=DB_RATE, timeout=5.0)
