@@ -30,8 +30,11 @@ Usage (as root, from the repository root):
     .venv/bin/python -m bench.bench_datapath [--rounds 7] [--packets 200000] [--rate-rounds N]
         [--drain-rounds N] [--flows N]... [--json]
 
-It builds its own namespaces (``zm<hex>`` prefix, removed at exit) with the kernel tests'
-two-node lab (tests/kernel/_dp_fixtures.py); all traffic stays inside them.
+It builds its own namespaces (``zm<hex>`` prefix, removed at exit) with the lab of
+``tools/lab`` (docs/lab.md): one node ``a``, a client pod ``a1`` and a server pod ``a2`` on it,
+flat routing, dual stack (:data:`BENCH_TOPOLOGY`); all traffic stays inside them. The lab's
+ground-truth table in the server pod and its kube-proxy emulation are there for both
+configurations alike.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from typing import Any
 
 from agent.bpf_types import FlowKey, FlowValue
 from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns
-from tests.kernel._dp_fixtures import MiniLab, pod_ip
+from tools.lab import Lab, Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,6 +66,23 @@ EMPTY_C = b"""
 int empty_prog(struct __sk_buff *skb) { return TC_ACT_UNSPEC; }
 """
 PORT = 8080
+#: the bench's lab: one node, the client pod a1 and the server pod a2 on it (no lab server:
+#: the bench's own sockets listen in a2)
+BENCH_TOPOLOGY = """\
+options: {mode: flat, ipv6: true}
+zones:
+  - {name: zone-a, region: region-1}
+nodes:
+  - {name: a, zone: zone-a, cpu: 4}
+pods:
+  - {name: a1, namespace: bench, node: a, app: client}
+  - {name: a2, namespace: bench, node: a, app: server}
+"""
+
+
+def pod_ip(lab: Lab, pod: str, family: int) -> str:
+    """The pod's address in ``family`` (4 or 6) as text."""
+    return str(lab.pod_ip(pod, family))
 
 # A C sender: Python's per-call overhead would hide a 2% effect in the packet rate.
 # sendmmsg of 64-byte frames to one address; prints the elapsed seconds.
@@ -123,7 +143,9 @@ def set_stats(on: bool) -> None:
 class Bench:
     def __init__(self, packets: int) -> None:
         self.packets = packets
-        self.lab = MiniLab("flat").up()
+        self.state = Path(tempfile.mkdtemp(prefix="zmbench-state"))
+        self.lab = Lab(Topology.from_yaml(BENCH_TOPOLOGY), state_dir=self.state).up()
+        node_ns = self.lab.node_netns("a")
         from bcc import BPF
 
         self.sender = Path(tempfile.mkdtemp(prefix="zmbench")) / "udp_sender"
@@ -132,13 +154,12 @@ class Bench:
         subprocess.run(["gcc", "-O2", "-o", str(self.sender), str(src)], check=True)
         self.empty_bpf = BPF(text=EMPTY_C)
         self.empty_fn = self.empty_bpf.load_func(b"empty_prog", BPF.SCHED_CLS)
-        self.dp = Datapath(DatapathConfig(netns=self.lab.nodes["a"],
-                                          exclude_patterns=(f"{self.lab.prefix}u",)))
+        self.dp = Datapath(DatapathConfig(netns=node_ns, exclude_patterns=(self.lab.uplink("a")[1],)))
         self.dp.attach()
-        self.dp.set_local_endpoints([(pod_ip("a2", f), PORT, p) for f in (4, 6) for p in (6, 17)])
+        self.dp.set_local_endpoints([(pod_ip(self.lab, "a2", f), PORT, p) for f in (4, 6) for p in (6, 17)])
         from pyroute2 import IPRoute
 
-        self.ipr = IPRoute(netns=self.lab.nodes["a"])
+        self.ipr = IPRoute(netns=node_ns)
         self.client_if = self.ipr.link_lookup(ifname=self.lab.host_veth("a1")[1])[0]
         self.server_if = self.ipr.link_lookup(ifname=self.lab.host_veth("a2")[1])[0]
         self.ours = (self.dp._fns["zm_tc_from_pod"], self.dp._fns["zm_tc_to_pod"])
@@ -160,7 +181,7 @@ class Bench:
         ports from PORT: one flow per port at the client's hook); return elapsed seconds."""
         fam = socket.AF_INET if family == 4 else socket.AF_INET6
         payload = b"x" * (64 - 14 - (20 if family == 4 else 40) - 8)
-        dst = (pod_ip("a2", family), PORT)
+        dst = (pod_ip(self.lab, "a2", family), PORT)
         ready = threading.Event()
         stop = threading.Event()
 
@@ -175,13 +196,13 @@ class Bench:
             for s in socks:
                 s.close()
 
-        th = threading.Thread(target=lambda: run_in_netns(self.lab.pod_ns["a2"], sink))
+        th = threading.Thread(target=lambda: run_in_netns(self.lab.pod_netns("a2"), sink))
         th.start()
         ready.wait(30)
 
         try:
             out = subprocess.run(
-                ["ip", "netns", "exec", self.lab.pod_ns["a1"], str(self.sender), dst[0],
+                ["ip", "netns", "exec", self.lab.pod_netns("a1"), str(self.sender), dst[0],
                  str(PORT), str(count), str(len(payload)), str(nports)],
                 check=True, capture_output=True, text=True).stdout
             return float(out)
@@ -190,10 +211,57 @@ class Bench:
             th.join()
 
     def tcp_bulk(self, nbytes: int) -> None:
-        from tests.kernel._dp_fixtures import Flow
+        """One TCP connection client -> server carrying ``nbytes`` (sendall, one byte back)."""
+        dst = (pod_ip(self.lab, "a2", 4), PORT)
+        ready = threading.Event()
+        errors: list[BaseException] = []
 
-        self.lab.run_flow(Flow("a1", "a2", pod_ip("a2", 4), PORT, PORT, "tcp", 4),
-                          request_bytes=nbytes, response_bytes=1, count=1)
+        def serve() -> None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(dst)
+                s.settimeout(30)
+                s.listen(1)
+                ready.set()
+                conn, _ = s.accept()
+                with conn:
+                    got = 0
+                    while got < nbytes:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        got += len(chunk)
+                    conn.sendall(b"r")
+                    conn.shutdown(socket.SHUT_WR)
+                    while conn.recv(65536):
+                        pass
+
+        def client() -> None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.settimeout(30)
+                s.connect(dst)
+                s.sendall(b"q" * nbytes)
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(65536):
+                    pass
+
+        def server_thread() -> None:
+            try:
+                run_in_netns(self.lab.pod_netns("a2"), serve)
+            except BaseException as err:  # noqa: BLE001 - re-raised below, in the caller
+                errors.append(err)
+                ready.set()
+
+        th = threading.Thread(target=server_thread)
+        th.start()
+        ready.wait(30)
+        try:
+            run_in_netns(self.lab.pod_netns("a1"), client)
+        finally:
+            th.join(30)
+        if errors:
+            raise errors[0]
+        time.sleep(0.3)  # last ACKs
 
     def per_packet_ns(self, config: str, traffic: str) -> float:
         fds = self.use(config)
@@ -217,6 +285,7 @@ class Bench:
         self.ipr.close()
         self.dp.close()
         self.lab.down()
+        shutil.rmtree(self.state, ignore_errors=True)
 
 
 def summary(xs: list[float]) -> dict[str, float]:
