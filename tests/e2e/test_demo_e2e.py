@@ -18,7 +18,6 @@ reason equal the hint model's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +26,7 @@ import pytest
 from tools.demo.run import DemoOptions, DemoResult, DemoRun
 from tools.demo.topology import DEFAULT_DEMO_TOPOLOGY, load_demo, parse_demo
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(os.geteuid() != 0, reason="the lab and the agents need root")]
+pytestmark = pytest.mark.e2e
 
 HOSTNET = """\
   - {name: ledger-b1, namespace: shop, node: b1, app: ledger, hostNetwork: true, ports: [{port: 9100, name: http}]}
