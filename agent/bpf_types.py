@@ -46,8 +46,8 @@ class FlowKey(ct.Structure):
         ("kind", ct.c_uint8),
         ("family", ct.c_uint8),
         ("overflow", ct.c_uint8),
-        ("port_local", ct.c_uint8),   # 1: port is the local pod's (EGRESS/INGRESS)
-        ("_pad", ct.c_uint8),
+        ("port_is_local", ct.c_uint8),  # 1: port is the local pod's (EGRESS/INGRESS)
+        ("reserved_39", ct.c_uint8),
     ]
 
 
@@ -77,7 +77,7 @@ class EndpointKey(ct.Structure):
         ("addr", ct.c_uint8 * 16),  # network order, IPv4 mapped
         ("port", ct.c_uint16),      # __be16: network order
         ("proto", ct.c_uint8),
-        ("_pad", ct.c_uint8),
+        ("reserved_19", ct.c_uint8),
     ]
 
 

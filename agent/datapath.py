@@ -916,7 +916,7 @@ def flags_for(config: DatapathConfig, ephemeral: tuple[int, int]) -> list[str]:
 def effective_source() -> str:
     """Return the C the programs are built from: tc.c with its local headers inlined."""
     parts = []
-    for name in ("zonemeter.h", "maps.h", "classify.h", "tc.c"):
+    for name in ("zonemeter.h", "maps.h", "parse.h", "account.h", "classify.h", "tc.c"):
         parts.append(f"/* ---- bpf/{name} ---- */\n" + (BPF_DIR / name).read_text())
     return "\n".join(parts)
 

@@ -56,7 +56,7 @@ from agent.records import FlowDelta, FlowKind, IPAddress
 # struct zm_flow_key read big-endian: each 16-byte address as two big-endian u64 (the
 # address as an integer, high half first), the port in host order, single bytes
 # unaffected; '>' also means no alignment padding, so the two pad bytes are skipped.
-# local hi/lo, remote hi/lo, port, proto, kind, family, overflow, port_local
+# local hi/lo, remote hi/lo, port, proto, kind, family, overflow, port_is_local
 _KEY = struct.Struct(">QQQQHBBBBBx")
 _VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
 assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
@@ -477,7 +477,7 @@ class FlowTables:
         if paused:
             gc.disable()
         try:
-            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_local), (
+            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_is_local), (
                     nbytes, npackets) in zip(
                     _KEY.iter_unpack(keys), _VALUE.iter_unpack(values)):
                 if overflow:
@@ -509,7 +509,7 @@ class FlowTables:
                 d.kind = kinds[kind]
                 d.local = la
                 d.remote = ra
-                if port_local:
+                if port_is_local:
                     d.port = 0
                     d.local_port = port
                 else:

@@ -365,7 +365,7 @@ def test_endpoint_changes_take_effect_within_one_drain_interval(lab: MiniLab) ->
 
 def test_server_side_pod_traffic_keeps_the_local_port(lab: MiniLab) -> None:
     """Pod traffic whose remote port is ephemeral keeps the local pod's (server) port
-    (``port_local``), so attribution can recognise Service traffic to an endpoint the
+    (``port_is_local``), so attribution can recognise Service traffic to an endpoint the
     endpoint map does not hold yet; the client's side keeps the remote port as before."""
     a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
     flow = Flow("a1", "a2", pod_ip("a2", 4), 9400, 9400, "tcp", 4)

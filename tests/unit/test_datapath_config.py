@@ -39,7 +39,7 @@ def test_print_c_shows_flags_and_every_source(capsys: pytest.CaptureFixture[str]
     assert datapath.main(["--print-c", "--capacity", "128"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("/* cflags: ") and "-DZM_FLOW_CAPACITY=128" in out
-    for name in ("zonemeter.h", "maps.h", "classify.h", "tc.c"):
+    for name in ("zonemeter.h", "maps.h", "parse.h", "account.h", "classify.h", "tc.c"):
         assert f"bpf/{name}" in out
     assert "TC_ACT_UNSPEC" in out
 
