@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.datapath import (  # noqa: E402
     ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns)
-from agent.bpf_types import FlowKey, FlowValue  # noqa: E402
+from agent.datapath.abi import FlowKey, FlowValue  # noqa: E402
 from tests.kernel._dp_fixtures import MiniLab, pod_ip  # noqa: E402
 
 EMPTY_C = b"""

@@ -42,7 +42,7 @@ from agent.datapath import (
     run_in_netns,
 )
 from agent.errors import InputError
-from agent.flows import map_info
+from agent.datapath import map_info
 from tests.kernel._dp_fixtures import MiniLab, pod_ip, sh
 from tests.kernel.test_datapath_lifecycle import _filters, _ours
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from test_attribution_cluster import (EPHEMERAL, PROTO, FakeHints, FakeMetadata, endpoint, objects,
+from tests.unit.test_attribution_cluster import (EPHEMERAL, PROTO, FakeHints, FakeMetadata, endpoint, objects,
                                       pod, service, slice_)
 
 from agent.attribution import Attributor
