@@ -1,6 +1,8 @@
 """Datapath lifecycle on a real kernel: coexistence with an existing TC filter, pods
 created after start, overflow with a tiny table, clean exit on SIGTERM, idempotent
-re-attach after a crash. Each test builds its own two-node lab (tests/kernel/_dp_fixtures.py).
+re-attach after a crash. The two-node lab (tests/kernel/_dp_fixtures.py) is built once
+for the tests whose datapaths and agents remove what they attached (``lab``); a test
+that leaves filters or pods of its own gets a fresh one (``fresh_lab``).
 """
 
 from __future__ import annotations
@@ -47,12 +49,26 @@ int cni_egress(struct __sk_buff *skb) { return count(skb, 1); }
 """
 
 
-@pytest.fixture()
-def lab() -> Iterator[MiniLab]:
+def _watched_lab() -> MiniLab:
     lab = MiniLab("flat").up()
     for fam in (4, 6):
         lab.watch_pair(fam, "a1", "a2")
         lab.watch_pair(fam, "a1", "b1")
+    return lab
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[MiniLab]:
+    """One lab for the tests whose datapaths and agents remove what they attached."""
+    lab = _watched_lab()
+    yield lab
+    lab.down()
+
+
+@pytest.fixture()
+def fresh_lab() -> Iterator[MiniLab]:
+    """A lab of its own, for a test that leaves filters or pods behind."""
+    lab = _watched_lab()
     yield lab
     lab.down()
 
@@ -88,26 +104,26 @@ def _ours(netns: str) -> list[tuple[str, int]]:
             for parent, _prio, handle, _ in fl if handle == OUR_HANDLE]
 
 
-def test_existing_filter_still_sees_every_packet(lab: MiniLab) -> None:
+def test_existing_filter_still_sees_every_packet(fresh_lab: MiniLab) -> None:
     from bcc import BPF
     from pyroute2 import IPRoute
 
     cni = BPF(text=CNI_C)
     fns = {p: cni.load_func(n, BPF.SCHED_CLS)
            for p, n in ((PARENT_INGRESS, b"cni_ingress"), (PARENT_EGRESS, b"cni_egress"))}
-    node_ns, host = lab.host_veth("a2")
+    node_ns, host = fresh_lab.host_veth("a2")
     with IPRoute(netns=node_ns) as ipr:  # the "CNI" was there first, returning TC_ACT_OK
         idx = ipr.link_lookup(ifname=host)[0]
         ipr.tc("add", "clsact", idx)
         for parent, fn in fns.items():
             ipr.tc("add-filter", "bpf", idx, 1, fd=fn.fd, name=fn.name.decode(), parent=parent,
                    classid=1, direct_action=True, prio=1, protocol=ETH_P_ALL)
-    with Datapath(_config(lab, "a")) as dp:
+    with Datapath(_config(fresh_lab, "a")) as dp:
         assert host in dp.attach()
-        lab.ground_truth()
+        fresh_lab.ground_truth()
         flow = Flow("a1", "a2", pod_ip("a2", 4), 9090, 9090, "udp", 4)
-        lab.run_flow(flow, request_bytes=5000, response_bytes=3000, count=3)
-        truth = lab.ground_truth()
+        fresh_lab.run_flow(flow, request_bytes=5000, response_bytes=3000, count=3)
+        truth = fresh_lab.ground_truth()
         deltas = dp.drain()
     req_bytes, req_pkts = truth[("a1", "a2", "request")]
     resp_bytes, resp_pkts = truth[("a1", "a2", "response")]
@@ -126,24 +142,24 @@ def test_existing_filter_still_sees_every_packet(lab: MiniLab) -> None:
         [(PARENT_INGRESS, 1, "cni_ingress"), (PARENT_EGRESS, 1, "cni_egress")])
 
 
-def test_pod_created_after_start_is_counted_within_one_second(lab: MiniLab) -> None:
-    with Datapath(_config(lab, "b")) as dp:
+def test_pod_created_after_start_is_counted_within_one_second(fresh_lab: MiniLab) -> None:
+    with Datapath(_config(fresh_lab, "b")) as dp:
         dp.watch()
         t0 = time.monotonic()
-        lab.add_pod_later("b2", "b")
-        host = lab.host_veth("b2")[1]
+        fresh_lab.add_pod_later("b2", "b")
+        host = fresh_lab.host_veth("b2")[1]
         while host not in dp.attached() and time.monotonic() - t0 < 3:
             time.sleep(0.02)
         elapsed = time.monotonic() - t0
         assert host in dp.attached()
         assert elapsed < 1.0, f"attached after {elapsed:.2f} s"
-        lab.watch_pair(4, "a1", "b2")
-        lab.ground_truth()
-        lab.run_flow(Flow("a1", "b2", pod_ip("b2", 4), 9090, 9090, "tcp", 4), 4000, 9000, 2)
-        truth = lab.ground_truth()
+        fresh_lab.watch_pair(4, "a1", "b2")
+        fresh_lab.ground_truth()
+        fresh_lab.run_flow(Flow("a1", "b2", pod_ip("b2", 4), 9090, 9090, "tcp", 4), 4000, 9000, 2)
+        truth = fresh_lab.ground_truth()
         deltas = dp.drain()
         # the pod goes away: its veth disappears (RTM_DELLINK) and is forgotten
-        subprocess.run(["ip", "netns", "del", lab.pod_ns["b2"]], check=True)
+        subprocess.run(["ip", "netns", "del", fresh_lab.pod_ns["b2"]], check=True)
         t0 = time.monotonic()
         while host in dp.attached() and time.monotonic() - t0 < 3:
             time.sleep(0.02)
@@ -305,7 +321,7 @@ def test_draining_during_traffic_loses_nothing(lab: MiniLab) -> None:
     assert len(mine) > 4  # the flow really was split over many drains
 
 
-def test_priority_held_by_another_protocol_is_reported_per_link(lab: MiniLab) -> None:
+def test_priority_held_by_another_protocol_is_reported_per_link(fresh_lab: MiniLab) -> None:
     from bcc import BPF
     from pyroute2 import IPRoute
 
@@ -313,20 +329,20 @@ def test_priority_held_by_another_protocol_is_reported_per_link(lab: MiniLab) ->
 
     other = BPF(text=CNI_C)
     fn = other.load_func(b"cni_egress", BPF.SCHED_CLS)
-    node_ns, host = lab.host_veth("a1")
+    node_ns, host = fresh_lab.host_veth("a1")
     with IPRoute(netns=node_ns) as ipr:  # egress priority 1 taken by an IPv4-only filter
         idx = ipr.link_lookup(ifname=host)[0]
         ipr.tc("add", "clsact", idx)
         ipr.tc("add-filter", "bpf", idx, 1, fd=fn.fd, name="other", parent=PARENT_EGRESS,
                classid=1, direct_action=True, prio=1, protocol=0x0800)
-    with Datapath(_config(lab, "a")) as dp:
+    with Datapath(_config(fresh_lab, "a")) as dp:
         with pytest.raises(RuntimeFailure, match=host):
             dp.attach()
-        assert dp.attached() == (lab.host_veth("a2")[1],)  # the other pod is still attached
+        assert dp.attached() == (fresh_lab.host_veth("a2")[1],)  # the other pod is still attached
         # our ingress filter went in before egress was refused: it was rolled back
         assert (host, PARENT_INGRESS) not in _ours(node_ns)
-    with Datapath(_config(lab, "a", tc_priority=2)) as dp:
-        assert dp.attach() == tuple(sorted(lab.host_veth(p)[1] for p in ("a1", "a2")))
+    with Datapath(_config(fresh_lab, "a", tc_priority=2)) as dp:
+        assert dp.attach() == tuple(sorted(fresh_lab.host_veth(p)[1] for p in ("a1", "a2")))
     assert _ours(node_ns) == []
     assert [n for _, _, _, n in _filters(node_ns)[host]] == ["other"]
 

@@ -1,4 +1,4 @@
-"""Restart without loss (issue 8 item 1) and table pressure (item 4) on a real kernel.
+"""Restart without loss and table pressure on a real kernel.
 
 * An agent (``python -m agent.datapath --pin-path ...``) is killed with SIGKILL while
   traffic flows; the traffic goes on while no agent runs; a second agent reuses the pinned
@@ -37,12 +37,12 @@ from agent.datapath import (
     PINNED_MAPS,
     Datapath,
     DatapathConfig,
+    map_info,
     obj_get,
     on_bpf_fs,
     run_in_netns,
 )
 from agent.errors import InputError
-from agent.datapath import map_info
 from tests.kernel._dp_fixtures import MiniLab, pod_ip, sh
 from tests.kernel.test_datapath_lifecycle import _filters, _ours
 
@@ -71,8 +71,9 @@ def pin_dir() -> Iterator[str]:
         os.rmdir(mnt)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def lab() -> Iterator[MiniLab]:
+    """One lab for this module: each test removes the filters and pins it left (cleanup)."""
     lab = MiniLab("flat").up()
     lab.watch_pair(4, "a1", "a2")
     yield lab
@@ -135,7 +136,7 @@ class Traffic:
             time.sleep(0.2)  # let the last echoes arrive before the socket goes
             s.close()
 
-    def start(self) -> "Traffic":
+    def start(self) -> Traffic:
         for th in self._threads:
             th.start()
         return self

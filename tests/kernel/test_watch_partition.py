@@ -1,4 +1,4 @@
-"""API outage by network partition (issue 8): the API server's packets stop arriving, no
+"""API outage by network partition: the API server's packets stop arriving, no
 FIN, no RST. Until the watch notices, the metadata counts as synced while it goes stale.
 
 The watch loop and a tiny API server (list answers, then a watch that stays open and
