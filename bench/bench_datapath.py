@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 from agent.datapath import (  # noqa: E402
     ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns)
 from agent.datapath.abi import FlowKey, FlowValue  # noqa: E402
-from tests.kernel._dp_fixtures import MiniLab, pod_ip  # noqa: E402
+from tests.kernel._dp_fixtures import Flow, datapath_config, exchange, pod_ip, two_node_lab  # noqa: E402
 
 EMPTY_C = b"""
 #include <uapi/linux/bpf.h>
@@ -125,7 +125,7 @@ def set_stats(on: bool) -> None:
 class Bench:
     def __init__(self, packets: int) -> None:
         self.packets = packets
-        self.lab = MiniLab("flat").up()
+        self.lab = two_node_lab()
         from bcc import BPF
 
         self.sender = Path(tempfile.mkdtemp(prefix="zmbench")) / "udp_sender"
@@ -134,13 +134,12 @@ class Bench:
         subprocess.run(["gcc", "-O2", "-o", str(self.sender), str(src)], check=True)
         self.empty_bpf = BPF(text=EMPTY_C)
         self.empty_fn = self.empty_bpf.load_func(b"empty_prog", BPF.SCHED_CLS)
-        self.dp = Datapath(DatapathConfig(netns=self.lab.nodes["a"],
-                                          exclude_patterns=(f"{self.lab.prefix}u",)))
+        self.dp = Datapath(datapath_config(self.lab, "a"))
         self.dp.attach()
-        self.dp.set_local_endpoints([(pod_ip("a2", f), PORT, p) for f in (4, 6) for p in (6, 17)])
+        self.dp.set_local_endpoints([(pod_ip(self.lab, "a2", f), PORT, p) for f in (4, 6) for p in (6, 17)])
         from pyroute2 import IPRoute
 
-        self.ipr = IPRoute(netns=self.lab.nodes["a"])
+        self.ipr = IPRoute(netns=self.lab.node_netns("a"))
         self.client_if = self.ipr.link_lookup(ifname=self.lab.host_veth("a1")[1])[0]
         self.server_if = self.ipr.link_lookup(ifname=self.lab.host_veth("a2")[1])[0]
         self.ours = (self.dp._fns["zm_tc_from_pod"], self.dp._fns["zm_tc_to_pod"])
@@ -162,7 +161,7 @@ class Bench:
         ports from PORT: one flow per port at the client's hook); return elapsed seconds."""
         fam = socket.AF_INET if family == 4 else socket.AF_INET6
         payload = b"x" * (64 - 14 - (20 if family == 4 else 40) - 8)
-        dst = (pod_ip("a2", family), PORT)
+        dst = (pod_ip(self.lab, "a2", family), PORT)
         ready = threading.Event()
         stop = threading.Event()
 
@@ -177,13 +176,13 @@ class Bench:
             for s in socks:
                 s.close()
 
-        th = threading.Thread(target=lambda: run_in_netns(self.lab.pod_ns["a2"], sink))
+        th = threading.Thread(target=lambda: run_in_netns(self.lab.pod_netns("a2"), sink))
         th.start()
         ready.wait(30)
 
         try:
             out = subprocess.run(
-                ["ip", "netns", "exec", self.lab.pod_ns["a1"], str(self.sender), dst[0],
+                ["ip", "netns", "exec", self.lab.pod_netns("a1"), str(self.sender), dst[0],
                  str(PORT), str(count), str(len(payload)), str(nports)],
                 check=True, capture_output=True, text=True).stdout
             return float(out)
@@ -192,10 +191,8 @@ class Bench:
             th.join()
 
     def tcp_bulk(self, nbytes: int) -> None:
-        from tests.kernel._dp_fixtures import Flow
-
-        self.lab.run_flow(Flow("a1", "a2", pod_ip("a2", 4), PORT, PORT, "tcp", 4),
-                          request_bytes=nbytes, response_bytes=1, count=1)
+        exchange(self.lab, Flow("a1", "a2", pod_ip(self.lab, "a2", 4), PORT, PORT, "tcp", 4),
+                 request_bytes=nbytes, response_bytes=1, count=1)
 
     def per_packet_ns(self, config: str, traffic: str) -> float:
         fds = self.use(config)

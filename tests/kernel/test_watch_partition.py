@@ -16,8 +16,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -260,8 +260,9 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
                 netns_mod().create(ns)
                 sysctl(ns, POD_SYSCTLS)
                 self._build_pod(pod)
-                disable_offloads(ns, ["eth0"])
-                disable_offloads(self.node_netns(pod.node), [self.host_veth(pod.name)[1]])
+                if not self.topology.options.offloads:
+                    disable_offloads(ns, ["eth0"])
+                    disable_offloads(self.node_netns(pod.node), [self.host_veth(pod.name)[1]])
             if pod.ports:
                 self._install_ground_truth(pod)
                 self._start_servers([pod])

@@ -126,6 +126,11 @@ class LabNamespaces:
 
     # ------------------------------------------------------------------ building
 
+    def _one_skb_one_packet(self) -> dict[str, int]:
+        """Return the link attributes that make one skb one wire packet: ``gso_max_segs``
+        1 (``tcp_tso_segs`` then builds one MSS per skb), or none with ``offloads``."""
+        return {} if self.topology.options.offloads else {"gso_max_segs": 1}
+
     def _build_fabric(self) -> None:
         opt = self.topology.options
         ns = open_ns(self.fabric_netns)
@@ -139,14 +144,17 @@ class LabNamespaces:
                 ns.link("add", ifname=fab, kind="veth",
                         peer={"ifname": up, "net_ns_fd": self.node_netns(n.name)})
                 idx = ns.link_lookup(ifname=fab)[0]
-                ns.link("set", index=idx, mtu=opt.mtu, gso_max_segs=1, master=br_idx, state="up")
+                ns.link("set", index=idx, mtu=opt.mtu, **self._one_skb_one_packet(), master=br_idx, state="up")
         finally:
             ns.close()
 
     def _disable_all_offloads(self) -> None:
-        """Turn offloads off on every link of the lab: one skb == one wire packet."""
+        """Turn offloads off on every link of the lab: one skb == one wire packet (unless
+        the topology keeps them, ``options.offloads``)."""
         topo = self.topology
         opt = topo.options
+        if opt.offloads:
+            return
         for n in topo.nodes:
             links = [self.uplink(n.name)[1]] + [self.host_veth(p.name)[1]
                                                 for p in topo.pods_on(n.name)

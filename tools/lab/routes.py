@@ -77,14 +77,14 @@ class LabAddressing(LabNamespaces):
             if node.ip6 is not None:
                 ns.addr("add", index=up_idx, address=str(node.ip6),
                         prefixlen=opt.node_cidr_v6.prefixlen)
-            ns.link("set", index=up_idx, mtu=opt.mtu, gso_max_segs=1, state="up")
+            ns.link("set", index=up_idx, mtu=opt.mtu, **self._one_skb_one_packet(), state="up")
             dev_idx = up_idx
             if opt.mode == "vxlan":
                 vx = f"{self.prefix}x"
                 ns.link("add", ifname=vx, kind="vxlan", vxlan_id=opt.vni, vxlan_link=up_idx,
                         vxlan_local=str(node.ip), vxlan_port=4789)
                 dev_idx = ns.link_lookup(ifname=vx)[0]
-                ns.link("set", index=dev_idx, mtu=opt.pod_mtu, gso_max_segs=1)
+                ns.link("set", index=dev_idx, mtu=opt.pod_mtu, **self._one_skb_one_packet())
                 assert node.overlay_ip is not None
                 ns.addr("add", index=dev_idx, address=str(node.overlay_ip),
                         prefixlen=opt.overlay_cidr.prefixlen)
@@ -122,7 +122,7 @@ class LabAddressing(LabNamespaces):
             nns.link("add", ifname=host, kind="veth",
                      peer={"ifname": "eth0", "net_ns_fd": pod_ns_name})
             h_idx = nns.link_lookup(ifname=host)[0]
-            nns.link("set", index=h_idx, mtu=opt.pod_mtu, gso_max_segs=1, state="up")
+            nns.link("set", index=h_idx, mtu=opt.pod_mtu, **self._one_skb_one_packet(), state="up")
             host_mac = nns.get_links(h_idx)[0].get_attr("IFLA_ADDRESS")
             nns.route("add", dst=f"{pod.ip}/32", oif=h_idx, scope=253)
             if pod.ip6 is not None:
@@ -134,7 +134,7 @@ class LabAddressing(LabNamespaces):
             lo = pns.link_lookup(ifname="lo")[0]
             pns.link("set", index=lo, state="up")
             e_idx = pns.link_lookup(ifname="eth0")[0]
-            pns.link("set", index=e_idx, mtu=opt.pod_mtu, gso_max_segs=1)
+            pns.link("set", index=e_idx, mtu=opt.pod_mtu, **self._one_skb_one_packet())
             pns.addr("add", index=e_idx, address=str(pod.ip), prefixlen=32)
             if pod.ip6 is not None:
                 pns.addr("add", index=e_idx, address=str(pod.ip6), prefixlen=128)
