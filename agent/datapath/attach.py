@@ -237,6 +237,8 @@ class Datapath:
     # -- attach / detach ----------------------------------------------------------------
 
     def _attach_link(self, index: int, name: str) -> None:
+        """Put both programs on link ``index`` (clsact created when missing); on any error
+        remove what was added and re-raise the pyroute2 NetlinkError."""
         ipr = self._ipr()
         try:
             ipr.tc("add", "clsact", index)
@@ -263,6 +265,8 @@ class Datapath:
         log.info("attached to %s (ifindex %d)", name, index)
 
     def _detach_link(self, index: int) -> None:
+        """Remove our filters from link ``index`` (and the clsact qdisc we created, when
+        nothing else is left on it); a link already gone is no error."""
         ipr = self._ipr()
         for parent, _ in _PROGRAMS:
             try:
@@ -365,6 +369,8 @@ class Datapath:
         ready.wait(5)
 
     def _watch_loop(self, ready: threading.Event) -> None:
+        """Body of the link watcher thread (see :meth:`watch`); sets ``ready`` after the
+        first scan. Returns when :meth:`close` stops it; logs and returns on any error."""
         from pyroute2 import IPRoute
         from pyroute2.netlink.rtnl import RTMGRP_LINK
 

@@ -98,6 +98,7 @@ def _parse_endpoint(text: str) -> tuple[str, int, int]:
 
 
 def _main(args: argparse.Namespace) -> int:
+    """Run the debug command for parsed ``args``; returns the exit code (0)."""
     config = DatapathConfig(netns=args.netns, flow_capacity=args.capacity,
                             interface_patterns=tuple(args.interface),
                             exclude_patterns=tuple(args.exclude), pin_path=args.pin_path)
