@@ -191,13 +191,13 @@ def test_pod_created_after_start_is_counted_within_one_second(fresh_lab: Lab,
                  4000, 9000, 2)
         truth = fresh_pairs.read()
         deltas = dp.drain()
+        b2 = ipaddress.ip_address(pod_ip(fresh_lab, "b2", 4))
         # the pod goes away: its veth disappears (RTM_DELLINK) and is forgotten
         fresh_lab.remove_pod("b2")
         t0 = time.monotonic()
         while host in dp.attached() and time.monotonic() - t0 < 3:
             time.sleep(0.02)
         assert host not in dp.attached()
-    b2 = ipaddress.ip_address(pod_ip(fresh_lab, "b2", 4))
     got = {k: sum(d.bytes for d in deltas if d.local == b2 and d.kind is k)
            for k in (FlowKind.INGRESS, FlowKind.EGRESS)}
     assert got[FlowKind.INGRESS] == truth[("a1", "b2", "request")][0] > 0
