@@ -39,7 +39,7 @@ from agent import exporter as ex
 from agent.adapters import HintModel, MetadataAdapter
 from agent.attribution import AttributionTotals, Attributor
 from agent.errors import InputError, RuntimeFailure
-from agent.flows import TableStats
+from agent.datapath import TableStats
 from agent.hints import DEFAULT_VERSION
 from agent.k8s.cache import ClusterMetadata
 from agent.records import FlowDelta, IPAddress

@@ -54,8 +54,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.bpf_types import FlowKey, FlowValue
 from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns
+from agent.datapath.abi import FlowKey, FlowValue
 from tools.lab import Lab, Topology
 
 ROOT = Path(__file__).resolve().parents[1]

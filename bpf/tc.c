@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * tc.c - clsact programs for the host side of pod veths, loaded by agent/datapath.py.
+ * tc.c - clsact programs for the host side of pod veths, loaded by agent/datapath/attach.py.
  *
  * On the host-side veth, clsact ingress sees packets LEAVING the pod and clsact egress
  * sees packets ENTERING it. Both programs only count: they return TC_ACT_UNSPEC (-1),
@@ -11,7 +11,8 @@
 #include <uapi/linux/pkt_cls.h>
 #include "maps.h"
 
-/* Map accessors required by classify.h (BCC rewrites map.lookup() in this file only). */
+/* Map accessors required by classify.h and account.h (BCC rewrites map.lookup() in this
+ * file only). */
 
 /* Returns the endpoint map value (1) for k, or NULL when k is no local endpoint. */
 static __always_inline __u32 *zm_endpoint_lookup(struct zm_endpoint_key *k)
@@ -54,7 +55,7 @@ static __always_inline struct zm_flow_value *zm_lost_counter(void)
 
 #include "classify.h"
 
-/* Returns ZM_FAMILY_* for an IPv4/IPv6 frame, 0 otherwise (ARP, VLAN in payload...). */
+/* Returns the enum zm_family of an IPv4/IPv6 frame, 0 otherwise (ARP, VLAN in payload...). */
 static __always_inline int zm_tc_family(struct __sk_buff *skb)
 {
 	if (skb->protocol == bpf_htons(ETH_P_IP))

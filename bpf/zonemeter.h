@@ -1,18 +1,24 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * zonemeter.h - structs and maps shared by every zonemeter BPF program.
+ * zonemeter.h - the layout of everything that crosses the kernel/user boundary.
  *
- * One concern per header: this one holds the layout of everything that crosses the
- * kernel/user boundary (mirrored field by field in agent/bpf_types.py, checked by
- * tests/unit/test_bpf_types.py, which compiles this header with plain gcc), maps.h the
- * map definitions, classify.h the logic.
+ * Mirrored field by field in agent/datapath/abi.py. Every struct below carries
+ * _Static_assert on its size and on the offset of every field Python reads, so a layout
+ * change fails the build here first; tests/unit/datapath/test_abi.py compiles this header
+ * with plain gcc, measures sizeof/offsetof and also reads these assertions, and checks
+ * both against the ctypes mirror. Reserved bytes are named fields (reserved_<offset>,
+ * as cilium's bpf/lib names its padding), always 0: a field that takes their place is a
+ * visible layout change (bump ZM_LAYOUT_VERSION).
+ *
+ * The other headers, one concern each: maps.h the maps, parse.h the packet parser,
+ * classify.h the classification, account.h the counting (docs/datapath.md).
  *
  * Addresses are 16 bytes in network byte order; IPv4 addresses are stored in their
  * IPv4-mapped IPv6 form (::ffff:a.b.c.d, RFC 4291 2.5.5.2) so one key type serves both
  * families and an IPv4 key can never equal an IPv6 key. Ports are __be16 (network byte
  * order). Counters are host byte order __u64.
  *
- * Options (pass as -D defines, agent/datapath.py does):
+ * Options (pass as -D defines, agent/datapath/config.py flags_for does):
  *   ZM_FLOW_CAPACITY      flow entries per table before bytes go to the overflow entries
  *   ZM_ENDPOINT_CAPACITY  local endpoints (address, port, protocol) the agent may write
  *   ZM_EPHEMERAL_MIN/MAX  ephemeral port range, host byte order, inclusive: a remote port
@@ -52,39 +58,64 @@
  * both flow tables, so a table holds ZM_FLOW_CAPACITY flows plus these. */
 #define ZM_OVERFLOW_SLOTS 8
 
-/* enum zm_kind: values of zm_flow_key.kind (agent.records.FlowKind). */
-#define ZM_KIND_REQUEST  0 /* into a local Service endpoint */
-#define ZM_KIND_RESPONSE 1 /* out of a local Service endpoint */
-#define ZM_KIND_EGRESS   2 /* non-Service, leaving a local pod */
-#define ZM_KIND_INGRESS  3 /* non-Service, entering a local pod */
-
-#define ZM_FAMILY_INET  4
-#define ZM_FAMILY_INET6 6
-
-/* Key of a flow entry. 40 bytes, no implicit padding; zeroed before use so the padding
- * bytes never carry garbage into the hash. */
-struct zm_flow_key {
-	__u8 local[16];  /* 0:  this node's side: endpoint (REQUEST/RESPONSE) or pod; network order */
-	__u8 remote[16]; /* 16: the peer: client (REQUEST/RESPONSE) or other side; network order */
-	__be16 port;     /* 32: endpoint port (REQUEST/RESPONSE); EGRESS/INGRESS: the remote port,
-	                  * or the local pod's port when port_local is 1, or 0 */
-	__u8 proto;      /* 34: IP protocol number (IPPROTO_TCP 6, UDP 17, SCTP 132, others) */
-	__u8 kind;       /* 35: ZM_KIND_* */
-	__u8 family;     /* 36: ZM_FAMILY_INET or ZM_FAMILY_INET6 */
-	__u8 overflow;   /* 37: 1 for the per-(kind, family) overflow entry: addresses, port, proto 0 */
-	__u8 port_local; /* 38: EGRESS/INGRESS only: 1 when the remote port is ephemeral and port
-	                  * holds the local pod's (server) port instead, so the agent can still
-	                  * recognise Service traffic to an endpoint it had not yet written to
-	                  * zm_endpoints when the packet passed (was padding, always 0, in
-	                  * layout 2's first programs: old entries read as port_local 0) */
-	__u8 _pad;       /* 39: always 0 */
+/* Values of zm_flow_key.kind (agent.records.FlowKind, in this order). */
+enum zm_kind {
+	ZM_KIND_REQUEST = 0,  /* into a local Service endpoint */
+	ZM_KIND_RESPONSE = 1, /* out of a local Service endpoint */
+	ZM_KIND_EGRESS = 2,   /* non-Service, leaving a local pod */
+	ZM_KIND_INGRESS = 3,  /* non-Service, entering a local pod */
 };
+
+/* Values of zm_flow_key.family: the IP version. */
+enum zm_family {
+	ZM_FAMILY_INET = 4,
+	ZM_FAMILY_INET6 = 6,
+};
+
+/* Size and field offset checks: the numbers Python's mirror relies on, stated here. */
+#define ZM_ASSERT_SIZE(type, size) \
+	_Static_assert(sizeof(struct type) == (size), "sizeof(struct " #type ") != " #size)
+#define ZM_ASSERT_OFFSET(type, field, off)                                  \
+	_Static_assert(__builtin_offsetof(struct type, field) == (off), \
+		       "offsetof(struct " #type ", " #field ") != " #off)
+
+/* Key of a flow entry. 40 bytes, no implicit padding; zeroed before use so no byte
+ * carries garbage into the hash. */
+struct zm_flow_key {
+	__u8 local[16];     /* 0:  this node's side: endpoint (REQUEST/RESPONSE) or pod; network order */
+	__u8 remote[16];    /* 16: the peer: client (REQUEST/RESPONSE) or other side; network order */
+	__be16 port;        /* 32: endpoint port (REQUEST/RESPONSE); EGRESS/INGRESS: the remote port,
+	                     * or the local pod's port when port_is_local is 1, or 0 */
+	__u8 proto;         /* 34: IP protocol number (IPPROTO_TCP 6, UDP 17, SCTP 132, others) */
+	__u8 kind;          /* 35: enum zm_kind */
+	__u8 family;        /* 36: enum zm_family */
+	__u8 overflow;      /* 37: 1 for the per-(kind, family) overflow entry: addresses, port, proto 0 */
+	__u8 port_is_local; /* 38: EGRESS/INGRESS only: 1 when the remote port is ephemeral and port
+	                     * holds the local pod's (server) port instead, so the agent can still
+	                     * recognise Service traffic to an endpoint it had not yet written to
+	                     * zm_endpoints when the packet passed (was padding, always 0, in
+	                     * layout 2's first programs: old entries read as 0) */
+	__u8 reserved_39;   /* 39: always 0 */
+};
+ZM_ASSERT_SIZE(zm_flow_key, 40);
+ZM_ASSERT_OFFSET(zm_flow_key, local, 0);
+ZM_ASSERT_OFFSET(zm_flow_key, remote, 16);
+ZM_ASSERT_OFFSET(zm_flow_key, port, 32);
+ZM_ASSERT_OFFSET(zm_flow_key, proto, 34);
+ZM_ASSERT_OFFSET(zm_flow_key, kind, 35);
+ZM_ASSERT_OFFSET(zm_flow_key, family, 36);
+ZM_ASSERT_OFFSET(zm_flow_key, overflow, 37);
+ZM_ASSERT_OFFSET(zm_flow_key, port_is_local, 38);
+ZM_ASSERT_OFFSET(zm_flow_key, reserved_39, 39);
 
 /* Value of a flow entry: host byte order, updated with atomic adds. 16 bytes. */
 struct zm_flow_value {
-	__u64 bytes;   /* L3 bytes (IP header included) as on the wire, GSO segments expanded */
-	__u64 packets; /* packets as on the wire (a GSO packet counts gso_segs) */
+	__u64 bytes;   /* 0: L3 bytes (IP header included) as on the wire, GSO segments expanded */
+	__u64 packets; /* 8: packets as on the wire (a GSO packet counts gso_segs) */
 };
+ZM_ASSERT_SIZE(zm_flow_value, 16);
+ZM_ASSERT_OFFSET(zm_flow_value, bytes, 0);
+ZM_ASSERT_OFFSET(zm_flow_value, packets, 8);
 
 /* One slot of the per-CPU flow cache (zm_cache_a/b): the last flow this CPU counted whose
  * key hashed to the slot, and what it counted since the flow entered the slot and that
@@ -95,13 +126,22 @@ struct zm_cache_slot {
 	__u64 bytes;            /* 40: host order, as zm_flow_value.bytes */
 	__u64 packets;          /* 48: host order, as zm_flow_value.packets */
 };
+ZM_ASSERT_SIZE(zm_cache_slot, 56);
+ZM_ASSERT_OFFSET(zm_cache_slot, key, 0);
+ZM_ASSERT_OFFSET(zm_cache_slot, bytes, 40);
+ZM_ASSERT_OFFSET(zm_cache_slot, packets, 48);
 
 /* Key of the local endpoint map: a Service endpoint on this node. 20 bytes. */
 struct zm_endpoint_key {
-	__u8 addr[16]; /* 0:  endpoint address, network order, IPv4 as ::ffff:a.b.c.d */
-	__be16 port;   /* 16: endpoint (target) port, network order */
-	__u8 proto;    /* 18: IP protocol number */
-	__u8 _pad;     /* 19: always 0 */
+	__u8 addr[16];    /* 0:  endpoint address, network order, IPv4 as ::ffff:a.b.c.d */
+	__be16 port;      /* 16: endpoint (target) port, network order */
+	__u8 proto;       /* 18: IP protocol number */
+	__u8 reserved_19; /* 19: always 0 */
 };
+ZM_ASSERT_SIZE(zm_endpoint_key, 20);
+ZM_ASSERT_OFFSET(zm_endpoint_key, addr, 0);
+ZM_ASSERT_OFFSET(zm_endpoint_key, port, 16);
+ZM_ASSERT_OFFSET(zm_endpoint_key, proto, 18);
+ZM_ASSERT_OFFSET(zm_endpoint_key, reserved_19, 19);
 
 #endif /* ZONEMETER_H */

@@ -1,4 +1,4 @@
-"""Issue 8 item 1 at agent level: ``zonemeter agent --pin-path`` survives ``kill -9``.
+"""Restart without loss at agent level: ``zonemeter agent --pin-path`` survives ``kill -9``.
 
 Two real agents (lab nodes a1 and b1, the endpoints' nodes) with pinned flow tables count
 traffic that keeps flowing through the ClusterIP. Each is killed with SIGKILL right after a

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.datapath import Datapath, DatapathConfig
 from agent.attribution import counted_here
+from agent.datapath import Datapath, DatapathConfig
 from agent.records import FlowKind, IPAddress
 
 pytestmark = pytest.mark.kernel

@@ -1,6 +1,8 @@
 """Datapath lifecycle on a real kernel: coexistence with an existing TC filter, pods
 created after start, overflow with a tiny table, clean exit on SIGTERM, idempotent
-re-attach after a crash. Each test builds its own two-node lab (tests/kernel/_dp_fixtures.py).
+re-attach after a crash. The two-node lab (tests/kernel/_dp_fixtures.py) is built once
+for the tests whose datapaths and agents remove what they attached (``lab``); a test
+that leaves filters or pods of its own gets a fresh one (``fresh_lab``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import pytest
 
 from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig
 from agent.records import FlowKind
-from tests.kernel._dp_fixtures import Flow, MiniLab, pod_ip
+from tests.kernel._dp_fixtures import Flow, PairTruth, datapath_config, exchange, pod_ip, two_node_lab
+from tools.lab import Lab
 
 pytestmark = pytest.mark.kernel
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,18 +50,44 @@ int cni_egress(struct __sk_buff *skb) { return count(skb, 1); }
 """
 
 
-@pytest.fixture()
-def lab() -> Iterator[MiniLab]:
-    lab = MiniLab("flat").up()
+def _watched(lab: Lab) -> PairTruth:
+    pairs = PairTruth(lab)
     for fam in (4, 6):
-        lab.watch_pair(fam, "a1", "a2")
-        lab.watch_pair(fam, "a1", "b1")
+        pairs.watch(fam, "a1", "a2")
+        pairs.watch(fam, "a1", "b1")
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    """One lab for the tests whose datapaths and agents remove what they attached."""
+    lab = two_node_lab()
     yield lab
     lab.down()
 
 
-def _config(lab: MiniLab, node: str, **kw: Any) -> DatapathConfig:
-    return DatapathConfig(netns=lab.nodes[node], exclude_patterns=(f"{lab.prefix}u",), **kw)
+@pytest.fixture(scope="module")
+def pairs(lab: Lab) -> PairTruth:
+    """Ground truth of ``lab`` for (a1, a2) and (a1, b1)."""
+    return _watched(lab)
+
+
+@pytest.fixture()
+def fresh_lab() -> Iterator[Lab]:
+    """A lab of its own, for a test that leaves filters or pods behind."""
+    lab = two_node_lab()
+    yield lab
+    lab.down()
+
+
+@pytest.fixture()
+def fresh_pairs(fresh_lab: Lab) -> PairTruth:
+    """Ground truth of ``fresh_lab`` for (a1, a2) and (a1, b1)."""
+    return _watched(fresh_lab)
+
+
+def _config(lab: Lab, node: str, **kw: Any) -> DatapathConfig:
+    return datapath_config(lab, node, **kw)
 
 
 def _filters(netns: str) -> dict[str, list[tuple[int, int, int, str]]]:
@@ -88,34 +117,34 @@ def _ours(netns: str) -> list[tuple[str, int]]:
             for parent, _prio, handle, _ in fl if handle == OUR_HANDLE]
 
 
-def test_existing_filter_still_sees_every_packet(lab: MiniLab) -> None:
+def test_existing_filter_still_sees_every_packet(fresh_lab: Lab, fresh_pairs: PairTruth) -> None:
     from bcc import BPF
     from pyroute2 import IPRoute
 
     cni = BPF(text=CNI_C)
     fns = {p: cni.load_func(n, BPF.SCHED_CLS)
            for p, n in ((PARENT_INGRESS, b"cni_ingress"), (PARENT_EGRESS, b"cni_egress"))}
-    node_ns, host = lab.host_veth("a2")
+    node_ns, host = fresh_lab.host_veth("a2")
     with IPRoute(netns=node_ns) as ipr:  # the "CNI" was there first, returning TC_ACT_OK
         idx = ipr.link_lookup(ifname=host)[0]
         ipr.tc("add", "clsact", idx)
         for parent, fn in fns.items():
             ipr.tc("add-filter", "bpf", idx, 1, fd=fn.fd, name=fn.name.decode(), parent=parent,
                    classid=1, direct_action=True, prio=1, protocol=ETH_P_ALL)
-    with Datapath(_config(lab, "a")) as dp:
+    with Datapath(_config(fresh_lab, "a")) as dp:
         assert host in dp.attach()
-        lab.ground_truth()
-        flow = Flow("a1", "a2", pod_ip("a2", 4), 9090, 9090, "udp", 4)
-        lab.run_flow(flow, request_bytes=5000, response_bytes=3000, count=3)
-        truth = lab.ground_truth()
+        fresh_pairs.read()
+        flow = Flow("a1", "a2", pod_ip(fresh_lab, "a2", 4), 9090, 9090, "udp", 4)
+        exchange(fresh_lab, flow, request_bytes=5000, response_bytes=3000, count=3)
+        truth = fresh_pairs.read()
         deltas = dp.drain()
     req_bytes, req_pkts = truth[("a1", "a2", "request")]
     resp_bytes, resp_pkts = truth[("a1", "a2", "response")]
     # the CNI filter saw every packet in both directions (our filter returned UNSPEC)
     assert cni[b"seen"][0].value == resp_pkts    # leaving a2
     assert cni[b"seen"][1].value == req_pkts     # entering a2
-    a2 = ipaddress.ip_address(pod_ip("a2", 4))
-    a1 = ipaddress.ip_address(pod_ip("a1", 4))
+    a2 = ipaddress.ip_address(pod_ip(fresh_lab, "a2", 4))
+    a1 = ipaddress.ip_address(pod_ip(fresh_lab, "a1", 4))
     into = [d for d in deltas if d.local == a2 and d.remote == a1 and d.kind is FlowKind.INGRESS]
     out = [d for d in deltas if d.local == a2 and d.remote == a1 and d.kind is FlowKind.EGRESS]
     assert (sum(d.bytes for d in into), sum(d.packets for d in into)) == (req_bytes, req_pkts)
@@ -126,43 +155,63 @@ def test_existing_filter_still_sees_every_packet(lab: MiniLab) -> None:
         [(PARENT_INGRESS, 1, "cni_ingress"), (PARENT_EGRESS, 1, "cni_egress")])
 
 
-def test_pod_created_after_start_is_counted_within_one_second(lab: MiniLab) -> None:
-    with Datapath(_config(lab, "b")) as dp:
+def test_pod_created_after_start_is_counted_within_one_second(fresh_lab: Lab,
+                                                               fresh_pairs: PairTruth) -> None:
+    """Attached within a second of the pod's creation starting. The lab creates the veth
+    early in add_pod and then goes on (offloads, proxy rules), so the wait runs while
+    add_pod does, from the moment it is called."""
+    import threading
+
+    # the lab names a pod's host veth <prefix>p<topology index>: b2 is the 4th pod
+    host = f"{fresh_lab.prefix}p{len(fresh_lab.topology.pods)}"
+    added: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            fresh_lab.add_pod({"name": "b2", "namespace": "default", "node": "b"})
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            added.append(err)
+
+    with Datapath(_config(fresh_lab, "b")) as dp:
         dp.watch()
+        adder = threading.Thread(target=add)
         t0 = time.monotonic()
-        lab.add_pod_later("b2", "b")
-        host = lab.host_veth("b2")[1]
+        adder.start()
         while host not in dp.attached() and time.monotonic() - t0 < 3:
             time.sleep(0.02)
         elapsed = time.monotonic() - t0
+        adder.join(30)
+        assert not added, added
+        assert fresh_lab.host_veth("b2")[1] == host
         assert host in dp.attached()
         assert elapsed < 1.0, f"attached after {elapsed:.2f} s"
-        lab.watch_pair(4, "a1", "b2")
-        lab.ground_truth()
-        lab.run_flow(Flow("a1", "b2", pod_ip("b2", 4), 9090, 9090, "tcp", 4), 4000, 9000, 2)
-        truth = lab.ground_truth()
+        fresh_pairs.watch(4, "a1", "b2")
+        fresh_pairs.read()
+        exchange(fresh_lab, Flow("a1", "b2", pod_ip(fresh_lab, "b2", 4), 9090, 9090, "tcp", 4),
+                 4000, 9000, 2)
+        truth = fresh_pairs.read()
         deltas = dp.drain()
+        b2 = ipaddress.ip_address(pod_ip(fresh_lab, "b2", 4))
         # the pod goes away: its veth disappears (RTM_DELLINK) and is forgotten
-        subprocess.run(["ip", "netns", "del", lab.pod_ns["b2"]], check=True)
+        fresh_lab.remove_pod("b2")
         t0 = time.monotonic()
         while host in dp.attached() and time.monotonic() - t0 < 3:
             time.sleep(0.02)
         assert host not in dp.attached()
-    b2 = ipaddress.ip_address(pod_ip("b2", 4))
     got = {k: sum(d.bytes for d in deltas if d.local == b2 and d.kind is k)
            for k in (FlowKind.INGRESS, FlowKind.EGRESS)}
     assert got[FlowKind.INGRESS] == truth[("a1", "b2", "request")][0] > 0
     assert got[FlowKind.EGRESS] == truth[("a1", "b2", "response")][0] > 0
 
 
-def test_tiny_table_overflow_keeps_totals_exact(lab: MiniLab) -> None:
+def test_tiny_table_overflow_keeps_totals_exact(lab: Lab, pairs: PairTruth) -> None:
     with Datapath(_config(lab, "a", flow_capacity=8)) as dp:
         dp.attach()
-        lab.ground_truth()
+        pairs.read()
         # 24 distinct non-ephemeral ports -> far more than 8 flow keys
         for port in range(9100, 9124):
-            lab.run_flow(Flow("a1", "a2", pod_ip("a2", 4), port, port, "udp", 4), 300, 200, 1)
-        truth = lab.ground_truth()
+            exchange(lab, Flow("a1", "a2", pod_ip(lab, "a2", 4), port, port, "udp", 4), 300, 200, 1)
+        truth = pairs.read()
         deltas = dp.drain()
         stats = dp.stats()
     expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
@@ -178,18 +227,19 @@ def test_tiny_table_overflow_keeps_totals_exact(lab: MiniLab) -> None:
     # a fresh datapath with the same tiny capacity counts exactly again
     with Datapath(_config(lab, "a", flow_capacity=8)) as dp2:
         dp2.attach()
-        lab.ground_truth()
-        lab.run_flow(Flow("a1", "a2", pod_ip("a2", 4), 9200, 9200, "udp", 4), 300, 200, 1)
-        truth = lab.ground_truth()
+        pairs.read()
+        exchange(lab, Flow("a1", "a2", pod_ip(lab, "a2", 4), 9200, 9200, "udp", 4), 300, 200, 1)
+        truth = pairs.read()
         again = dp2.drain()
     expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
     assert sum(d.bytes for d in again if d.local.version == 4) == 2 * expected
 
 
-def _agent(lab: MiniLab, node: str) -> subprocess.Popen[str]:
+def _agent(lab: Lab, node: str) -> subprocess.Popen[str]:
+    ns, uplink = lab.uplink(node)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.datapath", "--netns", lab.nodes[node], "--interval", "0.5",
-         "--exclude", f"{lab.prefix}u"],
+        [sys.executable, "-m", "agent.datapath", "--netns", ns, "--interval", "0.5",
+         "--exclude", uplink],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout is not None
@@ -201,78 +251,79 @@ def _agent(lab: MiniLab, node: str) -> subprocess.Popen[str]:
     return proc
 
 
-def test_sigterm_leaves_no_filter_of_ours(lab: MiniLab) -> None:
+def test_sigterm_leaves_no_filter_of_ours(lab: Lab) -> None:
     proc = _agent(lab, "a")
     try:
-        ours = _ours(lab.nodes["a"])
+        ours = _ours(lab.node_netns("a"))
         assert len(ours) == 4  # two pod veths x (ingress, egress)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert _ours(lab.nodes["a"]) == []
+    assert _ours(lab.node_netns("a")) == []
 
 
-def test_reattach_after_crash_is_idempotent(lab: MiniLab) -> None:
+def test_reattach_after_crash_is_idempotent(lab: Lab, pairs: PairTruth) -> None:
     proc = _agent(lab, "a")
     proc.send_signal(signal.SIGKILL)  # a crash: nothing is cleaned up
     proc.wait(10)
-    assert len(_ours(lab.nodes["a"])) == 4
+    assert len(_ours(lab.node_netns("a"))) == 4
     with Datapath(_config(lab, "a")) as dp:
         dp.attach()
         dp.attach()
-        assert sorted(_ours(lab.nodes["a"])) == sorted(
+        assert sorted(_ours(lab.node_netns("a"))) == sorted(
             (lab.host_veth(p)[1], parent) for p in ("a1", "a2")
             for parent in (PARENT_INGRESS, PARENT_EGRESS))
-        lab.ground_truth()
-        lab.run_flow(Flow("a1", "a2", pod_ip("a2", 6), 9090, 9090, "udp", 6), 2000, 1000, 1)
-        truth = lab.ground_truth()
-        a2 = ipaddress.ip_address(pod_ip("a2", 6))
+        pairs.read()
+        exchange(lab, Flow("a1", "a2", pod_ip(lab, "a2", 6), 9090, 9090, "udp", 6), 2000, 1000, 1)
+        truth = pairs.read()
+        a2 = ipaddress.ip_address(pod_ip(lab, "a2", 6))
         got = sum(d.bytes for d in dp.drain() if d.local == a2 and d.kind is FlowKind.INGRESS
-                  and d.remote == ipaddress.ip_address(pod_ip("a1", 6)))
+                  and d.remote == ipaddress.ip_address(pod_ip(lab, "a1", 6)))
         assert got == truth[("a1", "a2", "request")][0] > 0  # counted once, not twice
-    assert _ours(lab.nodes["a"]) == []
+    assert _ours(lab.node_netns("a")) == []
 
 
 @pytest.mark.parametrize("family,headers", [(4, 20 + 32), (6, 40 + 32)])
 def test_gso_packets_are_counted_as_wire_segments(family: int, headers: int) -> None:
-    """With TSO/GSO on, iptables counts each GSO skb once with its skb->len; the datapath
+    """With TSO/GSO on, the pair counters count each GSO skb once with its skb->len; the datapath
     counts the wire segments: packets = gso_segs and the L3+L4 headers of the
     gso_segs - 1 further segments are added (IP header + TCP header with the 12-byte
     timestamp option, which Linux sends on every segment)."""
-    lab = MiniLab("flat", offload=True).up()
+    lab = two_node_lab(offloads=True)
     try:
-        lab.watch_pair(family, "a1", "a2")
+        pairs = PairTruth(lab)
+        pairs.watch(family, "a1", "a2")
         with Datapath(_config(lab, "a")) as dp:
             dp.attach()
-            lab.ground_truth()
-            lab.run_flow(Flow("a1", "a2", pod_ip("a2", family), 9090, 9090, "tcp", family),
-                         200_000, 300_000, 1)
-            truth = lab.ground_truth()
+            pairs.read()
+            exchange(lab, Flow("a1", "a2", pod_ip(lab, "a2", family), 9090, 9090, "tcp", family),
+                     200_000, 300_000, 1)
+            truth = pairs.read()
             deltas = dp.drain()
     finally:
         lab.down()
-    a1, a2 = (ipaddress.ip_address(pod_ip(p, family)) for p in ("a1", "a2"))
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, family)) for p in ("a1", "a2"))
     for direction, sender, receiver in (("request", a1, a2), ("response", a2, a1)):
-        ipt_bytes, ipt_pkts = truth[("a1", "a2", direction)]
+        truth_bytes, truth_pkts = truth[("a1", "a2", direction)]
         # the sender's veth (EGRESS at the sender) sees each packet once
         ours = [d for d in deltas if d.kind is FlowKind.EGRESS and d.local == sender
                 and d.remote == receiver]
         our_bytes, our_pkts = sum(d.bytes for d in ours), sum(d.packets for d in ours)
-        assert our_pkts > ipt_pkts, "no GSO packet was seen: the test proves nothing"
-        assert our_bytes - ipt_bytes == (our_pkts - ipt_pkts) * headers
+        assert our_pkts > truth_pkts, "no GSO packet was seen: the test proves nothing"
+        assert our_bytes - truth_bytes == (our_pkts - truth_pkts) * headers
 
 
-def test_draining_during_traffic_loses_nothing(lab: MiniLab) -> None:
+def test_draining_during_traffic_loses_nothing(lab: Lab, pairs: PairTruth) -> None:
     """Drains every few milliseconds while packets flow: the sum of all drains equals the
     ground truth, so no increment fell between a read and its delete."""
     import threading
 
     with Datapath(_config(lab, "a")) as dp:
         dp.attach()
-        lab.ground_truth()
-        flow = Flow("a1", "a2", pod_ip("a2", 4), 9090, 9090, "udp", 4)
+        pairs.read()
+        flow = Flow("a1", "a2", pod_ip(lab, "a2", 4), 9090, 9090, "udp", 4)
         errors: list[BaseException] = []
 
         def traffic() -> None:
@@ -280,7 +331,7 @@ def test_draining_during_traffic_loses_nothing(lab: MiniLab) -> None:
             # drains however fast or loaded the machine is
             try:
                 for _ in range(20):
-                    lab.run_flow(flow, request_bytes=20_000, response_bytes=20_000, count=2)
+                    exchange(lab, flow, request_bytes=20_000, response_bytes=20_000, count=2)
                     time.sleep(0.05)
             except BaseException as err:  # noqa: BLE001
                 errors.append(err)
@@ -295,17 +346,17 @@ def test_draining_during_traffic_loses_nothing(lab: MiniLab) -> None:
             time.sleep(0.002)
         th.join()
         deltas += dp.drain()
-        truth = lab.ground_truth()
+        truth = pairs.read()
     assert not errors, errors
     assert drains > 10
-    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
     mine = [d for d in deltas if {d.local, d.remote} == {a1, a2}]
     expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
     assert sum(d.bytes for d in mine) == 2 * expected > 0
     assert len(mine) > 4  # the flow really was split over many drains
 
 
-def test_priority_held_by_another_protocol_is_reported_per_link(lab: MiniLab) -> None:
+def test_priority_held_by_another_protocol_is_reported_per_link(fresh_lab: Lab, fresh_pairs: PairTruth) -> None:
     from bcc import BPF
     from pyroute2 import IPRoute
 
@@ -313,30 +364,30 @@ def test_priority_held_by_another_protocol_is_reported_per_link(lab: MiniLab) ->
 
     other = BPF(text=CNI_C)
     fn = other.load_func(b"cni_egress", BPF.SCHED_CLS)
-    node_ns, host = lab.host_veth("a1")
+    node_ns, host = fresh_lab.host_veth("a1")
     with IPRoute(netns=node_ns) as ipr:  # egress priority 1 taken by an IPv4-only filter
         idx = ipr.link_lookup(ifname=host)[0]
         ipr.tc("add", "clsact", idx)
         ipr.tc("add-filter", "bpf", idx, 1, fd=fn.fd, name="other", parent=PARENT_EGRESS,
                classid=1, direct_action=True, prio=1, protocol=0x0800)
-    with Datapath(_config(lab, "a")) as dp:
+    with Datapath(_config(fresh_lab, "a")) as dp:
         with pytest.raises(RuntimeFailure, match=host):
             dp.attach()
-        assert dp.attached() == (lab.host_veth("a2")[1],)  # the other pod is still attached
+        assert dp.attached() == (fresh_lab.host_veth("a2")[1],)  # the other pod is still attached
         # our ingress filter went in before egress was refused: it was rolled back
         assert (host, PARENT_INGRESS) not in _ours(node_ns)
-    with Datapath(_config(lab, "a", tc_priority=2)) as dp:
-        assert dp.attach() == tuple(sorted(lab.host_veth(p)[1] for p in ("a1", "a2")))
+    with Datapath(_config(fresh_lab, "a", tc_priority=2)) as dp:
+        assert dp.attach() == tuple(sorted(fresh_lab.host_veth(p)[1] for p in ("a1", "a2")))
     assert _ours(node_ns) == []
     assert [n for _, _, _, n in _filters(node_ns)[host]] == ["other"]
 
 
-def test_endpoint_changes_take_effect_within_one_drain_interval(lab: MiniLab) -> None:
+def test_endpoint_changes_take_effect_within_one_drain_interval(lab: Lab) -> None:
     """The kernel skips the endpoint hash lookup for a Service flow already in the active
     table; an endpoint added or removed between drains is still honoured at once when
     the port array changes with it (docs/datapath.md, "Hooks and classification")."""
-    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
-    flow = Flow("a1", "a2", pod_ip("a2", 4), 9300, 9300, "udp", 4)
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
+    flow = Flow("a1", "a2", pod_ip(lab, "a2", 4), 9300, 9300, "udp", 4)
 
     def kinds(deltas: list) -> dict[FlowKind, int]:
         out: dict[FlowKind, int] = {}
@@ -348,14 +399,14 @@ def test_endpoint_changes_take_effect_within_one_drain_interval(lab: MiniLab) ->
     with Datapath(_config(lab, "a")) as dp:
         dp.attach()
         dp.drain()
-        lab.run_flow(flow, 1000, 1000, 1)          # no endpoint yet: ingress/egress
+        exchange(lab, flow, 1000, 1000, 1)          # no endpoint yet: ingress/egress
         plain = kinds(dp.drain())
-        dp.set_local_endpoints([(pod_ip("a2", 4), 9300, 17)])
-        lab.run_flow(flow, 1000, 1000, 1)          # endpoint: request/response
+        dp.set_local_endpoints([(pod_ip(lab, "a2", 4), 9300, 17)])
+        exchange(lab, flow, 1000, 1000, 1)          # endpoint: request/response
         service = kinds(dp.drain())
-        lab.run_flow(flow, 1000, 1000, 1)          # same interval: flow entry reused ...
+        exchange(lab, flow, 1000, 1000, 1)          # same interval: flow entry reused ...
         dp.set_local_endpoints([])                 # ... until the endpoint goes away
-        lab.run_flow(flow, 1000, 1000, 1)
+        exchange(lab, flow, 1000, 1000, 1)
         mixed = kinds(dp.drain())
     assert set(plain) == {FlowKind.INGRESS, FlowKind.EGRESS}
     assert set(service) == {FlowKind.REQUEST, FlowKind.RESPONSE}
@@ -363,16 +414,16 @@ def test_endpoint_changes_take_effect_within_one_drain_interval(lab: MiniLab) ->
     assert mixed[FlowKind.INGRESS] == plain[FlowKind.INGRESS]
 
 
-def test_server_side_pod_traffic_keeps_the_local_port(lab: MiniLab) -> None:
+def test_server_side_pod_traffic_keeps_the_local_port(lab: Lab) -> None:
     """Pod traffic whose remote port is ephemeral keeps the local pod's (server) port
-    (``port_local``), so attribution can recognise Service traffic to an endpoint the
+    (``port_is_local``), so attribution can recognise Service traffic to an endpoint the
     endpoint map does not hold yet; the client's side keeps the remote port as before."""
-    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
-    flow = Flow("a1", "a2", pod_ip("a2", 4), 9400, 9400, "tcp", 4)
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
+    flow = Flow("a1", "a2", pod_ip(lab, "a2", 4), 9400, 9400, "tcp", 4)
     with Datapath(_config(lab, "a")) as dp:
         dp.attach()
         dp.drain()
-        lab.run_flow(flow, 3000, 5000, 2)
+        exchange(lab, flow, 3000, 5000, 2)
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
     server = {d.kind: d for d in deltas if d.local == a2}
     client = {d.kind: d for d in deltas if d.local == a1}
@@ -386,7 +437,7 @@ def test_server_side_pod_traffic_keeps_the_local_port(lab: MiniLab) -> None:
     assert server[FlowKind.EGRESS].bytes == client[FlowKind.INGRESS].bytes > 5000
 
 
-def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: MiniLab) -> None:
+def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Lab) -> None:
     """Two local endpoints of UDP 9500 gossiping from 9500 to 9500 (memberlist): the
     receiver's veth counts a REQUEST, the sender's an EGRESS with the remote port, which
     attribution skips as the copy of an endpoint's traffic: once, not twice."""
@@ -394,7 +445,7 @@ def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Min
 
     from agent.datapath import run_in_netns
 
-    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
     got: list[int] = []
 
     def receive() -> None:
@@ -422,10 +473,10 @@ def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Min
         dp.attach()
         dp.set_local_endpoints([(a1, 9500, 17), (a2, 9500, 17)])
         dp.drain()
-        th = threading.Thread(target=run_in_netns, args=(lab.pod_ns["a2"], receive))
+        th = threading.Thread(target=run_in_netns, args=(lab.pod_netns("a2"), receive))
         th.start()
         assert ready.wait(5)
-        run_in_netns(lab.pod_ns["a1"], send)
+        run_in_netns(lab.pod_netns("a1"), send)
         th.join(10)
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
     assert sum(got) == 3000

@@ -1,8 +1,8 @@
-"""Restart without loss (issue 8 item 1) and table pressure (item 4) on a real kernel.
+"""Restart without loss and table pressure on a real kernel.
 
 * An agent (``python -m agent.datapath --pin-path ...``) is killed with SIGKILL while
   traffic flows; the traffic goes on while no agent runs; a second agent reuses the pinned
-  maps and replaces the filters. The bytes both agents drained equal the iptables ground
+  maps and replaces the filters. The bytes both agents drained equal the pair ground
   truth exactly, and tc shows exactly one filter of ours per hook throughout.
 * ``--cleanup`` removes the filters and the pins.
 * Pins of another layout are recreated, a pin path off bpffs is refused.
@@ -37,14 +37,15 @@ from agent.datapath import (
     PINNED_MAPS,
     Datapath,
     DatapathConfig,
+    map_info,
     obj_get,
     on_bpf_fs,
     run_in_netns,
 )
 from agent.errors import InputError
-from agent.flows import map_info
-from tests.kernel._dp_fixtures import MiniLab, pod_ip, sh
+from tests.kernel._dp_fixtures import PairTruth, datapath_config, pod_ip, sh, two_node_lab
 from tests.kernel.test_datapath_lifecycle import _filters, _ours
+from tools.lab import Lab
 
 pytestmark = pytest.mark.kernel
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,18 +72,26 @@ def pin_dir() -> Iterator[str]:
         os.rmdir(mnt)
 
 
-@pytest.fixture()
-def lab() -> Iterator[MiniLab]:
-    lab = MiniLab("flat").up()
-    lab.watch_pair(4, "a1", "a2")
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    """One lab for this module: each test removes the filters and pins it left (cleanup)."""
+    lab = two_node_lab()
     yield lab
     lab.down()
+
+
+@pytest.fixture(scope="module")
+def pairs(lab: Lab) -> PairTruth:
+    """Ground truth of ``lab`` for (a1, a2), IPv4."""
+    pairs = PairTruth(lab)
+    pairs.watch(4, "a1", "a2")
+    return pairs
 
 
 class Traffic:
     """UDP a1 -> a2:PORT, 400-byte datagrams every ~1 ms, each echoed back, until stop()."""
 
-    def __init__(self, lab: MiniLab) -> None:
+    def __init__(self, lab: Lab) -> None:
         self.lab = lab
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -93,14 +102,14 @@ class Traffic:
 
     def _run(self, fn, pod: str) -> None:  # type: ignore[no-untyped-def]
         try:
-            run_in_netns(self.lab.pod_ns[pod], fn)
+            run_in_netns(self.lab.pod_netns(pod), fn)
         except BaseException as err:  # noqa: BLE001
             self.errors.append(err)
             self._ready.set()
 
     def _sink(self) -> None:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind((pod_ip("a2", 4), PORT))
+        s.bind((pod_ip(self.lab, "a2", 4), PORT))
         s.settimeout(0.1)
         self._ready.set()
         try:
@@ -116,7 +125,7 @@ class Traffic:
     def _send(self) -> None:
         self._ready.wait(5)
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.connect((pod_ip("a2", 4), PORT))
+        s.connect((pod_ip(self.lab, "a2", 4), PORT))
         s.setblocking(False)
         try:
             while not self._stop.is_set():
@@ -135,7 +144,7 @@ class Traffic:
             time.sleep(0.2)  # let the last echoes arrive before the socket goes
             s.close()
 
-    def start(self) -> "Traffic":
+    def start(self) -> Traffic:
         for th in self._threads:
             th.start()
         return self
@@ -150,10 +159,11 @@ class Traffic:
 class Agent:
     """``python -m agent.datapath`` as a subprocess, its drained deltas collected."""
 
-    def __init__(self, lab: MiniLab, pin: str) -> None:
+    def __init__(self, lab: Lab, pin: str) -> None:
+        ns, uplink = lab.uplink("a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.datapath", "--netns", lab.nodes["a"], "--interval",
-             "0.2", "--exclude", f"{lab.prefix}u", "--pin-path", pin],
+            [sys.executable, "-m", "agent.datapath", "--netns", ns, "--interval",
+             "0.2", "--exclude", uplink, "--pin-path", pin],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert self.proc.stdout is not None
@@ -184,13 +194,13 @@ class Agent:
                 self.deltas.append(rec)
 
 
-def _pair_bytes(deltas: list[dict]) -> int:
-    pair = {pod_ip("a1", 4), pod_ip("a2", 4)}
+def _pair_bytes(lab: Lab, deltas: list[dict]) -> int:
+    pair = {pod_ip(lab, "a1", 4), pod_ip(lab, "a2", 4)}
     return sum(d["bytes"] for d in deltas if {d["local"], d["remote"]} == pair)
 
 
-def _exactly_one_filter_per_hook(lab: MiniLab) -> None:
-    ns = lab.nodes["a"]
+def _exactly_one_filter_per_hook(lab: Lab) -> None:
+    ns = lab.node_netns("a")
     hooks = sorted((lab.host_veth(p)[1], parent) for p in ("a1", "a2")
                    for parent in (PARENT_INGRESS, PARENT_EGRESS))
     assert sorted(_ours(ns)) == hooks
@@ -199,8 +209,8 @@ def _exactly_one_filter_per_hook(lab: MiniLab) -> None:
     assert sum(len(every[lab.host_veth(p)[1]]) for p in ("a1", "a2")) == 4
 
 
-def test_kill_9_and_restart_lose_nothing(lab: MiniLab, pin_dir: str) -> None:
-    lab.ground_truth()
+def test_kill_9_and_restart_lose_nothing(lab: Lab, pairs: PairTruth, pin_dir: str) -> None:
+    pairs.read()
     first = Agent(lab, pin_dir)
     traffic: Traffic | None = None
     second: Agent | None = None
@@ -212,7 +222,7 @@ def test_kill_9_and_restart_lose_nothing(lab: MiniLab, pin_dir: str) -> None:
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
         first.finish()
-        before = _pair_bytes(first.deltas)
+        before = _pair_bytes(lab, first.deltas)
         assert before > 0
         sent_at_kill = traffic.sent
         time.sleep(1.0)  # nobody drains: the kernel keeps counting into the pinned maps
@@ -226,7 +236,7 @@ def test_kill_9_and_restart_lose_nothing(lab: MiniLab, pin_dir: str) -> None:
         traffic.stop()
         traffic = None
         time.sleep(0.3)
-        truth = lab.ground_truth()
+        truth = pairs.read()
         second.proc.send_signal(signal.SIGTERM)
         assert second.proc.wait(20) == 0
         second.finish()
@@ -236,7 +246,7 @@ def test_kill_9_and_restart_lose_nothing(lab: MiniLab, pin_dir: str) -> None:
         for agent in (first, second):
             if agent is not None and agent.proc.poll() is None:
                 agent.proc.kill()
-    after = _pair_bytes(second.deltas)
+    after = _pair_bytes(lab, second.deltas)
     expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
     assert expected > 0
     # every packet crosses a1's and a2's veth, both on node a
@@ -247,14 +257,14 @@ def test_kill_9_and_restart_lose_nothing(lab: MiniLab, pin_dir: str) -> None:
     assert sorted(os.listdir(pin_dir)) == sorted(PINNED_MAPS)
 
     out = subprocess.run(
-        [sys.executable, "-m", "agent.datapath", "--netns", lab.nodes["a"], "--pin-path",
+        [sys.executable, "-m", "agent.datapath", "--netns", lab.node_netns("a"), "--pin-path",
          pin_dir, "--cleanup"], cwd=ROOT, capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     removed = json.loads(out)
     assert sorted(map(tuple, removed["removed_filters"])) == sorted(
         (lab.host_veth(p)[1], side) for p in ("a1", "a2") for side in ("ingress", "egress"))
     assert sorted(removed["removed_pins"]) == sorted(PINNED_MAPS)
-    assert _ours(lab.nodes["a"]) == []
+    assert _ours(lab.node_netns("a")) == []
     assert not os.path.exists(pin_dir)
 
 
@@ -302,24 +312,23 @@ def test_pin_path_off_bpffs_is_refused(tmp_path: Path) -> None:
     assert err.value.field == "pin_path" and "BPF filesystem" in str(err.value)
 
 
-def test_thousand_flows_through_a_64_entry_table(lab: MiniLab) -> None:
+def test_thousand_flows_through_a_64_entry_table(lab: Lab, pairs: PairTruth) -> None:
     """More concurrent flows than the table holds: every byte is still counted, in the
     overflow entries, and the stats say so; the tables keep their fixed size."""
     capacity, flows, rounds = 64, 1000, 2
-    with Datapath(DatapathConfig(netns=lab.nodes["a"], exclude_patterns=(f"{lab.prefix}u",),
-                                 flow_capacity=capacity)) as dp:
+    with Datapath(datapath_config(lab, "a", flow_capacity=capacity)) as dp:
         dp.attach()
         every = dp.drain()
-        lab.ground_truth()
+        pairs.read()
         v4: list = []
         for _ in range(rounds):
             def send() -> None:
                 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 for port in range(10000, 10000 + flows):  # distinct non-ephemeral ports
-                    s.sendto(b"y" * 100, (pod_ip("a2", 4), port))
+                    s.sendto(b"y" * 100, (pod_ip(lab, "a2", 4), port))
                 s.close()
 
-            run_in_netns(lab.pod_ns["a1"], send)
+            run_in_netns(lab.pod_netns("a1"), send)
             time.sleep(0.3)  # ICMP port unreachable replies, rate limited, counted too
             deltas = dp.drain()
             every += deltas
@@ -327,10 +336,10 @@ def test_thousand_flows_through_a_64_entry_table(lab: MiniLab) -> None:
             stats = dp.stats().table
             assert stats.entries == capacity  # full
             assert len(deltas) <= capacity + 8
-        truth = lab.ground_truth()
+        truth = pairs.read()
         fds = dp.tables._fds
         sizes = {map_info(fd).max_entries for fd in fds}
-    a1, a2 = (ipaddress.ip_address(pod_ip(p, 4)) for p in ("a1", "a2"))
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
     expected = truth[("a1", "a2", "request")][0] + truth[("a1", "a2", "response")][0]
     assert truth[("a1", "a2", "request")][1] == rounds * flows
     keyed = sum(d.bytes for d in v4 if not d.overflow and {d.local, d.remote} == {a1, a2})

@@ -1,4 +1,4 @@
-"""Hooks issue 5 builds on: per-node proxy programming from a model (a node that ignores
+"""The lab driven by a model: per-node proxy programming from a model (a node that ignores
 hints keeps every endpoint), a concurrent traffic matrix, and the snapshot of a live lab."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from agent import cli
 from agent.adapters import HintModel
 from agent.agent import AgentLoop, JsonFormatter
 from agent.exporter import Exporter
-from agent.flows import TableStats
+from agent.datapath import TableStats
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.records import FlowDelta, FlowKind

@@ -362,7 +362,7 @@ class Model:
             local_eps = self._local_endpoints(cnode)
             # the client's own (addr, sport) is never an endpoint: sport is ephemeral
             assert (caddr, c.sport, c.proto) not in local_eps
-            # the kernel keeps the local port when the remote one is ephemeral (port_local)
+            # the kernel keeps the local port when the remote one is ephemeral (port_is_local)
             lport = c.sport if rport == 0 and c.dport and c.sport not in EPHEMERAL else 0
             for kind, n in ((FlowKind.EGRESS, c.req), (FlowKind.INGRESS, c.resp)):
                 self._emit(cnode, FlowDelta(kind, caddr, dst, rport, c.proto, n, max(1, n // 1400),

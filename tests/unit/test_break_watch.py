@@ -13,8 +13,8 @@ from typing import Any
 
 import kmock as kmock_lib
 import pytest
-from test_k8s_objects import pod
-from test_watch_kmock import PODS, Clock, Rig, ip, seed, start, until
+from tests.unit.test_k8s_objects import pod
+from tests.unit.test_watch_kmock import PODS, Clock, Rig, ip, seed, start, until
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -142,7 +142,7 @@ def test_deeply_nested_watch_line_is_skipped() -> None:
 def test_default_api_client_detects_a_dead_peer_within_30_seconds() -> None:
     """The default client's connections carry TCP keepalive whose give-up time fits the
     30 s after which the watch marks metadata unsynced (the partition itself is injected
-    in tests/kernel/test_break_partition.py)."""
+    in tests/kernel/test_watch_partition.py)."""
     import socket
 
     from agent.k8s.client import KEEPALIVE

@@ -26,8 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_attribution_cluster import Model, build, objects
-from test_attribution_properties import conns
+from tests.unit.test_attribution_cluster import Model, build, objects
+from tests.unit.test_attribution_properties import conns
 
 from agent import datapath
 from agent.attribution import Attributor
@@ -222,7 +222,7 @@ def test_bpf_source_is_only_the_installed_file() -> None:
                 assert ast.unparse(kws["src_file"]) == "str(TC_SOURCE).encode()", ast.unparse(kws["src_file"])
                 assert ast.unparse(kws["cflags"]) == "self.cflags()"
                 found.append(path)
-    assert found == [AGENT / "datapath.py"]
+    assert found == [AGENT / "datapath" / "attach.py"]
     assert datapath.TC_SOURCE == datapath.BPF_DIR / "tc.c" and datapath.TC_SOURCE.is_file()
     assert datapath.BPF_DIR == AGENT.parent / "bpf"
 

@@ -7,9 +7,9 @@
         print(lab.ground_truth())
 """
 
+from tools.lab.examples import DEFAULT_TOPOLOGY
 from tools.lab.lab import DEFAULT_STATE_DIR, FlowHandle, FlowResult, FlowSpec, Lab, list_prefixes
 from tools.lab.topology import Topology
-from tools.lab.examples import DEFAULT_TOPOLOGY
 
 __all__ = ["DEFAULT_STATE_DIR", "DEFAULT_TOPOLOGY", "FlowHandle", "FlowResult", "FlowSpec", "Lab",
            "Topology", "list_prefixes"]

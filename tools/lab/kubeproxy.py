@@ -114,7 +114,7 @@ def render(rules: Sequence[ProxyRule], family: int) -> str:
         nat_rules.append(f"-A KUBE-SERVICES {match} -m comment --comment \"{name} cluster IP\" "
                          f"-j {svc}")
         n = len(rule.endpoints)
-        for i, ((ip, port), sep) in enumerate(zip(rule.endpoints, seps)):
+        for i, ((ip, port), sep) in enumerate(zip(rule.endpoints, seps, strict=True)):
             nat.append(f":{sep} - [0:0]")
             comment = f"-m comment --comment \"{name} -> {_dnat(ip, port)}\""
             if i < n - 1:

@@ -78,6 +78,9 @@ class Options:
         mtu: MTU of the fabric links (bytes); VXLAN devices and, in vxlan mode, pod veths
             use ``mtu - 50``.
         vni: VXLAN network identifier.
+        offloads: leave TSO/GSO/GRO on and ``gso_max_segs`` at the kernel's default, so
+            TCP sends GSO packets (one skb, several wire packets); the ground truth then
+            counts skbs, not wire packets. Off by default (docs/lab.md).
     """
 
     mode: str = "flat"
@@ -92,6 +95,7 @@ class Options:
     overlay_cidr_v6: ipaddress.IPv6Network = ipaddress.IPv6Network("fd00:101::/64")
     mtu: int = 1500
     vni: int = 42
+    offloads: bool = False
 
     @property
     def pod_mtu(self) -> int:
@@ -243,7 +247,7 @@ class Topology:
     # ------------------------------------------------------------ constructors
 
     @classmethod
-    def from_yaml(cls, path_or_text: str | Path) -> "Topology":
+    def from_yaml(cls, path_or_text: str | Path) -> Topology:
         """Parse a topology from a YAML file path or YAML text.
 
         A ``Path``, or a ``str`` without a newline that names an existing file, is read
@@ -277,7 +281,7 @@ class Topology:
             raise err.with_source(source) from None
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "<memory>") -> "Topology":
+    def from_dict(cls, data: Any, source: str = "<memory>") -> Topology:
         """Validate a topology given as plain data and resolve ``auto`` addresses.
 
         Raises:
@@ -340,6 +344,7 @@ class Topology:
         return {
             "options": {
                 "mode": opt.mode, "ipv6": opt.ipv6, "mtu": opt.mtu, "vni": opt.vni,
+                **({"offloads": True} if opt.offloads else {}),
                 **{k: str(getattr(opt, k)) for k in (
                     "node_cidr", "node_cidr_v6", "pod_cidr", "pod_cidr_v6", "service_cidr",
                     "service_cidr_v6", "overlay_cidr", "overlay_cidr_v6")},
@@ -459,7 +464,7 @@ class _Parser:
         m = self.mapping(raw, "options", None)
         nets = {"node_cidr": 4, "node_cidr_v6": 6, "pod_cidr": 4, "pod_cidr_v6": 6,
                 "service_cidr": 4, "service_cidr_v6": 6, "overlay_cidr": 4, "overlay_cidr_v6": 6}
-        self.unknown_keys(m, {"mode", "ipv6", "mtu", "vni", *nets}, "options")
+        self.unknown_keys(m, {"mode", "ipv6", "mtu", "vni", "offloads", *nets}, "options")
         kwargs: dict[str, Any] = {}
         mode = m.get("mode", "flat")
         if mode not in MODES:
@@ -477,6 +482,10 @@ class _Parser:
         if isinstance(vni, bool) or not isinstance(vni, int) or not 1 <= vni < 2**24:
             raise self.fail(f"must be an integer 1-16777215, got {vni!r}", "options", "vni")
         kwargs["vni"] = vni
+        offloads = m.get("offloads", False)
+        if not isinstance(offloads, bool):
+            raise self.fail(f"must be true or false, got {offloads!r}", "options", "offloads")
+        kwargs["offloads"] = offloads
         for key, version in nets.items():
             if key in m:
                 kwargs[key] = self.network(m[key], version, key)

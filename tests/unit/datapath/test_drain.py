@@ -1,4 +1,4 @@
-"""agent.flows: record construction of the drain; and the exactly-once rule applied to
+"""agent.datapath.drain: record construction of the drain; and the exactly-once rule applied to
 the deltas it produces (:func:`agent.attribution.counted_here`, which the kernel tests in
 tests/kernel/test_datapath*.py apply to real drained deltas)."""
 
@@ -38,13 +38,13 @@ def test_non_pod_remote_counted_both_directions() -> None:
 
 
 def test_counted_once_is_gone_from_flows() -> None:
-    import agent.flows
+    from agent.datapath import drain as drain_module
 
-    assert not hasattr(agent.flows, "counted_once")  # one rule, in agent.attribution
+    assert not hasattr(drain_module, "counted_once")  # one rule, in agent.attribution
 
 
 def test_fast_delta_equals_constructor() -> None:
-    from agent.flows import _fast_delta
+    from agent.datapath.drain import _fast_delta
 
     args = (FlowKind.RESPONSE, POD, PEER, 8080, 17, 12345, 9)
     fast = _fast_delta(*args)
@@ -62,8 +62,8 @@ def test_convert_builds_the_records_the_constructor_would() -> None:
     import ipaddress
     import socket
 
-    from agent.bpf_types import VALUE_BY_KIND, FlowKey, FlowValue, addr_to_bytes, overflow_key
-    from agent.flows import FlowTables
+    from agent.datapath.abi import VALUE_BY_KIND, FlowKey, FlowValue, addr_to_bytes, overflow_key
+    from agent.datapath.drain import FlowTables
 
     rows = [
         (FlowKind.REQUEST, "10.1.0.5", "10.2.0.9", 8080, 6, 1500, 3),
@@ -103,12 +103,12 @@ def test_convert_builds_the_records_the_constructor_would() -> None:
     assert t._overflow_bytes == 777
 
 
-def _tables_with(rows: list[tuple[str, str, int]]) -> "object":
+def _tables_with(rows: list[tuple[str, str, int]]) -> object:
     """A FlowTables without maps whose buffers hold rows of (local, remote, packets)."""
     import ctypes as ct
 
-    from agent.bpf_types import FlowKey, FlowValue, addr_to_bytes
-    from agent.flows import FlowTables
+    from agent.datapath.abi import FlowKey, FlowValue, addr_to_bytes
+    from agent.datapath.drain import FlowTables
 
     t = FlowTables.__new__(FlowTables)
     t._keys = (FlowKey * len(rows))()
@@ -136,25 +136,25 @@ def test_convert_shares_address_objects_across_drains() -> None:
     assert len(t._v4) == 3 and len(t._v6) == 3  # type: ignore[attr-defined]
     second = t._convert(4)  # type: ignore[attr-defined]
     assert second == first
-    assert all(a.local is b.local and a.remote is b.remote for a, b in zip(first, second))
+    assert all(a.local is b.local and a.remote is b.remote for a, b in zip(first, second, strict=True))
 
 
 def test_convert_empties_address_caches_above_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agent.flows
+    from agent.datapath import drain as drain_module
 
     rows = [("10.1.0.5", f"10.2.0.{i}", 1) for i in range(1, 6)]  # 6 distinct addresses
     t = _tables_with(rows)
-    monkeypatch.setattr(agent.flows, "ADDRESS_CACHE_MAX", 6)
+    monkeypatch.setattr(drain_module, "ADDRESS_CACHE_MAX", 6)
     out = t._convert(5)  # type: ignore[attr-defined]
     assert len(t._v4) == 6  # type: ignore[attr-defined]  # at the bound: kept
-    monkeypatch.setattr(agent.flows, "ADDRESS_CACHE_MAX", 5)
+    monkeypatch.setattr(drain_module, "ADDRESS_CACHE_MAX", 5)
     again = t._convert(5)  # type: ignore[attr-defined]
     assert again == out  # records unaffected
     assert len(t._v4) == 0 and len(t._v6) == 0  # type: ignore[attr-defined]
 
 
-def _switchable() -> "object":
-    from agent.flows import FlowTables
+def _switchable() -> object:
+    from agent.datapath.drain import FlowTables
 
     t = FlowTables.__new__(FlowTables)
     t._active, t._cache_active, t._leftover = 0, 0, False
@@ -166,7 +166,7 @@ def test_switches_of_cache_and_table_overlap(monkeypatch: pytest.MonkeyPatch) ->
     fake switch waits at a two-party barrier, which breaks if they ran one after the other."""
     import threading
 
-    from agent.flows import FlowTables
+    from agent.datapath.drain import FlowTables
 
     barrier = threading.Barrier(2, timeout=5)
     seen: list[str] = []
@@ -191,8 +191,8 @@ def test_switches_of_cache_and_table_overlap(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_failed_cache_switch_keeps_the_switched_table_for_the_next_drain(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.datapath.drain import FlowTables
     from agent.errors import RuntimeFailure
-    from agent.flows import FlowTables
 
     def point_cache(self: FlowTables, index: int) -> None:
         raise RuntimeFailure("cannot switch the active flow cache: EPERM")
@@ -212,7 +212,7 @@ def test_failed_cache_switch_keeps_the_switched_table_for_the_next_drain(
 def test_switches_one_after_the_other_without_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from agent.flows import FlowTables
+    from agent.datapath.drain import FlowTables
 
     def no_thread(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")

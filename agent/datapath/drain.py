@@ -1,4 +1,4 @@
-"""Drain the kernel flow tables into :class:`agent.records.FlowDelta` records.
+"""Drain the double-buffered kernel flow tables into :class:`agent.records.FlowDelta` records.
 
 The programs in ``bpf/tc.c`` write to whichever of two identical hash maps
 (``zm_flows_a``/``zm_flows_b``) the one-slot array-of-maps ``zm_active`` points at.
@@ -35,31 +35,25 @@ import ctypes as ct
 import errno
 import gc
 import ipaddress
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agent.bpf_types import (
+from agent.datapath.abi import (
     CACHE_SLOTS,
     FAMILY_INET,
     FAMILY_INET6,
+    FLOW_KEY_WIRE,
+    FLOW_VALUE_WIRE,
     KIND_BY_VALUE,
     CacheSlot,
     FlowKey,
     FlowValue,
     overflow_key,
 )
+from agent.datapath.pins import call_errno, libbcc, map_info
 from agent.errors import RuntimeFailure
 from agent.records import FlowDelta, FlowKind, IPAddress
-
-# struct zm_flow_key read big-endian: each 16-byte address as two big-endian u64 (the
-# address as an integer, high half first), the port in host order, single bytes
-# unaffected; '>' also means no alignment padding, so the two pad bytes are skipped.
-# local hi/lo, remote hi/lo, port, proto, kind, family, overflow, port_local
-_KEY = struct.Struct(">QQQQHBBBBBx")
-_VALUE = struct.Struct("=QQ")  # host order u64 bytes, packets
-assert _KEY.size == ct.sizeof(FlowKey) and _VALUE.size == ct.sizeof(FlowValue)
 
 #: addresses :meth:`FlowTables._convert` keeps between drains (IPv4 and IPv6 together):
 #: a drain that leaves more empties both caches. A node's pods and the peers they talk
@@ -72,52 +66,6 @@ _BPF_NOEXIST = 1
 _BPF_EXIST = 2
 _UNSPEC: dict[int, IPAddress] = {FAMILY_INET: ipaddress.IPv4Address(0),
                                FAMILY_INET6: ipaddress.IPv6Address(0)}
-
-
-def _lib() -> ct.CDLL:
-    from bcc.libbcc import lib  # BCC stays inside datapath/flows
-
-    return lib
-
-
-def _err(res: int) -> int:
-    """errno of a failed libbcc call (libbpf returns -errno and sets errno)."""
-    return -res if res < -1 else ct.get_errno()
-
-
-@dataclass(frozen=True, slots=True)
-class MapInfo:
-    """What the kernel says about a map (``struct bpf_map_info``, first fields).
-
-    Attributes:
-        type: ``BPF_MAP_TYPE_*`` (1 hash, 2 array, 12 array of maps).
-        id: kernel-wide map id (what an array-of-maps slot holds when read from userspace).
-        key_size, value_size: bytes.
-        max_entries: entries.
-        flags: ``map_flags``.
-    """
-
-    type: int
-    id: int
-    key_size: int
-    value_size: int
-    max_entries: int
-    flags: int
-
-
-def map_info(fd: int) -> MapInfo:
-    """Return :class:`MapInfo` of the map behind fd (``BPF_OBJ_GET_INFO_BY_FD``).
-
-    Raises:
-        OSError: fd is no map, or the kernel refused.
-    """
-    buf = (ct.c_uint8 * 256)()
-    size = ct.c_uint32(ct.sizeof(buf))
-    res = _lib().bpf_obj_get_info(fd, ct.byref(buf), ct.byref(size))
-    if res < 0:
-        code = _err(res)
-        raise OSError(code, f"BPF_OBJ_GET_INFO_BY_FD: {errno.errorcode.get(code)}")
-    return MapInfo(*struct.unpack_from("=6I", bytes(buf)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +94,7 @@ class TableStats:
 class FlowTables:
     """The double-buffered flow tables of one loaded program set.
 
-    Built by :class:`agent.datapath.Datapath` from the map file descriptors; other
+    Built by :class:`agent.datapath.attach.Datapath` from the map file descriptors; other
     stages only see the :class:`FlowDelta` records :meth:`drain` returns.
 
     Args:
@@ -214,7 +162,7 @@ class FlowTables:
         when the slot is empty."""
         slot = ct.c_int(0)
         inner = ct.c_uint32(0)
-        if _lib().bpf_lookup_elem(outer_fd, ct.byref(slot), ct.byref(inner)) < 0:
+        if libbcc().bpf_lookup_elem(outer_fd, ct.byref(slot), ct.byref(inner)) < 0:
             return None
         ids = [map_info(fd).id for fd in fds]
         return ids.index(inner.value) if inner.value in ids else None
@@ -227,19 +175,19 @@ class FlowTables:
         for kind in KIND_BY_VALUE:
             for family in (FAMILY_INET, FAMILY_INET6):
                 key = overflow_key(kind, family)
-                res = _lib().bpf_update_elem(fd, ct.byref(key), ct.byref(zero), _BPF_NOEXIST)
-                if res < 0 and _err(res) != errno.EEXIST:
+                res = libbcc().bpf_update_elem(fd, ct.byref(key), ct.byref(zero), _BPF_NOEXIST)
+                if res < 0 and call_errno(res) != errno.EEXIST:
                     raise RuntimeFailure(
-                        f"cannot seed overflow entry in flow table: {errno.errorcode.get(_err(res))}")
+                        f"cannot seed overflow entry in flow table: {errno.errorcode.get(call_errno(res))}")
 
     def _point_active(self, index: int) -> None:
         """Point zm_active at table index; returns once no program uses the old one."""
         slot = ct.c_int(0)
         fd = ct.c_int(self._fds[index])
-        res = _lib().bpf_update_elem(self._active_fd, ct.byref(slot), ct.byref(fd), 0)
+        res = libbcc().bpf_update_elem(self._active_fd, ct.byref(slot), ct.byref(fd), 0)
         if res < 0:
             raise RuntimeFailure(
-                f"cannot switch the active flow table: {errno.errorcode.get(_err(res))}")
+                f"cannot switch the active flow table: {errno.errorcode.get(call_errno(res))}")
         self._active = index
 
     def _point_cache(self, index: int) -> None:
@@ -247,10 +195,10 @@ class FlowTables:
         assert self._caches is not None
         slot = ct.c_int(0)
         fd = ct.c_int(self._caches[0][index])
-        res = _lib().bpf_update_elem(self._caches[1], ct.byref(slot), ct.byref(fd), 0)
+        res = libbcc().bpf_update_elem(self._caches[1], ct.byref(slot), ct.byref(fd), 0)
         if res < 0:
             raise RuntimeFailure(
-                f"cannot switch the active flow cache: {errno.errorcode.get(_err(res))}")
+                f"cannot switch the active flow cache: {errno.errorcode.get(call_errno(res))}")
         self._cache_active = index
 
     def _switch_both(self) -> None:
@@ -304,7 +252,7 @@ class FlowTables:
         Raises:
             RuntimeFailure: the kernel refused a read or write.
         """
-        lib = _lib()
+        lib = libbcc()
         buf, zero = self._cache_buf, self._cache_zero
         idx = ct.c_int(0)
         value = FlowValue()
@@ -326,7 +274,7 @@ class FlowTables:
                 else:
                     value.bytes, value.packets = cpu_slot.bytes, cpu_slot.packets
                     res = lib.bpf_update_elem(table_fd, ct.byref(key), ct.byref(value), _BPF_NOEXIST)
-                    if res < 0 and _err(res) == errno.E2BIG:  # full: the overflow entry
+                    if res < 0 and call_errno(res) == errno.E2BIG:  # full: the overflow entry
                         okey = overflow_key(KIND_BY_VALUE[key.kind], key.family)
                         if lib.bpf_lookup_elem(table_fd, ct.byref(okey), ct.byref(value)) < 0:
                             raise RuntimeFailure("flow table full and its overflow entry missing")
@@ -336,12 +284,12 @@ class FlowTables:
                                                   _BPF_EXIST)
                 if res < 0:
                     raise RuntimeFailure(f"cannot fold the flow cache into the table: "
-                                         f"{errno.errorcode.get(_err(res))}")
+                                         f"{errno.errorcode.get(call_errno(res))}")
             if used:
                 res = lib.bpf_update_elem(cache_fd, ct.byref(idx), ct.byref(zero), 0)
                 if res < 0:
                     raise RuntimeFailure(f"cannot empty flow cache slot {i}: "
-                                         f"{errno.errorcode.get(_err(res))}")
+                                         f"{errno.errorcode.get(call_errno(res))}")
 
     def _take_batch(self, fd: int) -> int:
         """Lookup-and-delete every entry of fd into the buffers; returns the count.
@@ -349,7 +297,7 @@ class FlowTables:
         Raises:
             OSError: the kernel refused the batch operation (caller falls back).
         """
-        lib = _lib()
+        lib = libbcc()
         total = 0
         token = ct.c_uint32(0)
         count = ct.c_uint32(0)
@@ -364,7 +312,7 @@ class FlowTables:
             first = False
             total += count.value
             if res < 0:
-                code = _err(res)
+                code = call_errno(res)
                 if code == errno.ENOENT:  # table exhausted: done
                     break
                 raise OSError(code, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {errno.errorcode.get(code)}")
@@ -374,7 +322,7 @@ class FlowTables:
 
     def _take_one_by_one(self, fd: int) -> int:
         """Fallback of :meth:`_take_batch`: keys first, then lookup + delete each."""
-        lib = _lib()
+        lib = libbcc()
         keys: list[FlowKey] = []
         cur = FlowKey()
         nxt = FlowKey()
@@ -463,8 +411,8 @@ class FlowTables:
           can form a cycle and 100,000 new objects would otherwise trigger about 140
           collections.
         """
-        keys = memoryview(self._keys).cast("B")[: n * _KEY.size]
-        values = memoryview(self._values).cast("B")[: n * _VALUE.size]
+        keys = memoryview(self._keys).cast("B")[: n * FLOW_KEY_WIRE.size]
+        values = memoryview(self._values).cast("B")[: n * FLOW_VALUE_WIRE.size]
         v4cache = self._v4
         v6cache = self._v6
         v4 = ipaddress.IPv4Address
@@ -477,9 +425,9 @@ class FlowTables:
         if paused:
             gc.disable()
         try:
-            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_local), (
+            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_is_local), (
                     nbytes, npackets) in zip(
-                    _KEY.iter_unpack(keys), _VALUE.iter_unpack(values)):
+                    FLOW_KEY_WIRE.iter_unpack(keys), FLOW_VALUE_WIRE.iter_unpack(values), strict=True):
                 if overflow:
                     overflows += 1
                     self._overflow_bytes += nbytes
@@ -509,7 +457,7 @@ class FlowTables:
                 d.kind = kinds[kind]
                 d.local = la
                 d.remote = ra
-                if port_local:
+                if port_is_local:
                     d.port = 0
                     d.local_port = port
                 else:
@@ -534,7 +482,7 @@ class FlowTables:
         """Return cumulative (bytes, packets) that found no table (``zm_lost``)."""
         slot = ct.c_int(0)
         value = FlowValue()
-        if _lib().bpf_lookup_elem(self._lost_fd, ct.byref(slot), ct.byref(value)) < 0:
+        if libbcc().bpf_lookup_elem(self._lost_fd, ct.byref(slot), ct.byref(value)) < 0:
             return (0, 0)
         return (value.bytes, value.packets)
 
@@ -552,7 +500,7 @@ class _Unfrozen:
     """FlowDelta's slots, without its frozen ``__setattr__``: :meth:`FlowTables._convert`
     fills one with attribute stores and then assigns ``__class__ = FlowDelta``. Python
     allows that assignment only between classes with the same base and the same slots
-    (otherwise TypeError, which tests/unit/test_flows.py would show), and the object is
+    (otherwise TypeError, which tests/unit/datapath/test_drain.py would show), and the object is
     then a FlowDelta like any other (equality, hash, immutability)."""
 
     __slots__ = FlowDelta.__slots__
@@ -568,7 +516,7 @@ def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
                 protocol: int, nbytes: int, packets: int) -> FlowDelta:
     """Return ``FlowDelta(kind, local, remote, port, protocol, nbytes, packets)``.
 
-    Equal to the constructor's result (tests/unit/test_flows.py checks it) but about
+    Equal to the constructor's result (tests/unit/datapath/test_drain.py checks it) but about
     twice as fast: the frozen dataclass ``__init__`` goes through ``object.__setattr__``
     per field, this sets the slots directly. FlowDelta has no validation to skip.
     """

@@ -1,12 +1,16 @@
-"""ctypes mirror of the structs in ``bpf/zonemeter.h`` (the kernel/user boundary).
+"""The one Python mirror of ``bpf/zonemeter.h``: structs, enums and constants of the
+kernel/user boundary.
 
-Every field is declared with the same size, order and named padding as the C side;
-``tests/unit/test_bpf_types.py`` compiles ``offsetof``/``sizeof`` of the C structs with
-gcc and checks them against this module, so a change on one side cannot go unnoticed.
+Every field is declared with the same size, order and named reserved bytes as the C
+side; ``tests/unit/datapath/test_abi.py`` compiles ``offsetof``/``sizeof`` of the C
+structs with gcc, reads the header's ``_Static_assert`` numbers too, and checks both
+against this module, so a change on one side cannot go unnoticed. :data:`FLOW_KEY_WIRE`
+and :data:`FLOW_VALUE_WIRE` read the same bytes as :class:`FlowKey`/:class:`FlowValue`
+with :mod:`struct`, for the drain's hot loop (:mod:`agent.datapath.drain`).
 
 Byte order: addresses (16 bytes, IPv4 as ``::ffff:a.b.c.d``) and ports (``__be16``) are
 network byte order; ``kind``, ``family``, ``proto`` are single bytes; counters are
-host byte order ``u64``. Only :mod:`agent.datapath` and :mod:`agent.flows` use these.
+host byte order ``u64``. Only :mod:`agent.datapath` uses these.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ from __future__ import annotations
 import ctypes as ct
 import ipaddress
 import socket
+import struct
 
 from agent.records import FlowKind, IPAddress
 
-#: ``ZM_KIND_*`` values of ``zm_flow_key.kind`` in order
+#: ``enum zm_kind`` values of ``zm_flow_key.kind`` in order
 KIND_BY_VALUE: tuple[FlowKind, ...] = (
     FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS, FlowKind.INGRESS,
 )
 VALUE_BY_KIND: dict[FlowKind, int] = {k: i for i, k in enumerate(KIND_BY_VALUE)}
 
+#: ``enum zm_family`` values of ``zm_flow_key.family``
 FAMILY_INET = 4
 FAMILY_INET6 = 6
 #: ``ZM_OVERFLOW_SLOTS``: one overflow entry per (kind, family)
@@ -36,18 +42,18 @@ _V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
 
 
 class FlowKey(ct.Structure):
-    """``struct zm_flow_key`` (40 bytes)."""
+    """``struct zm_flow_key`` (40 bytes; offsets in the comments)."""
 
     _fields_ = [
-        ("local", ct.c_uint8 * 16),   # network order, IPv4 mapped
-        ("remote", ct.c_uint8 * 16),  # network order, IPv4 mapped
-        ("port", ct.c_uint16),        # __be16: network order
-        ("proto", ct.c_uint8),
-        ("kind", ct.c_uint8),
-        ("family", ct.c_uint8),
-        ("overflow", ct.c_uint8),
-        ("port_local", ct.c_uint8),   # 1: port is the local pod's (EGRESS/INGRESS)
-        ("_pad", ct.c_uint8),
+        ("local", ct.c_uint8 * 16),     # 0: network order, IPv4 mapped
+        ("remote", ct.c_uint8 * 16),    # 16: network order, IPv4 mapped
+        ("port", ct.c_uint16),          # 32: __be16: network order
+        ("proto", ct.c_uint8),          # 34: IP protocol number
+        ("kind", ct.c_uint8),           # 35: enum zm_kind (VALUE_BY_KIND)
+        ("family", ct.c_uint8),         # 36: enum zm_family (FAMILY_INET/INET6)
+        ("overflow", ct.c_uint8),       # 37: 1 for an overflow entry
+        ("port_is_local", ct.c_uint8),  # 38: 1: port is the local pod's (EGRESS/INGRESS)
+        ("reserved_39", ct.c_uint8),    # 39: always 0
     ]
 
 
@@ -55,8 +61,8 @@ class FlowValue(ct.Structure):
     """``struct zm_flow_value`` (16 bytes, host order)."""
 
     _fields_ = [
-        ("bytes", ct.c_uint64),    # L3 bytes on the wire
-        ("packets", ct.c_uint64),  # packets on the wire
+        ("bytes", ct.c_uint64),    # 0: L3 bytes on the wire
+        ("packets", ct.c_uint64),  # 8: packets on the wire
     ]
 
 
@@ -74,15 +80,27 @@ class EndpointKey(ct.Structure):
     """``struct zm_endpoint_key`` (20 bytes)."""
 
     _fields_ = [
-        ("addr", ct.c_uint8 * 16),  # network order, IPv4 mapped
-        ("port", ct.c_uint16),      # __be16: network order
-        ("proto", ct.c_uint8),
-        ("_pad", ct.c_uint8),
+        ("addr", ct.c_uint8 * 16),    # 0: network order, IPv4 mapped
+        ("port", ct.c_uint16),        # 16: __be16: network order
+        ("proto", ct.c_uint8),        # 18: IP protocol number
+        ("reserved_19", ct.c_uint8),  # 19: always 0
     ]
 
 
+#: ``struct zm_flow_key`` read with :mod:`struct`, big-endian: each 16-byte address as
+#: two big-endian u64 (the address as an integer, high half first), the port in host
+#: order, single bytes unaffected; ``>`` also means no alignment padding, so the
+#: reserved byte is skipped (``x``). Fields: local hi/lo, remote hi/lo, port, proto,
+#: kind, family, overflow, port_is_local.
+FLOW_KEY_WIRE = struct.Struct(">QQQQHBBBBBx")
+#: ``struct zm_flow_value`` read with :mod:`struct`: host order u64 bytes, packets
+FLOW_VALUE_WIRE = struct.Struct("=QQ")
+assert FLOW_KEY_WIRE.size == ct.sizeof(FlowKey) and FLOW_VALUE_WIRE.size == ct.sizeof(FlowValue)
+
+
 def addr_to_bytes(addr: IPAddress) -> bytes:
-    """Return the 16-byte key form of ``addr``: IPv6 as is, IPv4 as ``::ffff:a.b.c.d``."""
+    """Return the 16-byte key form of ``addr`` (network order): IPv6 as is, IPv4 as
+    ``::ffff:a.b.c.d``."""
     if isinstance(addr, ipaddress.IPv4Address):
         return _V4_MAPPED_PREFIX + addr.packed
     return addr.packed
@@ -104,7 +122,8 @@ def addr_from_bytes(raw: bytes, family: int) -> IPAddress:
 
 
 def endpoint_key(addr: IPAddress, port: int, proto: int) -> EndpointKey:
-    """Build the endpoint map key of ``(addr, port, proto)``; ``port`` in host order.
+    """Return the endpoint map key of ``(addr, port, proto)``; ``port`` given in host order,
+    stored in network order.
 
     Raises:
         ValueError: port outside 1..65535 or proto outside 0..255.
@@ -121,7 +140,7 @@ def endpoint_key(addr: IPAddress, port: int, proto: int) -> EndpointKey:
 
 
 def overflow_key(kind: FlowKind, family: int) -> FlowKey:
-    """Build the overflow entry key of ``(kind, family)`` (addresses, port, proto zero)."""
+    """Return the overflow entry key of ``(kind, family)`` (addresses, port, proto zero)."""
     key = FlowKey()
     key.kind = VALUE_BY_KIND[kind]
     key.family = family

@@ -1,24 +1,28 @@
-"""The ctypes mirror in agent/bpf_types.py matches bpf/zonemeter.h field by field.
+"""The ctypes mirror in agent/datapath/abi.py matches bpf/zonemeter.h field by field.
 
 The C side is measured, not assumed: a tiny C program including the real header is
 built with gcc and prints sizeof/offsetof of every field; the test compares them with
-the ctypes structures. Also checks the key encoders (byte order, IPv4 mapping).
+the ctypes structures. The header's own ``_Static_assert`` numbers are read too: they
+must name every mirrored field and agree with both. Also checks the :mod:`struct`
+readers of the same bytes and the key encoders (byte order, IPv4 mapping).
 """
 
 from __future__ import annotations
 
 import ctypes as ct
 import ipaddress
+import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from agent import bpf_types as bt
+from agent.datapath import abi as bt
 from agent.records import FlowKind
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+BPF_DIR = Path(__file__).resolve().parents[3] / "bpf"
 
 STRUCTS = {
     "zm_flow_key": bt.FlowKey,
@@ -103,3 +107,53 @@ def test_overflow_key_has_only_kind_family_flag() -> None:
     raw = bytes(key)
     assert raw[:35] == bytes(35)
     assert raw[35:38] == bytes([2, 6, 1]) and raw[38:] == bytes(2)
+
+
+def _static_asserts() -> tuple[dict[str, int], dict[str, int]]:
+    """(sizes, offsets) stated by ZM_ASSERT_SIZE/ZM_ASSERT_OFFSET in bpf/zonemeter.h."""
+    text = (BPF_DIR / "zonemeter.h").read_text()
+    sizes = {m[0]: int(m[1]) for m in re.findall(r"^ZM_ASSERT_SIZE\((\w+), (\d+)\);", text, re.M)}
+    offsets = {f"{m[0]}.{m[1]}": int(m[2])
+               for m in re.findall(r"^ZM_ASSERT_OFFSET\((\w+), (\w+), (\d+)\);", text, re.M)}
+    return sizes, offsets
+
+
+def test_static_asserts_cover_every_mirrored_field(c_layout: dict[str, int]) -> None:
+    sizes, offsets = _static_asserts()
+    assert sorted(sizes) == sorted(STRUCTS)
+    for cname, cls in STRUCTS.items():
+        assert sizes[cname] == ct.sizeof(cls) == c_layout[cname], cname
+        for fname, _ in cls._fields_:
+            key = f"{cname}.{fname}"
+            assert offsets[key] == getattr(cls, fname).offset == c_layout[key], key
+    assert len(offsets) == sum(len(cls._fields_) for cls in STRUCTS.values())
+
+
+def test_static_assert_fails_the_build_when_a_field_moves(tmp_path: Path) -> None:
+    """The assertions are live: a header whose key gains a byte before ``port`` does not compile."""
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is needed to compile bpf/zonemeter.h (apt-get install gcc)")
+    text = (BPF_DIR / "zonemeter.h").read_text()
+    moved = text.replace("\t__be16 port;        /* 32:", "\t__u8 extra;\n\t__be16 port;        /* 32:", 1)
+    assert moved != text
+    (tmp_path / "zonemeter.h").write_text(moved)
+    (tmp_path / "t.c").write_text('#include "zonemeter.h"\nint main(void) { return 0; }\n')
+    res = subprocess.run(["gcc", "-fsyntax-only", f"-I{tmp_path}", str(tmp_path / "t.c")],
+                         capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "offsetof(struct zm_flow_key, port) != 32" in res.stderr
+
+
+def test_struct_readers_read_what_ctypes_writes() -> None:
+    key = bt.FlowKey()
+    ct.memmove(key.local, bt.addr_to_bytes(ipaddress.ip_address("10.1.2.3")), 16)
+    ct.memmove(key.remote, bt.addr_to_bytes(ipaddress.ip_address("2001:db8::9")), 16)
+    key.port, key.proto, key.kind, key.family = socket.htons(8080), 6, 3, 4
+    key.overflow, key.port_is_local = 0, 1
+    lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_is_local = (
+        bt.FLOW_KEY_WIRE.unpack(bytes(key)))
+    assert (lhi << 64 | llo) == int(ipaddress.ip_address("::ffff:10.1.2.3"))
+    assert (rhi << 64 | rlo) == int(ipaddress.ip_address("2001:db8::9"))
+    assert (port, proto, kind, family, overflow, port_is_local) == (8080, 6, 3, 4, 0, 1)
+    value = bt.FlowValue(bytes=2**40 + 7, packets=3)
+    assert bt.FLOW_VALUE_WIRE.unpack(bytes(value)) == (2**40 + 7, 3)

@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from agent.errors import InputError
-from tools.lab import DEFAULT_TOPOLOGY, Topology
-from tools.lab import groundtruth, kubeproxy
+from tools.lab import DEFAULT_TOPOLOGY, Topology, groundtruth, kubeproxy
 
 BASE: dict[str, Any] = yaml.safe_load(DEFAULT_TOPOLOGY)
 
@@ -87,6 +86,18 @@ def test_round_trip_through_to_dict() -> None:
     again = Topology.from_dict(json.loads(json.dumps(topo.to_dict())))
     assert again.pods == topo.pods and again.services == topo.services
     assert again.nodes == topo.nodes and again.options == topo.options
+
+
+def test_offloads_option_is_off_by_default_and_round_trips_when_on() -> None:
+    assert Topology.from_dict(BASE).options.offloads is False
+    assert "offloads" not in Topology.from_dict(BASE).to_dict()["options"]  # state files unchanged
+    topo = Topology.from_dict(_with("options", {"offloads": True}))
+    assert topo.options.offloads is True and topo.to_dict()["options"]["offloads"] is True
+    again = Topology.from_dict(json.loads(json.dumps(topo.to_dict())))
+    assert again.options == topo.options
+    with pytest.raises(InputError) as err:
+        Topology.from_dict(_with("options", {"offloads": "yes"}))
+    assert err.value.field == "offloads" and "\n" not in str(err.value)
 
 
 def test_from_yaml_reads_a_file(tmp_path: Path) -> None:

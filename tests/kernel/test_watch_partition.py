@@ -1,4 +1,4 @@
-"""API outage by network partition (issue 8): the API server's packets stop arriving, no
+"""API outage by network partition: the API server's packets stop arriving, no
 FIN, no RST. Until the watch notices, the metadata counts as synced while it goes stale.
 
 The watch loop and a tiny API server (list answers, then a watch that stays open and
@@ -16,8 +16,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,11 +1,10 @@
-"""agent.datapath without a kernel: settings validation, cflags, the debug entry point."""
+"""agent.datapath.config without a kernel: settings validation and the cflags they become."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent import datapath
-from agent.datapath import DatapathConfig, flags_for
+from agent.datapath.config import DatapathConfig, flags_for
 from agent.errors import InputError
 
 
@@ -33,22 +32,3 @@ def test_pin_path_becomes_a_c_string_define_and_nothing_else_without_it() -> Non
     flags = flags_for(DatapathConfig(pin_path="/sys/fs/bpf/zonemeter/node-a/"), (1, 2))
     assert '-DZM_PIN_DIR="/sys/fs/bpf/zonemeter/node-a"' in flags
     assert not any("ZM_PIN_DIR" in f for f in flags_for(DatapathConfig(), (1, 2)))
-
-
-def test_print_c_shows_flags_and_every_source(capsys: pytest.CaptureFixture[str]) -> None:
-    assert datapath.main(["--print-c", "--capacity", "128"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("/* cflags: ") and "-DZM_FLOW_CAPACITY=128" in out
-    for name in ("zonemeter.h", "maps.h", "classify.h", "tc.c"):
-        assert f"bpf/{name}" in out
-    assert "TC_ACT_UNSPEC" in out
-
-
-@pytest.mark.parametrize("argv", [["--print-c", "--endpoint", "10.0.0.1:80"],
-                                  ["--print-c", "--endpoint", "nohost,80,6"],
-                                  ["--print-c", "--capacity", "1"],
-                                  ["--cleanup", "--pin-path", "not/absolute"]])
-def test_bad_flag_is_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert datapath.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "error:" in err

@@ -1,0 +1,133 @@
+"""Settings of one node's datapath and the BCC compile flags they become.
+
+:class:`DatapathConfig` is validated before anything reaches the C compiler: every
+number becomes a ``-D`` option of ``bpf/tc.c`` (documented in ``bpf/zonemeter.h``) and
+the pin path a C string literal (:func:`flags_for`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import InputError
+
+#: the C sources: ``bpf/`` next to the ``agent`` package
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+#: the program file BCC compiles (it includes the other headers of BPF_DIR)
+TC_SOURCE = BPF_DIR / "tc.c"
+
+DEFAULT_EPHEMERAL = (32768, 60999)  # Linux default net.ipv4.ip_local_port_range
+DEFAULT_TC_PRIORITY = 1
+DEFAULT_TC_HANDLE = 0x7A6D  # "zm"
+_PIN_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class DatapathConfig:
+    """Settings of one node's datapath.
+
+    Attributes:
+        netns: name of the network namespace (``/run/netns/NAME``) whose pod veths are
+            attached; None for the agent's own namespace (a real node).
+        hook: ``"tc"`` (clsact on host-side pod veths). ``"cgroup_skb"`` is reserved for
+            data planes that bypass the veth (docs/datapath.md) and not implemented yet.
+        interface_patterns: extra fnmatch patterns (``"cali*"``, ``"lxc*"``): a link whose
+            name matches is attached whatever its kind.
+        require_peer_netns: the default rule: attach every veth whose peer lives in another
+            network namespace (the host side of a pod veth).
+        exclude_patterns: fnmatch patterns of links never attached (uplinks that happen to
+            be veths with a peer elsewhere, as in a lab).
+        flow_capacity: flow entries per table (two tables); beyond it bytes go to the
+            per-(kind, family) overflow entries, see docs/datapath.md.
+        endpoint_capacity: local endpoints the kernel map holds.
+        ephemeral_ports: inclusive (low, high) range, host order; a remote port inside it is
+            recorded as 0 for non-Service flows. None: read the namespace's
+            ``net.ipv4.ip_local_port_range``.
+        tc_priority: tc filter priority (lower runs first); 1, so our filter runs before
+            CNI filters at higher numbers; we return TC_ACT_UNSPEC so later filters run.
+        tc_handle: tc filter handle identifying our filters (replace on restart, delete on exit).
+        resync_seconds: full re-scan of links at this period besides netlink events.
+        pin_path: directory on a BPF filesystem (``/sys/fs/bpf/zonemeter/<node>``) where
+            every map is pinned so counting survives agent restarts; None: no pinning,
+            maps die with the agent. Only ``[A-Za-z0-9._/-]``, absolute, no ``..``.
+            Pins with another layout (older version, other capacities) are recreated,
+            see docs/datapath.md.
+        pin_lock_seconds: how long a new agent waits for the agent still holding
+            pin_path (a DaemonSet rolling update with surge runs both for a moment) before
+            giving up with RuntimeFailure. Two agents draining the same pinned tables
+            would corrupt each other's table switching, so they never share them.
+    """
+
+    netns: str | None = None
+    hook: str = "tc"
+    interface_patterns: tuple[str, ...] = ()
+    require_peer_netns: bool = True
+    exclude_patterns: tuple[str, ...] = ()
+    flow_capacity: int = 65536
+    endpoint_capacity: int = 16384
+    ephemeral_ports: tuple[int, int] | None = None
+    tc_priority: int = DEFAULT_TC_PRIORITY
+    tc_handle: int = DEFAULT_TC_HANDLE
+    resync_seconds: float = 10.0
+    pin_path: str | None = None
+    pin_lock_seconds: float = 60.0
+
+    def validate(self) -> None:
+        """Raises InputError naming the field when a setting is out of range."""
+        if self.hook != "tc":
+            raise InputError(f"hook {self.hook!r} is not supported (supported: tc)",
+                             source="datapath", field="hook")
+        # every number below becomes a -D flag of the BPF compile: only true ints may pass
+        ints = {"flow_capacity": self.flow_capacity, "endpoint_capacity": self.endpoint_capacity,
+                "tc_priority": self.tc_priority, "tc_handle": self.tc_handle}
+        if self.ephemeral_ports is not None:
+            ints.update(ephemeral_ports_low=self.ephemeral_ports[0],
+                        ephemeral_ports_high=self.ephemeral_ports[1])
+        for name, value in ints.items():
+            if type(value) is not int:
+                raise InputError(f"must be an integer, got {value!r}", source="datapath", field=name)
+        if not 8 <= self.flow_capacity <= 16_777_216:
+            raise InputError("must be within 8..16777216", source="datapath", field="flow_capacity")
+        if not 1 <= self.endpoint_capacity <= 1_048_576:
+            raise InputError("must be within 1..1048576", source="datapath", field="endpoint_capacity")
+        if self.ephemeral_ports is not None:
+            lo, hi = self.ephemeral_ports
+            if not 1 <= lo <= hi <= 65535:
+                raise InputError(f"{lo}-{hi} is no port range", source="datapath",
+                                 field="ephemeral_ports")
+        if not 1 <= self.tc_priority <= 0xFFFF:
+            raise InputError("must be within 1..65535", source="datapath", field="tc_priority")
+        if not 1 <= self.tc_handle <= 0xFFFFFFFF:
+            raise InputError("must be a non-zero u32", source="datapath", field="tc_handle")
+        if not 0 <= self.pin_lock_seconds <= 3600:
+            raise InputError("must be within 0..3600", source="datapath", field="pin_lock_seconds")
+        if self.pin_path is not None:
+            check_pin_path(self.pin_path)
+
+
+def check_pin_path(path: str) -> None:
+    """Raise InputError (field ``pin_path``) unless path is an absolute path made of
+    ``[A-Za-z0-9._/-]`` without ``..`` (it becomes a C string literal in the cflags)."""
+    if not _PIN_PATH_RE.match(path) or ".." in path.split("/"):
+        raise InputError(f"{path!r} must be an absolute path of [A-Za-z0-9._/-] without '..'",
+                         source="datapath", field="pin_path")
+
+
+def flags_for(config: DatapathConfig, ephemeral: tuple[int, int]) -> list[str]:
+    """Return the cflags for ``config`` with the ephemeral range (low, high) in host order.
+
+    ``pin_path`` becomes ``-DZM_PIN_DIR="<path>"`` (validated: no quotes can reach the C).
+    """
+    flags = [
+        f"-I{BPF_DIR}",
+        f"-DZM_FLOW_CAPACITY={config.flow_capacity}",
+        f"-DZM_ENDPOINT_CAPACITY={config.endpoint_capacity}",
+        f"-DZM_EPHEMERAL_MIN={ephemeral[0]}",
+        f"-DZM_EPHEMERAL_MAX={ephemeral[1]}",
+    ]
+    if config.pin_path is not None:
+        check_pin_path(config.pin_path)
+        flags.append(f'-DZM_PIN_DIR="{config.pin_path.rstrip("/") or "/"}"')
+    return flags

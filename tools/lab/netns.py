@@ -1,0 +1,168 @@
+"""Namespaces and links of the lab: names, creation, sysctls, offloads, the fabric.
+
+Every namespace and link name starts with the lab's prefix (see :mod:`tools.lab.lab`
+for the wiring); nothing is configured in the host namespace. Every lab link has TSO,
+GSO and GRO off and ``gso_max_segs`` 1, so one skb is one wire packet (docs/lab.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent.errors import InputError, RuntimeFailure
+from tools.lab.proc import nsexec
+from tools.lab.topology import Topology
+
+_OFFLOADS = ("tso", "gso", "gro")
+NODE_SYSCTLS = ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
+                "net.ipv4.conf.default.rp_filter=0", "net.ipv6.conf.all.forwarding=1",
+                "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
+#: no DAD (addresses usable at once), no router solicitations (no stray packets on the
+#: veth); the ephemeral range the topology keeps pod ports out of
+POD_SYSCTLS = ("net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
+               "net.ipv6.conf.all.router_solicitations=0",
+               "net.ipv6.conf.default.router_solicitations=0",
+               "net.ipv4.ip_local_port_range=32768 60999")
+
+
+def netns_mod() -> Any:
+    """Return pyroute2's ``netns`` module (create, remove, listnetns)."""
+    from pyroute2 import netns
+    return netns
+
+
+def open_ns(name: str) -> Any:
+    """Return a pyroute2 ``NetNS`` netlink socket in namespace ``name``; caller closes it."""
+    from pyroute2 import NetNS
+    return NetNS(name)
+
+
+def sysctl(ns: str, settings: Sequence[str]) -> None:
+    """Apply ``key=value`` sysctls inside ``ns`` (writes /proc/sys there; no procps needed)."""
+    script = "; ".join(
+        f"printf '%s' '{value}' > /proc/sys/{key.replace('.', '/')}"
+        for key, _, value in (item.partition("=") for item in settings))
+    nsexec(ns, ["sh", "-e", "-c", script])
+
+
+def disable_offloads(ns: str, links: Sequence[str]) -> None:
+    script = "; ".join(f"ethtool -K {link} {' off '.join(_OFFLOADS)} off 2>/dev/null || true"
+                       for link in links)
+    nsexec(ns, ["sh", "-c", script])
+    # verify: a feature the driver refused to turn off would break the ground truth
+    for link in links:
+        out = nsexec(ns, ["ethtool", "-k", link]).stdout
+        for line in out.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("tcp-segmentation-offload", "generic-segmentation-offload",
+                               "generic-receive-offload") and value.strip().startswith("on"):
+                raise RuntimeFailure(f"cannot turn off {key.strip()} on {link} in {ns}")
+
+
+class LabNamespaces:
+    """The namespace and link names of a lab, and the fabric between its nodes.
+
+    Base of :class:`tools.lab.Lab`: the attributes below are set by ``Lab.__init__``.
+    """
+
+    topology: Topology
+    prefix: str
+    state_dir: Path
+
+    # ------------------------------------------------------------------ naming
+
+    @property
+    def fabric_netns(self) -> str:
+        """Name of the fabric namespace (holds the bridge the node uplinks hang off)."""
+        return f"{self.prefix}-fabric"
+
+    def node_netns(self, node: str) -> str:
+        """Return the network namespace name of ``node``.
+
+        Raises:
+            InputError: no such node.
+        """
+        return f"{self.prefix}-node-{self.topology.node(node).name}"
+
+    def pod_netns(self, pod: str) -> str:
+        """Return the network namespace a pod's processes run in (its node's namespace
+        for a host-network pod).
+
+        Raises:
+            InputError: no such pod.
+        """
+        p = self.topology.pod(pod)
+        return self.node_netns(p.node) if p.host_network else f"{self.prefix}-pod-{p.name}"
+
+    def host_veth(self, pod: str) -> tuple[str, str]:
+        """Return ``(node netns name, host-side veth name)`` of a pod.
+
+        Raises:
+            InputError: no such pod, or a host-network pod (it has no veth).
+        """
+        p = self.topology.pod(pod)
+        if p.host_network:
+            raise InputError("a hostNetwork pod has no veth", obj=f"Pod {pod}", field="hostNetwork")
+        return self.node_netns(p.node), f"{self.prefix}p{p.index}"
+
+    def uplink(self, node: str) -> tuple[str, str]:
+        """Return ``(node netns name, uplink name)``: the node's link to the fabric."""
+        n = self.topology.node(node)
+        return self.node_netns(node), f"{self.prefix}u{n.index}"
+
+    def vxlan_device(self, node: str) -> tuple[str, str] | None:
+        """Return ``(node netns name, VXLAN device name)`` in vxlan mode, else ``None``."""
+        if self.topology.options.mode != "vxlan":
+            return None
+        return self.node_netns(node), f"{self.prefix}x"
+
+    def all_netns(self) -> list[str]:
+        """Return every namespace name this lab creates (fabric, nodes, pods)."""
+        names = [self.fabric_netns] + [self.node_netns(n.name) for n in self.topology.nodes]
+        names += [self.pod_netns(p.name) for p in self.topology.pods if not p.host_network]
+        return names
+
+    # ------------------------------------------------------------------ building
+
+    def _one_skb_one_packet(self) -> dict[str, int]:
+        """Return the link attributes that make one skb one wire packet: ``gso_max_segs``
+        1 (``tcp_tso_segs`` then builds one MSS per skb), or none with ``offloads``."""
+        return {} if self.topology.options.offloads else {"gso_max_segs": 1}
+
+    def _build_fabric(self) -> None:
+        opt = self.topology.options
+        ns = open_ns(self.fabric_netns)
+        try:
+            br = f"{self.prefix}br"
+            ns.link("add", ifname=br, kind="bridge")
+            br_idx = ns.link_lookup(ifname=br)[0]
+            ns.link("set", index=br_idx, mtu=opt.mtu, state="up")
+            for n in self.topology.nodes:
+                fab, up = f"{self.prefix}f{n.index}", f"{self.prefix}u{n.index}"
+                ns.link("add", ifname=fab, kind="veth",
+                        peer={"ifname": up, "net_ns_fd": self.node_netns(n.name)})
+                idx = ns.link_lookup(ifname=fab)[0]
+                ns.link("set", index=idx, mtu=opt.mtu, **self._one_skb_one_packet(), master=br_idx, state="up")
+        finally:
+            ns.close()
+
+    def _disable_all_offloads(self) -> None:
+        """Turn offloads off on every link of the lab: one skb == one wire packet (unless
+        the topology keeps them, ``options.offloads``)."""
+        topo = self.topology
+        opt = topo.options
+        if opt.offloads:
+            return
+        for n in topo.nodes:
+            links = [self.uplink(n.name)[1]] + [self.host_veth(p.name)[1]
+                                                for p in topo.pods_on(n.name)
+                                                if not p.host_network]
+            if opt.mode == "vxlan":
+                links.append(f"{self.prefix}x")
+            disable_offloads(self.node_netns(n.name), links)
+        disable_offloads(self.fabric_netns, [f"{self.prefix}f{n.index}" for n in topo.nodes])
+        for p in topo.pods:
+            if not p.host_network:
+                disable_offloads(self.pod_netns(p.name), ["eth0"])

@@ -1,0 +1,148 @@
+"""The lab's kube-proxy: which endpoints each node's proxy uses, programmed as iptables.
+
+The rules themselves are rendered by :mod:`tools.lab.kubeproxy`; this module decides
+the endpoints per (Service, node), keeps the per-node overrides and applies them with
+``iptables-restore`` in the node's namespace.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from agent.errors import InputError
+from tools.lab import kubeproxy
+from tools.lab.proc import nsexec
+from tools.lab.state import LabState
+from tools.lab.topology import Node, Service, resolve_target_port
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class LabProxy(LabState):
+    """kube-proxy emulation of every node (part of :class:`tools.lab.Lab`); the per-node
+    endpoint overrides live in the lab's state (:class:`tools.lab.state.LabState`)."""
+
+    def default_endpoints(self, service: str, node: str) -> tuple[str, ...]:
+        """Return the endpoint pods kube-proxy on ``node`` uses before any override: every
+        endpoint, or only ``node``'s own under ``internalTrafficPolicy: Local``.
+
+        Source: kube-proxy ``pkg/proxy/topology.go`` ``CategorizeEndpoints`` (without
+        hints; the caller programs hint-filtered sets with :meth:`set_service_endpoints`).
+        """
+        svc = self.topology.service(service)
+        if svc.internal_traffic_policy == "Local":
+            return tuple(e for e in svc.endpoints if self.topology.pod(e).node == node)
+        return svc.endpoints
+
+    def service_endpoints(self, service: str, node: str) -> tuple[str, ...]:
+        """Return the endpoints (pod names or addresses) ``node``'s proxy currently uses."""
+        svc = self.topology.service(service)
+        self.topology.node(node)
+        return self._overrides.get((svc.key, node), self.default_endpoints(service, node))
+
+    def set_service_endpoints(self, service: str, node: str,
+                              endpoints: Iterable[str] | None) -> None:
+        """Program what kube-proxy on ``node`` selects for ``service`` and apply it now.
+
+        Args:
+            service: ``namespace/name`` (or an unambiguous name).
+            node: node name.
+            endpoints: pod names or addresses (the target port comes from the Service;
+                an address needs a numeric targetPort); ``[]`` makes the ClusterIP DROP
+                (``internalTrafficPolicy: Local``) or REJECT (otherwise); ``None``
+                restores :meth:`default_endpoints`.
+
+        Raises:
+            InputError: unknown Service, node or endpoint.
+            RuntimeFailure: iptables-restore failed.
+        """
+        self.set_node_endpoints(node, {service: endpoints})
+
+    def set_node_endpoints(self, node: str,
+                           services: Mapping[str, Iterable[str] | None]) -> None:
+        """Like :meth:`set_service_endpoints` for several Services of one node, applied in
+        one iptables-restore per family."""
+        self.topology.node(node)
+        for service, endpoints in services.items():
+            svc = self.topology.service(service)
+            if endpoints is None:
+                self._overrides.pop((svc.key, node), None)
+                continue
+            eps = tuple(str(e) for e in endpoints)
+            for e in eps:
+                self._endpoint_address(svc, e, 4)  # validates
+            self._overrides[(svc.key, node)] = eps
+        self.program_node(node)
+        self._save_if_running()
+
+    def proxy_rules(self, node: str) -> list[kubeproxy.ProxyRule]:
+        """Return the ClusterIP rules ``node``'s proxy has (both families)."""
+        rules: list[kubeproxy.ProxyRule] = []
+        for svc in self.topology.services:
+            chosen = self.service_endpoints(svc.key, node)
+            for family, cip in ((4, svc.cluster_ip), (6, svc.cluster_ip6)):
+                if cip is None:
+                    continue
+                for sp in svc.ports:
+                    eps = []
+                    for e in chosen:
+                        resolved = self._endpoint_address(svc, e, family, sp)
+                        if resolved is not None:
+                            eps.append(resolved)
+                    rules.append(kubeproxy.ProxyRule(
+                        service=svc.key, port_name=sp.name or "", cluster_ip=cip, port=sp.port,
+                        protocol=sp.protocol, endpoints=tuple(eps),
+                        local_policy=svc.internal_traffic_policy == "Local"))
+        return rules
+
+    def program_proxies(self, select: Callable[[Service, Node], Iterable[str] | None]) -> None:
+        """Program every node's proxy from a model of kube-proxy's endpoint selection.
+
+        ``select(service, node)`` returns the endpoints kube-proxy on ``node`` would use
+        (pod names or addresses; ``[]`` = none, so DROP or REJECT), or ``None`` for
+        :meth:`default_endpoints`. A node with ``ignoreHints: true`` is not asked: it
+        keeps the default, i.e. every endpoint (a data plane that ignores hints), still
+        honouring ``internalTrafficPolicy: Local`` (kube-proxy ``CategorizeEndpoints``
+        applies that policy before and independently of hints).
+        """
+        for node in self.topology.nodes:
+            choice: dict[str, Iterable[str] | None] = {}
+            for svc in self.topology.services:
+                choice[svc.key] = None if node.ignore_hints else select(svc, node)
+            self.set_node_endpoints(node.name, choice)
+
+    def program_node(self, node: str) -> None:
+        """(Re)write ``node``'s nat and filter tables from :meth:`proxy_rules`.
+
+        Raises:
+            RuntimeFailure: iptables-restore failed.
+        """
+        rules = self.proxy_rules(node)
+        ns = self.node_netns(node)
+        nsexec(ns, ["iptables-restore", "-w"], input=kubeproxy.render(rules, 4))
+        if self.topology.options.ipv6:
+            nsexec(ns, ["ip6tables-restore", "-w"], input=kubeproxy.render(rules, 6))
+
+    def program_all_nodes(self) -> None:
+        """Program every node's proxy (see :meth:`program_node`)."""
+        for n in self.topology.nodes:
+            self.program_node(n.name)
+
+    def _endpoint_address(self, svc: Service, endpoint: str, family: int,
+                          sp: Any = None) -> tuple[IPAddress, int] | None:
+        sp = sp or svc.ports[0]
+        try:
+            addr = ipaddress.ip_address(endpoint)
+        except ValueError:
+            pod = self.topology.pod(endpoint)  # raises InputError naming the pod
+            if pod.ip6 is None and family == 6:
+                return None
+            return pod.address(family), resolve_target_port(pod, sp)
+        if isinstance(sp.target_port, str):
+            raise InputError("an address endpoint needs a numeric targetPort",
+                             obj=f"Service {svc.key}", field="ports.targetPort")
+        if addr.version != family:
+            return None
+        return addr, sp.target_port
