@@ -27,7 +27,7 @@ import ipaddress
 import random
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +38,12 @@ from agent.records import (  # noqa: E402
     FlowDelta,
     FlowKind,
     IPAddress,
+    Locality,
     Peer,
     PeerKind,
     ProxyView,
     ServicePort,
+    ServiceRef,
 )
 
 ZONES = ("zone-a", "zone-b", "zone-c")
@@ -92,11 +94,10 @@ class DictHints:
             return None
         return zv.get(self.node_zone.get(node, ""))
 
-    def services(self) -> Iterable[tuple[str, str]]:
-        return self.diag.keys()
-
-    def locality(self, namespace: str, service: str) -> _Diag | None:
-        return self.diag.get((namespace, service))
+    def localities(self, at: float = 0.0) -> Mapping[ServiceRef, Locality]:
+        """Every Service's locality as a hint model would publish it, changed at ``at``."""
+        return {ServiceRef(ns, name): Locality(d.mode, d.reason, d.in_effect, at)
+                for (ns, name), d in self.diag.items()}
 
 
 def build(pods: int, nodes: int, services: int, rng: random.Random

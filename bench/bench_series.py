@@ -5,7 +5,7 @@ Services x zone pairs. For each point of a grid (pods, connections per pod, Serv
 zones) this builds a synthetic cluster with the dict-backed ``MetadataView`` /
 ``HintView`` fakes of ``bench/bench_attribution.py`` (imported, not copied), feeds one
 node's real :class:`agent.attribution.Attributor` one interval of :class:`FlowDelta`
-batches, maps the totals with the real :func:`agent.agent.build_snapshot`, scrapes the
+batches, maps the totals with the real :func:`agent.loop.build_snapshot`, scrapes the
 real :class:`agent.exporter.Exporter` (``prometheus_client.generate_latest`` on its
 registry) and counts sample lines per metric family. It also checks that no label value
 is a pod name or an IP address (per-pod detail must never become a series).
@@ -70,7 +70,7 @@ from prometheus_client import generate_latest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.agent import build_snapshot  # noqa: E402
+from agent.loop import build_snapshot  # noqa: E402
 from agent.attribution import Attributor  # noqa: E402
 from agent.exporter import Exporter  # noqa: E402
 from agent.records import (  # noqa: E402
@@ -324,7 +324,8 @@ def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
         deltas += len(batch)
     att.close_interval(T0 + 10)
     totals = att.totals()
-    snap = build_snapshot(totals, table=None, attached=sum(len(v) for v in c.local.values()),
+    snap = build_snapshot(totals, locality=c.hints.localities(T0 + 10), table=None,
+                          attached=sum(len(v) for v in c.local.values()),
                           synced={"pods": True}, duration=0.0, at=T0 + 10, interval=10.0)
     exp = Exporter()
     exp.update(snap)
@@ -432,13 +433,14 @@ def churn(pods: int, retention: float, lifetime: float = 60.0, interval: float =
             cache.apply(res, "ADDED", obj)
         t = 0.0
         while t < lifetime:
-            hints.refresh(cache.take_dirty())
             at = T0 + mono[0]
+            hints.refresh(cache.take_dirty(), at=at)
             att.attribute([FlowDelta(FlowKind.REQUEST, addr, client, 8080, 6, 1000, 2),
                            FlowDelta(FlowKind.RESPONSE, addr, client, 8080, 6, 9000, 7),
                            FlowDelta(FlowKind.EGRESS, addr, internet, 443, 6, 500, 1)], at)
             att.close_interval(at)
-            exp.update(build_snapshot(att.totals(), table=None, attached=1, synced=cache.synced(),
+            exp.update(build_snapshot(att.totals(), locality=hints.localities(), table=None, attached=1,
+                                      synced=cache.synced(),
                                       duration=0.0, at=at, interval=interval))
             mono[0] += interval
             t += interval

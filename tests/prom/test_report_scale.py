@@ -21,13 +21,13 @@ import requests
 
 from tests.prom.promdata import (MANY_SPAN, MANY_T0, MANY_WINDOW, ONE_T0, many_change_time,
                                  running_prometheus, scale_input)
-from tools.report.compute import (BYTES, CHART_PANELS, CROSS_ZONE, HINT_IGNORED, IN_EFFECT,
+from agent.report.compute import (BYTES, CHART_PANELS, CROSS_ZONE, HINT_IGNORED, IN_EFFECT,
                                   PairRate, Report,
                                   ServiceKey, WindowStats, in_effect_shares, label_matchers,
                                   report_for_windows, report_per_service)
-from tools.report.pricing import parse_price
-from tools.report.prom import PromClient
-from tools.report.timespec import Window, choose_step
+from agent.report.pricing import parse_price
+from agent.report.prom import PromClient
+from agent.report.timespec import Window, choose_step
 
 MANY = 200
 AWS = parse_price("aws")
