@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import ipaddress
 import re
 import shutil
@@ -26,15 +25,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.unit.attribution.cluster import Model, build, objects
-from tests.unit.attribution.test_join_properties import conns
 
 from agent import datapath
 from agent.attribution import Attributor
-from agent.loop import build_snapshot
 from agent.errors import InputError
-from agent.exporter import (AttributionTotals, ExportSnapshot, Exporter, HintIgnoredKey, Locality,
-                            ServiceBytesKey, ServiceRef, WorkloadBytesKey)
+from agent.exporter import (
+    AttributionTotals,
+    Exporter,
+    ExportSnapshot,
+    HintIgnoredKey,
+    Locality,
+    ServiceBytesKey,
+    ServiceRef,
+    WorkloadBytesKey,
+)
+from agent.loop import build_snapshot
+from tests.unit.attribution.cluster import Model, build, objects
+from tests.unit.attribution.test_join_properties import conns
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agent"

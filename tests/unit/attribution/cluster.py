@@ -1,5 +1,5 @@
 """Fakes of the attribution Protocols, built from Kubernetes objects in their API shape,
-and a model of what each node's datapath sees for a connection (DESIGN.md data path).
+and a model of what each node's datapath sees for a connection (docs/datapath.md).
 
 Imported by the other tests/unit/attribution/test_join*.py; its own tests check the model.
 """
@@ -312,7 +312,7 @@ class Conn:
 
 @dataclass
 class Model:
-    """What each node's veth hooks see (DESIGN.md, verified on the kernel)."""
+    """What each node's veth hooks see (docs/datapath.md, verified on the kernel)."""
 
     meta: FakeMetadata
     objs: dict[str, Any]

@@ -1,4 +1,4 @@
-"""Series expiry (issue 8, ``--series-retention``): series of deleted objects go, others stay.
+"""Series expiry (``--series-retention``, docs/attribution.md): series of deleted objects go, others stay.
 
 Everything is real except the clock: a ClusterMetadata cache loaded from API-shaped objects
 (tests/unit/agent_cluster.py), the HintModel over it, the Attributor with the

@@ -1,11 +1,11 @@
-"""Structural property of the exported series (issue 4 item 9, bench/bench_series.py).
+"""Structural property of the exported series (bench/bench_series.py, BENCHMARKS.md).
 
 Per node, the number of Prometheus series depends on Services, zones and workloads, never
 on pods or connections: the same Services and zones with 10x the pods and 10x the
 connections export exactly the same series count per family; more Services export more.
 No label value is ever a pod name or an IP address. The one exception (pods that are their
 own workload: owner-less pods, Jobs) stays bounded under churn only through series expiry
-(issue 8, ``--series-retention``).
+(``--series-retention``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_ownerless_pods_are_their_own_workloads() -> None:
 
 
 def test_churn_keeps_series_bounded_only_with_expiry() -> None:
-    # issue 8: pods (each its own workload, each behind its own short-lived Service)
+    # with expiry: pods (each its own workload, each behind its own short-lived Service)
     # replaced one by one; bench/bench_series.py --churn, small
     kept = churn(120, retention=600.0, lifetime=60.0, interval=10.0, kind="job", samples=4)
     grown = churn(120, retention=0.0, lifetime=60.0, interval=10.0, kind="job", samples=4)

@@ -1,4 +1,4 @@
-"""Breaker 2: series expiry (``--series-retention``) under any interleaving of traffic,
+"""Series expiry (``--series-retention``) under any interleaving of traffic,
 Service deletion and re-creation, pod deletion, idle time and held deltas
 (``hold_unresolved_seconds``), on the real cache, hint model, Attributor and exporter.
 

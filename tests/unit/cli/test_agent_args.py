@@ -1,4 +1,4 @@
-"""Attacks on ``zonemeter agent`` flags and ``--cleanup`` (issue 8, bad input and restart).
+"""Attacks on ``zonemeter agent`` flags and ``--cleanup`` (bad input and restart).
 
 The datapath is replaced by a stub that refuses to load (exit 1), so a flag that slips
 through validation shows up as exit 1 instead of the one-line exit 2, and no test here

@@ -1,4 +1,4 @@
-"""Issue 8 item 2, API outage, at agent level: the interval loop (fake datapath) over the
+"""API outage at agent level: the interval loop (fake datapath) over the
 real list+watch against a Kubernetes API served over real HTTP by kmock, whose server is
 stopped and started again on the same port.
 

@@ -1,4 +1,4 @@
-"""Attack the whole agent loop with odd metadata and churn (issue 8, bad input, exactly-once).
+"""Attack the whole agent loop with odd metadata and churn (bad input, exactly-once).
 
 The loop runs as in production (real cache, hint model, attributor, exporter) over the
 agent test cluster with 1-3 values anywhere replaced by odd JSON or deleted, the

@@ -1,4 +1,4 @@
-"""Attack ``zonemeter top`` with /flows documents of any shape and odd flags (issue 8).
+"""Attack ``zonemeter top`` with /flows documents of any shape and odd flags.
 
 Whatever answers at ``--url`` (an agent of another version, a proxy, a different
 service on that port), ``top`` prints frames, or exits 1 with one line naming what is

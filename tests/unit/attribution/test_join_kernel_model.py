@@ -1,4 +1,4 @@
-"""Breaker 2: attacks on the exactly-once rule with a datapath model that runs the
+"""The exactly-once rule against a datapath model that runs the
 classification of bpf/classify.h (``zm_classify_and_count``) packet side by packet side,
 instead of the connection-shaped shortcut of ``Model.send``: every veth a packet crosses
 classifies it with *that node's* endpoint map and port array, from the packet's real
@@ -17,11 +17,20 @@ from typing import Any
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from tests.unit.attribution.cluster import (EPHEMERAL, PROTO, FakeHints, FakeMetadata, endpoint, objects,
-                                      pod, service, slice_)
 
 from agent.attribution import Attributor
 from agent.records import FlowDelta, FlowKind, IPAddress, ServicePort
+from tests.unit.attribution.cluster import (
+    EPHEMERAL,
+    PROTO,
+    FakeHints,
+    FakeMetadata,
+    endpoint,
+    objects,
+    pod,
+    service,
+    slice_,
+)
 
 T0 = 1_764_470_000.0
 ip = ipaddress.ip_address
