@@ -28,6 +28,7 @@ from agent import records
 from agent.errors import InputError
 from agent.hints import DEFAULT_VERSION, KubeVersion, ServiceDiagnosis, evaluate_cluster
 from agent.k8s.cache import ClusterMetadata, DirtySet, protocol_number
+from agent.logs import LogOnce
 from agent.records import IPAddress, Peer, PeerKind, ProxyView, ServicePort
 
 log = logging.getLogger(__name__)
@@ -297,7 +298,7 @@ class HintModel:
         self._locality: dict[ServiceName, Locality] = {}
         self._localities: dict[records.ServiceRef, records.Locality] = {}
         self._views: dict[tuple[str, str, str], ProxyView | None] = {}
-        self._logged: set[str] = set()
+        self._once = LogOnce(log, limit=1000)
         #: objects the model skipped as malformed (cumulative)
         self.bad_objects = 0
         #: Services (re-)evaluated by the last refresh
@@ -390,9 +391,7 @@ class HintModel:
         self.bad_objects += len(errors)
         for err in errors:
             text = str(err)
-            if text not in self._logged and len(self._logged) < 1000:
-                self._logged.add(text)
-                log.warning("hint model skipped an object: %s", text)
+            self._once(text, logging.WARNING, "hint model skipped an object: %s", text)
         return out
 
     # ------------------------------------------------------------------ HintView
