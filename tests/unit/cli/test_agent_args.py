@@ -147,7 +147,7 @@ def test_a_node_name_the_cluster_does_not_know_is_warned_about(caplog: pytest.Lo
     from tests.unit.agent_cluster import cluster
 
     cache = ClusterMetadata()
-    with caplog.at_level(logging.WARNING, logger="zonemeter.agent"):
+    with caplog.at_level(logging.WARNING, logger="agent.cli.agent"):
         assert not warn_unknown_node(cache, "na.ec2.internal")  # not listed yet: no verdict
         cache.replace("nodes", cluster()["nodes"])
         cache.set_synced("nodes", True)

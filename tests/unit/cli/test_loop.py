@@ -86,7 +86,7 @@ def test_loop_over_odd_metadata_and_churn_conserves_bytes(
     loop = AgentLoop(node, dp, cache, HintModel(cache), exp, interval=10,
                      clock=lambda: t[0], hold_unresolved_seconds=hold)
     drained = 0
-    with caplog.at_level(logging.ERROR, logger="zonemeter.agent"):
+    with caplog.at_level(logging.ERROR, logger="agent.loop"):
         for i, (objs, deltas) in enumerate(phases):
             if i:
                 cache.load_snapshot(_snap(objs), diff=True)  # the snapshot was rewritten
