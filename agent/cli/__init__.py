@@ -1,7 +1,9 @@
-"""The ``zonemeter`` command line.
+"""The ``zonemeter`` command line: the dispatcher over one module per verb.
 
 Each verb lives in its own module, which exposes ``register(subparsers)``; that function
-adds the verb's parser and sets ``func`` to a callable ``(args) -> int`` exit code.
+adds the verb's parser and sets ``func`` to a callable ``(args) -> int`` exit code. The
+agent's verbs live here (``agent.cli.agent``, ``agent.cli.top``, ``agent.cli.report``, ...);
+``lab`` and ``demo`` dispatch into ``tools/``.
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (one line naming the file,
 object and field), 130 interrupted (Ctrl-C), 141 standard output closed early (a pager or
