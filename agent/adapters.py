@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from agent import records
 from agent.errors import InputError
 from agent.hints import DEFAULT_VERSION, KubeVersion, ServiceDiagnosis, evaluate_cluster
 from agent.k8s.cache import ClusterMetadata, DirtySet, protocol_number
+from agent.logs import LogOnce
 from agent.records import IPAddress, Peer, PeerKind, ProxyView, ServicePort
 
 log = logging.getLogger(__name__)
@@ -293,23 +296,56 @@ class HintModel:
         self.feature_gates = dict(feature_gates or {})
         self._diags: dict[ServiceName, tuple[ServiceDiagnosis, ...]] = {}
         self._locality: dict[ServiceName, Locality] = {}
+        self._localities: dict[records.ServiceRef, records.Locality] = {}
         self._views: dict[tuple[str, str, str], ProxyView | None] = {}
-        self._logged: set[str] = set()
+        self._once = LogOnce(log, limit=1000)
         #: objects the model skipped as malformed (cumulative)
         self.bad_objects = 0
         #: Services (re-)evaluated by the last refresh
         self.last_evaluated = 0
 
-    def refresh(self, dirty: DirtySet | None = None) -> int:
+    def refresh(self, dirty: DirtySet | None = None, *, at: float | None = None) -> int:
         """Re-evaluate the Services that changed.
 
         Args:
             dirty: from ``ClusterMetadata.take_dirty()``; None or ``all=True`` re-evaluates
                 every Service (zones and allocatable CPU feed every Service's hints).
+            at: Unix seconds stamped as ``last_change`` on Services whose locality changed
+                (or appeared) in this refresh; default ``time.time()``.
 
         Returns:
             number of Services evaluated.
         """
+        n = self._refresh(dirty)
+        self._stamp(time.time() if at is None else at)
+        return n
+
+    def _stamp(self, at: float) -> None:
+        """Rebuild :meth:`localities`: a Service keeps its record (and ``last_change``)
+        while ``(mode, reason, in_effect)`` is unchanged; Services gone are dropped."""
+        old = self._localities
+        new: dict[records.ServiceRef, records.Locality] = {}
+        for (ns, name), loc in self._locality.items():
+            ref = records.ServiceRef(ns, name)
+            prev = old.get(ref)
+            if (prev is not None and prev.mode == loc.mode and prev.reason == loc.reason
+                    and dict(prev.in_effect) == dict(loc.in_effect)):
+                new[ref] = prev
+            else:
+                new[ref] = records.Locality(loc.mode, loc.reason, loc.in_effect, at)
+        self._localities = new
+
+    def localities(self) -> Mapping[records.ServiceRef, records.Locality]:
+        """Every diagnosed Service's locality with its change time (read by the exporter).
+
+        Returns:
+            ``{ServiceRef: Locality}`` as of the last :meth:`refresh` (read-only);
+            ``last_change`` is the ``at`` of the refresh in which the Service's
+            ``(mode, reason, in_effect)`` last changed or first appeared.
+        """
+        return MappingProxyType(self._localities)
+
+    def _refresh(self, dirty: DirtySet | None) -> int:
         nodes, services, slices = self.cache.raw_objects()
         if dirty is None or dirty.all:
             diags = self._evaluate(nodes, services, slices)
@@ -355,9 +391,7 @@ class HintModel:
         self.bad_objects += len(errors)
         for err in errors:
             text = str(err)
-            if text not in self._logged and len(self._logged) < 1000:
-                self._logged.add(text)
-                log.warning("hint model skipped an object: %s", text)
+            self._once(text, logging.WARNING, "hint model skipped an object: %s", text)
         return out
 
     # ------------------------------------------------------------------ HintView

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -229,3 +231,143 @@ class Locality:
     reason: str
     in_effect: Mapping[str, bool]
     last_change: float
+
+
+# ------------------------------------------------------------------ attribution output
+# Attribution produces these and the exporter serves them as they are (no copy between).
+
+
+@dataclass(frozen=True, slots=True)
+class PairRow:
+    """One client -> server row of the ``/flows`` document and ``zonemeter top`` (both
+    directions summed; never a Prometheus series: it names pods and addresses).
+
+    Attributes:
+        client, server: ``namespace/pod`` for pods, ``node/NAME`` for nodes and
+            host-network pods, the address for other peers; ``other`` for the row that
+            sums the pairs not listed.
+        namespace, service: the Service, ``""`` for non-Service traffic.
+        client_zone, server_zone, crossing: as in :class:`ServiceBytesKey`.
+        bytes: L3 bytes in the interval the row covers (not cumulative).
+        port: the Service port label (as in :class:`ServiceBytesKey`), ``""`` for
+            non-Service traffic.
+    """
+
+    client: str
+    server: str
+    namespace: str
+    service: str
+    client_zone: str
+    server_zone: str
+    crossing: str
+    bytes: int
+    port: str = ""
+
+
+def _read_only(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return value if isinstance(value, types.MappingProxyType) else types.MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionTotals:
+    """Immutable copy of one node's cumulative attribution totals (all bytes are L3 bytes).
+
+    Produced by :meth:`agent.attribution.Attributor.totals`, served by
+    :class:`agent.exporter.Exporter` (docs/metrics.md says where each byte goes). Every
+    counter is cumulative since the Attributor was created and never decreases. Per node,
+    ``bytes_seen == sum(service_bytes) + sum(workload_bytes) + sum(unattributed_bytes) +
+    sum(skipped_bytes) + held_bytes`` (plus the expired bytes, see ``expired_bytes``).
+    Mapping fields are read-only (copied into one on construction unless they already are).
+
+    Attributes:
+        node: the node the Attributor runs on.
+        service_bytes: ``Mapping[ServiceBytesKey, int]`` bytes.
+        hint_ignored_bytes: ``Mapping[HintIgnoredKey, int]`` bytes (a subset of service_bytes).
+        workload_bytes: ``Mapping[WorkloadBytesKey, int]`` bytes of non-Service traffic.
+        unattributed_bytes: ``Mapping[reason, int]``: bytes in no other series
+            (``flow_table_full``, ``endpoint_without_service``, ``attribution_error``).
+        unknown_crossing_bytes: ``Mapping[reason, int]``: bytes of service/workload series
+            whose crossing is ``unknown``, by why (a subset of those series).
+        skipped_bytes: ``Mapping[reason, int]``: client-side copies not counted here
+            because another veth counts them (not part of any series).
+        diagnostics_bytes: ``Mapping[name, int]``: counted bytes worth a look
+            (``ambiguous_service``, ``hint_check_client_node_unknown``,
+            ``flow_table_full_unfiltered``, ``hold_full``, ``endpoint_not_in_kernel``).
+        bytes_seen: every byte of every delta given to the Attributor.
+        deltas_seen: number of deltas given, ``invalid_deltas`` those with negative bytes
+            (ignored).
+        held_bytes: bytes held for a later retry (``hold_unresolved_seconds``), in no
+            series yet (a gauge: it goes down when they are counted).
+        top_pairs: the heaviest pairs of the last closed interval, bytes descending, then
+            one ``other`` row for the rest (absent when nothing was left over).
+        top_interval: ``(start, end)`` Unix seconds of that interval, or None before the first.
+        series_expired: ``Mapping[family, int]``: series dropped by expiry, per exported
+            metric name (``agent.attribution.EXPIRY_FAMILIES``; the Attributor lists every
+            family, 0 when none expired).
+        expired_bytes: ``Mapping[family, int]``: bytes those series held when they were
+            dropped (cumulative). With expiry the per-node sum reads ``bytes_seen ==
+            sum(service_bytes) + sum(workload_bytes) + sum(unattributed_bytes) +
+            sum(skipped_bytes) + held_bytes + expired_bytes[service family] +
+            expired_bytes[workload family]`` (hint-ignored bytes are a subset of service
+            bytes, expired or not).
+    """
+
+    node: str = ""
+    service_bytes: Mapping[ServiceBytesKey, int] = field(default_factory=dict)
+    hint_ignored_bytes: Mapping[HintIgnoredKey, int] = field(default_factory=dict)
+    workload_bytes: Mapping[WorkloadBytesKey, int] = field(default_factory=dict)
+    unattributed_bytes: Mapping[str, int] = field(default_factory=dict)
+    unknown_crossing_bytes: Mapping[str, int] = field(default_factory=dict)
+    skipped_bytes: Mapping[str, int] = field(default_factory=dict)
+    diagnostics_bytes: Mapping[str, int] = field(default_factory=dict)
+    bytes_seen: int = 0
+    deltas_seen: int = 0
+    invalid_deltas: int = 0
+    held_bytes: int = 0
+    top_pairs: tuple[PairRow, ...] = ()
+    top_interval: tuple[float, float] | None = None
+    series_expired: Mapping[str, int] = field(default_factory=dict)
+    expired_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping) and not isinstance(value, types.MappingProxyType):
+                object.__setattr__(self, f.name, _read_only(value))
+        if not isinstance(self.top_pairs, tuple):
+            object.__setattr__(self, "top_pairs", tuple(self.top_pairs))
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-ready form (debugging and tests).
+
+        Returns:
+            ``{"node", "bytes_seen", "deltas_seen", "invalid_deltas", "held_bytes",
+            "service_bytes": [{key fields..., "bytes"}], "hint_ignored_bytes": [...],
+            "workload_bytes": [...], "unattributed_bytes": {reason: bytes},
+            "unknown_crossing_bytes": {...}, "skipped_bytes": {...},
+            "diagnostics_bytes": {...}, "top_pairs": [...], "top_interval": [start, end] |
+            None, "series_expired": {family: series}, "expired_bytes": {family: bytes}}``;
+            rows sorted by their key, bytes are ints.
+        """
+        def rows(m: Mapping[Any, int]) -> list[dict[str, Any]]:
+            return [{**{f: getattr(k, f) for f in k.__slots__}, "bytes": v}
+                    for k, v in sorted(m.items(), key=lambda kv: tuple(
+                        getattr(kv[0], f) for f in kv[0].__slots__))]
+        return {
+            "node": self.node,
+            "bytes_seen": self.bytes_seen,
+            "deltas_seen": self.deltas_seen,
+            "invalid_deltas": self.invalid_deltas,
+            "held_bytes": self.held_bytes,
+            "service_bytes": rows(self.service_bytes),
+            "hint_ignored_bytes": rows(self.hint_ignored_bytes),
+            "workload_bytes": rows(self.workload_bytes),
+            "unattributed_bytes": dict(sorted(self.unattributed_bytes.items())),
+            "unknown_crossing_bytes": dict(sorted(self.unknown_crossing_bytes.items())),
+            "skipped_bytes": dict(sorted(self.skipped_bytes.items())),
+            "diagnostics_bytes": dict(sorted(self.diagnostics_bytes.items())),
+            "top_pairs": [{f: getattr(p, f) for f in p.__slots__} for p in self.top_pairs],
+            "top_interval": list(self.top_interval) if self.top_interval else None,
+            "series_expired": dict(sorted(self.series_expired.items())),
+            "expired_bytes": dict(sorted(self.expired_bytes.items())),
+        }

@@ -19,7 +19,7 @@ alternated round by round (medians, with min..max spread):
    earlier runs;
 3. drain: 100,000 flow entries read, deleted and converted to FlowDelta records (wall
    time, and the process's CPU time, which other jobs on shared cores do not inflate) by
-   one ``drain()`` call. As in the agent's tick (agent/agent.py: the deltas are a local
+   one ``drain()`` call. As in the agent's tick (agent/loop.py: the deltas are a local
    of ``tick``), the previous drain's records are freed before the next drain starts;
    the time that freeing takes is reported on its own line.
 

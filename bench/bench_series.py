@@ -5,7 +5,7 @@ Services x zone pairs. For each point of a grid (pods, connections per pod, Serv
 zones) this builds a synthetic cluster with the dict-backed ``MetadataView`` /
 ``HintView`` fakes of ``bench/bench_attribution.py`` (imported, not copied), feeds one
 node's real :class:`agent.attribution.Attributor` one interval of :class:`FlowDelta`
-batches, maps the totals with the real :func:`agent.agent.build_snapshot`, scrapes the
+batches, maps the totals with the real :func:`agent.loop.build_snapshot`, scrapes the
 real :class:`agent.exporter.Exporter` (``prometheus_client.generate_latest`` on its
 registry) and counts sample lines per metric family. It also checks that no label value
 is a pod name or an IP address (per-pod detail must never become a series).
@@ -66,7 +66,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from agent.agent import build_snapshot
+from agent.loop import build_snapshot
 from agent.attribution import Attributor
 from agent.exporter import Exporter
 from agent.records import (
@@ -321,7 +321,7 @@ def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
         deltas += len(batch)
     att.close_interval(T0 + 10)
     totals = att.totals()
-    snap = build_snapshot(totals, table=None, attached=sum(len(v) for v in c.local.values()),
+    snap = build_snapshot(totals, locality=c.hints.localities(T0 + 10), table=None, attached=sum(len(v) for v in c.local.values()),
                           synced={"pods": True}, duration=0.0, at=T0 + 10, interval=10.0)
     exp = Exporter()
     exp.update(snap)

@@ -51,6 +51,7 @@ from typing import Any
 from cachetools import TTLCache
 
 from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
+from agent.logs import LogOnce
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 log = logging.getLogger(__name__)
@@ -666,7 +667,7 @@ class ClusterMetadata:
         self._dirty_all = False
         self._synced: dict[str, bool] = {r: False for r in RESOURCES}
         self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
-        self._bad_logged: set[tuple[str, tuple[str, str]]] = set()
+        self._bad_once = LogOnce(log)
         # node -> (generations, endpoints with that nodeName, endpoints without nodeName)
         self._local_cache: dict[str, tuple[
             tuple[int, int, int], frozenset[tuple[IPAddress, int, int]],
@@ -812,9 +813,8 @@ class ClusterMetadata:
             key = _key(obj, resource)
         except _BAD_SHAPE:
             key = ("?", "?")
-        if (resource, key) not in self._bad_logged and len(self._bad_logged) < 10000:
-            self._bad_logged.add((resource, key))
-            log.warning("skipping bad %s %s/%s: %s", resource, key[0], key[1], err)
+        self._bad_once((resource, key), logging.WARNING, "skipping bad %s %s/%s: %s",
+                       resource, key[0], key[1], err)
 
     def _upsert(self, resource: str, obj: Mapping[str, Any]) -> None:
         if not isinstance(obj, Mapping):

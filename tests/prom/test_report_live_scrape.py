@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from agent.cli import main
 from tests.fixtures.promdata import running_prometheus, scrape_config
-from tools.report.prom import PromClient
+from agent.report.prom import PromClient
 
 SAME = 1_000_000          # same-zone bytes added per scrape, both phases
 CROSS_BEFORE = 3_000_000  # cross-zone bytes added per scrape before the change

@@ -14,10 +14,11 @@ import pytest
 
 from agent.cli import main
 from tests.fixtures.promdata import CHANGE, END, T0, WITHDRAWN
-from tools.report.compute import ServiceKey, report_for_windows, scrape_interval
-from tools.report.pricing import parse_price
-from tools.report.prom import PromClient
-from tools.report.timespec import Window, format_time
+from agent.report.compute import (ServiceKey, report_for_windows, report_per_service,
+                                  scrape_interval)
+from agent.report.pricing import parse_price
+from agent.report.prom import PromClient
+from agent.report.timespec import Window, format_time
 
 MONTH = 30 * 86400
 approx = lambda v: pytest.approx(v, rel=1e-9, abs=1e-9)  # noqa: E731

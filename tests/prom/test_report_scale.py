@@ -2,7 +2,7 @@
 Services, and its batched queries give exactly the numbers of one query per Service.
 
 A real Prometheus (Debian's 2.42) serves two data sets built by
-:func:`tests.fixtures.promdata.scale_input`: 200 Services on one day, 1 Service a day later
+:func:`tests.prom.promdata.scale_input`: 200 Services on one day, 1 Service a day later
 (so each data set is alone at its own "now"). Every Service has its own change time on the
 15 s scrape grid (Service i's after window is Service i + 40's before window, the rest are
 distinct), and rates chosen so every figure is known by hand. HTTP requests are counted at
@@ -19,33 +19,15 @@ from typing import Any
 import pytest
 import requests
 
-from tests.fixtures.promdata import (
-    MANY_SPAN,
-    MANY_T0,
-    MANY_WINDOW,
-    ONE_T0,
-    many_change_time,
-    running_prometheus,
-    scale_input,
-)
-from tools.report.compute import (
-    BYTES,
-    CHART_PANELS,
-    CROSS_ZONE,
-    HINT_IGNORED,
-    IN_EFFECT,
-    PairRate,
-    Report,
-    ServiceKey,
-    WindowStats,
-    in_effect_shares,
-    label_matchers,
-    report_for_windows,
-    report_per_service,
-)
-from tools.report.pricing import parse_price
-from tools.report.prom import PromClient
-from tools.report.timespec import Window, choose_step
+from tests.fixtures.promdata import (MANY_SPAN, MANY_T0, MANY_WINDOW, ONE_T0, many_change_time,
+                                 running_prometheus, scale_input)
+from agent.report.compute import (BYTES, CHART_PANELS, CROSS_ZONE, HINT_IGNORED, IN_EFFECT,
+                                  PairRate, Report,
+                                  ServiceKey, WindowStats, in_effect_shares, label_matchers,
+                                  report_for_windows, report_per_service)
+from agent.report.pricing import parse_price
+from agent.report.prom import PromClient
+from agent.report.timespec import Window, choose_step
 
 MANY = 200
 AWS = parse_price("aws")

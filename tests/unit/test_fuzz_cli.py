@@ -16,11 +16,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tools.report.cli as report_cli
+import agent.cli.report as report_cli
 from agent.cli import main
 from agent.errors import InputError
 from tools.lab.topology import Topology
-from tools.report.prom import PromClient
+from agent.report.prom import PromClient
 
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

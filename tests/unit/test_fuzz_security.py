@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import ipaddress
 import re
 import shutil
@@ -26,15 +25,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.unit.test_attribution_cluster import Model, build, objects
-from tests.unit.test_attribution_properties import conns
 
 from agent import datapath
 from agent.attribution import Attributor
-from agent.agent import build_snapshot
 from agent.errors import InputError
-from agent.exporter import (ExportSnapshot, Exporter, HintIgnoredKey, LocalityInfo, LocalityKey,
-                            ServiceBytesKey, ServiceId, WorkloadBytesKey)
+from agent.exporter import (
+    AttributionTotals,
+    Exporter,
+    ExportSnapshot,
+    HintIgnoredKey,
+    Locality,
+    ServiceBytesKey,
+    ServiceRef,
+    WorkloadBytesKey,
+)
+from agent.loop import build_snapshot
+from tests.unit.attribution.cluster import Model, build, objects
+from tests.unit.attribution.test_join_properties import conns
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agent"
@@ -49,12 +56,12 @@ HOSTILE = st.text(alphabet=st.sampled_from(list('ab"\\\n\r\t{}=,# é日\u2028\x0
 @given(HOSTILE, HOSTILE, HOSTILE, HOSTILE)
 def test_label_values_from_the_cluster_are_escaped(ns: str, svc: str, zone: str, reason: str) -> None:
     snap = ExportSnapshot(
-        service_bytes={ServiceBytesKey(ns, svc, "80", zone, "b", "cross_zone", "request"): 7},
-        hint_ignored_bytes={HintIgnoredKey(ns, svc, zone, "b"): 3},
-        locality_in_effect={LocalityKey(ns, svc, zone): True},
-        locality_info={ServiceId(ns, svc): LocalityInfo("topology-mode", reason)},
-        workload_bytes={WorkloadBytesKey(ns, svc, "Deployment", zone, "b", "pod", "cross_zone", "egress"): 5},
-        unattributed_bytes={reason: 11})
+        totals=AttributionTotals(
+            service_bytes={ServiceBytesKey(ns, svc, "80", zone, "b", "cross_zone", "request"): 7},
+            hint_ignored_bytes={HintIgnoredKey(ns, svc, zone, "b"): 3},
+            workload_bytes={WorkloadBytesKey(ns, svc, "Deployment", zone, "b", "pod", "cross_zone", "egress"): 5},
+            unattributed_bytes={reason: 11}),
+        locality={ServiceRef(ns, svc): Locality("topology-mode", reason, {zone: True}, 0.0)})
     exp = Exporter()
     exp.update(snap)
     text = generate_latest(exp.registry()).decode()
@@ -79,7 +86,8 @@ def test_label_values_from_the_cluster_are_escaped(ns: str, svc: str, zone: str,
 def test_promtool_accepts_hostile_labels() -> None:
     ns, svc = 'x"} evil{a="1', "a\\b\nzonemeter_fake 1"
     exp = Exporter()
-    exp.update(ExportSnapshot(service_bytes={ServiceBytesKey(ns, svc, "80", "a", "b", "cross_zone", "request"): 1}))
+    exp.update(ExportSnapshot(totals=AttributionTotals(
+        service_bytes={ServiceBytesKey(ns, svc, "80", "a", "b", "cross_zone", "request"): 1})))
     text = generate_latest(exp.registry()).decode()
     assert "\nzonemeter_fake 1" not in text
     # promtool reads the exposition itself; only lint findings (not parse errors) may remain
@@ -222,7 +230,7 @@ def test_bpf_source_is_only_the_installed_file() -> None:
                 assert ast.unparse(kws["src_file"]) == "str(TC_SOURCE).encode()", ast.unparse(kws["src_file"])
                 assert ast.unparse(kws["cflags"]) == "self.cflags()"
                 found.append(path)
-    assert found == [AGENT / "datapath" / "attach.py"]
+    assert found == [AGENT / "datapath.py"]
     assert datapath.TC_SOURCE == datapath.BPF_DIR / "tc.c" and datapath.TC_SOURCE.is_file()
     assert datapath.BPF_DIR == AGENT.parent / "bpf"
 

@@ -37,7 +37,7 @@ from typing import Any
 from agent.hints import REASON_SENTENCES
 from tools.demo.agents import AgentMetrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
-from tools.report.pricing import NAMED_PRICES, Price
+from agent.report.pricing import NAMED_PRICES, Price
 
 #: AWS: $0.01/GB charged on each side of a zone crossing
 AWS = Price("aws", NAMED_PRICES["aws"])
@@ -104,7 +104,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
 def usd_per_month_at_aws_price(cross_zone_bytes: int, seconds: float) -> float:
     """Extrapolate cross-zone bytes sent in ``seconds`` to USD per 30-day month at AWS's
     price ($0.01/GB on each side = $0.02 per GB crossing, GB = 1e9 bytes;
-    ``tools.report.pricing``), rounded to cents. 0.0 when nothing crossed or no time passed.
+    ``agent.report.pricing``), rounded to cents. 0.0 when nothing crossed or no time passed.
 
     This is the lab's traffic rate held for a month, not a forecast of anyone's bill."""
     if cross_zone_bytes <= 0 or seconds <= 0:

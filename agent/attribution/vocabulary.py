@@ -1,0 +1,136 @@
+"""Attribution's vocabulary: crossing values, reason names and the exactly-once rule.
+
+Every label value attribution writes is named here once (docs/attribution.md lists them
+with their meaning; docs/metrics.md says which series carries which), together with
+:func:`counted_here`, the rule that decides which node counts a byte.
+"""
+
+from __future__ import annotations
+
+from agent.records import FlowKind, PeerKind
+
+__all__ = [
+    "CROSSINGS",
+    "EXPIRY_FAMILIES",
+    "FAMILY_HINT_IGNORED",
+    "FAMILY_SERVICE",
+    "FAMILY_WORKLOAD",
+    "SKIPPED_REASONS",
+    "UNATTRIBUTED_REASONS",
+    "UNKNOWN",
+    "counted_here",
+    "crossing",
+]
+
+#: label value for anything missing (docs/metrics.md: "missing values are unknown")
+UNKNOWN = "unknown"
+
+SAME_NODE = "same_node"
+SAME_ZONE = "same_zone"
+CROSS_ZONE = "cross_zone"
+CROSS_REGION = "cross_region"
+EXTERNAL = "external"
+
+#: every value ``crossing`` takes
+CROSSINGS: tuple[str, ...] = (SAME_NODE, SAME_ZONE, CROSS_ZONE, CROSS_REGION, EXTERNAL, UNKNOWN)
+
+# Reasons vocabulary (docs/attribution.md lists them with their meaning).
+# unattributed: bytes in no service/workload series
+R_FLOW_TABLE_FULL = "flow_table_full"
+R_ENDPOINT_WITHOUT_SERVICE = "endpoint_without_service"
+R_ATTRIBUTION_ERROR = "attribution_error"
+# skipped: client-side copies counted by another agent (or by this one at the endpoint)
+S_CLUSTERIP_CLIENT_COPY = "clusterip_client_copy"
+S_CLUSTERIP_MIXED_HOST_NETWORK = "clusterip_mixed_host_network"
+S_ENDPOINT_CLIENT_COPY = "endpoint_client_copy"
+S_POD_PEER_INGRESS = "pod_peer_ingress"
+# unknown crossing: attributed bytes whose crossing is unknown
+R_NO_POD_FOR_IP = "no_pod_for_ip"
+R_NODE_WITHOUT_ZONE = "node_without_zone"
+R_CIDR_WITHOUT_ZONE = "cidr_without_zone"
+R_CLUSTERIP_TO_HOST_NETWORK = "clusterip_to_host_network_endpoint"
+# diagnostics: a subset of counted bytes worth a look
+D_AMBIGUOUS_SERVICE = "ambiguous_service"
+D_HINT_CHECK_NO_CLIENT_NODE = "hint_check_client_node_unknown"
+D_OVERFLOW_UNFILTERED = "flow_table_full_unfiltered"
+D_HOLD_FULL = "hold_full"
+D_LATE_ENDPOINT = "endpoint_not_in_kernel"
+
+#: reasons of ``unattributed_bytes`` (bytes in no other series)
+UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE, R_ATTRIBUTION_ERROR})
+#: reasons of ``skipped_bytes`` (copies another veth counts)
+SKIPPED_REASONS = frozenset({S_CLUSTERIP_CLIENT_COPY, S_CLUSTERIP_MIXED_HOST_NETWORK,
+                             S_ENDPOINT_CLIENT_COPY, S_POD_PEER_INGRESS})
+
+#: ``family`` label values of ``zonemeter_series_expired_total``: the exported metric whose
+#: series expired (see :mod:`agent.attribution.expiry`)
+FAMILY_SERVICE = "zonemeter_service_bytes_total"
+FAMILY_HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
+FAMILY_WORKLOAD = "zonemeter_workload_bytes_total"
+EXPIRY_FAMILIES: tuple[str, ...] = (FAMILY_SERVICE, FAMILY_HINT_IGNORED, FAMILY_WORKLOAD)
+
+#: the unknown-crossing reason of a peer that resolved without one, by its kind
+DEFAULT_REASON = {
+    PeerKind.UNKNOWN: R_NO_POD_FOR_IP,
+    PeerKind.POD: R_NODE_WITHOUT_ZONE,
+    PeerKind.NODE: R_NODE_WITHOUT_ZONE,
+    PeerKind.CIDR: R_CIDR_WITHOUT_ZONE,
+    PeerKind.EXTERNAL: R_NO_POD_FOR_IP,  # never used: external is never "unknown"
+}
+
+
+def counted_here(kind: FlowKind, *, remote_is_frontend: bool, remote_is_pod: bool) -> bool:
+    """The exactly-once rule for one non-overflow delta drained on this node.
+
+    The kernel counts a packet at every local pod veth it crosses; this says which of
+    those copies this node keeps so that the sum over all agents counts each byte once
+    (docs/attribution.md, "The rule table"). :class:`agent.attribution.Attributor`
+    decides with it, and the kernel tests apply it to real drained deltas
+    (tests/kernel/test_datapath*.py).
+
+    * ``REQUEST`` / ``RESPONSE``: always (they exist only at the endpoint's own veth).
+    * ``EGRESS`` / ``INGRESS`` to a frontend: never; that is the client-side copy of
+      Service traffic, which the endpoint's node counts as request/response.
+    * otherwise ``EGRESS`` always; ``INGRESS`` only when the remote is not a pod (a pod's
+      own veth counted those bytes as its ``EGRESS``).
+
+    Args:
+        kind: the delta's :class:`FlowKind`.
+        remote_is_frontend: ``(remote, port, protocol)`` is a Service address kube-proxy
+            DNATs to endpoints with a veth, or such an endpoint (EndpointSlice address and
+            port of a non-host-network pod).
+        remote_is_pod: the remote is a non-host-network pod (or an unresolved cluster
+            address), so some agent watches its veth.
+
+    Returns:
+        True when the delta's bytes belong in this node's totals.
+    """
+    if kind is FlowKind.REQUEST or kind is FlowKind.RESPONSE:
+        return True
+    if remote_is_frontend:
+        return False
+    return kind is FlowKind.EGRESS or not remote_is_pod
+
+
+def crossing(cz: str | None, cr: str | None, cn: str | None, ck: PeerKind,
+             sz: str | None, sr: str | None, sn: str | None, sk: PeerKind) -> str:
+    """Crossing of a flow between two sides (docs/attribution.md, "Classification").
+
+    Args:
+        cz, cr, cn, ck: one side's zone, region, node name (None when unknown) and kind.
+        sz, sr, sn, sk: the other side's.
+
+    Returns:
+        One of :data:`CROSSINGS`: ``external`` when either side is external, ``same_node``
+        on one node, ``unknown`` when a zone is missing, ``cross_region`` between two known
+        regions that differ, else ``same_zone`` or ``cross_zone``.
+    """
+    if ck is PeerKind.EXTERNAL or sk is PeerKind.EXTERNAL:
+        return EXTERNAL
+    if cn is not None and cn == sn:
+        return SAME_NODE
+    if cz is None or sz is None:
+        return UNKNOWN
+    if cr is not None and sr is not None and cr != sr:
+        return CROSS_REGION
+    return SAME_ZONE if cz == sz else CROSS_ZONE

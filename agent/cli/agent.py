@@ -1,0 +1,501 @@
+"""``zonemeter agent``: flags, signals and the run of the per-node loop (:mod:`agent.loop`).
+
+On SIGTERM/SIGINT: stop the link watcher and detach (so nothing is counted after the
+last read), drain what the tables hold, attribute and export it, keep serving for
+``--final-linger-seconds``, exit 0.
+
+Examples::
+
+    zonemeter agent --node-name node-a --snapshot cluster.json
+    zonemeter agent --node-name a1 --snapshot lab.json --netns zm1a2b-node-a1 \\
+        --metrics-address 127.0.0.1:9808 --interval 2 --exclude-interfaces 'zm1a2bu*'
+    NODE_NAME=node-a zonemeter agent            # in-cluster (DaemonSet)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent import exporter as ex
+from agent.adapters import HintModel
+from agent.errors import InputError, RuntimeFailure
+from agent.hints import DEFAULT_VERSION
+from agent.k8s.cache import ClusterMetadata
+from agent.logs import setup_logging
+from agent.loop import DEFAULT_INTERVAL, AgentLoop
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:9808"
+#: production default of ``--hold-unresolved-seconds``: covers watch latency for new pods
+#: and an API outage up to a minute, delays only the bytes of unknown pod addresses
+DEFAULT_HOLD_UNRESOLVED_SECONDS = 60.0
+#: ``--series-retention`` default: far above any scrape interval, so the last value of a
+#: deleted object's series is scraped many times before the series goes (docs/metrics.md)
+DEFAULT_SERIES_RETENTION = 600.0
+#: ``--pin-path`` default root on a node: ``/sys/fs/bpf/zonemeter/<node-name>``
+DEFAULT_PIN_ROOT = "/sys/fs/bpf/zonemeter"
+#: upper bound of every seconds flag (one week): larger values are typos, and
+#: ``time.sleep`` refuses some of them
+MAX_SECONDS = 7 * 24 * 3600.0
+
+_EPILOG = """\
+examples:
+  zonemeter agent --node-name node-a --snapshot cluster.json
+  zonemeter agent --node-name a1 --snapshot lab.json --netns zm1a2b-node-a1 \\
+      --metrics-address 127.0.0.1:9808 --interval 2 --exclude-interfaces 'zm1a2bu*'
+  NODE_NAME=node-a zonemeter agent                 # in-cluster (DaemonSet)
+
+Serves /metrics, /healthz, /readyz and /flows (read by `zonemeter top`).
+Logs one JSON object per line on stderr. SIGTERM: detach, final drain and export, exit 0.
+"""
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _patterns(text: str | None, flag: str) -> tuple[str, ...]:
+    if not text:
+        return ()
+    out = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not out:
+        raise InputError("expected GLOB[,GLOB...]", source=flag)
+    return out
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``agent`` verb."""
+    p = subparsers.add_parser(
+        "agent", help="run the per-node agent (datapath, attribution, /metrics)",
+        description="Count pod traffic on this node with eBPF, attribute it to Services, "
+        "zones and workloads, and serve Prometheus metrics.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NODE",
+                   help="this node's name (default: $NODE_NAME)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--snapshot", metavar="FILE",
+                     help="read Nodes, Pods, Services, EndpointSlices from a kubectl dump")
+    src.add_argument("--kubeconfig", metavar="FILE",
+                     help="list+watch a cluster with this kubeconfig (default: in-cluster)")
+    p.add_argument("--netns", metavar="NODE_NETNS",
+                   help="attach to pod veths inside this network namespace (/run/netns/NAME); "
+                   "metrics still listen in the agent's own namespace")
+    p.add_argument("--metrics-address", default=DEFAULT_METRICS_ADDRESS, metavar="HOST:PORT",
+                   help="where /metrics, /healthz, /readyz, /flows listen (default %(default)s)")
+    p.add_argument("--flows-allow-remote", action="store_true",
+                   help="serve /flows (pod names, peer IPs) to non-loopback peers too; by "
+                        "default only `zonemeter top` on the node may read it")
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
+                   help="drain and export period (default %(default)g)")
+    p.add_argument("--zone-cidrs", metavar="FILE",
+                   help="CIDR -> zone[, region] file for addresses outside the cluster")
+    p.add_argument("--exclude-interfaces", metavar="GLOB,...",
+                   help="interfaces never attached (fnmatch), e.g. an uplink veth")
+    p.add_argument("--interface-patterns", metavar="GLOB,...",
+                   help="extra interfaces attached whatever their kind (cali*, lxc*, eni*)")
+    p.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="X.Y",
+                   help="Kubernetes version the hint model reproduces (default %(default)s)")
+    p.add_argument("--feature-gates", default="", metavar="A=true,...",
+                   help="feature gate overrides for that version")
+    p.add_argument("--flow-capacity", type=int, default=65536, metavar="N",
+                   help="kernel flow entries per table (default %(default)s)")
+    p.add_argument("--final-linger-seconds", type=float, default=0.0, metavar="SECONDS",
+                   help="after SIGTERM and the final export, keep serving /metrics this long "
+                   "so a last scrape sees every byte (default %(default)g)")
+    p.add_argument("--hold-unresolved-seconds", type=float,
+                   default=DEFAULT_HOLD_UNRESOLVED_SECONDS, metavar="SECONDS",
+                   help="hold bytes of pod addresses the metadata does not know yet (a new "
+                   "pod, an API outage) for up to this long, then count them as unknown "
+                   "(default %(default)g; 0: count at once; at most 100000 deltas held)")
+    p.add_argument("--series-retention", type=float, default=DEFAULT_SERIES_RETENTION,
+                   metavar="SECONDS",
+                   help="drop the series of a deleted Service, or of a workload no pod "
+                   "belongs to any more, once it gained no bytes for this long (default "
+                   "%(default)g; 0: never, series live until restart)")
+    p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
+                   help="live cluster: wait this long for the first list of every resource "
+                   "before attaching (default %(default)g)")
+    p.add_argument("--pin-path", metavar="DIR",
+                   help="pin the flow tables here (a BPF filesystem) so the kernel keeps "
+                   "counting across agent restarts; 'none' disables pinning (default: "
+                   f"{DEFAULT_PIN_ROOT}/<node-name>, or none with --netns)")
+    p.add_argument("--cleanup", action="store_true",
+                   help="remove what released agents left (our tc filters and the pins "
+                   "under --pin-path) and exit")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if not args.node_name:
+        raise InputError("required (or set NODE_NAME)", source="--node-name")
+    if not args.interval > 0:
+        raise InputError(f"must be > 0, got {args.interval:g}", source="--interval")
+    # NaN passes every "< 0" check and infinity is no interval: --hold-unresolved-seconds
+    # nan held bytes forever (never exported), --final-linger-seconds inf or nan crashed
+    # time.sleep() after the final export, --interval inf exported once
+    for flag, value in (("--interval", args.interval),
+                        ("--final-linger-seconds", args.final_linger_seconds),
+                        ("--sync-timeout-seconds", args.sync_timeout_seconds),
+                        ("--hold-unresolved-seconds", args.hold_unresolved_seconds)):
+        if not math.isfinite(value) or value > MAX_SECONDS:
+            raise InputError(f"must be a number of seconds up to {MAX_SECONDS:g}, got {value:g}",
+                             source=flag)
+    if args.final_linger_seconds < 0:
+        raise InputError("must be >= 0", source="--final-linger-seconds")
+    if args.sync_timeout_seconds < 0:
+        raise InputError("must be >= 0", source="--sync-timeout-seconds")
+    if args.hold_unresolved_seconds < 0:
+        raise InputError("must be >= 0", source="--hold-unresolved-seconds")
+    if not args.series_retention >= 0:  # also NaN
+        raise InputError(f"must be >= 0 (0: never expire), got {args.series_retention:g}",
+                         source="--series-retention")
+    ex.parse_address(args.metrics_address)
+    if args.netns is not None and (not args.netns or "/" in args.netns
+                                   or args.netns in (".", "..")):
+        raise InputError(f"expected a name under /run/netns, got {args.netns!r}", source="--netns")
+    if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
+        raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
+
+
+class Stopper:
+    """SIGTERM/SIGINT -> a stop flag that wakes the loop at once, whichever thread the kernel
+    delivers the signal to.
+
+    Python runs signal handlers in the main thread, but the kernel may deliver the signal
+    to any thread (the HTTP server's, BCC's); a main thread blocked in a timed wait is then
+    not interrupted and would notice only when its timeout ends (a whole interval). The
+    C-level handler writes to :func:`signal.set_wakeup_fd` from whatever thread it runs in,
+    so :meth:`wait` selects on that socket instead.
+    """
+
+    def __init__(self) -> None:
+        import socket
+
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+        self._previous = {sig: signal.signal(sig, self._handler)
+                          for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self.signal = signum  # no logging here: the handler may interrupt a log call
+        self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True as soon as a stop signal arrived."""
+        import select
+
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self.event.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            readable, _, _ = select.select([self._r], [], [], min(left, 1.0))
+            if readable:
+                try:
+                    self._r.recv(4096)
+                except BlockingIOError:
+                    pass
+        return self.event.is_set()
+
+    def close(self) -> None:
+        """Restore the previous handlers and wakeup fd."""
+        signal.set_wakeup_fd(self._old_fd)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._r.close()
+        self._w.close()
+
+
+def pin_path_for(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """Resolve ``--pin-path``: ``(path or None, explicit)``.
+
+    Default: ``/sys/fs/bpf/zonemeter/<node-name>`` on a real node; none with ``--netns``
+    (the lab and the demo run many throw-away nodes with reused names: a later run must
+    never drain an earlier run's pinned counters). ``--pin-path none`` disables pinning.
+    """
+    if args.pin_path is not None:
+        if args.pin_path.lower() == "none":
+            return None, True
+        return args.pin_path, True
+    if args.netns is not None:
+        return None, False
+    return f"{DEFAULT_PIN_ROOT}/{args.node_name}", False
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    """``zonemeter agent --cleanup``: remove our tc filters (in ``--netns`` or the host
+    namespace) and the pins under the resolved ``--pin-path``; print what was removed as
+    one JSON line; exit 0.
+
+    Raises:
+        InputError: a malformed pin path, or one that is not on a BPF filesystem.
+        RuntimeFailure: a filter or pin could not be removed, or an agent still runs on
+            the pin path (it holds the pin lock).
+    """
+    from agent.datapath import Datapath
+
+    if not args.node_name and args.pin_path is None and args.netns is None:
+        raise InputError("required to find the default pin path (or give --pin-path)",
+                         source="--node-name")
+    if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
+        raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
+    path, _ = pin_path_for(args)
+    lock = _lock_for_cleanup(path)
+    try:
+        res = Datapath.cleanup(path, args.netns)
+    finally:
+        if lock is not None:
+            os.close(lock)
+    print(json.dumps({"msg": "cleanup done", "pin_path": path, "netns": args.netns,
+                      "filters_removed": [f"{n}/{side}" for n, side in res.filters],
+                      "pins_removed": list(res.pins)}))
+    return 0
+
+
+def _lock_for_cleanup(path: str | None) -> int | None:
+    """Take the pin directory's lock (the one a running agent holds for its lifetime)
+    without waiting, so ``--cleanup`` never removes the filters and pins of an agent that
+    is still running: it would go on exporting as if attached while counting nothing.
+
+    Returns:
+        the locked fd (close it to release), or None when there is no pin directory.
+
+    Raises:
+        InputError: a malformed pin path.
+        RuntimeFailure: an agent holds the lock.
+    """
+    from agent.datapath import check_pin_path, lock_pins
+
+    if path is None:
+        return None
+    check_pin_path(path)
+    if not os.path.isdir(path):
+        return None
+    try:
+        return lock_pins(path, 0.0)
+    except RuntimeFailure:
+        raise RuntimeFailure(
+            f"an agent is running on the pins in {path}: stop it before --cleanup (its "
+            "filters and tables would vanish under it)") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns 0 after the final export.
+
+    Must run in the main thread (signal handlers).
+
+    Raises:
+        InputError: bad flags, snapshot, CIDR file, version or gates (exit 2).
+        RuntimeFailure: the datapath cannot load, or the metrics address cannot be bound
+            (exit 1).
+    """
+    if getattr(args, "cleanup", False):
+        return cleanup(args)
+    stopper = Stopper()
+    try:
+        return _run(args, stopper)
+    finally:
+        stopper.close()
+
+
+def _run(args: argparse.Namespace, stop: Stopper) -> int:
+    from agent.datapath import Datapath, DatapathConfig
+    from agent.explain import parse_feature_gates
+    from agent.k8s.source import open_metadata
+
+    _validate(args)
+    gates = parse_feature_gates(args.feature_gates)
+    exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
+    include = _patterns(args.interface_patterns, "--interface-patterns")
+    pin_path, explicit = pin_path_for(args)
+    no_bpffs = False
+    if pin_path is not None and not explicit:
+        from agent.datapath import on_bpf_fs
+
+        if not on_bpf_fs(pin_path):  # default only: an explicit path must be on bpffs
+            no_bpffs, pin_path = True, None
+    config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
+                            flow_capacity=args.flow_capacity, pin_path=pin_path)
+    config.validate()
+    setup_logging(args.log_level)
+    node = args.node_name
+
+    source = open_metadata(snapshot=args.snapshot, kubeconfig=args.kubeconfig,
+                           zone_cidrs=args.zone_cidrs)
+    try:
+        if args.snapshot is not None and source.cache.node(node) is None:
+            raise InputError(f"node {node!r} is not in the snapshot", source=args.snapshot,
+                             field="--node-name")
+        hints = HintModel(source.cache, args.kubernetes_version, gates)
+        exporter = ex.Exporter()
+        attached = threading.Event()
+        readiness = ex.make_readiness(attached.is_set, source.cache.synced)
+        try:
+            server = ex.start_server(exporter, args.metrics_address, readiness,
+                                     flows_remote=args.flows_allow_remote)
+        except OSError as err:
+            raise RuntimeFailure(f"--metrics-address {args.metrics_address}: {err}") from None
+        try:
+            log.info("starting", extra={"fields": {
+                "node": node, "metadata": source.origin, "netns": args.netns,
+                "metrics": server.url, "interval_seconds": args.interval}})
+            if no_bpffs:
+                log.warning("no BPF filesystem at %s: flow tables are not pinned, what the "
+                            "kernel counts after the last drain dies with the agent",
+                            DEFAULT_PIN_ROOT)
+            dp = Datapath(config)
+            try:
+                loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
+                                 hold_unresolved_seconds=args.hold_unresolved_seconds,
+                                 series_retention=args.series_retention)
+                # Live cluster: attach only once the endpoints are known, else Service bytes
+                # counted meanwhile would be classified as non-Service (and dropped as
+                # client copies on the other side); attach anyway after the timeout.
+                _wait_synced(source.cache, stop, args.sync_timeout_seconds)
+                warn_unknown_node(source.cache, node)
+                loop.sync_endpoints()
+                dp.watch()
+                attached.set()
+                log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
+                poll = (source.poll_snapshot if source.snapshot_path is not None
+                        else release_poll(source.cache))
+                _serve(loop, stop, args.interval, poll)
+                log.info("stopping", extra={"fields": {"signal": stop.signal,
+                                                       "pinned": pin_path is not None}})
+                attached.clear()
+                if pin_path is None:
+                    # Final: stop counting first (watcher stopped, filters removed), then
+                    # drain what the tables hold, so every byte the kernel counted is
+                    # exported.
+                    dp.close()
+                    res = loop.tick()
+                else:
+                    # Pinned: drain and export, then hand over: filters and pinned tables
+                    # stay, the kernel keeps counting, the next agent drains the rest.
+                    res = loop.tick()
+                    dp.release()
+                held = loop.flush_held()
+                log.info("final export", extra={"fields": {
+                    "deltas": res.deltas, "bytes": res.bytes, "held_bytes_released": held,
+                    "linger_seconds": args.final_linger_seconds}})
+            finally:
+                dp.close()
+            if args.final_linger_seconds > 0:
+                time.sleep(args.final_linger_seconds)
+        finally:
+            server.close()
+    finally:
+        source.stop()
+    log.info("stopped")
+    return 0
+
+
+def warn_unknown_node(cache: ClusterMetadata, node: str) -> bool:
+    """Log a warning when the Nodes are listed and ``node`` is not among them (a
+    ``--node-name`` that is the host name rather than ``spec.nodeName``): no endpoint would
+    count as local, so Service traffic would be counted as workload traffic, and every
+    zone of this node would be unknown, with nothing else saying why.
+
+    Returns:
+        True when the warning was logged.
+    """
+    if not cache.synced().get("nodes") or cache.node(node) is not None:
+        return False
+    log.warning("node %r is not among the cluster's Nodes: --node-name (NODE_NAME) must be "
+                "the Node's name (spec.nodeName of its pods); until it appears, no endpoint "
+                "counts as local and this node's zone is unknown", node,
+                extra={"fields": {"node": node, "nodes": cache.counts()["nodes"]}})
+    return True
+
+
+def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:
+    """Block until every metadata resource is synced, a stop signal, or ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not all(cache.synced().values()):
+        if time.monotonic() >= deadline:
+            stale = sorted(r for r, ok in cache.synced().items() if not ok)
+            log.warning("metadata not synced, attaching anyway",
+                        extra={"fields": {"unsynced": stale, "waited_seconds": timeout}})
+            return
+        if stop.wait(0.1):
+            return
+
+
+#: how often a ``--snapshot`` file (one stat() call) or the live cache's address releases
+#: are checked between ticks, seconds
+SNAPSHOT_POLL_SECONDS = 0.25
+
+
+def release_poll(cache: ClusterMetadata) -> Callable[[Callable[[], object]], bool]:
+    """Live cluster: a poll for :meth:`AgentLoop.poll_metadata` that runs a tick as soon as
+    the watch reports a pod giving up an address (``ClusterMetadata.released``).
+
+    The drain then happens while the old owner is the address's last tenant (grace
+    cache), so its last bytes are its own unless a new pod takes the address within the
+    poll period plus the watch latency; without it, every byte of the address drained at
+    the next regular tick would go to a new owner that appeared meanwhile.
+    """
+    last = [cache.released()]
+
+    def poll(before_apply: Callable[[], object]) -> bool:
+        now = cache.released()
+        if now == last[0]:
+            return False
+        last[0] = now
+        before_apply()
+        return True
+
+    return poll
+
+
+def _serve(loop: AgentLoop, stop: Stopper, interval: float,
+           poll: Callable[[Callable[[], object]], bool] | None = None) -> None:
+    """Tick at once, then every ``interval`` seconds (fixed schedule) until ``stop``.
+
+    With ``poll`` (snapshot mode) the file is checked every :data:`SNAPSHOT_POLL_SECONDS`
+    between ticks and a change is applied at once (:meth:`AgentLoop.poll_metadata`).
+    """
+    start = time.monotonic()
+    n = 0
+    while True:
+        res = loop.tick()
+        log.debug("interval", extra={"fields": {
+            "deltas": res.deltas, "bytes": res.bytes, "services_evaluated": res.services_evaluated,
+            "duration_seconds": round(res.duration_seconds, 6)}})
+        if res.duration_seconds > interval:
+            log.warning("interval work took longer than the interval",
+                        extra={"fields": {"duration_seconds": res.duration_seconds}})
+        n += 1
+        next_at = start + n * interval
+        now = time.monotonic()
+        if next_at <= now:  # fell behind: skip the missed ticks, keep the phase
+            n = int((now - start) // interval) + 1
+            next_at = start + n * interval
+        while True:
+            left = next_at - time.monotonic()
+            if poll is None:
+                if stop.wait(left):
+                    return
+                break
+            if stop.wait(min(left, SNAPSHOT_POLL_SECONDS)):
+                return
+            if time.monotonic() >= next_at:
+                break
+            try:
+                loop.poll_metadata(poll)
+            except Exception as err:  # noqa: BLE001 - keep serving with the old metadata
+                loop.log_once("poll:" + type(err).__name__, "snapshot poll failed", exc=err)

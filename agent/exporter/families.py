@@ -1,0 +1,181 @@
+"""The metric family table: one row per exported family (name, type, help, labels, getter).
+
+Declared the way kube-state-metrics declares its families (``internal/store/pod.go``
+``podMetricFamilies``), so this table reads like docs/metrics.md, which is the contract:
+prefix ``zonemeter_``, counters end in ``_total``, missing label values are ``unknown``,
+no IPs or pod names on any series. Bytes are L3 bytes (IP header included), see
+docs/datapath.md. The collector (:class:`agent.exporter.Exporter`) yields the families in
+table order, each with the samples its getter reads from the current
+:class:`agent.exporter.ExportSnapshot`, sorted by label values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from agent.exporter.snapshot import ExportSnapshot
+from agent.records import HintIgnoredKey, ServiceBytesKey, WorkloadBytesKey
+
+__all__ = ["COUNTER", "FAMILIES", "GAUGE", "UNKNOWN", "MetricFamily", "Sample", "label"]
+
+UNKNOWN = "unknown"
+COUNTER = "counter"
+GAUGE = "gauge"
+
+#: one sample: label values (in the family's label order) and the value
+Sample = tuple[tuple[str, ...], float]
+
+
+def label(value: object) -> str:
+    """Return a label value: ``str(value)``, or ``"unknown"`` for None and ""."""
+    if value is None:
+        return UNKNOWN
+    text = str(value)
+    return text if text else UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class MetricFamily:
+    """One row of the table.
+
+    Attributes:
+        name: the exposed name (counters with their ``_total``).
+        type: :data:`COUNTER` or :data:`GAUGE`.
+        help: the ``# HELP`` text.
+        labels: label names, in the order the getter yields values.
+        getter: ``(snapshot, build version) -> samples`` (any order; the collector sorts).
+    """
+
+    name: str
+    type: str
+    help: str
+    labels: tuple[str, ...]
+    getter: Callable[[ExportSnapshot, str], Iterable[Sample]]
+
+
+def _keyed(series: Mapping[Any, float]) -> Iterable[Sample]:
+    """Samples of a mapping keyed by a label record (labels = the record's fields)."""
+    for key, value in series.items():
+        yield tuple(label(getattr(key, f.name)) for f in fields(key)), value
+
+
+def _by_name(series: Mapping[str, float]) -> Iterable[Sample]:
+    """Samples of a ``{label value: value}`` mapping (one label)."""
+    for name, value in series.items():
+        yield (label(name),), value
+
+
+def _in_effect(s: ExportSnapshot, _: str) -> Iterable[Sample]:
+    for ref, loc in s.locality.items():
+        for zone, on in loc.in_effect.items():
+            yield (label(ref.namespace), label(ref.service), label(zone)), 1 if on else 0
+
+
+def _locality_info(s: ExportSnapshot, _: str) -> Iterable[Sample]:
+    for ref, loc in s.locality.items():
+        yield (label(ref.namespace), label(ref.service), label(loc.mode), label(loc.reason)), 1
+
+
+def _last_change(s: ExportSnapshot, _: str) -> Iterable[Sample]:
+    for ref, loc in s.locality.items():
+        yield (label(ref.namespace), label(ref.service)), loc.last_change
+
+
+def _synced(s: ExportSnapshot, _: str) -> Iterable[Sample]:
+    for resource, ok in s.metadata_synced.items():
+        yield (label(resource),), 1 if ok else 0
+
+
+def _scalar(value: float) -> Iterable[Sample]:
+    yield (), value
+
+
+SERVICE_LABELS = ("namespace", "service", "port", "client_zone", "server_zone", "crossing", "direction")
+HINT_IGNORED_LABELS = ("namespace", "service", "client_zone", "server_zone")
+WORKLOAD_LABELS = ("namespace", "workload", "workload_kind", "client_zone", "remote_zone", "remote_kind",
+                   "crossing", "direction")
+#: the record whose fields give each keyed family's label values, in this order
+KEYED_LABELS: Mapping[tuple[str, ...], type] = {
+    SERVICE_LABELS: ServiceBytesKey, HINT_IGNORED_LABELS: HintIgnoredKey, WORKLOAD_LABELS: WorkloadBytesKey}
+
+FAMILIES: tuple[MetricFamily, ...] = (
+    MetricFamily(
+        "zonemeter_service_bytes_total", COUNTER,
+        "L3 bytes of Service traffic counted at the endpoint's node, by client and server zone, "
+        "crossing and direction.",
+        SERVICE_LABELS, lambda s, _: _keyed(s.totals.service_bytes)),
+    MetricFamily(
+        "zonemeter_service_hint_ignored_bytes_total", COUNTER,
+        "L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that "
+        "zone while topology hints were in effect.",
+        HINT_IGNORED_LABELS, lambda s, _: _keyed(s.totals.hint_ignored_bytes)),
+    MetricFamily(
+        "zonemeter_service_locality_in_effect", GAUGE,
+        "1 when kube-proxy filters this Service's endpoints by topology for clients in "
+        "client_zone, else 0.",
+        ("namespace", "service", "client_zone"), _in_effect),
+    MetricFamily(
+        "zonemeter_service_locality_info", GAUGE,
+        "Requested locality mode and why locality is not in effect (reason none when it is); "
+        "always 1.",
+        ("namespace", "service", "mode", "reason"), _locality_info),
+    MetricFamily(
+        "zonemeter_service_locality_last_change_timestamp_seconds", GAUGE,
+        "When the Service's locality state last changed.",
+        ("namespace", "service"), _last_change),
+    MetricFamily(
+        "zonemeter_workload_bytes_total", COUNTER,
+        "L3 bytes of non-Service traffic of a local pod by workload, remote zone and kind, "
+        "crossing and direction (egress from / ingress to the workload).",
+        WORKLOAD_LABELS, lambda s, _: _keyed(s.totals.workload_bytes)),
+    MetricFamily(
+        "zonemeter_unattributed_bytes_total", COUNTER,
+        "L3 bytes that could not be attributed, by reason.",
+        ("reason",), lambda s, _: _by_name(s.totals.unattributed_bytes)),
+    MetricFamily(
+        "zonemeter_unknown_crossing_bytes_total", COUNTER,
+        "L3 bytes of service and workload series whose crossing is unknown, by reason (a subset "
+        "of those series).",
+        ("reason",), lambda s, _: _by_name(s.totals.unknown_crossing_bytes)),
+    MetricFamily(
+        "zonemeter_skipped_bytes_total", COUNTER,
+        "L3 bytes seen but not counted here because another veth counts them (client-side "
+        "copies), by reason; never billed.",
+        ("reason",), lambda s, _: _by_name(s.totals.skipped_bytes)),
+    MetricFamily(
+        "zonemeter_diagnostic_bytes_total", COUNTER,
+        "L3 bytes already counted in the series above that are worth a look, by diagnostic name "
+        "(e.g. endpoint_not_in_kernel: the kernel endpoint map lagged the EndpointSlices).",
+        ("name",), lambda s, _: _by_name(s.totals.diagnostics_bytes)),
+    MetricFamily(
+        "zonemeter_series_expired_total", COUNTER,
+        "Series dropped because their Service or workload no longer exists and they gained no "
+        "bytes for --series-retention seconds, by the metric (family) they belonged to.",
+        ("family",), lambda s, _: _by_name(s.totals.series_expired)),
+    MetricFamily(
+        "zonemeter_flow_table_entries", GAUGE,
+        "Entries in the kernel flow table at the last drain.",
+        (), lambda s, _: _scalar(s.flow_table_entries)),
+    MetricFamily(
+        "zonemeter_flow_table_capacity", GAUGE,
+        "Maximum entries of the kernel flow table.",
+        (), lambda s, _: _scalar(s.flow_table_capacity)),
+    MetricFamily(
+        "zonemeter_attached_interfaces", GAUGE,
+        "Interfaces the datapath is attached to.",
+        (), lambda s, _: _scalar(s.attached_interfaces)),
+    MetricFamily(
+        "zonemeter_collector_duration_seconds", GAUGE,
+        "Wall time of the last drain and attribution.",
+        (), lambda s, _: _scalar(s.collector_duration_seconds)),
+    MetricFamily(
+        "zonemeter_metadata_synced", GAUGE,
+        "1 when the resource's Kubernetes metadata is in sync.",
+        ("resource",), _synced),
+    MetricFamily(
+        "zonemeter_build_info", GAUGE,
+        "zonemeter build; always 1.",
+        ("version",), lambda _, version: [((label(version),), 1)]),
+)

@@ -1,0 +1,285 @@
+"""AgentLoop: one node's interval work (endpoints, hints, drain, attribute, export).
+
+Per interval (docs/agent.md)::
+
+    metadata changed?  -> local endpoints -> Datapath.set_local_endpoints
+    dirty Services     -> HintModel.refresh (evaluate_cluster on those only; all on node changes)
+    Datapath.drain()   -> Attributor.attribute(deltas, at) -> close_interval(at)
+    AttributionTotals + HintModel.localities() + datapath stats + synced state -> ExportSnapshot
+    Exporter.update(snapshot)                                  (served on /metrics, /flows)
+
+No threads and no signals here (testable); ``zonemeter agent`` (:mod:`agent.cli.agent`)
+drives it. This loop is the one place that catches every exception: a failing stage is
+logged once per error type and the interval goes on with what it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.adapters import HintModel, MetadataAdapter
+from agent.attribution import Attributor
+from agent.errors import InputError
+from agent.exporter import Exporter, ExportSnapshot
+from agent.datapath import TableStats
+from agent.k8s.cache import ClusterMetadata
+from agent.logs import LogOnce
+from agent.records import AttributionTotals, FlowDelta, IPAddress, Locality, ServiceRef
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "TickResult", "build_snapshot"]
+
+DEFAULT_INTERVAL = 10.0
+
+
+class DatapathLike(Protocol):
+    """What the loop needs from :class:`agent.datapath.Datapath` (a fake in unit tests)."""
+
+    def set_local_endpoints(self, endpoints: Iterable[tuple[IPAddress | str, int, int]]) -> None:
+        """Replace the kernel's local endpoint set."""
+        ...
+
+    def drain(self) -> list[FlowDelta]:
+        """Flow deltas counted since the previous drain."""
+        ...
+
+    def stats(self) -> Any:
+        """``DatapathStats``: ``attached`` names, ``table`` (TableStats), ``endpoints``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one interval did (for logs and tests).
+
+    Attributes:
+        at: Unix seconds the drain was attributed at.
+        deltas: flow deltas drained.
+        bytes: L3 bytes in them.
+        services_evaluated: Services the hint model re-evaluated.
+        endpoints_changed: the local endpoint set was rewritten.
+        duration_seconds: wall time of the interval's work.
+    """
+
+    at: float
+    deltas: int
+    bytes: int
+    services_evaluated: int
+    endpoints_changed: bool
+    duration_seconds: float
+
+
+class AgentLoop:
+    """One node's interval work, without threads or signals (testable).
+
+    Args:
+        node: this node's name.
+        datapath: the loaded datapath (or a fake with the same three methods).
+        cache: the metadata cache.
+        hints: the hint model over ``cache``.
+        exporter: where snapshots go.
+        interval: the configured interval, seconds (exported in ``/flows``).
+        clock: Unix seconds (``at`` of each drain); perf: a monotonic clock for durations.
+        top_n: pair rows published per interval for ``/flows``.
+        hold_unresolved_seconds: see ``Attributor``.
+        series_retention: seconds; see ``Attributor`` (0: series never expire).
+        monotonic: the clock ``series_retention`` is measured on (monotonic seconds).
+    """
+
+    def __init__(self, node: str, datapath: DatapathLike, cache: ClusterMetadata, hints: HintModel,
+                 exporter: Exporter, *, interval: float = DEFAULT_INTERVAL,
+                 clock: Callable[[], float] = time.time,
+                 perf: Callable[[], float] = time.perf_counter, top_n: int = 50,
+                 hold_unresolved_seconds: float = 0.0, series_retention: float = 0.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self.datapath = datapath
+        self.cache = cache
+        self.hints = hints
+        self.exporter = exporter
+        self.interval = interval
+        self._clock = clock
+        self._perf = perf
+        self.hold_unresolved_seconds = hold_unresolved_seconds
+        self.attributor = Attributor(node, MetadataAdapter(cache), hints, top_n=top_n,
+                                     hold_unresolved_seconds=hold_unresolved_seconds,
+                                     series_retention=series_retention, clock=monotonic)
+        self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
+        self._first = True
+        self._once = LogOnce(log)
+        self.ticks = 0
+
+    def log_once(self, key: str, msg: str, *args: object, exc: BaseException | None = None) -> None:
+        """Log an error of the loop once per ``key`` (e.g. ``"drain:" + error type``)."""
+        self._once(key, logging.ERROR, msg, *args, exc=exc)
+
+    def sync_endpoints(self) -> bool:
+        """Write this node's local endpoints to the datapath when they changed; nothing is
+        written before the EndpointSlices were listed once (the kernel keeps its set).
+
+        Returns:
+            True when the set was rewritten.
+        """
+        if self._endpoints is None and not self.cache.synced().get("endpointslices"):
+            # EndpointSlices never listed (API down at start, a list that failed half way):
+            # the cache's set is empty or partial. The kernel's set is better: with pinned
+            # maps it is the previous agent's, which keeps classifying Service traffic;
+            # overwriting it would count this node's Service bytes as workload bytes for
+            # the whole outage.
+            return False
+        eps = self.cache.local_endpoints(self.node)  # memoized per slice/node generation
+        if eps == self._endpoints:
+            return False
+        try:
+            self.datapath.set_local_endpoints(eps)
+        except InputError as err:  # e.g. more endpoints than endpoint_capacity
+            self.log_once("endpoints", "cannot write local endpoints: %s", err)
+            return False
+        self._endpoints = eps
+        log.info("local endpoints updated", extra={"fields": {"endpoints": len(eps)}})
+        return True
+
+    def refresh_hints(self, at: float | None = None) -> int:
+        """Re-evaluate the hint model for Services that changed (all on the first call).
+
+        Args:
+            at: Unix seconds the hint model stamps on locality changes (``last_change``);
+                None: the model's own clock.
+
+        Returns:
+            Services evaluated.
+        """
+        dirty = self.cache.take_dirty()
+        if self._first:
+            self._first = False
+            return self.hints.refresh(None, at=at)
+        if dirty.all or dirty.services:
+            return self.hints.refresh(dirty, at=at)
+        return 0
+
+    def tick(self) -> TickResult:
+        """Run one interval: endpoints, hints, drain, attribute, export.
+
+        Never raises for a failing stage: a drain error is logged (once per error type) and
+        the interval exports what it has; the bytes stay in the kernel table for the next
+        drain when the failure happened before the table swap.
+        """
+        t0 = self._perf()
+        changed = False
+        evaluated = 0
+        try:
+            changed = self.sync_endpoints()
+        except Exception as err:  # noqa: BLE001 - the agent never dies on one bad object
+            self.log_once("sync:" + type(err).__name__, "endpoint sync failed", exc=err)
+        at = self._clock()
+        try:
+            evaluated = self.refresh_hints(at)
+        except Exception as err:  # noqa: BLE001
+            self.log_once("hints:" + type(err).__name__, "hint model failed", exc=err)
+        deltas: list[FlowDelta] = []
+        try:
+            deltas = self.datapath.drain()
+        except Exception as err:  # noqa: BLE001
+            self.log_once("drain:" + type(err).__name__, "drain failed", exc=err)
+        try:
+            self.attributor.attribute(deltas, at)
+            self.attributor.close_interval(at)
+        except Exception as err:  # noqa: BLE001 - a bug, not bad input: the next interval goes on
+            self.log_once("attribute:" + type(err).__name__, "attribution failed", exc=err)
+        totals = self.attributor.totals()
+        duration = self._perf() - t0
+        self.exporter.update(self.snapshot(totals, at, duration))
+        self.ticks += 1
+        nbytes = sum(d.bytes for d in deltas)
+        return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
+
+    def flush_held(self) -> int:
+        """Count every held delta now, as it resolves now (``unknown`` with its reason if
+        still unresolved), and export. Called once at shutdown after the final tick: held
+        bytes must not die with the process.
+
+        The Attributor releases a held delta when ``hold_unresolved_seconds`` have passed
+        since its drain; this passes it a time that far past the newest drain, so every
+        held delta is final. Each is still resolved as of its own drain time.
+
+        Returns:
+            bytes that were held.
+        """
+        held = self.attributor.totals().held_bytes
+        if not held:
+            return 0
+        at = self._clock()
+        self.attributor.attribute((), at + self.hold_unresolved_seconds + 1.0)
+        self.attributor.close_interval(at)
+        self.exporter.update(self.snapshot(self.attributor.totals(), at, 0.0))
+        return held
+
+    def poll_metadata(self, poll: Callable[[Callable[[], object]], bool]) -> bool:
+        """Apply a metadata change that arrives as a whole (a rewritten ``--snapshot``).
+
+        ``poll(before_apply)`` (``MetadataSource.poll_snapshot``) calls ``before_apply``
+        just before it changes the cache; that is a full :meth:`tick`, so every byte the
+        kernel counted before the change is drained and attributed with the metadata of
+        its time (a deleted pod's last bytes to that pod, not to a pod that reuses its
+        address). After the change the local endpoints are rewritten to the kernel map
+        and the dirty Services re-evaluated at once, not at the next interval.
+
+        Returns:
+            True when the metadata changed.
+        """
+        if not poll(self.tick):
+            return False
+        try:
+            self.sync_endpoints()
+            self.refresh_hints()
+        except Exception as err:  # noqa: BLE001 - the next tick retries both
+            self.log_once("reload:" + type(err).__name__, "applying a metadata change failed",
+                       exc=err)
+        return True
+
+    def snapshot(self, totals: AttributionTotals, at: float, duration: float) -> ExportSnapshot:
+        """The :class:`ExportSnapshot` of ``totals``, the hint model's locality and self-health."""
+        try:
+            st = self.datapath.stats()
+            table: TableStats | None = st.table
+            attached = len(st.attached)
+        except Exception as err:  # noqa: BLE001
+            self.log_once("stats", "datapath stats failed", exc=err)
+            table, attached = None, 0
+        return build_snapshot(totals, locality=self.hints.localities(), table=table, attached=attached,
+                              synced=self.cache.synced(), duration=duration, at=at,
+                              interval=self.interval)
+
+
+def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, Locality] | None = None,
+                   table: TableStats | None, attached: int, synced: Mapping[str, bool],
+                   duration: float, at: float, interval: float) -> ExportSnapshot:
+    """The :class:`ExportSnapshot` of one interval: the totals and locality as their stages
+    produced them, plus self-health (docs/metrics.md says where each byte goes).
+
+    Args:
+        totals: the Attributor's totals (cumulative bytes).
+        locality: the hint model's ``{ServiceRef: Locality}`` (``HintModel.localities()``).
+        table: flow table health, or None when unavailable.
+        attached: interfaces with the datapath attached.
+        synced: ``{resource: synced}``.
+        duration: seconds the interval's work took.
+        at: Unix seconds of the drain.
+        interval: configured interval, seconds.
+    """
+    return ExportSnapshot(
+        totals=totals,
+        locality=locality or {},
+        flow_table_entries=table.entries if table else 0,
+        flow_table_capacity=table.capacity if table else 0,
+        attached_interfaces=attached,
+        collector_duration_seconds=duration,
+        metadata_synced=synced,
+        generated_at=at,
+        interval_seconds=interval,
+    )

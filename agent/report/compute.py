@@ -1,0 +1,907 @@
+"""From Prometheus series to per-Service before/after statistics and savings.
+
+Every figure is defined in ``docs/report.md``; in short, for a window ``[s, e)`` of ``D``
+seconds and a Service:
+
+- ``bytes_per_second`` = ``increase(zonemeter_service_bytes_total[D])`` evaluated at ``e``,
+  summed over the Service's series, divided by ``D`` (increase handles counter resets and,
+  where the window edges fall between scrapes, extrapolates to them as ``rate()`` does);
+- ``cross_zone_bytes_per_second``: the same over ``crossing="cross_zone"`` only, also split
+  by ``direction``, ``client_zone`` and ``server_zone``;
+- ``cross_zone_fraction`` = cross-zone / total (``None`` when the total is 0);
+- ``hint_ignored_bytes_per_second``: as the total, over
+  ``zonemeter_service_hint_ignored_bytes_total``;
+- ``locality_in_effect_share``: the Service is *in effect* at instant ``t`` when
+  ``min by (namespace, service) (zonemeter_service_locality_in_effect)`` at ``t`` is 1,
+  i.e. at least one series exists and every client-zone series (of every agent) is 1. The
+  share is the fraction of the instants ``s, s+step, ... < e`` with a known state at which
+  it was in effect (``None`` when no instant had a state).
+
+The change: ``saved = cross_before - cross_after``; ``normalized_saved = fraction_before *
+total_after - cross_after`` (the cross-zone bytes the after-window traffic would have sent
+at the before window's cross-zone fraction, minus what it sent); dollars a month are priced
+from the normalised figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agent.errors import InputError
+from agent.report.pricing import Price
+from agent.report.prom import PromClient, Sample, Series, format_ms, prometheus_ms
+from agent.report.timespec import Window, choose_step, format_time
+
+BYTES = "zonemeter_service_bytes_total"
+HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
+IN_EFFECT = "zonemeter_service_locality_in_effect"
+LAST_CHANGE = "zonemeter_service_locality_last_change_timestamp_seconds"
+CROSS_ZONE = 'crossing="cross_zone"'
+#: default window length (each side of a change time), seconds
+DEFAULT_WINDOW_SECONDS = 86400.0
+#: shortest usable window, seconds (increase() needs two scrapes inside it)
+MIN_WINDOW_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceKey:
+    """A Service: ``namespace/name``."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PairRate:
+    """Cross-zone bytes per second of one direction between two zones.
+
+    Attributes:
+        direction: ``request`` (client -> endpoint) or ``response``.
+        client_zone: zone of the client.
+        server_zone: zone of the endpoint.
+        bytes_per_second: average over the window, bytes/s (L3 bytes).
+    """
+
+    direction: str
+    client_zone: str
+    server_zone: str
+    bytes_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """One Service (or the cluster total) over one window.
+
+    Attributes:
+        window: the window.
+        bytes_per_second: all Service bytes, bytes/s averaged over the window.
+        cross_zone_bytes_per_second: bytes with ``crossing="cross_zone"``, bytes/s.
+        hint_ignored_bytes_per_second: hint-ignored bytes, bytes/s.
+        locality_in_effect_share: fraction of the window (0..1) with locality in effect, or
+            ``None`` when the state is unknown throughout.
+        cross_zone_pairs: cross-zone bytes/s by (direction, client_zone, server_zone),
+            largest first.
+        withdrawn_at: instants (Unix seconds) inside the window where the state went from in
+            effect to not in effect.
+    """
+
+    window: Window
+    bytes_per_second: float = 0.0
+    cross_zone_bytes_per_second: float = 0.0
+    hint_ignored_bytes_per_second: float = 0.0
+    locality_in_effect_share: float | None = None
+    cross_zone_pairs: tuple[PairRate, ...] = ()
+    withdrawn_at: tuple[float, ...] = ()
+
+    @property
+    def cross_zone_fraction(self) -> float | None:
+        """Cross-zone bytes / all bytes (0..1), ``None`` when there were no bytes."""
+        if self.bytes_per_second <= 0:
+            return None
+        return self.cross_zone_bytes_per_second / self.bytes_per_second
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """Before/after of one Service (or the total).
+
+    Attributes:
+        key: the Service, ``None`` for the cluster total.
+        before: statistics of the before window.
+        after: statistics of the after window.
+        saved: observed cross-zone bytes/s saved (before - after; negative = more).
+        normalized_saved: cross-zone bytes/s saved at the after window's traffic volume,
+            ``fraction_before * total_after - cross_after``; ``None`` when the before window
+            had no traffic.
+        usd_per_month_saved: ``normalized_saved`` priced over 30 days; ``None`` with it.
+        warnings: one line each.
+        change_time: the change instant (Unix seconds) when known.
+        series: cross-zone bytes/s over both windows for the chart, ``[(t, v)]``.
+    """
+
+    key: ServiceKey | None
+    before: WindowStats
+    after: WindowStats
+    saved: float
+    normalized_saved: float | None
+    usd_per_month_saved: float | None
+    warnings: tuple[str, ...] = ()
+    change_time: float | None = None
+    series: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The whole report.
+
+    Attributes:
+        price: the price used.
+        before: the before window, ``None`` when each Service has its own (change-time mode
+            without ``--change-time``).
+        after: the after window, likewise.
+        change_time: the global change instant when given or implied.
+        services: per-Service changes, ordered by normalised saving (largest first).
+        total: the cluster total (sum over ``services``).
+        warnings: report-level warnings (partial data coverage, skipped Services).
+        assumptions: lines stating how the numbers were computed.
+    """
+
+    price: Price
+    before: Window | None
+    after: Window | None
+    change_time: float | None
+    services: tuple[Change, ...]
+    total: Change
+    warnings: tuple[str, ...] = ()
+    assumptions: tuple[str, ...] = field(default=())
+
+
+def label_matchers(service: ServiceKey | None, extra: str = "") -> str:
+    """PromQL matcher body for an optional Service plus ``extra`` matchers.
+
+    Returns:
+        e.g. ``{crossing="cross_zone",namespace="shop",service="cart"}`` or ``""``.
+    """
+    parts = [extra] if extra else []
+    if service is not None:
+        parts.append(f'namespace="{_escape(service.namespace)}"')
+        parts.append(f'service="{_escape(service.name)}"')
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _range(seconds: float) -> str:
+    return f"{int(round(seconds * 1000))}ms"
+
+
+def _key(labels: Mapping[str, str]) -> ServiceKey:
+    return ServiceKey(labels.get("namespace", "unknown"), labels.get("service", "unknown"))
+
+
+def in_effect_shares(series: Iterable[Series], window: Window, step: float
+                     ) -> dict[ServiceKey, tuple[float | None, tuple[float, ...]]]:
+    """Share of the window with locality in effect, and the withdrawal instants.
+
+    Args:
+        series: ``min by (namespace, service) (zonemeter_service_locality_in_effect)`` over
+            the instants ``window.start + k*step < window.end``.
+        window: the window.
+        step: seconds between instants.
+
+    Returns:
+        ``{service: (share or None, (t_withdrawn, ...))}``; the share counts only instants
+        with a value; a withdrawal is an instant with value < 1 right after one with 1.
+    """
+    out: dict[ServiceKey, tuple[float | None, tuple[float, ...]]] = {}
+    for s in series:
+        points = [(t, v) for t, v in s.points if window.start <= t < window.end]
+        if not points:
+            out[_key(s.labels)] = (None, ())
+            continue
+        on = sum(1 for _, v in points if v >= 1)
+        withdrawn = tuple(t for (tp, vp), (t, v) in zip(points, points[1:], strict=False)
+                          if vp >= 1 and v < 1 and t - tp <= step * 1.5)
+        out[_key(s.labels)] = (on / len(points), withdrawn)
+    return out
+
+
+#: label the batched queries add to tell their parts apart (never a zonemeter label)
+PART_LABEL = "zonemeter_report_part"
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The Services one part of a batched query selects.
+
+    Attributes:
+        service: the user's ``--service`` filter, or ``None``.
+        keys: exactly these Services (the rest of the result is dropped), or ``None`` for
+            every Service the filter admits.
+    """
+
+    service: ServiceKey | None = None
+    keys: frozenset[ServiceKey] | None = None
+
+    def matchers(self, extra: str = "") -> str:
+        """PromQL matchers selecting the scope (a superset when ``keys`` spans several
+        namespaces and names; :meth:`admits` drops the rest).
+
+        Returns:
+            e.g. ``{crossing="cross_zone",namespace="shop",service="cart"}``; the size
+            grows with ``keys`` only.
+        """
+        if self.keys is None:
+            return label_matchers(self.service, extra)
+        if len(self.keys) == 1:
+            return label_matchers(next(iter(self.keys)), extra)
+        parts = [extra] if extra else []
+        for label, values in (("namespace", {k.namespace for k in self.keys}),
+                              ("service", {k.name for k in self.keys})):
+            if len(values) == 1:
+                parts.append(f'{label}="{_escape(next(iter(values)))}"')
+            else:
+                alternatives = "|".join(re.escape(v) for v in sorted(values))
+                parts.append(f'{label}=~"{_escape(alternatives)}"')
+        return "{" + ",".join(parts) + "}"
+
+    def admits(self, key: ServiceKey) -> bool:
+        """Whether ``key`` belongs to the scope."""
+        return self.keys is None or key in self.keys
+
+
+def _or_all(parts: list[str]) -> str:
+    """``a or b or ...`` as a balanced tree, so Prometheus's ``or`` (which indexes its left
+    side) costs O(n log n) rather than O(n^2) over n parts."""
+    if len(parts) == 1:
+        return parts[0]
+    mid = len(parts) // 2
+    return f"({_or_all(parts[:mid])}) or ({_or_all(parts[mid:])})"
+
+
+def _tagged(expr: str, tag: str) -> str:
+    return f'label_replace({expr}, "{PART_LABEL}", "{tag}", "", "")'
+
+
+def _by_tag(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    out: dict[str, list[Sample]] = {}
+    for smp in samples:
+        tag = smp.labels.get(PART_LABEL)
+        if tag is not None:
+            out.setdefault(tag, []).append(smp)
+    return out
+
+
+#: most parts (one window of one scope each) in one HTTP request. Prometheus's cost for a
+#: query grows faster than its number of selectors (2.42, 600-step range query over raw
+#: selectors: 500 parts in one query 11.5 s, in 8 queries of 64 2.3 s), and one huge query
+#: would also hit its 2 min query timeout; 256 keeps up to 128 Services with distinct windows
+#: in one request per query kind
+MAX_PARTS_PER_QUERY = 256
+#: most parts in one range query (each is evaluated at every step, so a range query costs
+#: Prometheus far more per part than an instant query)
+MAX_RANGE_PARTS_PER_QUERY = 256
+#: requests in flight at once (Prometheus runs up to 20 queries concurrently by default)
+MAX_CONCURRENT_QUERIES = 4
+
+_T = TypeVar("_T")
+
+
+def _chunks(items: list[_T], size: int = MAX_PARTS_PER_QUERY) -> list[list[_T]]:
+    """``items`` in consecutive pieces of at most ``size``."""
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _run_all(calls: list[Callable[[], _T]]) -> list[_T]:
+    """Run the request thunks, up to :data:`MAX_CONCURRENT_QUERIES` at a time.
+
+    Returns:
+        Their results, in order.
+
+    Raises:
+        InputError: the first failed call's error (in call order).
+    """
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(min(MAX_CONCURRENT_QUERIES, len(calls))) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
+
+
+def _instant_calls(client: PromClient, exprs: dict[str, str], at: float, *, per_job: int = 1
+                   ) -> list[Callable[[], dict[str, list[Sample]]]]:
+    """Instant queries evaluating every ``{tag: expr}`` (each pinned with ``@``), the parts
+    of at most :data:`MAX_PARTS_PER_QUERY` jobs (``per_job`` consecutive parts each) per
+    request; each call returns ``{tag: [Sample, ...]}`` (tags without a result are absent)."""
+    def call(chunk: list[str]) -> dict[str, list[Sample]]:
+        return _by_tag(client.query(_or_all([_tagged(exprs[t], t) for t in chunk]), at))
+
+    return [functools.partial(call, chunk)
+            for chunk in _chunks(list(exprs), MAX_PARTS_PER_QUERY * per_job)]
+
+
+@dataclass(frozen=True, slots=True)
+class _RangePart:
+    """One grid of a batched range query: ``expr(offset)`` evaluated at the instants
+    ``start, start + step, ...`` up to ``end`` (Unix seconds, as a separate
+    ``query_range(expr, start, end, step)`` would)."""
+
+    tag: str
+    expr: Callable[[str], str]  # the offset clause ("" or " offset -Xms") -> the expression
+    start: float
+    end: float
+    step: float
+    #: evaluate in a request of its own: a part over every Service is cheapest aggregated
+    #: on its own (its series outnumber all the small parts together)
+    alone: bool = False
+    #: the one Service the part selects (exact matchers): such parts are batched without a
+    #: tag label, each Service at most once per request
+    key: ServiceKey | None = None
+
+
+def _range_calls(client: PromClient, parts: list[_RangePart], aggregate: str | None = None
+                 ) -> list[Callable[[], dict[str, list[Series]]]]:
+    """Range queries evaluating every part on its own grid, in few requests.
+
+    Each part's grid is shifted onto a common one with ``offset``: the request runs from the
+    earliest part's start, and a part starting ``X`` ms later reads its data ``offset -Xms``,
+    so it is evaluated at exactly its own instants (Prometheus's millisecond rounding of each
+    start and end is reproduced by :func:`prometheus_ms`). Returned timestamps are mapped back.
+    Requests: one per ``alone`` part (exactly the query of that window alone); the others
+    grouped by step and at most :data:`MAX_RANGE_PARTS_PER_QUERY` per request, parts with a
+    ``key`` additionally in lanes so no Service appears twice in a request: those need no
+    tag label, which Prometheus would otherwise add to every raw series at every step.
+
+    Args:
+        client: the Prometheus API.
+        parts: the grids.
+        aggregate: ``"min"`` etc.: the parts are raw selectors and the request aggregates
+            ``by (namespace, service)`` (and the tag) once outside the ``or`` of the parts
+            (cheaper than one aggregation per part; exact for ``min``/``max``, whose result
+            does not depend on the order of the series); ``None``: the parts are complete
+            expressions.
+
+    Returns:
+        Calls returning ``{tag: [Series, ...]}`` with the part's own instants.
+    """
+    chunks = [[p] for p in parts if p.alone]
+    lanes: dict[tuple[float, int, bool], list[_RangePart]] = {}
+    seen: dict[tuple[float, ServiceKey], int] = {}
+    for part in sorted((p for p in parts if not p.alone), key=lambda p: p.start):
+        lane = 0
+        if part.key is not None:
+            lane = seen.get((part.step, part.key), 0)
+            seen[(part.step, part.key)] = lane + 1
+        lanes.setdefault((part.step, lane, part.key is not None), []).append(part)
+    chunks += [chunk for _, group in sorted(lanes.items(), key=lambda kv: kv[0])
+               for chunk in _chunks(group, MAX_RANGE_PARTS_PER_QUERY)]
+    return [functools.partial(_range_chunk, client, chunk[0].step, chunk, aggregate)
+            for chunk in chunks]
+
+
+def _range_chunk(client: PromClient, step: float, group: list[_RangePart],
+                 aggregate: str | None) -> dict[str, list[Series]]:
+    step_ms = int(step * 1000)
+    first = min(group, key=lambda p: prometheus_ms(p.start))
+    base = prometheus_ms(first.start)
+    shift = [prometheus_ms(p.start) - base for p in group]
+    last = [prometheus_ms(p.end) for p in group]
+    keyed = all(p.key is not None for p in group)
+    exprs = []
+    for p, x in zip(group, shift, strict=False):
+        clause = f" offset -{x}ms" if x else ""
+        exprs.append(p.expr(clause) if keyed or len(group) == 1 else _tagged(p.expr(clause),
+                                                                             str(id(p))))
+    by = "namespace, service" if keyed or len(group) == 1 else f"namespace, service, {PART_LABEL}"
+    query = _or_all(exprs)  # one part: exactly the query of that window alone
+    if aggregate is not None:
+        query = f"{aggregate} by ({by}) ({query})"
+    end_ms = max(e - x for e, x in zip(last, shift, strict=False))
+    end = first.start if end_ms <= base else (end_ms + step_ms / 2) / 1000
+    index = {str(id(p)): i for i, p in enumerate(group)}
+    by_key = {p.key: i for i, p in enumerate(group)}
+    out: dict[str, list[Series]] = {}
+    for series in client.query_range(query, first.start, end, step):
+        if len(group) == 1:
+            i: int | None = 0
+        elif keyed:
+            i = by_key.get(_key(series.labels))
+        else:
+            i = index.get(series.labels.get(PART_LABEL, ""))
+        if i is None:
+            continue
+        points = series.points
+        if shift[i] or (points and round(points[-1][0] * 1000) > last[i]):
+            points = []
+            for t, v in series.points:
+                ms = round(t * 1000) + shift[i]
+                if ms <= last[i]:
+                    points.append((ms / 1000, v))
+        labels = {k: v for k, v in series.labels.items() if k != PART_LABEL}
+        out.setdefault(group[i].tag, []).append(Series(labels, points))
+    return out
+
+
+def _offset_selector(selector: str, clause: str) -> str:
+    return selector + clause
+
+
+def _offset_rate(range_selector: str, clause: str) -> str:
+    return f"sum by (namespace, service) (rate({range_selector}{clause}))"
+
+
+def _merged(results: Iterable[dict[str, list[_T]]]) -> dict[str, list[_T]]:
+    out: dict[str, list[_T]] = {}
+    for result in results:
+        for tag, items in result.items():
+            out.setdefault(tag, []).extend(items)
+    return out
+
+
+def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
+                       coverage_by_service: bool = False, separate_ranges: bool = False
+                       ) -> list[tuple[dict[ServiceKey, WindowStats], list[str],
+                                       dict[ServiceKey, list[str]]]]:
+    """Per-Service statistics of many (window, scope) jobs in a fixed number of queries.
+
+    Four instant queries (totals, cross-zone pairs, hint-ignored bytes, coverage at the
+    window edges), each an ``or`` of one ``@``-pinned part per job, plus one range query
+    per distinct step for the locality share (:func:`_range_calls`); each of them is split
+    into requests of at most :data:`MAX_PARTS_PER_QUERY` jobs, sent
+    :data:`MAX_CONCURRENT_QUERIES` at a time. Every figure is the one :func:`window_stats`
+    would compute for each job alone.
+
+    Args:
+        client: the Prometheus API.
+        jobs: ``[(window, scope), ...]``.
+        coverage_by_service: check the window edges per Service (``count by (namespace,
+            service)``) rather than for the scope as a whole (``count``).
+        separate_ranges: one locality range query per job, exactly as for one window
+            (cheapest when each job selects every Service); else they are batched.
+
+    Returns:
+        Per job, in order: ``({service: WindowStats}, scope warnings, {service: warnings})``;
+        Services with no ``zonemeter_service_bytes_total`` increase in the window are
+        absent; the scope warnings are filled without ``coverage_by_service``, the
+        per-Service ones with it.
+
+    Raises:
+        InputError: from the client (unreachable, refused).
+    """
+    if not jobs:
+        return []
+    totals_q, cross_q, hints_q, cover_q = {}, {}, {}, {}
+    ranges: list[_RangePart] = []
+    at = max(w.end for w, _ in jobs)
+    for i, (w, scope) in enumerate(jobs):
+        rng = _range(w.seconds)
+        end = format_ms(prometheus_ms(w.end))
+        totals_q[f"{i}"] = (f"sum by (namespace, service) "
+                            f"(increase({BYTES}{scope.matchers()}[{rng}] @ {end}))")
+        cross_q[f"{i}"] = ("sum by (namespace, service, direction, client_zone, server_zone) "
+                           f"(increase({BYTES}{scope.matchers(CROSS_ZONE)}[{rng}] @ {end}))")
+        hints_q[f"{i}"] = (f"sum by (namespace, service) "
+                           f"(increase({HINT_IGNORED}{scope.matchers()}[{rng}] @ {end}))")
+        count = "count by (namespace, service)" if coverage_by_service else "count"
+        for edge, t in (("start", w.start), ("end", w.end)):
+            cover_q[f"{i}{edge}"] = (f"{count} ({BYTES}{scope.matchers()} "
+                                     f"@ {format_ms(prometheus_ms(t))})")
+        step = choose_step(w.seconds)
+        n = max(1, math.ceil(w.seconds / step))
+        last = w.start + (n - 1) * step
+        if scope.keys is None or separate_ranges:
+            sel = scope.matchers()
+            ranges.append(_RangePart(f"{i}", functools.partial(_offset_selector, IN_EFFECT + sel),
+                                     w.start, last, step, alone=separate_ranges))
+        else:  # one part per Service: batched without tags
+            for key in sorted(scope.keys):
+                sel = label_matchers(key)
+                ranges.append(_RangePart(
+                    f"{i}", functools.partial(_offset_selector, IN_EFFECT + sel),
+                    w.start, last, step, key=key))
+    kinds = [_instant_calls(client, q, at) for q in (totals_q, cross_q, hints_q)]
+    kinds.append(_instant_calls(client, cover_q, at, per_job=2))  # start and end
+    kinds.append(_range_calls(client, ranges, "min"))  # type: ignore[arg-type]  # Series lists
+    flat: list[Callable[[], dict[str, list[Any]]]] = [c for calls in kinds for c in calls]
+    done = iter(_run_all(flat))
+    totals, cross, hints, cover, loc = (_merged(next(done) for _ in calls) for calls in kinds)
+
+    out = []
+    for i, (w, scope) in enumerate(jobs):
+        d = w.seconds
+        shares = in_effect_shares(loc.get(f"{i}", []), w, choose_step(d))
+        pairs: dict[ServiceKey, list[PairRate]] = {}
+        for smp in cross.get(f"{i}", []):
+            pairs.setdefault(_key(smp.labels), []).append(PairRate(
+                smp.labels.get("direction", "unknown"), smp.labels.get("client_zone", "unknown"),
+                smp.labels.get("server_zone", "unknown"), smp.value / d))
+        hint_by = {_key(s.labels): s.value / d for s in hints.get(f"{i}", [])}
+        stats: dict[ServiceKey, WindowStats] = {}
+        for smp in totals.get(f"{i}", []):
+            key = _key(smp.labels)
+            if not scope.admits(key):
+                continue
+            prs = sorted(pairs.get(key, []), key=lambda p: (-p.bytes_per_second, p.direction,
+                                                            p.client_zone, p.server_zone))
+            share, withdrawn = shares.get(key, (None, ()))
+            stats[key] = WindowStats(
+                window=w,
+                bytes_per_second=smp.value / d,
+                cross_zone_bytes_per_second=sum(p.bytes_per_second for p in prs),
+                hint_ignored_bytes_per_second=hint_by.get(key, 0.0),
+                locality_in_effect_share=share,
+                cross_zone_pairs=tuple(prs),
+                withdrawn_at=withdrawn)
+        scope_warn: list[str] = []
+        per_key: dict[ServiceKey, list[str]] = {}
+        for edge in ("start", "end"):
+            seen = cover.get(f"{i}{edge}", [])
+            if not coverage_by_service:
+                if not seen:
+                    scope_warn.append(_coverage_warning(edge, w))
+                continue
+            present = {_key(s.labels) for s in seen}
+            for key in stats:
+                if key not in present:
+                    per_key.setdefault(key, []).append(_coverage_warning(edge, w))
+        out.append((stats, scope_warn, per_key))
+    return out
+
+
+def window_stats(client: PromClient, window: Window, service: ServiceKey | None
+                 ) -> tuple[dict[ServiceKey, WindowStats], list[str]]:
+    """Per-Service statistics of one window (:func:`batch_window_stats` with one job).
+
+    Args:
+        client: the Prometheus API.
+        window: the window.
+        service: only this Service, or all.
+
+    Returns:
+        ``({service: WindowStats}, warnings)``; Services with no ``zonemeter_service_bytes_total``
+        increase in the window are absent.
+
+    Raises:
+        InputError: from the client (unreachable, refused).
+    """
+    ((stats, warnings, _),) = batch_window_stats(client, [(window, Scope(service))])
+    return stats, warnings
+
+
+def _coverage_warning(edge: str, window: Window) -> str:
+    return (f"no {BYTES} samples at the {edge} of the window {format_time(window.start)}.."
+            f"{format_time(window.end)} (within Prometheus's lookback): the data covers only "
+            "part of the window, and rates are averaged over the whole window")
+
+
+def _no_data(which: str, window: Window, service: ServiceKey | None) -> InputError:
+    what = f" for {service}" if service else ""
+    return InputError(
+        f"no {BYTES} data{what} in the {which} window {format_time(window.start)}.."
+        f"{format_time(window.end)} (a window needs at least two scrapes: check that this "
+        "Prometheus scrapes the zonemeter agents and still keeps data that old)",
+        source=f"--{which}")
+
+
+def change_of(key: ServiceKey | None, before: WindowStats, after: WindowStats, price: Price,
+              *, change_time: float | None = None,
+              series: tuple[tuple[float, float], ...] = ()) -> Change:
+    """Compute the change between two windows of one Service.
+
+    Returns:
+        A :class:`Change` with observed and normalised savings (bytes/s), USD a month, and
+        warnings: no traffic in a window, locality withdrawn inside the after window, locality
+        never in effect or unknown in the after window.
+    """
+    warnings: list[str] = []
+    saved = before.cross_zone_bytes_per_second - after.cross_zone_bytes_per_second
+    frac = before.cross_zone_fraction
+    normalized: float | None
+    if frac is None:
+        normalized = None
+        warnings.append("no traffic in the before window: the normalised saving is undefined")
+    else:
+        normalized = frac * after.bytes_per_second - after.cross_zone_bytes_per_second
+    if after.bytes_per_second <= 0:
+        warnings.append("no traffic in the after window")
+    for t in after.withdrawn_at:
+        warnings.append(f"locality withdrawn inside the after window at {format_time(t)}")
+    if key is not None:
+        if after.locality_in_effect_share is None:
+            warnings.append(f"locality state unknown in the after window (no {IN_EFFECT} series)")
+        elif after.locality_in_effect_share == 0:
+            warnings.append("locality not in effect at any time in the after window")
+    usd = None if normalized is None else price.usd_per_month(normalized)
+    return Change(key, before, after, saved, normalized, usd, tuple(warnings), change_time, series)
+
+
+def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
+    total = sum(s.bytes_per_second for s in stats)
+    known = [s for s in stats if s.locality_in_effect_share is not None]
+    weight = sum(s.bytes_per_second for s in known)
+    share: float | None
+    if not known:
+        share = None
+    elif weight > 0:
+        share = sum(s.bytes_per_second * (s.locality_in_effect_share or 0.0) for s in known) / weight
+    else:
+        share = sum(s.locality_in_effect_share or 0.0 for s in known) / len(known)
+    pairs: dict[tuple[str, str, str], float] = {}
+    for s in stats:
+        for p in s.cross_zone_pairs:
+            k = (p.direction, p.client_zone, p.server_zone)
+            pairs[k] = pairs.get(k, 0.0) + p.bytes_per_second
+    return WindowStats(
+        window=window,
+        bytes_per_second=total,
+        cross_zone_bytes_per_second=sum(s.cross_zone_bytes_per_second for s in stats),
+        hint_ignored_bytes_per_second=sum(s.hint_ignored_bytes_per_second for s in stats),
+        locality_in_effect_share=share,
+        cross_zone_pairs=tuple(PairRate(*k, v) for k, v in
+                               sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))))
+
+
+def total_of(changes: list[Change], price: Price, before: Window, after: Window) -> Change:
+    """The cluster total: sums of rates; the normalised saving is the sum of the Services'
+    normalised savings (Services without one are left out, with a warning); the locality
+    share is the mean of the Services' shares weighted by their bytes/s in that window."""
+    b = _sum_stats(before, [c.before for c in changes])
+    a = _sum_stats(after, [c.after for c in changes])
+    with_norm = [c for c in changes if c.normalized_saved is not None]
+    normalized = sum(c.normalized_saved or 0.0 for c in with_norm)
+    warnings = []
+    if len(with_norm) < len(changes):
+        left = ", ".join(str(c.key) for c in changes if c.normalized_saved is None)
+        warnings.append(f"normalised total leaves out Services without a before figure: {left}")
+    return Change(None, b, a, b.cross_zone_bytes_per_second - a.cross_zone_bytes_per_second,
+                  normalized, price.usd_per_month(normalized), tuple(warnings))
+
+
+#: scrape interval assumed when it cannot be measured, seconds
+DEFAULT_SCRAPE_SECONDS = 60.0
+
+
+def scrape_interval(client: PromClient, selector: str, at: float) -> float:
+    """Median spacing (seconds) of the stored samples of ``selector`` in the 10 minutes
+    before ``at``; :data:`DEFAULT_SCRAPE_SECONDS` when fewer than two samples are there."""
+    gaps: list[float] = []
+    for s in client.raw_samples(selector, 600, at)[:20]:
+        gaps += [b[0] - a[0] for a, b in zip(s.points, s.points[1:], strict=False)]
+    if not gaps:
+        return DEFAULT_SCRAPE_SECONDS
+    gaps.sort()
+    return gaps[len(gaps) // 2]
+
+
+def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]],
+                      probe: ServiceKey | None
+                      ) -> list[dict[ServiceKey, tuple[tuple[float, float], ...]]]:
+    """Cross-zone bytes/s per Service over each ``[start, end]`` span, for the chart.
+
+    Uses ``rate(...[max(4 x scrape, step + scrape)])`` (Grafana's ``$__rate_interval``) with
+    the step from :func:`choose_step` of the span and the scrape interval measured once by
+    :func:`scrape_interval` on the series of ``probe`` (one Service, so the measurement reads
+    a bounded number of samples) at the latest span end. All spans are evaluated with one
+    request per distinct step and :data:`MAX_PARTS_PER_QUERY` spans (:func:`_range_calls`).
+
+    Args:
+        client: the Prometheus API.
+        spans: ``[(start, end, scope), ...]`` in Unix seconds.
+        probe: the Service whose samples give the scrape interval; ``None``: the first
+            scope's whole selector.
+
+    Returns:
+        Per span, in order: ``{service: ((t, bytes_per_second), ...)}``.
+    """
+    if not spans:
+        return []
+    probe_sel = BYTES + (label_matchers(probe) if probe is not None else spans[0][2].matchers())
+    scrape = scrape_interval(client, probe_sel, max(end for _, end, _ in spans))
+    parts = []
+    for i, (start, end, scope) in enumerate(spans):
+        step = choose_step(end - start)
+        rng = _range(max(4 * scrape, step + scrape))
+        sel = scope.matchers(CROSS_ZONE)
+        parts.append(_RangePart(
+            f"{i}", functools.partial(_offset_rate, f"{BYTES}{sel}[{rng}]"),
+            start, end, step, alone=scope.keys is None,
+            key=next(iter(scope.keys)) if scope.keys is not None and len(scope.keys) == 1
+            else None))
+    result = _merged(_run_all(_range_calls(client, parts)))
+    return [{_key(s.labels): tuple(s.points) for s in result.get(f"{i}", [])
+             if scope.admits(_key(s.labels))}
+            for i, (_, _, scope) in enumerate(spans)]
+
+
+def assumptions(price: Price) -> tuple[str, ...]:
+    """The lines the report prints to state how it computed its numbers."""
+    return (
+        f"price: {price.describe()}; GB = 10^9 bytes; month = 30 days",
+        "bytes are L3 (IP header included) as counted by zonemeter; cross-zone means "
+        "crossing=\"cross_zone\" (cross_region and external bytes are priced differently and "
+        "left out)",
+        "rates = increase() over the window / window seconds (counter resets handled by "
+        "Prometheus; edges between scrapes are extrapolated as rate() does)",
+        "normalised saving = before cross-zone fraction x after bytes/s - after cross-zone "
+        "bytes/s; $/month is priced from it; total = sum over Services",
+        "locality in effect at an instant = every zonemeter_service_locality_in_effect series "
+        "of the Service (all client zones, all agents) is 1; share = fraction of the window's "
+        "query steps with that state",
+    )
+
+
+def report_for_windows(client: PromClient, price: Price, before: Window, after: Window, *,
+                       service: ServiceKey | None = None, change_time: float | None = None,
+                       with_series: bool = False) -> Report:
+    """Report with one before and one after window for every Service.
+
+    Makes a fixed number of HTTP requests whatever the number of Services: 4 instant
+    queries (each window an ``@``-pinned part), 2 range queries (the locality state over
+    each window), and 2 more with ``with_series``.
+
+    Raises:
+        InputError: no data in a window, unreachable Prometheus.
+    """
+    scope = Scope(service)
+    (b_stats, b_warn, _), (a_stats, a_warn, _) = batch_window_stats(
+        client, [(before, scope), (after, scope)], separate_ranges=True)
+    if not b_stats:
+        raise _no_data("before", before, service)
+    if not a_stats:
+        raise _no_data("after", after, service)
+    keys = sorted(set(b_stats) | set(a_stats))
+    series: dict[ServiceKey, tuple[tuple[float, float], ...]] = {}
+    if with_series:
+        (series,) = cross_zone_series(client, [(before.start, after.end, scope)],
+                                      service or keys[0])
+    changes = [change_of(k, b_stats.get(k, WindowStats(before)), a_stats.get(k, WindowStats(after)),
+                         price, change_time=change_time, series=series.get(k, ()))
+               for k in keys]
+    changes.sort(key=_order)
+    total = total_of(changes, price, before, after)
+    warn = [f"before window: {w}" for w in b_warn] + [f"after window: {w}" for w in a_warn]
+    return Report(price, before, after, change_time, tuple(changes), total, tuple(warn),
+                  assumptions(price))
+
+
+def _order(c: Change) -> tuple[float, str, str]:
+    key = c.key or ServiceKey("", "")
+    ns = c.normalized_saved if c.normalized_saved is not None else -math.inf
+    return (-ns, key.namespace, key.name)
+
+
+def change_times(client: PromClient, now: float, service: ServiceKey | None
+                 ) -> dict[ServiceKey, float]:
+    """Latest locality change per Service from ``zonemeter_service_locality_last_change_
+    timestamp_seconds`` at ``now`` (max over agents), Unix seconds."""
+    result = client.query(f"max by (namespace, service) ({LAST_CHANGE}{label_matchers(service)})",
+                          now)
+    return {_key(s.labels): s.value for s in result if math.isfinite(s.value) and s.value > 0}
+
+
+def windows_around(change: float, now: float, window_seconds: float | None, *,
+                   flag: str = "--change-time") -> tuple[Window, Window]:
+    """Before ``[T-D, T)`` and after ``[T, T+D)`` around a change ``T``.
+
+    ``D`` is ``window_seconds``, or by default 24 h shortened so the after window ends by
+    ``now``.
+
+    Raises:
+        InputError: the after window would end in the future, or be shorter than 60 s.
+    """
+    if window_seconds is None:
+        d = min(DEFAULT_WINDOW_SECONDS, now - change)
+    else:
+        d = window_seconds
+        if change + d > now + 60:
+            raise InputError(f"the after window {format_time(change)}..{format_time(change + d)} "
+                             f"ends in the future: use a --window of at most "
+                             f"{max(now - change, 0.0):.0f} s, or none (24 h shortened to end "
+                             "by now)", source=flag)
+    if d < MIN_WINDOW_SECONDS:
+        raise InputError(f"the change at {format_time(change)} leaves a window of {d:.0f} s, "
+                         f"under {MIN_WINDOW_SECONDS:.0f} s", source=flag)
+    return Window(change - d, change), Window(change, change + d)
+
+
+#: Services drawn (one panel each) in the chart of per-Service windows, largest normalised
+#: saving first; the chart's series are fetched for these only
+CHART_PANELS = 12
+#: skipped Services named in the error when none has data (the rest are counted)
+MAX_NAMED_SKIPS = 5
+
+
+def report_per_service(client: PromClient, price: Price, now: float, *,
+                       window_seconds: float | None = None, service: ServiceKey | None = None,
+                       with_series: bool = False) -> Report:
+    """Report where each Service's windows surround its own last locality change.
+
+    Services whose change time leaves no usable window or no data are skipped with a
+    report-level warning. The HTTP requests are bounded whatever the number of Services:
+    1 for the change times, 4 instant queries, one range query per distinct step of the
+    windows (at most 8 without ``window_seconds``, 1 with it), and with ``with_series`` 1
+    more plus one per distinct chart step. Services sharing a window share one part of
+    each query; otherwise each Service is one ``@``/``offset``-pinned part, so the query
+    text (sent as a POST form when long) grows with the number of distinct windows.
+
+    Raises:
+        InputError: no Service has a change time, or none has data in its windows.
+    """
+    times = change_times(client, now, service)
+    if not times:
+        what = f" for {service}" if service else ""
+        raise InputError(f"no {LAST_CHANGE} series{what}: give --before/--after or --change-time",
+                         source="--prometheus")
+    windows: dict[ServiceKey, tuple[Window, Window]] = {}
+    skipped: dict[ServiceKey, str] = {}
+    for key in sorted(times):
+        try:
+            windows[key] = windows_around(times[key], now, window_seconds, flag="--window")
+        except InputError as err:
+            skipped[key] = err.problem
+    # one job per distinct window; a Service's before and after windows are two jobs
+    members: dict[Window, set[ServiceKey]] = {}
+    for key, (before, after) in windows.items():
+        members.setdefault(before, set()).add(key)
+        members.setdefault(after, set()).add(key)
+    jobs = [(w, Scope(service, frozenset(keys)))
+            for w, keys in sorted(members.items(), key=lambda kv: (kv[0].start, kv[0].end))]
+    results = dict(zip((w for w, _ in jobs), batch_window_stats(client, jobs,
+                                                                coverage_by_service=True), strict=False))
+
+    changes: list[Change] = []
+    warnings: list[str] = []
+    kept: list[ServiceKey] = []
+    for key in sorted(times):
+        if key in skipped:
+            warnings.append(f"{key}: skipped: {skipped[key]}")
+            continue
+        before, after = windows[key]
+        b_stats, _, b_warn = results[before]
+        a_stats, _, a_warn = results[after]
+        if key not in b_stats:
+            warnings.append(f"{key}: skipped: {_no_data('before', before, key).problem}")
+            continue
+        if key not in a_stats:
+            warnings.append(f"{key}: skipped: {_no_data('after', after, key).problem}")
+            continue
+        warnings += [f"{key}: before window: {w}" for w in b_warn.get(key, [])]
+        warnings += [f"{key}: after window: {w}" for w in a_warn.get(key, [])]
+        kept.append(key)
+    if not kept:
+        named = [w for w in warnings[:MAX_NAMED_SKIPS]]
+        more = len(warnings) - len(named)
+        raise InputError("no Service has data around its last locality change: "
+                         + "; ".join(named) + (f"; and {more} more" if more else ""),
+                         source="--prometheus")
+    for key in kept:
+        before, after = windows[key]
+        changes.append(change_of(key, results[before][0][key], results[after][0][key], price,
+                                 change_time=times[key]))
+    changes.sort(key=_order)
+    if with_series:  # only for the Services the chart draws
+        drawn = [c.key for c in changes[:CHART_PANELS] if c.key is not None]
+        curves = cross_zone_series(
+            client, [(windows[k][0].start, windows[k][1].end, Scope(service, frozenset({k})))
+                     for k in drawn], drawn[0])
+        series = {k: c.get(k, ()) for k, c in zip(drawn, curves, strict=False)}
+        changes = [dataclasses.replace(c, series=series[c.key]) if c.key in series else c
+                   for c in changes]
+    spans = [windows[k] for k in kept]
+    env_before = Window(min(b.start for b, _ in spans), max(b.end for b, _ in spans))
+    env_after = Window(min(a.start for _, a in spans), max(a.end for _, a in spans))
+    total = total_of(changes, price, env_before, env_after)
+    return Report(price, None, None, None, tuple(changes), total, tuple(warnings),
+                  assumptions(price))

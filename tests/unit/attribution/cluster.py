@@ -1,0 +1,416 @@
+"""Fakes of the attribution Protocols, built from Kubernetes objects in their API shape,
+and a model of what each node's datapath sees for a connection (docs/datapath.md).
+
+Imported by the other tests/unit/attribution/test_join*.py; its own tests check the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.records import FlowDelta, FlowKind, IPAddress, Peer, PeerKind, ProxyView, ServicePort
+
+ZONE = "topology.kubernetes.io/zone"
+REGION = "topology.kubernetes.io/region"
+PROTO = {"TCP": 6, "UDP": 17, "SCTP": 132}
+EPHEMERAL = range(32768, 61000)  # Linux default net.ipv4.ip_local_port_range
+POD_CIDRS = [ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00:10::/32")]
+
+
+def node(name: str, ip: str, zone: str | None, region: str | None = "eu-west-1") -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name}
+    if zone:
+        labels[ZONE] = zone
+    if region:
+        labels[REGION] = region
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip},
+                                     {"type": "Hostname", "address": name}]}}
+
+
+def pod(ns: str, name: str, node_name: str, ips: list[str], owner: tuple[str, str] | None = None,
+        host_network: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": ns, "name": name, "uid": f"uid-{name}"}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+                                    "controller": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node_name, "hostNetwork": host_network,
+                     "containers": [{"name": "main"}]},
+            "status": {"phase": "Running", "podIP": ips[0], "podIPs": [{"ip": i} for i in ips]}}
+
+
+def service(ns: str, name: str, cluster_ips: list[str],
+            ports: list[tuple[str, int, int, str]]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": ns, "name": name},
+            "spec": {"type": "ClusterIP", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+                     "ports": [{"name": n, "port": p, "targetPort": t, "protocol": pr}
+                               for n, p, t, pr in ports]}}
+
+
+def slice_(ns: str, svc: str, name: str, endpoints: list[dict[str, Any]],
+           ports: list[tuple[str, int, str]], address_type: str = "IPv4") -> dict[str, Any]:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": ns, "name": name,
+                         "labels": {"kubernetes.io/service-name": svc}},
+            "addressType": address_type, "endpoints": endpoints,
+            "ports": [{"name": n, "port": p, "protocol": pr} for n, p, pr in ports]}
+
+
+def endpoint(ip: str, node_name: str, zone: str | None, for_zones: list[str] | None = None,
+             ready: bool = True) -> dict[str, Any]:
+    ep: dict[str, Any] = {"addresses": [ip], "nodeName": node_name,
+                          "conditions": {"ready": ready, "serving": ready, "terminating": False}}
+    if zone:
+        ep["zone"] = zone
+    if for_zones is not None:
+        ep["hints"] = {"forZones": [{"name": z} for z in for_zones]}
+    return ep
+
+
+class FakeMetadata:
+    """MetadataView over API-shaped objects, indexed like agent/k8s would (dict lookups)."""
+
+    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
+                 services: list[dict[str, Any]], slices: list[dict[str, Any]],
+                 cidrs: list[tuple[str, str | None, str | None]] = (),  # type: ignore[assignment]
+                 replicasets: Mapping[str, str] | None = None) -> None:
+        self.nodes: dict[str, Peer] = {}
+        self.by_ip: dict[IPAddress, Peer] = {}
+        for n in nodes:
+            labels = n["metadata"]["labels"]
+            name = n["metadata"]["name"]
+            peer = Peer(PeerKind.NODE, zone=labels.get(ZONE), region=labels.get(REGION), node=name,
+                        reason=None if labels.get(ZONE) else "node_without_zone")
+            self.nodes[name] = peer
+            for a in n["status"]["addresses"]:
+                if a["type"] in ("InternalIP", "ExternalIP"):
+                    self.by_ip[ipaddress.ip_address(a["address"])] = peer
+        rs = dict(replicasets or {})
+        for p in pods:
+            m, spec = p["metadata"], p["spec"]
+            if spec.get("hostNetwork"):
+                continue  # resolves to the node address
+            owner = (m.get("ownerReferences") or [None])[0]
+            if owner is None:
+                wl, wk = m["name"], "Pod"
+            elif owner["kind"] == "ReplicaSet" and owner["name"] in rs:
+                wl, wk = rs[owner["name"]], "Deployment"
+            else:
+                wl, wk = owner["name"], owner["kind"]
+            host = self.nodes.get(spec["nodeName"])
+            peer = Peer(PeerKind.POD, zone=host.zone if host else None,
+                        region=host.region if host else None,
+                        node=spec["nodeName"], namespace=m["namespace"], name=m["name"],
+                        workload=wl, workload_kind=wk,
+                        reason=None if host and host.zone else "node_without_zone")
+            for i in p["status"]["podIPs"]:
+                self.by_ip[ipaddress.ip_address(i["ip"])] = peer
+        self.cidrs = [(ipaddress.ip_network(c), z, r) for c, z, r in cidrs]
+        self.service_addrs: dict[tuple[IPAddress, int, int], ServicePort] = {}
+        svc_ports: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for s in services:
+            m, spec = s["metadata"], s["spec"]
+            svc_ports[(m["namespace"], m["name"])] = spec["ports"]
+            for cip in spec["clusterIPs"]:
+                for sp in spec["ports"]:
+                    proto = PROTO[sp.get("protocol", "TCP")]
+                    self.service_addrs[(ipaddress.ip_address(cip), sp["port"], proto)] = ServicePort(
+                        m["namespace"], m["name"], sp["port"], sp.get("name", ""),
+                        sp["targetPort"], proto)
+        self.endpoints: dict[tuple[IPAddress, int, int], list[ServicePort]] = {}
+        for sl in slices:
+            ns = sl["metadata"]["namespace"]
+            svc = sl["metadata"]["labels"]["kubernetes.io/service-name"]
+            for slp in sl["ports"]:
+                proto = PROTO[slp.get("protocol", "TCP")]
+                for sp in svc_ports.get((ns, svc), []):
+                    if sp.get("name", "") != slp.get("name", ""):
+                        continue
+                    record = ServicePort(ns, svc, sp["port"], sp.get("name", ""), slp["port"], proto)
+                    for ep in sl["endpoints"]:
+                        for a in ep["addresses"]:
+                            k = (ipaddress.ip_address(a), slp["port"], proto)
+                            lst = self.endpoints.setdefault(k, [])
+                            if record not in lst:
+                                lst.append(record)
+
+    def resolve(self, ip: IPAddress, at: float) -> Peer:
+        p = self.by_ip.get(ip)
+        if p is not None:
+            return p
+        for net, zone, region in self.cidrs:
+            if ip in net:
+                return Peer(PeerKind.CIDR, zone=zone, region=region,
+                            reason=None if zone else "cidr_without_zone")
+        if any(ip in net for net in POD_CIDRS if net.version == ip.version):
+            return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+        return Peer(PeerKind.EXTERNAL)
+
+    def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
+        return tuple(self.endpoints.get((ip, port, protocol), ()))
+
+    def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
+        return self.service_addrs.get((ip, port, protocol))
+
+    def node(self, name: str) -> Peer | None:
+        return self.nodes.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    mode: str
+    reason: str
+    in_effect: Mapping[str, bool]
+
+
+class FakeHints:
+    """HintView: kube-proxy zone filtering from the slices' forZones hints (1.33+ rule,
+    ``topologyModeFromHints``: every ready endpoint hinted and one hinted for my zone)."""
+
+    def __init__(self, meta: FakeMetadata, slices: list[dict[str, Any]],
+                 modes: Mapping[tuple[str, str], str] | None = None) -> None:
+        self.meta = meta
+        self.eps: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for sl in slices:
+            k = (sl["metadata"]["namespace"], sl["metadata"]["labels"]["kubernetes.io/service-name"])
+            self.eps.setdefault(k, []).extend(sl["endpoints"])
+        self.modes = dict(modes or {})
+        self.overrides: dict[tuple[str, str], Diagnosis] = {}
+
+    def proxy_view(self, namespace: str, service: str, node: str) -> ProxyView | None:
+        eps = self.eps.get((namespace, service))
+        n = self.meta.node(node)
+        if eps is None or n is None:
+            return None
+        ready = [e for e in eps if e.get("conditions", {}).get("ready", True) is not False]
+        zone = n.zone or ""
+        hinted = [e for e in ready if zone in {z["name"] for z in e.get("hints", {}).get("forZones", [])}]
+        all_hinted = all(e.get("hints", {}).get("forZones") for e in ready)
+        if ready and all_hinted and hinted:
+            return ProxyView("PreferSameZone", frozenset(a for e in hinted for a in e["addresses"]),
+                             "cluster")
+        return ProxyView("", frozenset(a for e in ready for a in e["addresses"]), "cluster")
+
+    def services(self) -> Iterable[tuple[str, str]]:
+        return sorted(self.eps)
+
+    def locality(self, namespace: str, service: str) -> Diagnosis | None:
+        k = (namespace, service)
+        if k in self.overrides:
+            return self.overrides[k]
+        if k not in self.eps:
+            return None
+        zones = sorted({n.zone for n in self.meta.nodes.values() if n.zone})
+        in_effect = {}
+        for z in zones:
+            any_node = next(nm for nm, p in self.meta.nodes.items() if p.zone == z)
+            pv = self.proxy_view(namespace, service, any_node)
+            in_effect[z] = bool(pv and pv.topology_mode)
+        on = any(in_effect.values())
+        return Diagnosis(self.modes.get(k, "none"), "none" if on else "no_hints", in_effect)
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def objects() -> dict[str, Any]:
+    """A 5-node, 3-zone, 2-region cluster (API-shaped objects)."""
+    nodes = [
+        node("n1", "192.168.0.1", "eu-west-1a"),
+        node("n2", "192.168.0.2", "eu-west-1a"),
+        node("n3", "192.168.0.3", "eu-west-1b"),
+        node("n4", "192.168.0.4", "us-east-1a", region="us-east-1"),
+        node("n5", "192.168.0.5", None, region=None),  # no zone label
+    ]
+    pods = [
+        pod("shop", "web-7c9f-abcde", "n1", ["10.1.1.10", "fd00:10:1:1::10"], ("ReplicaSet", "web-7c9f")),
+        pod("shop", "web-7c9f-fghij", "n3", ["10.1.3.11"], ("ReplicaSet", "web-7c9f")),
+        pod("shop", "api-5d8b-aaaaa", "n1", ["10.1.1.20"], ("ReplicaSet", "api-5d8b")),
+        pod("shop", "api-5d8b-bbbbb", "n2", ["10.1.2.20", "fd00:10:1:2::20"], ("ReplicaSet", "api-5d8b")),
+        pod("shop", "api-5d8b-ccccc", "n3", ["10.1.3.20"], ("ReplicaSet", "api-5d8b")),
+        pod("shop", "db-0", "n3", ["10.1.3.30"], ("StatefulSet", "db")),
+        pod("shop", "worker-x", "n4", ["10.1.4.40"], ("Job", "worker")),
+        pod("shop", "batch-y", "n5", ["10.1.5.50"]),
+        pod("monitoring", "node-exporter-n2", "n2", ["192.168.0.2"], ("DaemonSet", "node-exporter"),
+            host_network=True),
+        pod("monitoring", "node-exporter-n3", "n3", ["192.168.0.3"], ("DaemonSet", "node-exporter"),
+            host_network=True),
+        pod("shop", "cache-1", "n2", ["10.1.2.60"], ("StatefulSet", "cache")),
+    ]
+    services = [
+        service("shop", "api", ["10.96.0.10", "fd00:96::10"], [("http", 80, 8080, "TCP")]),
+        service("shop", "api-canary", ["10.96.0.11"], [("http", 80, 8080, "TCP")]),  # same pods
+        service("monitoring", "node-exporter", ["10.96.0.20"], [("metrics", 9100, 9100, "TCP")]),
+        service("monitoring", "exporter-n2", ["10.96.0.21"], [("metrics", 9100, 9100, "TCP")]),
+        service("shop", "mixed", ["10.96.0.30"], [("m", 9100, 9100, "TCP")]),
+        service("shop", "dns", ["10.96.0.53"], [("dns", 53, 5353, "UDP")]),
+        # selector-less Services with hand-written slices: a managed database, an outside API
+        service("shop", "rds", ["10.96.0.40"], [("pg", 5432, 5432, "TCP")]),
+        service("shop", "partner", ["10.96.0.41"], [("https", 443, 443, "TCP")]),
+    ]
+    api_eps = [endpoint("10.1.1.20", "n1", "eu-west-1a", ["eu-west-1a"]),
+               endpoint("10.1.2.20", "n2", "eu-west-1a", ["eu-west-1a"]),
+               endpoint("10.1.3.20", "n3", "eu-west-1b", ["eu-west-1b"])]
+    slices = [
+        slice_("shop", "api", "api-x1", api_eps, [("http", 8080, "TCP")]),
+        slice_("shop", "api", "api-x6", [endpoint("fd00:10:1:2::20", "n2", "eu-west-1a", ["eu-west-1a"])],
+               [("http", 8080, "TCP")], "IPv6"),
+        slice_("shop", "api-canary", "api-canary-x1", copy.deepcopy(api_eps[:2]), [("http", 8080, "TCP")]),
+        slice_("monitoring", "node-exporter", "ne-x1",
+               [endpoint("192.168.0.2", "n2", "eu-west-1a"), endpoint("192.168.0.3", "n3", "eu-west-1b")],
+               [("metrics", 9100, "TCP")]),
+        slice_("monitoring", "exporter-n2", "ne2-x1", [endpoint("192.168.0.2", "n2", "eu-west-1a")],
+               [("metrics", 9100, "TCP")]),
+        slice_("shop", "mixed", "mixed-x1",
+               [endpoint("192.168.0.3", "n3", "eu-west-1b"), endpoint("10.1.2.60", "n2", "eu-west-1a")],
+               [("m", 9100, "TCP")]),
+        slice_("shop", "dns", "dns-x1", [endpoint("10.1.3.30", "n3", "eu-west-1b")],
+               [("dns", 5353, "UDP")]),
+        slice_("shop", "rds", "rds-1", [{"addresses": ["172.31.1.6"]}], [("pg", 5432, "TCP")]),
+        slice_("shop", "partner", "partner-1",
+               [{"addresses": ["203.0.113.50"]}, {"addresses": ["203.0.113.51"]}],
+               [("https", 443, "TCP")]),
+    ]
+    cidrs = [("172.31.0.0/20", "eu-west-1b", "eu-west-1"), ("172.31.64.0/20", None, None)]
+    return {"nodes": nodes, "pods": pods, "services": services, "slices": slices, "cidrs": cidrs,
+            "replicasets": {"web-7c9f": "web", "api-5d8b": "api"}}
+
+
+def build(obj: dict[str, Any] | None = None) -> tuple[FakeMetadata, FakeHints]:
+    o = obj or objects()
+    meta = FakeMetadata(o["nodes"], o["pods"], o["services"], o["slices"], o["cidrs"], o["replicasets"])
+    return meta, FakeHints(meta, o["slices"], {("shop", "api"): "topology-mode-annotation"})
+
+
+def ip(text: str) -> IPAddress:
+    return ipaddress.ip_address(text)
+
+
+# --------------------------------------------------------------------------- datapath model
+
+
+@dataclass
+class Conn:
+    """One connection: who dials what, where kube-proxy sends it, bytes each way (L3)."""
+
+    client: str            # pod name, or "node:NAME" for a node / host-network client, or an IP
+    dst: str               # address the client dials (ClusterIP, pod IP, node IP, external)
+    dport: int
+    req: int
+    resp: int
+    backend: str | None = None   # DNAT target address (ClusterIP traffic), else dst itself
+    bport: int | None = None     # DNAT target port
+    proto: int = 6
+    sport: int = 45000           # client source port (ephemeral)
+
+
+@dataclass
+class Model:
+    """What each node's veth hooks see (docs/datapath.md, verified on the kernel)."""
+
+    meta: FakeMetadata
+    objs: dict[str, Any]
+    deltas: dict[str, list[FlowDelta]] = field(default_factory=dict)
+    #: nodes whose kernel endpoint map is still empty (the agent has not written it yet)
+    kernel_behind: frozenset[str] = frozenset()
+
+    def _pod(self, name_or_ip: str) -> tuple[str | None, IPAddress, bool]:
+        """(node, address, has_veth) of a pod name, ``node:NAME`` or an address."""
+        if name_or_ip.startswith("node:"):
+            name = name_or_ip[5:]
+            n = next(n for n in self.objs["nodes"] if n["metadata"]["name"] == name)
+            return name, ip(n["status"]["addresses"][0]["address"]), False
+        for p in self.objs["pods"]:
+            if p["metadata"]["name"] == name_or_ip:
+                return p["spec"]["nodeName"], ip(p["status"]["podIP"]), not p["spec"]["hostNetwork"]
+        a = ip(name_or_ip)
+        for p in self.objs["pods"]:
+            if any(ip(i["ip"]) == a for i in p["status"]["podIPs"]):
+                return p["spec"]["nodeName"], a, not p["spec"]["hostNetwork"]
+        for n in self.objs["nodes"]:
+            if any(ip(x["address"]) == a for x in n["status"]["addresses"] if x["type"] == "InternalIP"):
+                return n["metadata"]["name"], a, False
+        return None, a, False
+
+    def _local_endpoints(self, node_name: str) -> set[tuple[IPAddress, int, int]]:
+        """The endpoint table the agent writes into the node's BPF map (veth endpoints only)."""
+        out: set[tuple[IPAddress, int, int]] = set()
+        if node_name in self.kernel_behind:
+            return out
+        for (a, port, proto) in self.meta.endpoints:
+            n, _, veth = self._pod(str(a))
+            if n == node_name and veth:
+                out.add((a, port, proto))
+        return out
+
+    def _emit(self, node_name: str, d: FlowDelta) -> None:
+        self.deltas.setdefault(node_name, []).append(d)
+
+    def send(self, c: Conn) -> None:
+        cnode, caddr, cveth = self._pod(c.client)
+        backend = ip(c.backend) if c.backend else ip(c.dst)
+        bport = c.bport if c.bport is not None else c.dport
+        dst = ip(c.dst)
+        rport = c.dport if c.dport not in EPHEMERAL else 0
+        if cveth and cnode:
+            local_eps = self._local_endpoints(cnode)
+            # the client's own (addr, sport) is never an endpoint: sport is ephemeral
+            assert (caddr, c.sport, c.proto) not in local_eps
+            # the kernel keeps the local port when the remote one is ephemeral (port_is_local)
+            lport = c.sport if rport == 0 and c.dport and c.sport not in EPHEMERAL else 0
+            for kind, n in ((FlowKind.EGRESS, c.req), (FlowKind.INGRESS, c.resp)):
+                self._emit(cnode, FlowDelta(kind, caddr, dst, rport, c.proto, n, max(1, n // 1400),
+                                            local_port=lport))
+        snode, saddr, sveth = self._pod(str(backend))
+        if sveth and snode:
+            if (saddr, bport, c.proto) in self._local_endpoints(snode):
+                for kind, n in ((FlowKind.REQUEST, c.req), (FlowKind.RESPONSE, c.resp)):
+                    self._emit(snode, FlowDelta(kind, saddr, caddr, bport, c.proto, n, 1))
+            else:
+                cport = c.sport if c.sport not in EPHEMERAL else 0
+                lport = bport if cport == 0 and c.sport and bport not in EPHEMERAL else 0
+                for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
+                    self._emit(snode, FlowDelta(kind, saddr, caddr, cport, c.proto, n, 1,
+                                                local_port=lport))
+
+
+# --------------------------------------------------------------------------- the model's own checks
+
+
+def test_model_client_veth_sees_clusterip_and_server_veth_sees_client() -> None:
+    o = objects()
+    meta, _ = build(o)
+    m = Model(meta, o)
+    m.send(Conn("web-7c9f-abcde", "10.96.0.10", 80, 1000, 5000, backend="10.1.3.20", bport=8080))
+    assert m.deltas["n1"] == [
+        FlowDelta(FlowKind.EGRESS, ip("10.1.1.10"), ip("10.96.0.10"), 80, 6, 1000, 1),
+        FlowDelta(FlowKind.INGRESS, ip("10.1.1.10"), ip("10.96.0.10"), 80, 6, 5000, 3),
+    ]
+    assert m.deltas["n3"] == [
+        FlowDelta(FlowKind.REQUEST, ip("10.1.3.20"), ip("10.1.1.10"), 8080, 6, 1000, 1),
+        FlowDelta(FlowKind.RESPONSE, ip("10.1.3.20"), ip("10.1.1.10"), 8080, 6, 5000, 1),
+    ]
+
+
+def test_model_endpoint_table_excludes_host_network_endpoints() -> None:
+    o = objects()
+    meta, _ = build(o)
+    table = Model(meta, o)._local_endpoints("n2")
+    assert (ip("10.1.2.20"), 8080, 6) in table
+    assert (ip("10.1.2.60"), 9100, 6) in table
+    assert all(a != ip("192.168.0.2") for a, _, _ in table)
+
+
+def test_fake_hints_follow_zone_hints() -> None:
+    meta, hints = build()
+    pv = hints.proxy_view("shop", "api", "n1")
+    assert pv is not None and pv.topology_mode == "PreferSameZone"
+    assert pv.selected == frozenset({"10.1.1.20", "10.1.2.20", "fd00:10:1:2::20"})
+    dns = hints.proxy_view("shop", "dns", "n1")
+    assert dns is not None and dns.topology_mode == ""

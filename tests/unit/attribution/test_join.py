@@ -1,0 +1,739 @@
+"""agent.attribution: the exactly-once rule, crossing classification, hint-ignored bytes,
+host-network endpoints, CIDR/external peers, overflow and reasons, monotonic totals."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.attribution import (
+    Attributor,
+    HintIgnoredKey,
+    HintView,
+    MetadataView,
+    PairRow,
+    ServiceKey,
+    WorkloadKey,
+)
+from agent.records import FlowDelta, FlowKind
+from tests.unit.attribution.cluster import Conn, Model, build, ip, objects
+
+A, B, US = "eu-west-1a", "eu-west-1b", "us-east-1a"
+T0 = 1_764_470_000.0
+
+
+def req(local: str, remote: str, port: int, n: int, kind: FlowKind = FlowKind.REQUEST,
+        proto: int = 6) -> FlowDelta:
+    return FlowDelta(kind, ip(local), ip(remote), port, proto, n, 1)
+
+
+def flow(kind: FlowKind, local: str, remote: str, port: int, n: int, proto: int = 6) -> FlowDelta:
+    return FlowDelta(kind, ip(local), ip(remote), port, proto, n, 1)
+
+
+@pytest.fixture
+def cluster():  # type: ignore[no-untyped-def]
+    return build()
+
+
+def test_fakes_satisfy_the_protocols() -> None:
+    # checked by mypy (the fakes must keep matching what attribution consumes); at run time
+    # the Attributor must accept them and produce totals
+    meta, hints = build()
+    m: MetadataView = meta
+    h: HintView = hints
+    at = Attributor("n1", m, h)
+    at.attribute([], T0)
+    assert at.totals().node == "n1"
+
+
+def attributor(cluster, node: str, **kw) -> Attributor:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    return Attributor(node, meta, hints, **kw)
+
+
+def accounted(t) -> int:  # type: ignore[no-untyped-def]
+    """Bytes that land in exactly one of the counted series (the cluster-wide sum)."""
+    return (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
+            + sum(t.unattributed_bytes.values()))
+
+
+# --------------------------------------------------------------------------- service traffic
+
+
+@pytest.mark.parametrize(("server_node", "server_ip", "client_ip", "cz", "sz", "crossing", "reason"), [
+    ("n1", "10.1.1.20", "10.1.1.10", A, A, "same_node", None),          # web n1 -> api n1
+    ("n2", "10.1.2.20", "10.1.1.10", A, A, "same_zone", None),          # web n1 -> api n2
+    ("n3", "10.1.3.20", "10.1.1.10", A, B, "cross_zone", None),         # web n1 -> api n3
+    ("n3", "10.1.3.20", "10.1.4.40", US, B, "cross_region", None),      # worker n4 -> api n3
+    ("n3", "10.1.3.20", "203.0.113.7", "unknown", B, "external", None),  # internet client
+    ("n3", "10.1.3.20", "172.31.1.5", B, B, "same_zone", None),         # CIDR-mapped VM
+    ("n3", "10.1.3.20", "172.31.70.1", "unknown", B, "unknown", "cidr_without_zone"),
+    ("n3", "10.1.3.20", "10.9.9.9", "unknown", B, "unknown", "no_pod_for_ip"),
+    ("n3", "10.1.3.20", "10.1.5.50", "unknown", B, "unknown", "node_without_zone"),  # batch on n5
+    ("n3", "10.1.3.20", "192.168.0.1", A, B, "cross_zone", None),       # host-network client on n1
+    ("n2", "fd00:10:1:2::20", "fd00:10:1:1::10", A, A, "same_zone", None),  # IPv6
+])
+def test_service_bytes_classified_both_directions(cluster, server_node, server_ip, client_ip,  # type: ignore[no-untyped-def]
+                                                  cz, sz, crossing, reason) -> None:
+    at = attributor(cluster, server_node)
+    at.attribute([req(server_ip, client_ip, 8080, 700),
+                  req(server_ip, client_ip, 8080, 9100, FlowKind.RESPONSE)], T0)
+    t = at.totals()
+    # 10.1.x.20:8080 backs shop/api (and shop/api-canary for two of them): shop/api wins
+    assert dict(t.service_bytes) == {
+        ServiceKey("shop", "api", "80", cz, sz, crossing, "request"): 700,
+        ServiceKey("shop", "api", "80", cz, sz, crossing, "response"): 9100,
+    }
+    assert dict(t.unknown_crossing_bytes) == ({reason: 9800} if reason else {})
+    assert not t.workload_bytes and not t.unattributed_bytes and not t.skipped_bytes
+
+
+def test_server_on_node_without_zone_is_unknown(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    # an endpoint on n5 (no zone label): give the slice index one directly
+    from agent.records import ServicePort
+    meta.endpoints[(ip("10.1.5.50"), 8080, 6)] = [ServicePort("shop", "batch", 8080, "", 8080, 6)]
+    at = Attributor("n5", meta, hints)
+    at.attribute([req("10.1.5.50", "10.1.1.10", 8080, 42)], T0)
+    t = at.totals()
+    assert dict(t.service_bytes) == {
+        ServiceKey("shop", "batch", "8080", A, "unknown", "unknown", "request"): 42}
+    assert dict(t.unknown_crossing_bytes) == {"node_without_zone": 42}
+
+
+def test_ambiguous_endpoint_attributed_once_to_first_service(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n2")
+    # 10.1.2.20:8080 backs shop/api and shop/api-canary
+    at.attribute([req("10.1.2.20", "10.1.1.10", 8080, 500)], T0)
+    t = at.totals()
+    assert sum(t.service_bytes.values()) == 500
+    assert [k.service for k in t.service_bytes] == ["api"]
+    assert t.diagnostics_bytes["ambiguous_service"] == 500
+    # an endpoint backing one Service is not ambiguous
+    at3 = attributor(cluster, "n3")
+    at3.attribute([req("10.1.3.30", "10.1.1.10", 5353, 80, proto=17)], T0)
+    assert "ambiguous_service" not in at3.totals().diagnostics_bytes
+    assert list(at3.totals().service_bytes) == [
+        ServiceKey("shop", "dns", "53", A, B, "cross_zone", "request")]
+
+
+def test_endpoint_without_service_is_unattributed(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n2")
+    at.attribute([req("10.1.2.20", "10.1.1.10", 7777, 300)], T0)
+    t = at.totals()
+    assert dict(t.unattributed_bytes) == {"endpoint_without_service": 300}
+    assert not t.service_bytes
+
+
+# --------------------------------------------------------------------------- non-Service traffic
+
+
+def test_pod_to_pod_keeps_egress_only(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "10.1.3.30", 5432, 100),
+                  flow(FlowKind.INGRESS, "10.1.1.10", "10.1.3.30", 5432, 4000)], T0)
+    t = at.totals()
+    assert dict(t.workload_bytes) == {
+        WorkloadKey("shop", "web", "Deployment", A, B, "pod", "cross_zone", "egress"): 100}
+    assert dict(t.skipped_bytes) == {"pod_peer_ingress": 4000}
+
+
+@pytest.mark.parametrize(("remote", "port", "rzone", "rkind", "crossing", "reason"), [
+    ("192.168.0.3", 10250, B, "node", "cross_zone", None),
+    ("192.168.0.2", 10250, A, "node", "same_zone", None),
+    ("192.168.0.1", 10250, A, "node", "same_node", None),
+    ("172.31.1.5", 5432, B, "cidr", "cross_zone", None),
+    ("172.31.70.1", 5432, "unknown", "cidr", "unknown", "cidr_without_zone"),
+    ("203.0.113.7", 443, "unknown", "external", "external", None),
+    ("2001:db8::7", 443, "unknown", "external", "external", None),
+    ("192.168.0.4", 22, US, "node", "cross_region", None),
+    ("192.168.0.5", 22, "unknown", "node", "unknown", "node_without_zone"),
+])
+def test_non_pod_peers_keep_both_directions(cluster, remote, port, rzone, rkind, crossing,  # type: ignore[no-untyped-def]
+                                            reason) -> None:
+    at = attributor(cluster, "n1")
+    local = "fd00:10:1:1::10" if ":" in remote else "10.1.1.10"
+    at.attribute([flow(FlowKind.EGRESS, local, remote, port, 120),
+                  flow(FlowKind.INGRESS, local, remote, port, 3400)], T0)
+    t = at.totals()
+    assert dict(t.workload_bytes) == {
+        WorkloadKey("shop", "web", "Deployment", A, rzone, rkind, crossing, "egress"): 120,
+        WorkloadKey("shop", "web", "Deployment", A, rzone, rkind, crossing, "ingress"): 3400,
+    }
+    assert dict(t.unknown_crossing_bytes) == ({reason: 3520} if reason else {})
+    assert not t.skipped_bytes
+
+
+def test_unresolved_local_pod_still_gets_node_zone(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.99", "203.0.113.7", 443, 10)], T0)
+    assert dict(at.totals().workload_bytes) == {
+        WorkloadKey("unknown", "unknown", "unknown", A, "unknown", "external", "external", "egress"): 10}
+
+
+def test_unresolved_cluster_peer_treated_as_pod(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "10.9.9.9", 8000, 10),
+                  flow(FlowKind.INGRESS, "10.1.1.10", "10.9.9.9", 8000, 20)], T0)
+    t = at.totals()
+    assert dict(t.workload_bytes) == {
+        WorkloadKey("shop", "web", "Deployment", A, "unknown", "unknown", "unknown", "egress"): 10}
+    assert dict(t.skipped_bytes) == {"pod_peer_ingress": 20}
+    assert dict(t.unknown_crossing_bytes) == {"no_pod_for_ip": 10}
+
+
+# --------------------------------------------------------------------------- exactly once
+
+
+SCENARIOS = {
+    "clusterip_cross_zone": Conn("web-7c9f-abcde", "10.96.0.10", 80, 1200, 64000,
+                                 backend="10.1.3.20", bport=8080),
+    "clusterip_same_node": Conn("web-7c9f-abcde", "10.96.0.10", 80, 800, 3000,
+                                backend="10.1.1.20", bport=8080),
+    "clusterip_ipv6": Conn("web-7c9f-abcde", "fd00:96::10", 80, 900, 7000,
+                           backend="fd00:10:1:2::20", bport=8080),
+    "clusterip_udp": Conn("web-7c9f-abcde", "10.96.0.53", 53, 70, 300,
+                          backend="10.1.3.30", bport=5353, proto=17),
+    "direct_pod": Conn("web-7c9f-abcde", "10.1.2.20", 8080, 1500, 20000),
+    "direct_pod_same_node": Conn("web-7c9f-abcde", "10.1.1.20", 8080, 150, 2000),
+    "pod_to_pod": Conn("web-7c9f-abcde", "10.1.3.30", 5432, 4000, 90000),
+    "pod_to_pod_same_node": Conn("web-7c9f-abcde", "10.1.1.20", 9999, 40, 50),
+    "pod_to_node": Conn("web-7c9f-abcde", "192.168.0.3", 10250, 600, 1800),
+    "pod_to_external": Conn("web-7c9f-abcde", "203.0.113.7", 443, 2500, 125000),
+    "pod_to_cidr": Conn("web-7c9f-abcde", "172.31.1.5", 5432, 333, 4444),
+    "clusterip_host_network": Conn("web-7c9f-abcde", "10.96.0.21", 9100, 210, 51000,
+                                   backend="192.168.0.2", bport=9100),
+    "direct_host_network": Conn("web-7c9f-abcde", "192.168.0.3", 9100, 190, 47000),
+    "host_network_client": Conn("node:n2", "10.1.3.20", 8080, 560, 7100),
+    "host_network_client_clusterip": Conn("node:n2", "10.96.0.10", 80, 77, 880,
+                                          backend="10.1.3.20", bport=8080),
+    "server_replies_from_pod_to_pod": Conn("db-0", "10.1.1.10", 7000, 11, 22),
+    "clusterip_selectorless_cidr": Conn("web-7c9f-abcde", "10.96.0.40", 5432, 640, 9900,
+                                        backend="172.31.1.6", bport=5432),
+    "clusterip_selectorless_external": Conn("web-7c9f-abcde", "10.96.0.41", 443, 123, 4567,
+                                            backend="203.0.113.51", bport=443),
+    "direct_selectorless_cidr": Conn("web-7c9f-abcde", "172.31.1.6", 5432, 1, 2),
+}
+
+
+def run(conns: list[Conn], behind: frozenset[str] = frozenset()) -> dict[str, Attributor]:
+    """One Attributor per node fed what the kernel model counted; ``behind``: nodes whose
+    kernel endpoint map is still empty."""
+    o = objects()
+    meta, hints = build(o)
+    model = Model(meta, o, kernel_behind=behind)
+    for c in conns:
+        model.send(c)
+    out = {}
+    for node in ("n1", "n2", "n3"):
+        out[node] = Attributor(node, meta, hints)
+        out[node].attribute(model.deltas.get(node, []), T0)
+    assert set(model.deltas) <= set(out)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_each_byte_counted_once_cluster_wide(name: str) -> None:
+    c = SCENARIOS[name]
+    agents = run([c])
+    totals = [a.totals() for a in agents.values()]
+    assert sum(accounted(t) for t in totals) == c.req + c.resp
+    for t in totals:  # per node, every byte seen is either counted or a known copy
+        assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+
+
+def test_all_scenarios_together_once_and_in_the_right_series() -> None:
+    conns = list(SCENARIOS.values())
+    agents = run(conns)
+    t = {n: a.totals() for n, a in agents.items()}
+    assert sum(accounted(x) for x in t.values()) == sum(c.req + c.resp for c in conns)
+
+    def service(ns: str, svc: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for x in t.values():
+            for k, v in x.service_bytes.items():
+                if (k.namespace, k.service) == (ns, svc):
+                    out[k.direction] = out.get(k.direction, 0) + v
+        return out
+
+    api = [SCENARIOS[s] for s in ("clusterip_cross_zone", "clusterip_same_node", "clusterip_ipv6",
+                                  "direct_pod", "direct_pod_same_node", "host_network_client",
+                                  "host_network_client_clusterip")]
+    assert service("shop", "api") == {"request": sum(c.req for c in api),
+                                      "response": sum(c.resp for c in api)}
+    dns = SCENARIOS["clusterip_udp"]
+    assert service("shop", "dns") == {"request": dns.req, "response": dns.resp}
+    hn = [SCENARIOS["clusterip_host_network"], SCENARIOS["direct_host_network"]]
+    # 192.168.0.2:9100 backs exporter-n2 and node-exporter: first by name is exporter-n2;
+    # 192.168.0.3:9100 backs monitoring/node-exporter and shop/mixed: monitoring first.
+    assert service("monitoring", "exporter-n2") == {"request": hn[0].req, "response": hn[0].resp}
+    assert service("monitoring", "node-exporter") == {"request": hn[1].req, "response": hn[1].resp}
+    rds = [SCENARIOS["clusterip_selectorless_cidr"], SCENARIOS["direct_selectorless_cidr"]]
+    assert service("shop", "rds") == {"request": sum(c.req for c in rds),
+                                      "response": sum(c.resp for c in rds)}
+    assert t["n1"].service_bytes[ServiceKey("shop", "rds", "5432", A, B, "cross_zone", "request")] == 641
+    partner = SCENARIOS["clusterip_selectorless_external"]
+    assert t["n1"].service_bytes[ServiceKey("shop", "partner", "443", A, "unknown", "external",
+                                            "response")] == partner.resp
+    nonsvc = [SCENARIOS[s] for s in ("pod_to_pod", "pod_to_pod_same_node", "pod_to_node",
+                                     "pod_to_external", "pod_to_cidr",
+                                     "server_replies_from_pod_to_pod")]
+    assert sum(sum(x.workload_bytes.values()) for x in t.values()) == sum(c.req + c.resp for c in nonsvc)
+    # zone a -> api in zone b: counted on n3 only (web on n1, and node n2 twice)
+    zone_a_clients = [SCENARIOS[s] for s in ("clusterip_cross_zone", "host_network_client",
+                                             "host_network_client_clusterip")]
+    assert t["n3"].service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "response")] == \
+        sum(c.resp for c in zone_a_clients)
+    assert not any(k.service == "api" for k in t["n1"].service_bytes if k.crossing == "cross_zone")
+
+
+@pytest.mark.parametrize("behind", [frozenset({"n1"}), frozenset({"n2"}), frozenset({"n3"}),
+                                    frozenset({"n1", "n2", "n3"})])
+def test_endpoint_missing_from_kernel_is_still_service_traffic(behind: frozenset[str]) -> None:
+    # a node whose kernel endpoint map is empty (new pod, agent restart, API outage) counts
+    # its endpoints' traffic as ingress/egress with the pod's port: attribution must give
+    # the same series as when the kernel knew them, and count the bytes exactly once
+    conns = list(SCENARIOS.values())
+    exact = {n: a.totals() for n, a in run(conns).items()}
+    late = {n: a.totals() for n, a in run(conns, behind).items()}
+    for n in exact:
+        assert dict(late[n].service_bytes) == dict(exact[n].service_bytes), n
+        assert dict(late[n].workload_bytes) == dict(exact[n].workload_bytes), n
+        assert dict(late[n].hint_ignored_bytes) == dict(exact[n].hint_ignored_bytes), n
+        assert dict(late[n].unattributed_bytes) == dict(exact[n].unattributed_bytes), n
+    promoted = sum(late[n].diagnostics_bytes.get("endpoint_not_in_kernel", 0) for n in behind)
+    o = objects()
+    model = Model(build(o)[0], o)
+    expected = 0
+    for c in conns:  # bytes to a veth endpoint (EndpointSlice address and port) on a node behind
+        node, addr, veth = model._pod(c.backend or c.dst)
+        port = c.bport if c.bport is not None else c.dport
+        if node in behind and veth and (addr, port, c.proto) in model._local_endpoints(node):
+            expected += c.req + c.resp
+    assert promoted == expected > 0
+    assert not any(exact[n].diagnostics_bytes.get("endpoint_not_in_kernel") for n in exact)
+
+
+def test_local_port_of_a_non_endpoint_stays_pod_traffic(cluster) -> None:  # type: ignore[no-untyped-def]
+    # db-0 (10.1.3.30) serves 5432 outside any Service: the local port is kept by the
+    # kernel but the traffic stays the pod's own (egress counted, ingress a pod copy)
+    at = attributor(cluster, "n3")
+    at.attribute([FlowDelta(FlowKind.INGRESS, ip("10.1.3.30"), ip("10.1.1.10"), 0, 6, 400, 1,
+                            local_port=5432),
+                  FlowDelta(FlowKind.EGRESS, ip("10.1.3.30"), ip("10.1.1.10"), 0, 6, 9000, 1,
+                            local_port=5432)], T0)
+    t = at.totals()
+    assert not t.service_bytes
+    assert sum(t.workload_bytes.values()) == 9000
+    assert dict(t.skipped_bytes) == {"pod_peer_ingress": 400}
+    assert "endpoint_not_in_kernel" not in t.diagnostics_bytes
+
+
+def test_late_endpoint_held_delta_counts_its_diagnostic_once(cluster) -> None:  # type: ignore[no-untyped-def]
+    # a late-endpoint request from an unresolved client is held, then counted once
+    at = attributor(cluster, "n3", hold_unresolved_seconds=30)
+    d = FlowDelta(FlowKind.INGRESS, ip("10.1.3.20"), ip("10.1.1.99"), 0, 6, 700, 1,
+                  local_port=8080)
+    at.attribute([d], T0)
+    assert at.totals().held_bytes == 700
+    at.attribute([], T0 + 5)
+    at.attribute([], T0 + 31)
+    t = at.totals()
+    assert sum(t.service_bytes.values()) == 700 and t.held_bytes == 0
+    assert t.diagnostics_bytes["endpoint_not_in_kernel"] == 700
+
+
+def test_clusterip_to_host_network_endpoints_in_several_zones_is_unknown(cluster) -> None:  # type: ignore[no-untyped-def]
+    # monitoring/node-exporter: both endpoints host-network (n2 zone a, n3 zone b), no hints
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.20", 9100, 90),
+                  flow(FlowKind.INGRESS, "10.1.1.10", "10.96.0.20", 9100, 900)], T0)
+    t = at.totals()
+    assert dict(t.service_bytes) == {
+        ServiceKey("monitoring", "node-exporter", "9100", A, "unknown", "unknown", "request"): 90,
+        ServiceKey("monitoring", "node-exporter", "9100", A, "unknown", "unknown", "response"): 900,
+    }
+    assert dict(t.unknown_crossing_bytes) == {"clusterip_to_host_network_endpoint": 990}
+
+
+def test_clusterip_with_mixed_host_network_endpoints_is_skipped_and_reported(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.30", 9100, 5)], T0)
+    t = at.totals()
+    assert dict(t.skipped_bytes) == {"clusterip_mixed_host_network": 5}
+    assert not t.service_bytes and not t.workload_bytes
+
+
+# --------------------------------------------------------------------------- hint-ignored
+
+
+def test_node_ignoring_hints_counts_hint_ignored_bytes() -> None:
+    # kube-proxy on n1 (zone a) selects the zone-a endpoints of shop/api; a data plane that
+    # ignores hints sends the connection to 10.1.3.20 in zone b anyway
+    ignoring = Conn("web-7c9f-abcde", "10.96.0.10", 80, 1000, 30000, backend="10.1.3.20", bport=8080)
+    honouring = Conn("web-7c9f-abcde", "10.96.0.10", 80, 2000, 40000, backend="10.1.2.20", bport=8080)
+    bypass = Conn("web-7c9f-abcde", "10.1.3.20", 8080, 10, 20)   # dials the pod directly
+    no_hints = Conn("web-7c9f-abcde", "10.96.0.53", 53, 5, 7, backend="10.1.3.30", bport=5353, proto=17)
+    from_b = Conn("web-7c9f-fghij", "10.96.0.10", 80, 3, 4, backend="10.1.3.20", bport=8080)
+    agents = run([ignoring, honouring, bypass, no_hints, from_b])
+    ignored: dict[HintIgnoredKey, int] = {}
+    for a in agents.values():
+        for k, v in a.totals().hint_ignored_bytes.items():
+            ignored[k] = ignored.get(k, 0) + v
+    assert ignored == {HintIgnoredKey("shop", "api", A, B): 1000 + 30000 + 10 + 20}
+
+
+def test_hint_check_skipped_when_client_node_unknown(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n3")
+    at.attribute([req("10.1.3.20", "10.9.9.9", 8080, 64)], T0)
+    t = at.totals()
+    assert not t.hint_ignored_bytes
+    assert dict(t.diagnostics_bytes) == {"hint_check_client_node_unknown": 64}
+
+
+def test_host_network_client_judged_by_its_node(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n3")
+    # node n1 (zone a) dials api: n1's kube-proxy selects zone-a endpoints only
+    at.attribute([req("10.1.3.20", "192.168.0.1", 8080, 64)], T0)
+    assert dict(at.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B): 64}
+
+
+# --------------------------------------------------------------------------- overflow, bad input
+
+
+def test_overflow_counted_as_flow_table_full(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n1")
+    zero4 = "0.0.0.0"
+    at.attribute([FlowDelta(FlowKind.REQUEST, ip(zero4), ip(zero4), 0, 0, 5000, 4, overflow=True),
+                  FlowDelta(FlowKind.EGRESS, ip("::"), ip("::"), 0, 0, 700, 1, overflow=True)], T0)
+    t = at.totals()
+    assert dict(t.unattributed_bytes) == {"flow_table_full": 5700}
+    assert dict(t.diagnostics_bytes) == {"flow_table_full_unfiltered": 700}
+    assert t.bytes_seen == 5700
+
+
+def test_negative_delta_ignored_and_counted(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "203.0.113.7", 443, -5),
+                  flow(FlowKind.EGRESS, "10.1.1.10", "203.0.113.7", 443, 5)], T0)
+    t = at.totals()
+    assert t.invalid_deltas == 1 and t.deltas_seen == 2 and t.bytes_seen == 5
+    assert sum(t.workload_bytes.values()) == 5
+
+
+def test_bad_arguments_rejected(cluster) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError):
+        attributor(cluster, "n1", pair_capacity=0)
+
+
+# --------------------------------------------------------------------------- monotonic, immutable
+
+
+def test_totals_are_cumulative_monotonic_and_immutable(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n3")
+    batch = [req("10.1.3.20", "10.1.1.10", 8080, 100), flow(FlowKind.EGRESS, "10.1.3.30", "172.31.1.5", 5432, 7)]
+    at.attribute(batch, T0)
+    first = at.totals()
+    at.attribute(batch, T0 + 10)
+    at.attribute([], T0 + 20)
+    second = at.totals()
+    assert first.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request")] == 100
+    assert second.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request")] == 200
+    for name in ("service_bytes", "workload_bytes", "hint_ignored_bytes"):
+        a, b = getattr(first, name), getattr(second, name)
+        assert all(b[k] >= v for k, v in a.items())
+    with pytest.raises(TypeError):
+        first.service_bytes[ServiceKey("x", "y", "1", A, A, "same_zone", "request")] = 1  # type: ignore[index]
+    assert second.deltas_seen == 4 and second.bytes_seen == 214
+
+
+# --------------------------------------------------------------------------- top pairs
+
+
+def test_top_pairs_ranked_bounded_and_per_interval(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n3", top_n=1, pair_capacity=2)
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 100),
+                  req("10.1.3.20", "10.1.1.10", 8080, 50, FlowKind.RESPONSE),
+                  req("10.1.3.20", "10.1.4.40", 8080, 400),
+                  req("10.1.3.20", "203.0.113.7", 8080, 30)], T0)  # third pair: over capacity
+    at.close_interval(T0 + 10)
+    t = at.totals()
+    assert t.top_interval == (T0, T0 + 10)
+    assert t.top_pairs == (
+        PairRow("shop/worker-x", "shop/api-5d8b-ccccc", "shop", "api", US, B, "cross_region", 400,
+                port="80"),
+        PairRow("other", "other", "", "", "unknown", "unknown", "unknown", 150 + 30),
+    )
+    at.close_interval(T0 + 20)
+    assert at.totals().top_pairs == ()  # a new interval without traffic
+    assert sum(at.totals().service_bytes.values()) == 580  # cumulative totals untouched
+
+
+def test_ipv4_and_ipv6_with_equal_integer_values_are_kept_apart(cluster) -> None:  # type: ignore[no-untyped-def]
+    # ::c0a8:3 has the integer value of 192.168.0.3 (node n3): it must not resolve as n3
+    at = attributor(cluster, "n1")
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "192.168.0.3", 10250, 5),
+                  flow(FlowKind.EGRESS, "fd00:10:1:1::10", "::c0a8:3", 10250, 7)], T0)
+    assert dict(at.totals().workload_bytes) == {
+        WorkloadKey("shop", "web", "Deployment", A, B, "node", "cross_zone", "egress"): 5,
+        WorkloadKey("shop", "web", "Deployment", A, "unknown", "external", "external", "egress"): 7,
+    }
+
+
+def test_failing_lookup_counts_the_delta_and_the_batch_goes_on(cluster, caplog) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+
+    class Broken:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            if str(ip_) == "10.1.4.40":
+                self.calls += 1
+                raise KeyError("index rebuilt under us")
+            return meta.resolve(ip_, at)
+
+    broken = Broken()
+    at = Attributor("n3", broken, hints)  # type: ignore[arg-type]
+    at.attribute([req("10.1.3.20", "10.1.4.40", 8080, 11),
+                  req("10.1.3.20", "10.1.4.40", 8080, 12, FlowKind.RESPONSE),
+                  req("10.1.3.20", "10.1.1.10", 8080, 13)], T0)
+    t = at.totals()
+    assert dict(t.unattributed_bytes) == {"attribution_error": 23}
+    assert sum(t.service_bytes.values()) == 13
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+    assert broken.calls == 2
+    assert sum("attribution lookup failed" in r.getMessage() for r in caplog.records) == 1
+
+
+# --------------------------------------------------------------------------- holding unresolved
+
+
+def _learn_pod(meta, addr: str, node_name: str, name: str) -> None:  # type: ignore[no-untyped-def]
+    from agent.records import Peer, PeerKind
+    n = meta.nodes[node_name]
+    meta.by_ip[ip(addr)] = Peer(PeerKind.POD, zone=n.zone, region=n.region, node=node_name,
+                                namespace="shop", name=name, workload="late", workload_kind="Deployment")
+
+
+def test_unresolved_client_held_until_metadata_arrives(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    at = Attributor("n3", meta, hints, hold_unresolved_seconds=30)
+    at.attribute([req("10.1.3.20", "10.1.2.99", 8080, 100),
+                  req("10.1.3.20", "10.1.1.10", 8080, 5)], T0)
+    t = at.totals()
+    assert t.held_bytes == 100 and sum(t.service_bytes.values()) == 5
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values()) + t.held_bytes
+    _learn_pod(meta, "10.1.2.99", "n2", "late-1")   # the watch catches up
+    at.attribute([], T0 + 10)
+    t = at.totals()
+    assert t.held_bytes == 0
+    assert t.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request")] == 105
+    assert not t.unknown_crossing_bytes
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+
+
+def test_unresolved_counted_as_unknown_after_the_hold(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    at = Attributor("n1", meta, hints, hold_unresolved_seconds=30)
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.77", "203.0.113.7", 443, 40),   # local pod unknown
+                  flow(FlowKind.EGRESS, "10.1.1.10", "10.9.9.9", 80, 30),       # remote pod unknown
+                  flow(FlowKind.INGRESS, "10.1.1.10", "10.9.9.9", 80, 20)], T0)  # skipped anyway
+    assert at.totals().held_bytes == 70
+    at.attribute([], T0 + 10)
+    assert at.totals().held_bytes == 70        # still unresolved, still within the hold
+    at.attribute([], T0 + 30)
+    t = at.totals()
+    assert t.held_bytes == 0
+    assert dict(t.workload_bytes) == {
+        WorkloadKey("unknown", "unknown", "unknown", A, "unknown", "external", "external", "egress"): 40,
+        WorkloadKey("shop", "web", "Deployment", A, "unknown", "unknown", "unknown", "egress"): 30,
+    }
+    assert dict(t.skipped_bytes) == {"pod_peer_ingress": 20}
+    assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+
+
+def test_hold_is_bounded(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    at = Attributor("n3", meta, hints, hold_unresolved_seconds=30, hold_capacity=1)
+    at.attribute([req("10.1.3.20", "10.1.2.98", 8080, 7), req("10.1.3.20", "10.1.2.99", 8080, 9)], T0)
+    t = at.totals()
+    assert t.held_bytes == 7
+    assert dict(t.unknown_crossing_bytes) == {"no_pod_for_ip": 9}
+    assert dict(t.diagnostics_bytes) == {"hold_full": 9, "hint_check_client_node_unknown": 9}
+
+
+def test_failing_own_node_lookup_keeps_the_batch(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+
+    class NoNodes:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def node(self, name: str):  # type: ignore[no-untyped-def]
+            raise ConnectionError("cache restarting")
+
+    at = Attributor("n3", NoNodes(), hints)  # type: ignore[arg-type]
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 9)], T0)
+    t = at.totals()
+    # server zone unknown (this node's labels unavailable), the bytes still counted once
+    assert dict(t.service_bytes) == {
+        ServiceKey("shop", "api", "80", A, "unknown", "unknown", "request"): 9}
+    assert dict(t.unknown_crossing_bytes) == {"node_without_zone": 9}
+
+
+def test_totals_to_json_round_trips_through_json(cluster) -> None:  # type: ignore[no-untyped-def]
+    import json
+    at = attributor(cluster, "n3")
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 100),
+                  flow(FlowKind.EGRESS, "10.1.3.30", "203.0.113.7", 443, 5)], T0)
+    at.close_interval(T0 + 10)
+    doc = json.loads(json.dumps(at.totals().to_json()))
+    assert doc["service_bytes"] == [{"namespace": "shop", "service": "api", "port": "80",
+                                     "client_zone": A, "server_zone": B, "crossing": "cross_zone",
+                                     "direction": "request", "bytes": 100}]
+    assert doc["workload_bytes"][0]["workload"] == "db" and doc["workload_bytes"][0]["bytes"] == 5
+    assert doc["top_pairs"][0] == {"client": "shop/web-7c9f-abcde", "server": "shop/api-5d8b-ccccc",
+                                   "namespace": "shop", "service": "api", "client_zone": A,
+                                   "server_zone": B, "crossing": "cross_zone", "bytes": 100,
+                                   "port": "80"}
+    assert doc["top_interval"] == [T0, T0 + 10]
+    assert "locality" not in doc  # the hint model's (tests/unit/hints/test_model_locality.py)
+
+
+def test_close_interval_never_asks_the_hint_view(cluster) -> None:  # type: ignore[no-untyped-def]
+    # locality is the hint model's now: a hint view that cannot list its Services does not
+    # stop the interval from closing
+    meta, hints = cluster
+    at = Attributor("n1", meta, hints)
+    at.close_interval(T0)
+
+    def broken() -> list[tuple[str, str]]:
+        raise RuntimeError("model rebuilding")
+
+    hints.services = broken
+    at.close_interval(T0 + 10)
+    assert at.totals().top_interval == (T0, T0 + 10)
+
+
+def test_hostnet_decision_not_kept_while_endpoints_unresolved(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    from agent.records import Peer, PeerKind
+
+    class Syncing:
+        synced = False
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            if not self.synced and str(ip_).startswith("192.168."):
+                return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+            return meta.resolve(ip_, at)
+
+    view = Syncing()
+    at = Attributor("n1", view, hints)  # type: ignore[arg-type]
+    # web on n1 -> exporter-n2 ClusterIP, whose only endpoint is host-network on n2
+    delta = flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.21", 9100, 50)
+    at.attribute([delta], T0)
+    assert dict(at.totals().skipped_bytes) == {"clusterip_client_copy": 50}  # looks like a pod
+    view.synced = True
+    at.attribute([delta], T0 + 10)   # well within HOSTNET_TTL: decided again all the same
+    assert dict(at.totals().service_bytes) == {
+        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request"): 50}
+
+
+def test_clusterip_copy_held_while_its_endpoints_are_unresolved(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+    from agent.records import Peer, PeerKind
+
+    class Syncing:
+        synced = False
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            if not self.synced and str(ip_).startswith("192.168."):
+                return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
+            return meta.resolve(ip_, at)
+
+    view = Syncing()
+    at = Attributor("n1", view, hints, hold_unresolved_seconds=30)  # type: ignore[arg-type]
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.21", 9100, 50),
+                  flow(FlowKind.EGRESS, "10.1.1.10", "10.96.0.10", 80, 8)], T0)  # api: pods
+    t = at.totals()
+    assert t.held_bytes == 50 and dict(t.skipped_bytes) == {"clusterip_client_copy": 8}
+    view.synced = True
+    at.attribute([], T0 + 10)
+    t = at.totals()
+    assert t.held_bytes == 0
+    assert dict(t.service_bytes) == {
+        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request"): 50}
+
+
+def test_non_canonical_selected_addresses_are_not_hint_ignored(cluster) -> None:  # type: ignore[no-untyped-def]
+    from agent.records import ProxyView
+    meta, hints = cluster
+
+    class Spelled:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(hints, name)
+
+        def proxy_view(self, ns: str, svc: str, node: str) -> ProxyView:
+            # same endpoints as the model selects for zone a, spelled as an old slice might
+            return ProxyView("PreferSameZone", frozenset({"010.1.1.20", "10.1.2.20",
+                                                          "fd00:10:1:2:0::20"}), "cluster")
+
+    at = Attributor("n2", meta, Spelled())  # type: ignore[arg-type]
+    at.attribute([req("fd00:10:1:2::20", "fd00:10:1:1::10", 8080, 10),
+                  req("10.1.2.20", "10.1.1.10", 8080, 20)], T0)
+    assert not at.totals().hint_ignored_bytes
+    at3 = Attributor("n3", meta, Spelled())  # type: ignore[arg-type]
+    at3.attribute([req("10.1.3.20", "10.1.1.10", 8080, 30)], T0)   # really outside the set
+    assert dict(at3.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B): 30}
+
+
+def test_batches_of_one_drain_share_lookups(cluster) -> None:  # type: ignore[no-untyped-def]
+    meta, hints = cluster
+
+    class Counting:
+        def __init__(self) -> None:
+            self.resolves = 0
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(meta, name)
+
+        def resolve(self, ip_, at):  # type: ignore[no-untyped-def]
+            self.resolves += 1
+            return meta.resolve(ip_, at)
+
+    view = Counting()
+    at = Attributor("n3", view, hints)  # type: ignore[arg-type]
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 1)], T0)
+    first = view.resolves
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 2, FlowKind.RESPONSE)], T0)  # same drain
+    assert view.resolves == first
+    at.attribute([req("10.1.3.20", "10.1.1.10", 8080, 4)], T0 + 10)           # next drain
+    assert view.resolves == 2 * first
+    assert sum(at.totals().service_bytes.values()) == 7
+
+
+@pytest.mark.parametrize("remote", ["ff02::16", "ff02::1:ff00:20", "fe80::1", "::", "169.254.1.1",
+                                    "224.0.0.22"])
+@pytest.mark.parametrize("kind", [FlowKind.EGRESS, FlowKind.INGRESS])
+def test_link_scope_traffic_is_the_nodes_never_cross_zone(cluster, remote: str,  # type: ignore[no-untyped-def]
+                                                          kind: FlowKind) -> None:
+    # a new pod's veth sends MLD reports and DAD probes: they never leave the link, so they
+    # count once, as traffic between the pod and its own node, not as external traffic
+    local = "fd00:10:1:1::10" if ":" in remote else "10.1.1.10"
+    a = attributor(cluster, "n1")
+    a.attribute([flow(kind, local, remote, 0, 96, proto=58 if ":" in remote else 2)], T0)
+    t = a.totals()
+    assert accounted(t) == 96
+    (key, n), = t.workload_bytes.items()
+    assert n == 96
+    assert (key.remote_kind, key.crossing, key.remote_zone, key.client_zone) == ("node", "same_node", A, A)

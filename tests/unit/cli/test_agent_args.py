@@ -1,0 +1,190 @@
+"""Attacks on ``zonemeter agent`` flags and ``--cleanup`` (bad input and restart).
+
+The datapath is replaced by a stub that refuses to load (exit 1), so a flag that slips
+through validation shows up as exit 1 instead of the one-line exit 2, and no test here
+loads BPF or touches an interface.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agent.datapath
+from agent import cli
+from agent.errors import RuntimeFailure
+from tests.unit.agent_cluster import write_snapshot
+
+
+@pytest.fixture()
+def no_datapath(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(config: Any) -> Any:
+        raise RuntimeFailure("test: the datapath was reached")
+
+    monkeypatch.setattr(agent.datapath, "Datapath", refuse)
+
+
+@pytest.mark.parametrize("flag", ["--interval", "--final-linger-seconds",
+                                  "--hold-unresolved-seconds", "--sync-timeout-seconds"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300"])
+def test_seconds_flags_must_be_finite(flag: str, value: str, tmp_path: Path, no_datapath: None,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """NaN passed every ``< 0`` check: ``--hold-unresolved-seconds nan`` held unresolved
+    bytes forever (the final flush could not release them either: never exported),
+    ``--final-linger-seconds inf``/``nan`` made ``time.sleep`` raise after the final
+    export (a traceback and exit 1 instead of 0), ``--interval inf`` exported once."""
+    snap = str(write_snapshot(tmp_path / "c.json"))
+    rc = cli.main(["agent", "--node-name", "nb", "--snapshot", snap, "--metrics-address",
+                   "127.0.0.1:0", "--sync-timeout-seconds=0", f"{flag}={value}"])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if not x.startswith('{"ts"')]
+    assert rc == 2 and len(lines) == 1 and flag in lines[0], err
+
+
+@pytest.mark.parametrize("netns", [".", ".."])
+def test_netns_dot_names_are_refused(netns: str, no_datapath: None,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``/run/netns/..`` exists (it is ``/run``), so ``--netns ..`` passed the existence
+    check and reached the datapath as a namespace name."""
+    rc = cli.main(["agent", "--node-name", "nb", "--netns", netns])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--netns" in err and len(err.strip().splitlines()) == 1, err
+
+
+def _fake_cleanup(monkeypatch: pytest.MonkeyPatch, seen: list[Any]) -> None:
+    def fake(pin_path: Any, netns: Any = None, **_: Any) -> Any:
+        # is the pin lock held while cleanup removes things? (another fd must not get it)
+        fd = os.open(pin_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = False
+        except BlockingIOError:
+            locked = True
+        finally:
+            os.close(fd)
+        seen.append((pin_path, netns, locked))
+        return agent.datapath.CleanupResult((), ())
+
+    monkeypatch.setattr(agent.datapath.Datapath, "cleanup", staticmethod(fake))
+
+
+def test_cleanup_refuses_while_an_agent_holds_the_pins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A running agent holds the flock on its pin directory for its lifetime (a second
+    agent waits for it). ``--cleanup`` used to ignore it and remove the running agent's
+    tc filters and pins: that agent then exported zeros while reporting itself attached."""
+    pins = tmp_path / "pins"
+    pins.mkdir()
+    seen: list[Any] = []
+    _fake_cleanup(monkeypatch, seen)
+    running = agent.datapath.lock_pins(str(pins), 0.0)  # what a running agent holds
+    try:
+        rc = cli.main(["agent", "--cleanup", "--pin-path", str(pins)])
+        err = capsys.readouterr().err
+        assert rc == 1 and "agent is running" in err and str(pins) in err, err
+        assert seen == []
+    finally:
+        os.close(running)
+    # the agent exited: cleanup goes ahead, holding the lock so no agent starts meanwhile
+    assert cli.main(["agent", "--cleanup", "--pin-path", str(pins)]) == 0
+    assert seen == [(str(pins), None, True)]
+    # and it released the lock afterwards
+    fd = agent.datapath.lock_pins(str(pins), 0.0)
+    os.close(fd)
+
+
+def test_cleanup_without_a_pin_directory_still_removes_filters(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+
+    def fake(pin_path: Any, netns: Any = None, **_: Any) -> Any:
+        seen.append(pin_path)
+        return agent.datapath.CleanupResult((), ())
+
+    monkeypatch.setattr(agent.datapath.Datapath, "cleanup", staticmethod(fake))
+    gone = str(tmp_path / "never-created")
+    assert cli.main(["agent", "--cleanup", "--pin-path", gone]) == 0
+    assert seen == [gone]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--hints-populated", "web"], "--hints-populated"),           # no namespace
+    (["--hints-populated", "shop/web,db"], "--hints-populated"),   # one good, one not
+    (["--hints-populated", "a/b/c"], "--hints-populated"),
+    (["--hints-populated", "/web"], "--hints-populated"),
+    (["--context", "prod"], "--context"),                         # ignored with --snapshot
+])
+def test_explain_flags_that_were_silently_ignored(argv: list[str], flag: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``--hints-populated web`` (no namespace) matched no Service and was dropped without
+    a word, so the diagnosis silently assumed the controller had not populated hints;
+    ``--context`` with ``--snapshot`` was ignored the same way."""
+    snap = str(write_snapshot(tmp_path / "c.json"))
+    rc = cli.main(["explain", "--snapshot", snap, *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and flag in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_explain_hints_populated_accepts_namespace_name_lists(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    snap = str(write_snapshot(tmp_path / "c.json"))
+    assert cli.main(["explain", "--snapshot", snap, "--hints-populated", " shop/web , shop/db ,"]) == 0
+    assert "shop/web" in capsys.readouterr().out
+
+
+def test_a_node_name_the_cluster_does_not_know_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """Live cluster: ``--node-name`` set to the host name instead of the Node's name ran
+    silently: no local endpoints (Service bytes counted as workload bytes), every zone of
+    the node unknown. The agent now says so once the Nodes are listed."""
+    import logging
+
+    from agent.cli.agent import warn_unknown_node
+    from agent.k8s.cache import ClusterMetadata
+    from tests.unit.agent_cluster import cluster
+
+    cache = ClusterMetadata()
+    with caplog.at_level(logging.WARNING, logger="agent.cli.agent"):
+        assert not warn_unknown_node(cache, "na.ec2.internal")  # not listed yet: no verdict
+        cache.replace("nodes", cluster()["nodes"])
+        cache.set_synced("nodes", True)
+        assert not warn_unknown_node(cache, "na")
+        assert warn_unknown_node(cache, "na.ec2.internal")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "'na.ec2.internal' is not among the cluster's Nodes" in msgs[0]
+
+
+def test_endpoints_are_not_overwritten_before_the_slices_were_ever_listed() -> None:
+    """Restart with pinned maps while the API is down: after --sync-timeout-seconds the
+    agent attached and wrote the cache's endpoint set, which is empty (or the first page
+    of a list that failed), over the previous agent's set still in the pinned map. Until
+    the API came back, this node's Service bytes were counted as workload bytes."""
+    from agent.adapters import HintModel
+    from agent.exporter import Exporter
+    from agent.k8s.cache import ClusterMetadata
+    from agent.loop import AgentLoop
+    from tests.unit.agent_cluster import cluster
+    from tests.unit.cli.test_agent import FakeDatapath
+
+    c = cluster()
+    cache = ClusterMetadata()
+    cache.replace("nodes", c["nodes"])
+    cache.set_synced("nodes", True)
+    cache.replace("endpointslices", c["endpointslices"][:1])  # a list that failed half way
+    dp = FakeDatapath()
+    loop = AgentLoop("nb", dp, cache, HintModel(cache), Exporter(version="t"), interval=10,
+                     clock=lambda: 1000.0)
+    assert loop.sync_endpoints() is False
+    loop.tick()
+    assert dp.endpoints == []  # the kernel keeps what it has
+    cache.replace("endpointslices", c["endpointslices"])  # the list completes
+    cache.set_synced("endpointslices", True)
+    loop.tick()
+    assert len(dp.endpoints) == 1 and len(dp.endpoints[0]) == 2  # web-b and db-b on nb
+    cache.set_synced("endpointslices", False)  # a later outage: the cache keeps its objects
+    cache.replace("endpointslices", c["endpointslices"][1:])  # ... and what it last heard
+    loop.tick()
+    assert len(dp.endpoints) == 2 and len(dp.endpoints[-1]) == 1
