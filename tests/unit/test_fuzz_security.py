@@ -230,7 +230,7 @@ def test_bpf_source_is_only_the_installed_file() -> None:
                 assert ast.unparse(kws["src_file"]) == "str(TC_SOURCE).encode()", ast.unparse(kws["src_file"])
                 assert ast.unparse(kws["cflags"]) == "self.cflags()"
                 found.append(path)
-    assert found == [AGENT / "datapath.py"]
+    assert found == [AGENT / "datapath" / "attach.py"]
     assert datapath.TC_SOURCE == datapath.BPF_DIR / "tc.c" and datapath.TC_SOURCE.is_file()
     assert datapath.BPF_DIR == AGENT.parent / "bpf"
 

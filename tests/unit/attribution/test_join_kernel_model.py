@@ -369,7 +369,7 @@ def test_late_endpoints_counted_once_in_their_service(name: str, behind: frozens
     assert service_bytes(t, sp.namespace, sp.service) == total
 
 
-@pytest.mark.xfail(strict=True, reason="kernel (bpf/classify.h): port_local is set only when "
+@pytest.mark.xfail(strict=True, reason="kernel (bpf/classify.h): port_is_local is set only when "
                    "the pod's own port lies outside the ephemeral range, so traffic to an "
                    "endpoint on e.g. 50051 (gRPC) that the kernel map lacks cannot be promoted: "
                    "the request is counted nowhere")
