@@ -227,7 +227,7 @@ def test_list_cluster_uses_api_shaped_dicts() -> None:
         core.list_node, core.list_service_for_all_namespaces, disc.list_endpoint_slice_for_all_namespaces = orig
     assert got["nodes"] == [{"kind": "Node", "metadata": {"name": "n1", "labels": {hints.LABEL_ZONE: "a"}},
                              "status": {"allocatable": {"cpu": "2"}}}]
-    assert hints.parse_node(got["nodes"][0]).cpu_milli == 2000
+    assert hints.parse_node_info(got["nodes"][0]).cpu_milli == 2000
 
 
 # ------------------------------------------------------------------------------ what-if

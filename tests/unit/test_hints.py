@@ -6,6 +6,7 @@ import pytest
 
 from agent import hints
 from agent.errors import InputError
+from agent.records import ProxyView
 from tests.unit import k8s_objects as k
 
 
@@ -145,7 +146,7 @@ def test_reason_internal_traffic_policy_local_and_drop_warning() -> None:
     assert d.proxy["n-b"].internal_traffic == "DROP"
     view = d.proxy_view("n-b")
     assert view is not None and view.selected == frozenset()
-    assert d.proxy_view("n-a") == hints.ProxyView("", frozenset({"10.0.0.1"}), "local")
+    assert d.proxy_view("n-a") == ProxyView("", frozenset({"10.0.0.1"}), "local")
     w = next(w for w in d.warnings if w.code == "internal-traffic-policy-local-drops")
     assert "2 node(s)" in w.message and "n-b" in w.message and "n-c" in w.message
 
@@ -154,7 +155,7 @@ def test_reason_no_endpoints_reject() -> None:
     d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", [])])
     assert d.reason == "no-endpoints"
     assert d.proxy["n-a"].internal_traffic == "REJECT"
-    assert d.proxy_view("n-a") == hints.ProxyView("", frozenset(), "REJECT")
+    assert d.proxy_view("n-a") == ProxyView("", frozenset(), "REJECT")
 
 
 def test_every_reason_in_vocabulary_is_covered_above() -> None:

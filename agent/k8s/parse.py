@@ -1,0 +1,441 @@
+"""The parser of Kubernetes API objects (JSON shape) into the records the stages read.
+
+Two families of records are built here from the same helpers and label names:
+
+* the hint model's records (:class:`NodeInfo`, :class:`ServiceInfo`, :class:`Slice` of
+  :class:`Endpoint` with :class:`Hints`): strict, bad input raises
+  :class:`agent.errors.InputError` naming the object and field;
+* the metadata cache's records (:class:`PodRecord`, :class:`NodeRecord`,
+  :class:`ServiceRecord`): lenient, an unusable object raises :class:`BadObject` (counted
+  and skipped by the cache).
+
+See docs/metadata.md (cache) and docs/hints.md (hint model).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, NamedTuple
+
+from agent.errors import InputError
+
+#: ``topology.kubernetes.io/zone`` (``k8s.io/api/core/v1`` ``LabelTopologyZone``)
+LABEL_ZONE = "topology.kubernetes.io/zone"
+#: ``failure-domain.beta.kubernetes.io/zone``, read by the cache when the GA label is absent
+LABEL_ZONE_BETA = "failure-domain.beta.kubernetes.io/zone"
+LABEL_REGION = "topology.kubernetes.io/region"
+LABEL_REGION_BETA = "failure-domain.beta.kubernetes.io/region"
+#: EndpointSlice -> Service (``discovery/v1`` ``LabelServiceName``)
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+#: EndpointSlice manager (``discovery/v1`` ``LabelManagedBy``)
+LABEL_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+#: the EndpointSlice controller's ``managed-by`` value (``endpointslice`` ``ControllerName``)
+CONTROLLER_NAME = "endpointslice-controller.k8s.io"
+#: node labels the topology cache skips (``topologycache.go`` ``SetNodes``)
+EXCLUDED_NODE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """EndpointSlice ``endpoints[].hints``: zone names and node names (empty tuples if unset)."""
+
+    for_zones: tuple[str, ...] = ()
+    for_nodes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, list[str]]:
+        """``{"forZones": [...], "forNodes": [...]}`` (names only)."""
+        return {"forZones": list(self.for_zones), "forNodes": list(self.for_nodes)}
+
+
+def hints_json(h: Hints | None) -> dict[str, list[str]] | None:
+    """JSON form of optional hints (None stays None)."""
+    return None if h is None else h.to_json()
+
+
+class Endpoint(NamedTuple):
+    """One EndpointSlice endpoint, slimmed (``discovery.k8s.io/v1`` Endpoint).
+
+    A NamedTuple rather than a dataclass: a cluster holds hundreds of thousands of these and
+    tuple construction is three times cheaper; it is just as immutable.
+
+    Attributes:
+        address: ``addresses[0]`` as written in the slice.
+        ready, serving, terminating: the conditions; None when unset.
+        zone: ``zone``; None when the field is absent ("" kept as "").
+        node: ``nodeName``; None when absent.
+        hints: ``hints``; None when absent.
+    """
+
+    address: str
+    ready: bool | None
+    serving: bool | None
+    terminating: bool | None
+    zone: str | None
+    node: str | None
+    hints: Hints | None
+
+    @property
+    def controller_ready(self) -> bool:
+        """Ready as the controller counts it: condition set and true (topologycache EndpointReady)."""
+        return self.ready is True
+
+    @property
+    def proxy_ready(self) -> bool:
+        """Ready as kube-proxy sees it: unset counts as true (endpointslicecache.go)."""
+        return self.ready is not False
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One EndpointSlice, slimmed.
+
+    Attributes:
+        name: metadata.name.
+        address_type: ``IPv4``, ``IPv6`` or ``FQDN``.
+        managed: labelled managed-by the EndpointSlice controller (only those get hints).
+        ports: ``(name, port)`` pairs of ``ports[]`` (port None when unset).
+        endpoints: the endpoints in slice order.
+    """
+
+    name: str
+    address_type: str
+    managed: bool
+    ports: tuple[tuple[str, int | None], ...]
+    endpoints: tuple[Endpoint, ...]
+
+
+def _meta(obj: dict[str, Any], kind: str) -> tuple[str, str, dict[str, Any]]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise InputError("missing or not an object", obj=kind, field="metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise InputError("missing or not a string", obj=kind, field="metadata.name")
+    ns = meta.get("namespace", "default" if kind != "Node" else "")
+    if not isinstance(ns, str):
+        raise InputError("not a string", obj=f"{kind} {name}", field="metadata.namespace")
+    return ns, name, meta
+
+
+def _str_map(value: Any, where: str, fld: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InputError("must be an object of strings", obj=where, field=fld)
+    return {k: ("" if v is None else str(v)) for k, v in value.items()}
+
+
+def _opt_bool(value: Any, where: str, fld: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise InputError("must be true, false or absent", obj=where, field=fld)
+
+
+def _opt_str(value: Any, where: str, fld: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise InputError("must be a string", obj=where, field=fld)
+
+
+#: largest CPU quantity whose milli value fits Go's int64 (``Quantity.MilliValue``)
+_MAX_CPU = Decimal((1 << 63) - 1) / 1000
+
+
+def cpu_millis(quantity: Any, where: str, fld: str = "status.allocatable.cpu") -> int:
+    """Parse a CPU quantity into milli-CPU, rounding up like Go ``Quantity.MilliValue``.
+
+    Uses ``kubernetes.utils.parse_quantity``.
+
+    Raises:
+        InputError: the quantity is malformed, negative, or its milli value exceeds
+            int64.
+    """
+    from kubernetes.utils import parse_quantity
+
+    if quantity is None:
+        return 0
+    if isinstance(quantity, bool):  # JSON true is no quantity (Go's Quantity refuses it)
+        raise InputError(f"bad quantity {quantity!r}: not a number", obj=where, field=fld)
+    try:
+        q = parse_quantity(quantity)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, InvalidOperation) as err:
+        raise InputError(f"bad quantity {quantity!r}: {err}", obj=where, field=fld) from None
+    if not isinstance(q, Decimal) or not q.is_finite():  # "NaN", "Infinity": no quantity
+        raise InputError(f"bad quantity {quantity!r}: not a finite number", obj=where, field=fld)
+    if q < 0:
+        raise InputError(f"bad quantity {quantity!r}: negative", obj=where, field=fld)
+    # Go's Quantity.MilliValue is an int64; beyond it (1e999999 overflowed the Decimal
+    # context: a traceback; 1e100000 cost a 330,000-bit integer per node) it is no CPU count
+    if q > _MAX_CPU:
+        raise InputError(f"bad quantity {quantity!r}: more than {_MAX_CPU} CPUs", obj=where,
+                         field=fld)
+    return int(math.ceil(q * 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A Node, slimmed: zone label (None if absent), Ready condition, exclusion, milli-CPU."""
+
+    name: str
+    zone: str | None
+    ready: bool
+    excluded: bool
+    cpu_milli: int
+
+
+def parse_node_info(obj: dict[str, Any]) -> NodeInfo:
+    """Slim a Node dict.
+
+    Raises:
+        InputError: malformed metadata, labels, conditions or allocatable CPU.
+    """
+    _, name, meta = _meta(obj, "Node")
+    where = f"Node {name}"
+    labels = _str_map(meta.get("labels"), where, "metadata.labels")
+    status = obj.get("status") or {}
+    if not isinstance(status, dict):
+        raise InputError("must be an object", obj=where, field="status")
+    conds = status.get("conditions") or []
+    if not isinstance(conds, list):
+        raise InputError("must be a list", obj=where, field="status.conditions")
+    ready = False
+    for i, c in enumerate(conds):
+        if not isinstance(c, dict):
+            raise InputError("must be an object", obj=where, field=f"status.conditions[{i}]")
+        if c.get("type") == "Ready":  # first Ready condition decides (isNodeReady)
+            ready = c.get("status") == "True"
+            break
+    alloc = status.get("allocatable") or {}
+    if not isinstance(alloc, dict):
+        raise InputError("must be an object", obj=where, field="status.allocatable")
+    return NodeInfo(name=name, zone=labels.get(LABEL_ZONE), ready=ready,
+                    excluded=any(k in labels for k in EXCLUDED_NODE_LABELS),
+                    cpu_milli=cpu_millis(alloc.get("cpu"), where))
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceInfo:
+    """A Service, slimmed to what the controller and kube-proxy read."""
+
+    namespace: str
+    name: str
+    type: str
+    annotations: Mapping[str, str]
+    traffic_distribution: str | None
+    internal_local: bool
+    external_local: bool
+    externally_accessible: bool
+    headless: bool
+    ip_families: tuple[str, ...]
+    first_port_name: str | None
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+def parse_service_info(obj: dict[str, Any]) -> ServiceInfo:
+    """Slim a Service dict (kube-proxy ``serviceport.go`` flags, §6.2).
+
+    Raises:
+        InputError: malformed fields (object and field named).
+    """
+    ns, name, meta = _meta(obj, "Service")
+    where = f"Service {ns}/{name}"
+    ann = _str_map(meta.get("annotations"), where, "metadata.annotations")
+    spec = obj.get("spec") or {}
+    if not isinstance(spec, dict):
+        raise InputError("must be an object", obj=where, field="spec")
+    stype = _opt_str(spec.get("type"), where, "spec.type") or "ClusterIP"
+    td = _opt_str(spec.get("trafficDistribution"), where, "spec.trafficDistribution")
+    itp = _opt_str(spec.get("internalTrafficPolicy"), where, "spec.internalTrafficPolicy")
+    etp = _opt_str(spec.get("externalTrafficPolicy"), where, "spec.externalTrafficPolicy")
+    ports = spec.get("ports") or []
+    if not isinstance(ports, list):
+        raise InputError("must be a list", obj=where, field="spec.ports")
+    node_port = False
+    first_name: str | None = None
+    for i, p in enumerate(ports):
+        if not isinstance(p, dict):
+            raise InputError("must be an object", obj=where, field=f"spec.ports[{i}]")
+        if i == 0:
+            first_name = _opt_str(p.get("name"), where, "spec.ports[0].name") or ""
+        np_ = p.get("nodePort")
+        if np_ not in (None, 0) and not isinstance(np_, int):
+            raise InputError("must be an integer", obj=where, field=f"spec.ports[{i}].nodePort")
+        node_port = node_port or bool(np_)
+    ext_ips = spec.get("externalIPs") or []
+    status = obj.get("status") or {}
+    lb = ((status.get("loadBalancer") or {}).get("ingress") or []) if isinstance(status, dict) else []
+    accessible = node_port or bool(ext_ips) or bool(lb) or stype in ("NodePort", "LoadBalancer")
+    external_local = etp == "Local" and (stype in ("NodePort", "LoadBalancer")
+                                         or (stype == "ClusterIP" and bool(ext_ips)))
+    fams = spec.get("ipFamilies") or []
+    if not isinstance(fams, list):
+        raise InputError("must be a list", obj=where, field="spec.ipFamilies")
+    return ServiceInfo(
+        namespace=ns, name=name, type=stype, annotations=ann, traffic_distribution=td,
+        internal_local=itp == "Local", external_local=external_local,
+        externally_accessible=accessible,
+        headless=spec.get("clusterIP") == "None",
+        ip_families=tuple(str(f) for f in fams), first_port_name=first_name,
+    )
+
+
+_HINTS_CACHE: dict[tuple[tuple[str, ...], tuple[str, ...]], Hints] = {}
+
+
+def intern_hints(zones: tuple[str, ...], nodes: tuple[str, ...]) -> Hints:
+    key = (zones, nodes)
+    h = _HINTS_CACHE.get(key)
+    if h is None:
+        if len(_HINTS_CACHE) > 100_000:
+            _HINTS_CACHE.clear()
+        h = _HINTS_CACHE[key] = Hints(zones, nodes)
+    return h
+
+
+def _parse_hints(value: Any, where: str, fld: str) -> Hints | None:
+    if value is None:
+        return None
+    if type(value) is dict and len(value) == 1:  # fast path: {"forZones": [{"name": z}]}
+        fz = value.get("forZones")
+        if type(fz) is list and len(fz) == 1 and type(fz[0]) is dict:
+            name = fz[0].get("name")
+            if type(name) is str:
+                return intern_hints((name,), ())
+    if not isinstance(value, dict):
+        raise InputError("must be an object", obj=where, field=fld)
+    out: list[tuple[str, ...]] = []
+    for key in ("forZones", "forNodes"):
+        items = value.get(key) or ()
+        if not isinstance(items, (list, tuple)):
+            raise InputError("must be a list", obj=where, field=f"{fld}.{key}")
+        names = []
+        for j, it in enumerate(items):
+            name = it.get("name", "") if type(it) is dict else None
+            if type(name) is not str:
+                raise InputError("must be an object with a string name", obj=where,
+                                 field=f"{fld}.{key}[{j}]")
+            names.append(name)
+        out.append(tuple(names))
+    return intern_hints(out[0], out[1])
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def _parse_endpoint_checked(e: Any, where: str, f: str) -> Endpoint:
+    """Slow path of endpoint parsing: validate every field and name the bad one."""
+    if not isinstance(e, dict):
+        raise InputError("must be an object", obj=where, field=f)
+    addrs = e.get("addresses")
+    if not isinstance(addrs, list) or not addrs or not isinstance(addrs[0], str):
+        raise InputError("missing or empty", obj=where, field=f"{f}.addresses")
+    cond = e.get("conditions") or {}
+    if not isinstance(cond, dict):
+        raise InputError("must be an object", obj=where, field=f"{f}.conditions")
+    return Endpoint(
+        address=addrs[0],
+        ready=_opt_bool(cond.get("ready"), where, f"{f}.conditions.ready"),
+        serving=_opt_bool(cond.get("serving"), where, f"{f}.conditions.serving"),
+        terminating=_opt_bool(cond.get("terminating"), where, f"{f}.conditions.terminating"),
+        zone=_opt_str(e.get("zone"), where, f"{f}.zone"),
+        node=_opt_str(e.get("nodeName"), where, f"{f}.nodeName"),
+        hints=_parse_hints(e.get("hints"), where, f"{f}.hints"),
+    )
+
+
+def parse_slice(obj: dict[str, Any]) -> tuple[str, str, Slice]:
+    """Slim an EndpointSlice dict.
+
+    Returns:
+        (namespace, service name from the ``kubernetes.io/service-name`` label ("" if
+        unlabelled), Slice).
+
+    Raises:
+        InputError: malformed fields (object and field named).
+    """
+    ns, name, meta = _meta(obj, "EndpointSlice")
+    where = f"EndpointSlice {ns}/{name}"
+    labels = _str_map(meta.get("labels"), where, "metadata.labels")
+    at = obj.get("addressType")
+    if not isinstance(at, str) or not at:
+        raise InputError("missing or not a string", obj=where, field="addressType")
+    ports_raw = obj.get("ports") or []
+    if not isinstance(ports_raw, list):
+        raise InputError("must be a list", obj=where, field="ports")
+    ports = []
+    for i, p in enumerate(ports_raw):
+        if not isinstance(p, dict):
+            raise InputError("must be an object", obj=where, field=f"ports[{i}]")
+        num = p.get("port")
+        if num is not None and (not isinstance(num, int) or isinstance(num, bool)
+                                or not 0 < num <= 65535):  # true was "ip:True" in explain
+            raise InputError("must be a port number 1..65535", obj=where, field=f"ports[{i}].port")
+        ports.append((_opt_str(p.get("name"), where, f"ports[{i}].name") or "", num))
+    eps_raw = obj.get("endpoints") or []
+    if not isinstance(eps_raw, list):
+        raise InputError("must be a list", obj=where, field="endpoints")
+    eps = []
+    for i, e in enumerate(eps_raw):
+        # fast path for well-formed endpoints; anything odd goes to the checked path
+        if type(e) is dict:
+            addrs = e.get("addresses")
+            cond = e.get("conditions") or _EMPTY
+            if type(addrs) is list and addrs and type(addrs[0]) is str and type(cond) is dict:
+                r, sv, t = cond.get("ready"), cond.get("serving"), cond.get("terminating")
+                z, n, h = e.get("zone"), e.get("nodeName"), e.get("hints")
+                if (r is None or r is True or r is False) and (sv is None or sv is True or sv is False) \
+                        and (t is None or t is True or t is False) and (z is None or type(z) is str) \
+                        and (n is None or type(n) is str):
+                    eps.append(Endpoint(addrs[0], r, sv, t, z, n,
+                                        None if h is None else _parse_hints(h, where, f"endpoints[{i}].hints")))
+                    continue
+        eps.append(_parse_endpoint_checked(e, where, f"endpoints[{i}]"))
+    return ns, labels.get(LABEL_SERVICE_NAME, ""), Slice(
+        name=name, address_type=at, managed=labels.get(LABEL_MANAGED_BY) == CONTROLLER_NAME,
+        ports=tuple(ports), endpoints=tuple(eps))
+
+
+def unreadable_node(obj: Any) -> NodeInfo | None:
+    """A Node :func:`parse_node` refused, as the topology cache must count it.
+
+    Its allocatable CPU is unknown (``cpu_milli`` -1), so when it is an eligible worker it
+    makes the zone ratios insufficient, as zero CPU does (HINTS.md §4.1, ``SetNodes``):
+    dropping it would give every Auto Service ratios computed from the other nodes only,
+    a silently wrong answer. Zone, exclusion and readiness are read when readable; an
+    unreadable Ready condition counts as Ready (the conservative side: Auto refuses).
+    Returns None when the object has no name (no Node the API server could hold).
+    """
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    raw_labels = meta.get("labels")
+    labels: dict[str, Any] = raw_labels if isinstance(raw_labels, dict) else {}
+    zone = labels.get(LABEL_ZONE)
+    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    conds = status.get("conditions") if isinstance(status.get("conditions"), list) else None
+    ready = True
+    if conds is not None and all(isinstance(c, dict) for c in conds):
+        ready = next((c.get("status") == "True" for c in conds if c.get("type") == "Ready"), False)
+    return NodeInfo(name=name, zone=zone if isinstance(zone, str) else None, ready=ready,
+                    excluded=any(k in labels for k in EXCLUDED_NODE_LABELS), cpu_milli=-1)
+
+
+def slice_owner(obj: Any) -> tuple[str, str]:
+    """(namespace, ``kubernetes.io/service-name`` label) of a slice, read leniently."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return ("", "")
+    labels = meta.get("labels")
+    ns = meta.get("namespace", "default")
+    name = labels.get(LABEL_SERVICE_NAME) if isinstance(labels, dict) else None
+    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
