@@ -36,12 +36,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent import exporter as ex
-from agent.adapters import HintModel, MetadataAdapter
 from agent.attribution import AttributionTotals, Attributor
 from agent.errors import InputError, RuntimeFailure
 from agent.flows import TableStats
-from agent.hints import DEFAULT_VERSION
-from agent.k8s.cache import ClusterMetadata
+from agent.hints import DEFAULT_VERSION, HintModel
+from agent.k8s import ClusterMetadata, MetadataAdapter
 from agent.records import FlowDelta, IPAddress
 
 log = logging.getLogger("zonemeter.agent")

@@ -9,7 +9,8 @@ the two questions that decide whether ClusterIP traffic stays in its zone:
    now? (:mod:`agent.hints.proxy`)
 
 :mod:`agent.hints.diagnosis` combines both into one reason per Service
-(:func:`evaluate_cluster`); versions 1.27 to 1.35 are modelled (default 1.35) with each
+(:func:`evaluate_cluster`); :mod:`agent.hints.model` keeps it incrementally per Service
+and owns each Service's locality (:class:`HintModel`). Versions 1.27 to 1.35 are modelled (default 1.35) with each
 version's feature-gate defaults (:mod:`agent.hints.versions`); the vocabulary is in
 :mod:`agent.hints.vocabulary` and docs/hints.md. The objects are parsed by
 :mod:`agent.k8s.parse`.
@@ -37,6 +38,7 @@ from agent.hints.controller import (
     zone_capacity,
 )
 from agent.hints.diagnosis import DiagnosisWarning, ServiceDiagnosis, diagnose, evaluate_cluster
+from agent.hints.model import HintModel, merge_locality, merge_views
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap
 from agent.hints.versions import DEFAULT_VERSION, GATES, MAX_MINOR, MIN_MINOR, KubeVersion, _gate_default
 from agent.hints.vocabulary import (
@@ -81,12 +83,12 @@ __all__ = [
     "EXCLUDED_NODE_LABELS", "GATES", "LABEL_MANAGED_BY", "LABEL_SERVICE_NAME", "LABEL_ZONE", "MAX_MINOR",
     "MIN_MINOR", "MSG_DISABLED", "MSG_ENABLED", "MSG_INSUFFICIENT_ENDPOINTS", "MSG_INSUFFICIENT_NODE_INFO",
     "MSG_MIN_ALLOCATION", "MSG_NO_ALLOCATED", "MSG_NO_ZONE", "MSG_ONE_ZONE", "OVERLOAD_THRESHOLD",
-    "REASONS", "REASON_DISABLED", "REASON_ENABLED", "REASON_SENTENCES", "UNKNOWN_ZONE", "WARNING_CODES",
-    "AddressHints", "Allocation", "AllocationResult", "ClusterIndex", "ControllerResult", "DiagnosisWarning",
-    "Endpoint", "Event", "Hints", "KubeVersion", "NodeInfo", "ProxyDecision", "ProxyIndex", "ProxyMap",
-    "ServiceDiagnosis", "ServiceInfo", "Slice", "ZoneCapacity", "_gate_default", "compute_slice_hints",
-    "controller_hints", "cpu_millis", "diagnose", "effective_annotation", "evaluate_cluster",
-    "get_allocations", "hints_enabled", "hints_json", "index_nodes", "minimum_accepted_endpoints",
-    "parse_node_info", "parse_service_info", "parse_slice", "reconcile", "valid_traffic_distribution",
-    "zone_capacity",
+    "REASON_DISABLED", "REASON_ENABLED", "REASON_SENTENCES", "REASONS", "UNKNOWN_ZONE", "WARNING_CODES",
+    "_gate_default", "AddressHints", "Allocation", "AllocationResult", "ClusterIndex", "compute_slice_hints",
+    "controller_hints", "ControllerResult", "cpu_millis", "diagnose", "DiagnosisWarning",
+    "effective_annotation", "Endpoint", "evaluate_cluster", "Event", "get_allocations", "HintModel", "Hints",
+    "hints_enabled", "hints_json", "index_nodes", "KubeVersion", "merge_locality", "merge_views",
+    "minimum_accepted_endpoints", "NodeInfo", "parse_node_info", "parse_service_info", "parse_slice",
+    "ProxyDecision", "ProxyIndex", "ProxyMap", "reconcile", "ServiceDiagnosis", "ServiceInfo", "Slice",
+    "valid_traffic_distribution", "zone_capacity", "ZoneCapacity",
 ]

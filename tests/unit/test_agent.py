@@ -24,7 +24,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent import cli
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.agent import AgentLoop, JsonFormatter
 from agent.exporter import Exporter
 from agent.flows import TableStats

@@ -4,7 +4,7 @@ host-network endpoints, CIDR/external peers, overflow and reasons, monotonic tot
 from __future__ import annotations
 
 import pytest
-from test_attribution_cluster import Conn, Diagnosis, Model, build, ip, objects
+from tests.unit.test_attribution_cluster import Conn, Diagnosis, Model, build, ip, objects
 
 from agent.attribution import (
     Attributor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_attribution_cluster import Conn, Model, build, objects
+from tests.unit.test_attribution_cluster import Conn, Model, build, objects
 
 from agent.attribution import Attributor
 

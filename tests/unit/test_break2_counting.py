@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from test_attribution_cluster import (EPHEMERAL, PROTO, FakeHints, FakeMetadata, endpoint, objects,
+from tests.unit.test_attribution_cluster import (EPHEMERAL, PROTO, FakeHints, FakeMetadata, endpoint, objects,
                                       pod, service, slice_)
 
 from agent.attribution import Attributor
@@ -208,8 +208,8 @@ def service_bytes(totals: dict[str, Any], ns: str, svc: str) -> int:
 
 
 def test_kernel_model_matches_the_shared_model_for_plain_connections() -> None:
-    from test_attribution_cluster import Conn as C0
-    from test_attribution_cluster import Model
+    from tests.unit.test_attribution_cluster import Conn as C0
+    from tests.unit.test_attribution_cluster import Model
     o = cluster()
     meta, _ = build(o)
     conns = [("web-7c9f-abcde", "10.96.0.10", 80, "10.1.3.20", 8080),
@@ -378,8 +378,8 @@ def test_late_endpoint_on_an_ephemeral_range_port_counted_once() -> None:
 def test_shared_model_agrees_with_the_kernel_model(cs: list[Conn], behind: set[str]) -> None:
     """``Model.send`` of test_attribution_cluster (which the other attribution tests use)
     emits what classify.h would, for clients with ephemeral source ports."""
-    from test_attribution_cluster import Conn as C0
-    from test_attribution_cluster import Model
+    from tests.unit.test_attribution_cluster import Conn as C0
+    from tests.unit.test_attribution_cluster import Model
     o = cluster()
     meta, _ = build(o)
     m, k = Model(meta, o, kernel_behind=frozenset(behind)), Kernel(o, meta, frozenset(behind))

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.agent import AgentLoop
 from agent.exporter import Exporter
 from agent.k8s.cache import ClusterMetadata

@@ -19,7 +19,7 @@ import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_k8s_objects import endpoint, endpointslice, node, pod, service
+from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 from agent.k8s import snapshot as snapshot_mod
 from agent.k8s.cache import ClusterMetadata, MetadataSettings

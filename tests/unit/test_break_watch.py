@@ -13,8 +13,8 @@ from typing import Any
 
 import kmock as kmock_lib
 import pytest
-from test_k8s_objects import pod
-from test_watch_kmock import PODS, Clock, Rig, ip, seed, start, until
+from tests.unit.test_k8s_objects import pod
+from tests.unit.test_watch_kmock import PODS, Clock, Rig, ip, seed, start, until
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -26,8 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_attribution_cluster import Model, build, objects
-from test_attribution_properties import conns
+from tests.unit.test_attribution_cluster import Model, build, objects
+from tests.unit.test_attribution_properties import conns
 
 from agent import datapath
 from agent.attribution import Attributor

@@ -7,7 +7,7 @@ import ipaddress
 import json
 
 import pytest
-from test_k8s_objects import endpoint, endpointslice, node, pod, service
+from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 from agent.k8s import snapshot
 from agent.k8s.cache import ClusterMetadata, MetadataSettings, workload_of

@@ -13,7 +13,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_k8s_objects import endpoint, endpointslice, service
+from tests.unit.test_k8s_objects import endpoint, endpointslice, service
 
 from agent.errors import InputError
 from agent.k8s.cache import RESOURCES, ClusterMetadata

@@ -6,7 +6,7 @@ import ipaddress
 import json
 
 import pytest
-from test_k8s_objects import node, pod
+from tests.unit.test_k8s_objects import node, pod
 
 from agent.errors import InputError
 from agent.k8s.source import open_metadata

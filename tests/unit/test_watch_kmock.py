@@ -17,7 +17,7 @@ from typing import Any
 import kmock as kmock_lib
 import pytest
 import pytest_asyncio
-from test_k8s_objects import endpoint, endpointslice, node, pod, service
+from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.k8s.client import build_api_client

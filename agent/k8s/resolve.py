@@ -1,36 +1,20 @@
-"""Adapters that plug the metadata cache and the hint model into attribution.
+"""Address and Service-port resolution for attribution, over the metadata cache.
 
-:class:`agent.attribution.Attributor` reads the cluster through two ``typing.Protocol``s
-(``MetadataView``, ``HintView``). This module implements them over the real stages:
-
-* :class:`MetadataAdapter` over :class:`agent.k8s.cache.ClusterMetadata` (a thin
-  pass-through; ``node()`` turns a ``NodeRecord`` into a NODE ``Peer``);
-* :class:`HintModel` over :func:`agent.hints.evaluate_cluster`: it keeps one set of
-  :class:`agent.hints.ServiceDiagnosis` per Service (one per address family) and
-  re-evaluates only the Services the cache reports dirty (``ClusterMetadata.take_dirty``),
-  all of them after a Node change, a relist or a snapshot load.
-
-Dual-stack Services have one diagnosis per family; the adapter merges them (see
-:meth:`HintModel.proxy_view` and :meth:`HintModel.locality`).
+:class:`MetadataAdapter` implements the ``MetadataView`` and ``ObjectView`` protocols of
+:mod:`agent.attribution` over :class:`agent.k8s.cache.ClusterMetadata`: ``resolve()``,
+``endpoint_services()``, ``service_address()`` (ClusterIPs and the other Service front
+doors: NodePorts, ``spec.externalIPs``, LoadBalancer ingress IPs), ``live_services()``,
+``live_workloads()`` and ``node()``. See docs/metadata.md.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
+from collections.abc import Collection
 from typing import Any
 
-from agent.errors import InputError
-from agent.hints import DEFAULT_VERSION, KubeVersion, ServiceDiagnosis, evaluate_cluster
-from agent.k8s.cache import ClusterMetadata, DirtySet, protocol_number
-from agent.records import IPAddress, Peer, PeerKind, ProxyView, ServicePort
-
-log = logging.getLogger(__name__)
-
-ServiceName = tuple[str, str]  # (namespace, name)
+from agent.k8s.cache import ClusterMetadata, protocol_number
+from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 
 class MetadataAdapter:
@@ -214,174 +198,3 @@ def _ip_or_none(text: Any) -> IPAddress | None:
 
 def _is_port(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535
-
-
-@dataclass(frozen=True, slots=True)
-class Locality:
-    """A Service's locality state (``LocalityDiagnosis`` of agent/attribution.py).
-
-    Attributes:
-        mode: requested mode (hint-model vocabulary: ``none``, ``topology-mode``,
-            ``PreferClose``, ``internalTrafficPolicy-Local``, ...).
-        reason: why locality is off, ``none`` when in effect in every client zone.
-        in_effect: client zone -> kube-proxy in that zone filters by topology (read-only).
-    """
-
-    mode: str
-    reason: str
-    in_effect: Mapping[str, bool]
-
-
-def merge_locality(diags: Iterable[ServiceDiagnosis]) -> Locality:
-    """Merge the per-family diagnoses of one Service into one :class:`Locality`.
-
-    A dual-stack Service has locality in a zone only when every family has it (a client
-    may use either family); ``reason`` is the first family's that is not ``none``; ``mode``
-    is the first family's (both families share the Service's spec).
-    """
-    ds = list(diags)
-    mode = ds[0].mode if ds else "none"
-    reason = next((d.reason for d in ds if d.reason != "none"), "none")
-    zones: dict[str, bool] = {}
-    for d in ds:
-        for zone, on in d.locality_in_effect.items():
-            zones[zone] = zones.get(zone, True) and bool(on)
-    return Locality(mode, reason, MappingProxyType(dict(sorted(zones.items()))))
-
-
-def merge_views(views: Iterable[ProxyView | None]) -> ProxyView | None:
-    """Merge the per-family kube-proxy views of one Service on one node.
-
-    ``selected`` is the union (addresses of both families); ``topology_mode`` is the first
-    non-empty one (a family that filters by topology still selects only its own set);
-    ``internal_traffic`` is the first family's. None when no family has a view.
-    """
-    vs = [v for v in views if v is not None]
-    if not vs:
-        return None
-    if len(vs) == 1:
-        return vs[0]
-    selected: frozenset[str] = frozenset().union(*(v.selected for v in vs))
-    mode = next((v.topology_mode for v in vs if v.topology_mode), "")
-    return ProxyView(mode, selected, vs[0].internal_traffic)
-
-
-class HintModel:
-    """``HintView`` (agent/attribution.py) over :func:`agent.hints.evaluate_cluster`.
-
-    Call :meth:`refresh` once per interval, from the agent loop; the Attributor then reads
-    :meth:`proxy_view`, :meth:`services` and :meth:`locality` from the same thread.
-
-    Args:
-        cache: the metadata cache whose pruned API objects feed the model.
-        version: Kubernetes minor version the model reproduces (``"1.27"`` .. ``"1.35"``).
-        feature_gates: gate overrides for that version.
-
-    Raises:
-        InputError: a bad version or feature gate (``--kubernetes-version``,
-            ``--feature-gates``).
-    """
-
-    def __init__(self, cache: ClusterMetadata, version: str = DEFAULT_VERSION,
-                 feature_gates: Mapping[str, bool] | None = None) -> None:
-        try:
-            KubeVersion.parse(version, feature_gates)
-        except InputError as err:
-            raise err.with_source("--kubernetes-version/--feature-gates") from None
-        self.cache = cache
-        self.version = version
-        self.feature_gates = dict(feature_gates or {})
-        self._diags: dict[ServiceName, tuple[ServiceDiagnosis, ...]] = {}
-        self._locality: dict[ServiceName, Locality] = {}
-        self._views: dict[tuple[str, str, str], ProxyView | None] = {}
-        self._logged: set[str] = set()
-        #: objects the model skipped as malformed (cumulative)
-        self.bad_objects = 0
-        #: Services (re-)evaluated by the last refresh
-        self.last_evaluated = 0
-
-    def refresh(self, dirty: DirtySet | None = None) -> int:
-        """Re-evaluate the Services that changed.
-
-        Args:
-            dirty: from ``ClusterMetadata.take_dirty()``; None or ``all=True`` re-evaluates
-                every Service (zones and allocatable CPU feed every Service's hints).
-
-        Returns:
-            number of Services evaluated.
-        """
-        nodes, services, slices = self.cache.raw_objects()
-        if dirty is None or dirty.all:
-            diags = self._evaluate(nodes, services, slices)
-            new: dict[ServiceName, list[ServiceDiagnosis]] = {}
-            for d in diags:
-                new.setdefault((d.namespace, d.name), []).append(d)
-            self._diags = {k: tuple(v) for k, v in new.items()}
-            self._locality = {k: merge_locality(v) for k, v in self._diags.items()}
-            self._views = {}
-            self.last_evaluated = len(self._diags)
-            return self.last_evaluated
-        # one evaluate_cluster call for every dirty Service: the node index (O(nodes)) is
-        # built once per refresh, not once per Service
-        keys = sorted(dirty.services)
-        svcs: list[dict[str, Any]] = []
-        svc_slices: list[dict[str, Any]] = []
-        for ns, name in keys:
-            svc, slices_ = self.cache.raw_service(ns, name)
-            if svc is not None:
-                svcs.append(svc)
-                svc_slices.extend(slices_)
-        got: dict[ServiceName, list[ServiceDiagnosis]] = {}
-        for d in self._evaluate(nodes, svcs, svc_slices) if svcs else []:
-            got.setdefault((d.namespace, d.name), []).append(d)
-        for key in keys:
-            mine = got.get(key)
-            if mine:
-                self._diags[key] = tuple(mine)
-                self._locality[key] = merge_locality(mine)
-            else:  # deleted, ExternalName, or malformed
-                self._diags.pop(key, None)
-                self._locality.pop(key, None)
-        changed = set(keys)
-        self._views = {k: v for k, v in self._views.items() if (k[0], k[1]) not in changed}
-        self.last_evaluated = len(keys)
-        return len(keys)
-
-    def _evaluate(self, nodes: list[dict[str, Any]], services: list[dict[str, Any]],
-                  slices: list[dict[str, Any]]) -> list[ServiceDiagnosis]:
-        errors: list[InputError] = []
-        out = evaluate_cluster(nodes, services, slices, version=self.version,
-                               feature_gates=self.feature_gates, errors=errors)
-        self.bad_objects += len(errors)
-        for err in errors:
-            text = str(err)
-            if text not in self._logged and len(self._logged) < 1000:
-                self._logged.add(text)
-                log.warning("hint model skipped an object: %s", text)
-        return out
-
-    # ------------------------------------------------------------------ HintView
-
-    def proxy_view(self, namespace: str, service: str, node: str) -> ProxyView | None:
-        """What kube-proxy on ``node`` does with the Service's ClusterIP traffic (kube-proxy
-        ``pkg/proxy/topology.go`` ``CategorizeEndpoints``), both families merged; None when
-        the Service or node is unknown to the model, or the Service is headless."""
-        k = (namespace, service, node)
-        if k in self._views:
-            return self._views[k]
-        diags = self._diags.get((namespace, service), ())
-        v = merge_views(d.proxy_view(node) for d in diags)
-        self._views[k] = v
-        return v
-
-    def services(self) -> Iterable[tuple[str, str]]:
-        """Every Service the model diagnosed, as ``(namespace, name)``, sorted."""
-        return sorted(self._diags)
-
-    def locality(self, namespace: str, service: str) -> Locality | None:
-        """The Service's merged locality (same object until the Service is re-evaluated)."""
-        return self._locality.get((namespace, service))
-
-    def diagnoses(self, namespace: str, service: str) -> tuple[ServiceDiagnosis, ...]:
-        """The model's per-family diagnoses of a Service (empty when unknown)."""
-        return self._diags.get((namespace, service), ())
