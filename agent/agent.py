@@ -627,7 +627,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stop: Stopper) -> int:
     from agent.datapath import Datapath, DatapathConfig
-    from agent.explain import parse_feature_gates
+    from agent.hints import parse_feature_gates
     from agent.k8s.source import open_metadata
 
     _validate(args)

@@ -38,9 +38,18 @@ from agent.hints.controller import (
     zone_capacity,
 )
 from agent.hints.diagnosis import DiagnosisWarning, ServiceDiagnosis, diagnose, evaluate_cluster
+from agent.hints.explain import diagnose_objects, explain_document, to_document
 from agent.hints.model import HintModel, merge_locality, merge_views
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap
-from agent.hints.versions import DEFAULT_VERSION, GATES, MAX_MINOR, MIN_MINOR, KubeVersion, _gate_default
+from agent.hints.versions import (
+    DEFAULT_VERSION,
+    GATES,
+    MAX_MINOR,
+    MIN_MINOR,
+    KubeVersion,
+    _gate_default,
+    parse_feature_gates,
+)
 from agent.hints.vocabulary import (
     ANNOTATION_DEPRECATED,
     ANNOTATION_TOPOLOGY_MODE,
@@ -65,6 +74,7 @@ from agent.hints.vocabulary import (
     UNKNOWN_ZONE,
     WARNING_CODES,
 )
+from agent.hints.whatif import MAX_WHATIF_ENDPOINTS, MAX_WHATIF_REPLICAS, what_if
 from agent.k8s.parse import (
     Endpoint,
     Hints,
@@ -81,14 +91,16 @@ from agent.k8s.parse import (
 __all__ = [
     "ANNOTATION_DEPRECATED", "ANNOTATION_TOPOLOGY_MODE", "CONTROLLER_NAME", "DEFAULT_VERSION",
     "EXCLUDED_NODE_LABELS", "GATES", "LABEL_MANAGED_BY", "LABEL_SERVICE_NAME", "LABEL_ZONE", "MAX_MINOR",
-    "MIN_MINOR", "MSG_DISABLED", "MSG_ENABLED", "MSG_INSUFFICIENT_ENDPOINTS", "MSG_INSUFFICIENT_NODE_INFO",
-    "MSG_MIN_ALLOCATION", "MSG_NO_ALLOCATED", "MSG_NO_ZONE", "MSG_ONE_ZONE", "OVERLOAD_THRESHOLD",
-    "REASON_DISABLED", "REASON_ENABLED", "REASON_SENTENCES", "REASONS", "UNKNOWN_ZONE", "WARNING_CODES",
-    "_gate_default", "AddressHints", "Allocation", "AllocationResult", "ClusterIndex", "compute_slice_hints",
-    "controller_hints", "ControllerResult", "cpu_millis", "diagnose", "DiagnosisWarning",
-    "effective_annotation", "Endpoint", "evaluate_cluster", "Event", "get_allocations", "HintModel", "Hints",
-    "hints_enabled", "hints_json", "index_nodes", "KubeVersion", "merge_locality", "merge_views",
-    "minimum_accepted_endpoints", "NodeInfo", "parse_node_info", "parse_service_info", "parse_slice",
-    "ProxyDecision", "ProxyIndex", "ProxyMap", "reconcile", "ServiceDiagnosis", "ServiceInfo", "Slice",
-    "valid_traffic_distribution", "zone_capacity", "ZoneCapacity",
+    "MAX_WHATIF_ENDPOINTS", "MAX_WHATIF_REPLICAS", "MIN_MINOR", "MSG_DISABLED", "MSG_ENABLED",
+    "MSG_INSUFFICIENT_ENDPOINTS", "MSG_INSUFFICIENT_NODE_INFO", "MSG_MIN_ALLOCATION", "MSG_NO_ALLOCATED",
+    "MSG_NO_ZONE", "MSG_ONE_ZONE", "OVERLOAD_THRESHOLD", "REASON_DISABLED", "REASON_ENABLED",
+    "REASON_SENTENCES", "REASONS", "UNKNOWN_ZONE", "WARNING_CODES", "_gate_default", "AddressHints",
+    "Allocation", "AllocationResult", "ClusterIndex", "compute_slice_hints", "controller_hints",
+    "ControllerResult", "cpu_millis", "diagnose", "diagnose_objects", "DiagnosisWarning",
+    "effective_annotation", "Endpoint", "evaluate_cluster", "Event", "explain_document", "get_allocations",
+    "HintModel", "Hints", "hints_enabled", "hints_json", "index_nodes", "KubeVersion", "merge_locality",
+    "merge_views", "minimum_accepted_endpoints", "NodeInfo", "parse_feature_gates", "parse_node_info",
+    "parse_service_info", "parse_slice", "ProxyDecision", "ProxyIndex", "ProxyMap", "reconcile",
+    "ServiceDiagnosis", "ServiceInfo", "Slice", "to_document", "valid_traffic_distribution", "what_if",
+    "zone_capacity", "ZoneCapacity",
 ]

@@ -84,3 +84,20 @@ class KubeVersion:
 
     def __str__(self) -> str:
         return f"1.{self.minor}"
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """Parse ``Name=true,Other=false``.
+
+    Raises:
+        InputError: malformed pair or value.
+    """
+    gates: dict[str, bool] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or value.strip().lower() not in ("true", "false"):
+            raise InputError(f"expected Name=true|false, got {part!r}", field="--feature-gates")
+        gates[name.strip()] = value.strip().lower() == "true"
+    return gates

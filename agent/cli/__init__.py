@@ -22,7 +22,8 @@ from agent.errors import InputError, ZonemeterError
 VERB_MODULES: tuple[str, ...] = (
     "agent.agent",
     "agent.top",
-    "agent.explain",
+    "agent.cli.explain",
+    "agent.cli.whatif",
     "tools.report.cli",
     "tools.lab.cli",
     "tools.demo.cli",

@@ -72,7 +72,8 @@ def test_reason_insufficient_number_of_endpoints_with_minimum_hint() -> None:
 
 
 def test_reason_min_allocation_and_next_accepted_count() -> None:
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 1, "c": 1}))])
+    d = diag(k.three_zones(), k.service(auto=True),
+             [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 1, "c": 1}))])
     assert d.reason == "min-allocation-exceeds-overload-threshold"
     assert dict(d.controller.minimums or {}) == {"a": 2, "b": 2, "c": 2}
     assert "accepts is 6" in next(w.message for w in d.warnings if w.code == "auto-minimum-endpoints")
@@ -221,7 +222,8 @@ def test_single_endpoint_zone() -> None:
 
 def test_node_without_zone_warning_and_unknown_client_zone() -> None:
     nodes = k.three_zones() + [k.node("bare", None)]
-    d = diag(nodes, k.service(td="PreferClose"), [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
+    d = diag(nodes, k.service(td="PreferClose"),
+             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
     assert "node-without-zone" in codes(d)
     assert d.locality_in_effect["unknown"] is False
     assert d.reason == "no-hints-for-zone"
@@ -258,7 +260,8 @@ def test_dual_stack_populated_mark_is_per_service() -> None:
     eps6 = [k.ep(f"fd00::{i}", z, f"n-{z}") for i, z in enumerate("abc", 1)]
     svc = k.service(auto=True, families=("IPv4", "IPv6"))
     out = hints.evaluate_cluster(k.three_zones(), [svc],
-                                 [k.endpointslice("s4", "web", eps4), k.endpointslice("s6", "web", eps6, family="IPv6")],
+                                 [k.endpointslice("s4", "web", eps4),
+                                  k.endpointslice("s6", "web", eps6, family="IPv6")],
                                  hints_populated=[], strict=True)
     assert [d.address_type for d in out] == ["IPv4", "IPv6"]
     assert [e.message for e in out[0].controller.events] == [
