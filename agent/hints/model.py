@@ -20,7 +20,7 @@ from typing import Any
 from agent.errors import InputError
 from agent.hints.diagnosis import ServiceDiagnosis, evaluate_cluster
 from agent.hints.versions import DEFAULT_VERSION, KubeVersion
-from agent.k8s.cache import ClusterMetadata, DirtySet
+from agent.k8s import ClusterMetadata, DirtySet
 from agent.records import Locality, ProxyView, ServiceRef
 
 log = logging.getLogger(__name__)

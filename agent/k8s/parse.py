@@ -14,13 +14,18 @@ See docs/metadata.md (cache) and docs/hints.md (hint model).
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
 from agent.errors import InputError
+from agent.k8s.cidrs import IPNetwork
+from agent.records import IPAddress
 
 #: ``topology.kubernetes.io/zone`` (``k8s.io/api/core/v1`` ``LabelTopologyZone``)
 LABEL_ZONE = "topology.kubernetes.io/zone"
@@ -37,6 +42,490 @@ CONTROLLER_NAME = "endpointslice-controller.k8s.io"
 #: node labels the topology cache skips (``topologycache.go`` ``SetNodes``)
 EXCLUDED_NODE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
+
+
+# ------------------------------------------------------------------ metadata-cache records
+
+#: annotations kept on pruned raw objects (the hint model reads them; everything else goes)
+KEPT_ANNOTATIONS = frozenset({
+    "service.kubernetes.io/topology-mode",
+    "service.kubernetes.io/topology-aware-hints",
+    "endpointslice.kubernetes.io/skip-mirror",
+})
+
+
+#: IANA protocol numbers of the protocols a Service port can name
+PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+
+
+def _intern(value: Any) -> str | None:
+    return sys.intern(value) if isinstance(value, str) and value else None
+
+
+def _ip(value: Any) -> IPAddress | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """The slice of a Pod the agent needs.
+
+    Attributes:
+        namespace, name: the pod.
+        node: ``spec.nodeName`` (None while unscheduled).
+        ips: ``status.podIPs`` (falls back to ``status.podIP``).
+        workload, workload_kind: owning workload after walking ReplicaSet -> Deployment;
+            the pod itself (kind ``Pod``) when it has no owner.
+        host_network: ``spec.hostNetwork``.
+        terminal: phase Succeeded or Failed (its IPs are released).
+        since: when the cache first saw the pod holding its IPs (seconds since the epoch,
+            cache clock); 0.0 straight out of :func:`parse_pod`.
+    """
+
+    namespace: str
+    name: str
+    node: str | None
+    ips: tuple[IPAddress, ...]
+    workload: str
+    workload_kind: str
+    host_network: bool
+    terminal: bool
+    since: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """The slice of a Node the agent needs.
+
+    Attributes:
+        name: the node.
+        zone: ``topology.kubernetes.io/zone`` (fallback ``failure-domain.beta...``), or None.
+        region: ``topology.kubernetes.io/region`` (same fallback), or None.
+        addresses: InternalIP and ExternalIP addresses.
+        pod_cidrs: ``spec.podCIDRs`` (or ``spec.podCIDR``).
+    """
+
+    name: str
+    zone: str | None
+    region: str | None
+    addresses: tuple[IPAddress, ...]
+    pod_cidrs: tuple[IPNetwork, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePortSpec:
+    """One entry of ``Service.spec.ports``.
+
+    Attributes:
+        name: the port's name ("" when unnamed).
+        port: the Service port number.
+        protocol: IP protocol number.
+        target_port: numeric ``targetPort`` (defaults to ``port``), or 0 when it names a
+            container port (resolved per endpoint by EndpointSlices).
+    """
+
+    name: str
+    port: int
+    protocol: int
+    target_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRecord:
+    """The slice of a Service the agent needs.
+
+    Attributes:
+        namespace, name: the Service.
+        cluster_ips: ``spec.clusterIPs`` (or ``spec.clusterIP``); empty for headless.
+        ports: ``spec.ports``.
+    """
+
+    namespace: str
+    name: str
+    cluster_ips: tuple[IPAddress, ...]
+    ports: tuple[ServicePortSpec, ...]
+
+
+class BadObject(ValueError):
+    """An API object this cache cannot use (counted and logged once, never fatal)."""
+
+
+#: what parsing an object of unexpected shape can raise (all mean "skip this object")
+BAD_SHAPE = (BadObject, AttributeError, TypeError, ValueError, KeyError, IndexError)
+
+
+def _sub(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """Return ``obj[key]`` when it is an object, else an empty dict."""
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _named_meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise BadObject("metadata.name missing")
+    return meta
+
+
+def _labels(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    labels = meta.get("labels")
+    return labels if isinstance(labels, dict) else {}
+
+
+def workload_of(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """Return ``(workload, kind)`` of a Pod from its metadata.
+
+    The controller ownerReference (else the first one) names the workload; a ReplicaSet
+    named ``<deployment>-<pod-template-hash label>`` maps to Deployment ``<deployment>``
+    (Deployment controller naming, ``pkg/controller/deployment/sync.go``). Without owners
+    the pod is its own workload (kind ``Pod``).
+    """
+    owners = meta.get("ownerReferences")
+    owner: Mapping[str, Any] | None = None
+    if isinstance(owners, list):
+        refs = [o for o in owners if isinstance(o, dict) and isinstance(o.get("name"), str)]
+        owner = next((o for o in refs if o.get("controller") is True), refs[0] if refs else None)
+    if owner is None:
+        return str(meta.get("name")), "Pod"
+    kind = str(owner.get("kind") or "unknown")
+    name = str(owner["name"])
+    if kind == "ReplicaSet":
+        tmpl_hash = _labels(meta).get(LABEL_POD_TEMPLATE_HASH)
+        if isinstance(tmpl_hash, str) and tmpl_hash and name.endswith("-" + tmpl_hash):
+            return name[: -len(tmpl_hash) - 1], "Deployment"
+    return name, kind
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
+    """Slim a Pod (API JSON shape) into a :class:`PodRecord`.
+
+    Raises:
+        BadObject: metadata.name missing or the object is not a mapping.
+    """
+    meta = _named_meta(obj)
+    spec = _sub(obj, "spec")
+    status = _sub(obj, "status")
+    ips: list[IPAddress] = []
+    pod_ips = status.get("podIPs")
+    if isinstance(pod_ips, list):
+        for entry in pod_ips:
+            ip = _ip(entry.get("ip")) if isinstance(entry, dict) else None
+            if ip is not None and ip not in ips:
+                ips.append(ip)
+    if not ips:
+        ip = _ip(status.get("podIP"))
+        if ip is not None:
+            ips.append(ip)
+    workload, kind = workload_of(meta)
+    return PodRecord(
+        namespace=_intern(meta.get("namespace")) or "default",
+        name=meta["name"],
+        node=_intern(spec.get("nodeName")),
+        ips=tuple(ips),
+        workload=sys.intern(workload),
+        workload_kind=sys.intern(kind),
+        host_network=spec.get("hostNetwork") is True,
+        terminal=status.get("phase") in ("Succeeded", "Failed"),
+    )
+
+
+def _label2(labels: Mapping[str, Any], first: str, second: str) -> str | None:
+    value = labels.get(first)
+    if not isinstance(value, str) or not value:
+        value = labels.get(second)
+    return _intern(value)
+
+
+def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
+    """Slim a Node into a :class:`NodeRecord` (zone and region labels with beta fallback).
+
+    Raises:
+        BadObject: metadata.name missing.
+    """
+    meta = _named_meta(obj)
+    labels = _labels(meta)
+    spec = _sub(obj, "spec")
+    status = _sub(obj, "status")
+    addrs: list[IPAddress] = []
+    for entry in status.get("addresses") or ():
+        if isinstance(entry, dict) and entry.get("type") in ("InternalIP", "ExternalIP"):
+            ip = _ip(entry.get("address"))
+            if ip is not None and ip not in addrs:
+                addrs.append(ip)
+    cidrs: list[IPNetwork] = []
+    raw_cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
+    for c in raw_cidrs if isinstance(raw_cidrs, list) else ():
+        if not isinstance(c, str):  # ip_network(True) would be 0.0.0.1/32
+            continue
+        try:
+            cidrs.append(ipaddress.ip_network(c, strict=False))
+        except (ValueError, TypeError):
+            continue
+    return NodeRecord(
+        name=sys.intern(meta["name"]),
+        zone=_label2(labels, LABEL_ZONE, LABEL_ZONE_BETA),
+        region=_label2(labels, LABEL_REGION, LABEL_REGION_BETA),
+        addresses=tuple(addrs),
+        pod_cidrs=tuple(cidrs),
+    )
+
+
+def protocol_number(value: Any) -> int:
+    """Map a Kubernetes protocol name (default TCP) to its IANA number.
+
+    Raises:
+        BadObject: an unknown protocol name.
+    """
+    if value is None:
+        return 6
+    try:
+        return PROTOCOLS[value]
+    except (KeyError, TypeError):
+        raise BadObject(f"unknown protocol {value!r}") from None
+
+
+def _port_number(value: Any) -> bool:
+    """True for an int port 1..65535 (bool excluded)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535
+
+
+def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
+    """Slim a Service into a :class:`ServiceRecord`.
+
+    Raises:
+        BadObject: metadata.name missing, a port without a number, an unknown protocol.
+    """
+    meta = _named_meta(obj)
+    spec = _sub(obj, "spec")
+    ips: list[IPAddress] = []
+    for raw in spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else []):
+        ip = _ip(raw)  # "None" (headless) is not an address and drops out here
+        if ip is not None and ip not in ips:
+            ips.append(ip)
+    ports: list[ServicePortSpec] = []
+    for i, p in enumerate(spec.get("ports") or ()):
+        # JSON true is an int to Python, and would become port 1 labelled "True"; a port
+        # outside 1..65535 would become a label no Service can have (the API refuses both)
+        if not isinstance(p, dict) or not _port_number(p.get("port")):
+            raise BadObject(f"spec.ports[{i}].port missing or not a port number 1..65535")
+        target: Any = p.get("targetPort", p["port"])
+        if isinstance(target, str) and target.isascii() and target.isdigit():
+            target = int(target)
+        ports.append(ServicePortSpec(
+            name=sys.intern(str(p.get("name") or "")),
+            port=p["port"],
+            protocol=protocol_number(p.get("protocol")),
+            target_port=target if _port_number(target) else 0,  # 0: named, per endpoint
+        ))
+    return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
+                         name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports))
+
+
+def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+    meta = obj.get("metadata") or {}
+    slim_meta = {k: v for k, v in meta.items()
+                 if k in ("name", "namespace", "labels", "uid", "resourceVersion", "generation",
+                          "ownerReferences", "creationTimestamp", "deletionTimestamp")}
+    ann = meta.get("annotations")
+    if isinstance(ann, dict):
+        kept = {k: v for k, v in ann.items() if k in KEPT_ANNOTATIONS}
+        if kept:
+            slim_meta["annotations"] = kept
+    out["metadata"] = slim_meta
+    return out
+
+
+def prune_node(obj: Mapping[str, Any], shared: SharedValues | None = None) -> dict[str, Any]:
+    """Return a Node without managedFields, annotations and status beyond what the hint
+    model reads (``status.allocatable``, ``status.addresses``, and ``status.conditions``
+    cut to ``type``/``status``/``reason``: heartbeat timestamps only cost memory)."""
+    shared = shared or SharedValues()
+    out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
+    status = obj.get("status")
+    if isinstance(status, dict):
+        slim: dict[str, Any] = {}
+        if "addresses" in status:
+            slim["addresses"] = status["addresses"]
+        if "allocatable" in status:
+            slim["allocatable"] = shared.get(status["allocatable"])
+        conds = status.get("conditions")
+        if isinstance(conds, list):
+            slim["conditions"] = shared.get([
+                {k: c[k] for k in ("type", "status", "reason") if k in c} if isinstance(c, dict) else c
+                for c in conds])
+        out["status"] = slim
+    return out
+
+
+def prune_service(obj: Mapping[str, Any], shared: SharedValues | None = None) -> dict[str, Any]:
+    """Return a Service without managedFields and non-topology annotations (status kept)."""
+    shared = shared or SharedValues()
+    out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
+    spec = out.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("ports"), list):
+        out["spec"] = {**spec, "ports": shared.get(spec["ports"])}  # port lists repeat a lot
+    if "status" in obj:
+        out["status"] = shared.get(obj["status"])
+    return out
+
+
+_ENDPOINT_KEYS = ("addresses", "conditions", "hints", "nodeName", "zone")
+
+
+class SharedValues:
+    """Canonical copies of small JSON values that repeat across objects (endpoint
+    conditions and hints, node allocatable and conditions, labels): equal values become
+    one shared object, which is what keeps 150,000 endpoints affordable. Shared values
+    must never be mutated (the cache hands its dicts out read-only). Bounded: when full
+    it starts over (old objects stay valid, they just stop being shared)."""
+
+    __slots__ = ("_seen", "max_entries")
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._seen: dict[str, Any] = {}
+        self.max_entries = max_entries
+
+    def get(self, value: Any) -> Any:
+        try:
+            key = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            return value
+        hit = self._seen.get(key)
+        if hit is None:
+            if len(self._seen) >= self.max_entries:
+                self._seen.clear()
+            self._seen[key] = hit = value
+        return hit
+
+
+def _share_labels(meta: dict[str, Any], shared: SharedValues) -> None:
+    labels = meta.get("labels")
+    if isinstance(labels, dict):
+        # labels differ per object (hostname, service-name), so only their strings are
+        # shared (interned), not the dicts
+        meta["labels"] = {sys.intern(k) if isinstance(k, str) else k:
+                          sys.intern(v) if isinstance(v, str) and len(v) < 128 else v
+                          for k, v in labels.items()}
+
+
+def prune_endpointslice(obj: Mapping[str, Any], shared: SharedValues | None = None) -> dict[str, Any]:
+    """Return an EndpointSlice without managedFields, non-topology annotations and the
+    endpoints' ``targetRef``/``deprecatedTopology`` (the bulk of a large slice); repeated
+    ``conditions`` and ``hints`` values become shared read-only objects."""
+    shared = shared or SharedValues()
+    out = _prune_common(obj)
+    _share_labels(out["metadata"], shared)
+    if isinstance(out.get("ports"), list):
+        out["ports"] = shared.get(out["ports"])
+    eps = obj.get("endpoints")
+    if isinstance(eps, list):
+        slim = []
+        for ep in eps:
+            if isinstance(ep, dict):
+                e = {k: ep[k] for k in _ENDPOINT_KEYS if k in ep}
+                if isinstance(e.get("nodeName"), str):
+                    e["nodeName"] = sys.intern(e["nodeName"])
+                if isinstance(e.get("zone"), str):
+                    e["zone"] = sys.intern(e["zone"])
+                if "conditions" in e:
+                    e["conditions"] = shared.get(e["conditions"])
+                if "hints" in e:
+                    e["hints"] = shared.get(e["hints"])
+                slim.append(e)
+            else:
+                slim.append(ep)
+        out["endpoints"] = slim
+    return out
+
+
+def object_key(obj: Mapping[str, Any], resource: str | None = None) -> tuple[str, str]:
+    """``(namespace, name)`` under which the cache files ``obj`` of ``resource``.
+
+    Nodes are cluster-scoped: ``("", name)`` whatever the object says. Namespaced kinds
+    without a namespace (a hand-written snapshot) are filed under ``"default"``, the
+    namespace the API server would have put them in and the one :func:`parse_pod`,
+    :func:`parse_service` and the hint model use; a key of ``""`` here made a list (or a
+    snapshot load) delete the pod or Service it had just added, and a DELETED event miss it.
+    """
+    meta = _named_meta(obj)
+    if resource == "nodes":
+        return "", meta["name"]
+    ns = meta.get("namespace")
+    return (ns if isinstance(ns, str) and ns else "default"), meta["name"]
+
+
+def slice_ports(sl: Mapping[str, Any]) -> list[tuple[int, int, str]]:
+    """``[(port, protocol number, name)]`` of a slice's usable ports (nil ports, which mean
+    "all ports", out-of-range ports and unknown protocols are skipped)."""
+    out = []
+    ports = sl.get("ports")
+    for p in ports if isinstance(ports, list) else ():
+        if not isinstance(p, dict):
+            continue
+        port = p.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
+            continue
+        try:
+            proto = protocol_number(p.get("protocol"))
+        except BadObject:
+            continue
+        name = p.get("name")
+        out.append((port, proto, sys.intern(name) if isinstance(name, str) else ""))
+    return out
+
+
+def slice_service_label(obj: Mapping[str, Any]) -> Any:
+    """The ``kubernetes.io/service-name`` label of an EndpointSlice, as written (any type).
+
+    Raises:
+        BadObject: ``metadata.name`` missing.
+    """
+    return _labels(_named_meta(obj)).get(LABEL_SERVICE_NAME)
+
+
+#: ``slice_addresses(node_name=NO_NODE_NAME)``: the endpoints that have no ``nodeName``
+NO_NODE_NAME = "\x00no-node-name"
+
+
+def slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> list[IPAddress]:
+    """Distinct IP addresses of a slice's endpoints (FQDN slices and malformed addresses
+    skipped); with ``node_name``, only endpoints on that node (:data:`NO_NODE_NAME`: those
+    without ``nodeName``) that are ready or serving (nil counts as true, as the
+    EndpointSlice API defines)."""
+    out: list[IPAddress] = []
+    seen: set[IPAddress] = set()
+    if sl.get("addressType") == "FQDN":
+        # "10.0.1.5" is also a valid FQDN address (a DNS subdomain), and kube-proxy ignores
+        # FQDN slices (it reads IPv4/IPv6 ones only): such a slice names no IP endpoint
+        return out
+    eps = sl.get("endpoints")
+    for ep in eps if isinstance(eps, list) else ():
+        if not isinstance(ep, dict):
+            continue
+        if node_name is not None:
+            if (ep.get("nodeName") or NO_NODE_NAME) != node_name:
+                continue
+            cond = _sub(ep, "conditions")
+            if cond.get("ready") is False and cond.get("serving", False) is False:
+                continue
+        addrs = ep.get("addresses")
+        for a in addrs if isinstance(addrs, list) else ():
+            ip = _ip(a)
+            if ip is not None and ip not in seen:
+                seen.add(ip)
+                out.append(ip)
+    return out
+
+
+# ------------------------------------------------------------------ hint-model records
 
 @dataclass(frozen=True, slots=True)
 class Hints:

@@ -13,7 +13,8 @@ import ipaddress
 from collections.abc import Collection
 from typing import Any
 
-from agent.k8s.cache import ClusterMetadata, protocol_number
+from agent.k8s.cache import ClusterMetadata
+from agent.k8s.parse import protocol_number
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 

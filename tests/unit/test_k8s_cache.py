@@ -10,7 +10,8 @@ import pytest
 from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 from agent.k8s import snapshot
-from agent.k8s.cache import ClusterMetadata, MetadataSettings, workload_of
+from agent.k8s.cache import ClusterMetadata, MetadataSettings
+from agent.k8s.parse import workload_of
 from agent.k8s.cidrs import parse_zone_cidrs
 from agent.records import Peer, PeerKind, ServicePort
 
