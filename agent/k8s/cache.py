@@ -68,6 +68,7 @@ from agent.k8s.parse import (
     slice_ports,
     slice_service_label,
 )
+from agent.k8s.services import DoorIndex, build_door_index
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,7 @@ class ClusterMetadata:
         self._cluster_ips: dict[int, ServiceKey] = {}
         self._raw_nodes: dict[str, dict[str, Any]] = {}
         self._raw_services: dict[ServiceKey, dict[str, Any]] = {}
+        self._doors: tuple[int, DoorIndex] | None = None  # (services generation, index)
         self._raw_slices: dict[tuple[str, str], dict[str, Any]] = {}
         self._slices_by_service: dict[ServiceKey, set[tuple[str, str]]] = {}
         self._slice_service: dict[tuple[str, str], ServiceKey] = {}
@@ -383,7 +385,7 @@ class ClusterMetadata:
             rec_s = parse_service(obj)
             raw_s = prune_service(obj, self._shared)
             key = (rec_s.namespace, rec_s.name)
-            self._remove_service(key)
+            self._remove_service(key, keep_slot=True)
             self._services[key] = rec_s
             for ip in rec_s.cluster_ips:
                 self._cluster_ips[_tagged_address_key(ip)] = key
@@ -515,8 +517,10 @@ class ClusterMetadata:
 
     # services --------------------------------------------------------------
 
-    def _remove_service(self, key: ServiceKey) -> None:
-        old = self._services.pop(key, None)
+    def _remove_service(self, key: ServiceKey, keep_slot: bool = False) -> None:
+        """Drop a Service's record and ClusterIP entries (``keep_slot``: the record stays,
+        about to be replaced in place, so the Services keep their order)."""
+        old = self._services.get(key) if keep_slot else self._services.pop(key, None)
         if old is not None:
             for ip in old.cluster_ips:
                 if self._cluster_ips.get(_tagged_address_key(ip)) == key:
@@ -771,6 +775,15 @@ class ClusterMetadata:
                     return ServicePort(rec.namespace, rec.name, sp.port, sp.name,
                                        sp.target_port, protocol)
             return None
+
+    def door_index(self) -> DoorIndex:
+        """The NodePort / externalIP / LoadBalancer IP index of the cached Services
+        (:func:`agent.k8s.services.build_door_index`), rebuilt after Service changes."""
+        with self._lock:
+            gen = self._generation["services"]
+            if self._doors is None or self._doors[0] != gen:
+                self._doors = (gen, build_door_index(self._services.values()))
+            return self._doors[1]
 
     def is_cluster_ip(self, ip: IPAddress) -> bool:
         """True when ``ip`` is some Service's ClusterIP (any port)."""

@@ -127,12 +127,14 @@ class ServicePortSpec:
         protocol: IP protocol number.
         target_port: numeric ``targetPort`` (defaults to ``port``), or 0 when it names a
             container port (resolved per endpoint by EndpointSlices).
+        node_port: ``nodePort`` (1..65535), or 0 when unset or unusable.
     """
 
     name: str
     port: int
     protocol: int
     target_port: int
+    node_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +145,17 @@ class ServiceRecord:
         namespace, name: the Service.
         cluster_ips: ``spec.clusterIPs`` (or ``spec.clusterIP``); empty for headless.
         ports: ``spec.ports``.
+        external_ips: the parseable addresses of ``spec.externalIPs``, in order.
+        lb_ips: the parseable ``status.loadBalancer.ingress[].ip`` addresses, in order
+            (entries with only a ``hostname`` have none).
     """
 
     namespace: str
     name: str
     cluster_ips: tuple[IPAddress, ...]
     ports: tuple[ServicePortSpec, ...]
+    external_ips: tuple[IPAddress, ...] = ()
+    lb_ips: tuple[IPAddress, ...] = ()
 
 
 class BadObject(ValueError):
@@ -316,14 +323,23 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
         target: Any = p.get("targetPort", p["port"])
         if isinstance(target, str) and target.isascii() and target.isdigit():
             target = int(target)
+        node_port: Any = p.get("nodePort")
         ports.append(ServicePortSpec(
             name=sys.intern(str(p.get("name") or "")),
             port=p["port"],
             protocol=protocol_number(p.get("protocol")),
             target_port=target if _port_number(target) else 0,  # 0: named, per endpoint
+            node_port=node_port if _port_number(node_port) else 0,
         ))
+    # the other front doors (see agent.k8s.services); malformed entries are skipped
+    raw_ext = spec.get("externalIPs")
+    ext = [_ip(a) for a in raw_ext] if isinstance(raw_ext, list) else []
+    ingress = _sub(_sub(obj, "status"), "loadBalancer").get("ingress")
+    lb = [_ip(i.get("ip")) for i in ingress if isinstance(i, dict)] if isinstance(ingress, list) else []
     return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
-                         name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports))
+                         name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports),
+                         external_ips=tuple(a for a in ext if a is not None),
+                         lb_ips=tuple(a for a in lb if a is not None))
 
 
 def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,12 +9,9 @@ doors: NodePorts, ``spec.externalIPs``, LoadBalancer ingress IPs), ``live_servic
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Collection
-from typing import Any
 
 from agent.k8s.cache import ClusterMetadata
-from agent.k8s.parse import protocol_number
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 
@@ -28,14 +25,6 @@ class MetadataAdapter:
 
     def __init__(self, cache: ClusterMetadata) -> None:
         self.cache = cache
-        # (address, port, protocol) -> Service port of NodePorts, externalIPs and
-        # LoadBalancer ingress IPs, rebuilt when Services or Nodes change
-        self._doors: dict[tuple[IPAddress, int, int], ServicePort] = {}
-        self._nodeports: dict[tuple[int, int], ServicePort] = {}
-        self._door_gen: int | None = None
-        # (ClusterIP / externalIP / LB IP, protocol) -> a Service port, for port 0
-        self._by_addr: dict[tuple[IPAddress, int], ServicePort] = {}
-        self._service_ips: frozenset[IPAddress] = frozenset()
 
     def resolve(self, ip: IPAddress, at: float) -> Peer:
         """Resolve ``ip`` as of ``at`` (Unix seconds); see ``ClusterMetadata.resolve``.
@@ -53,12 +42,7 @@ class MetadataAdapter:
         return peer
 
     def _is_service_ip(self, ip: IPAddress) -> bool:
-        if self.cache.is_cluster_ip(ip):
-            return True
-        gen = self.cache.generation("services")
-        if gen != self._door_gen:
-            self._rebuild_doors(gen)
-        return ip in self._service_ips
+        return self.cache.is_cluster_ip(ip) or ip in self.cache.door_index().service_ips
 
     def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
         """Service ports the endpoint ``ip:port/protocol`` (target port, host order) serves."""
@@ -74,8 +58,9 @@ class MetadataAdapter:
         node is DNATed and masqueraded there, an LB IP with ``ipMode: Proxy`` comes back
         through a NodePort), so the endpoint's node counts the bytes as request/response
         and the client's veth copy must be skipped. The cache indexes ClusterIPs only
-        (docs/metadata.md, Limits); the other doors are indexed here from the cache's
-        pruned Services, rebuilt when they change (a NodePort answers on any address
+        (docs/metadata.md, Limits); the other doors are indexed by
+        :func:`agent.k8s.services.build_door_index` from the cache's Service records,
+        rebuilt when they change (a NodePort answers on any address
         that resolves to a node). LoadBalancer ingress
         entries with only a ``hostname`` cannot be indexed.
 
@@ -92,65 +77,15 @@ class MetadataAdapter:
             sp = self.cache.service_address(ip, port, protocol)
             if sp is not None:
                 return sp
-        gen = self.cache.generation("services")
-        if gen != self._door_gen:
-            self._rebuild_doors(gen)
+        doors = self.cache.door_index()
         if not port:
-            return self._by_addr.get((ip, protocol)) if protocol in (6, 132) else None
-        sp = self._doors.get((ip, port, protocol))
+            return doors.by_addr.get((ip, protocol)) if protocol in (6, 132) else None
+        sp = doors.doors.get((ip, port, protocol))
         if sp is None:
-            sp = self._nodeports.get((port, protocol))
+            sp = doors.nodeports.get((port, protocol))
             if sp is not None and self.cache.resolve(ip).kind is not PeerKind.NODE:
                 return None
         return sp
-
-    def _rebuild_doors(self, gen: int) -> None:
-        """Index every Service's NodePorts (by port: any node address serves them),
-        externalIPs and LoadBalancer IPs, O(Services x ports) per Service change
-        (malformed fields are skipped: the hint model reports bad objects)."""
-        _, services, _ = self.cache.raw_objects()
-        nodeports: dict[tuple[int, int], ServicePort] = {}
-        doors: dict[tuple[IPAddress, int, int], ServicePort] = {}
-        by_addr: dict[tuple[IPAddress, int], ServicePort] = {}
-        for svc in services:
-            try:
-                meta, spec = svc.get("metadata") or {}, svc.get("spec") or {}
-                ns, name = meta.get("namespace") or "default", meta.get("name")
-                if not isinstance(name, str) or not isinstance(spec, dict):
-                    continue
-                ext = [_ip_or_none(a) for a in spec.get("externalIPs") or ()]
-                status = svc.get("status") or {}
-                lb = ((status.get("loadBalancer") or {}).get("ingress") or ()) \
-                    if isinstance(status, dict) else ()
-                ext += [_ip_or_none(i.get("ip")) for i in lb if isinstance(i, dict)]
-                cips = spec.get("clusterIPs") or [spec.get("clusterIP")]
-                addrs = [a for a in [_ip_or_none(c) for c in cips] + ext if a is not None]
-                candidates: dict[int, list[ServicePort]] = {}
-                for p in spec.get("ports") or ():
-                    if not isinstance(p, dict) or not _is_port(p.get("port")):
-                        continue
-                    proto = protocol_number(p.get("protocol"))
-                    tp = p.get("targetPort", p["port"])
-                    sp = ServicePort(ns, name, p["port"], str(p.get("name") or ""),
-                                     tp if isinstance(tp, int) and _is_port(tp) else 0, proto)
-                    candidates.setdefault(proto, []).append(sp)
-                    for a in ext:
-                        if a is not None:
-                            doors.setdefault((a, p["port"], proto), sp)
-                    np_ = p.get("nodePort")
-                    if isinstance(np_, int) and _is_port(np_):
-                        nodeports.setdefault((np_, proto), sp)
-                for proto, sps in candidates.items():
-                    best = min(sps, key=lambda x: (not 32768 <= x.port <= 60999, x.port))
-                    for a in addrs:
-                        by_addr.setdefault((a, proto), best)
-            except Exception:  # noqa: BLE001 (a malformed Service must not stop the index)
-                continue
-        self._by_addr = by_addr
-        self._service_ips = frozenset(a for a, _ in by_addr)
-        self._doors = doors
-        self._nodeports = nodeports
-        self._door_gen = gen
 
     # ObjectView (series expiry) --------------------------------------------------------
 
@@ -190,12 +125,3 @@ class MetadataAdapter:
 _SERVICE_IP_PEER = Peer(PeerKind.UNKNOWN, reason="service_address_port_unknown")
 
 
-def _ip_or_none(text: Any) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def _is_port(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535
