@@ -37,7 +37,7 @@ from agent.hints.controller import (
     valid_traffic_distribution,
     zone_capacity,
 )
-from agent.hints.diagnosis import DiagnosisWarning, ServiceDiagnosis, diagnose, evaluate_cluster
+from agent.hints.diagnosis import DiagnosisWarning, ServiceDiagnosis, diagnose, evaluate_cluster, evaluate_parsed
 from agent.hints.explain import diagnose_objects, explain_document, to_document
 from agent.hints.model import HintModel, merge_locality, merge_views
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap
@@ -97,7 +97,8 @@ __all__ = [
     "REASON_SENTENCES", "REASONS", "UNKNOWN_ZONE", "WARNING_CODES", "_gate_default", "AddressHints",
     "Allocation", "AllocationResult", "ClusterIndex", "compute_slice_hints", "controller_hints",
     "ControllerResult", "cpu_millis", "diagnose", "diagnose_objects", "DiagnosisWarning",
-    "effective_annotation", "Endpoint", "evaluate_cluster", "Event", "explain_document", "get_allocations",
+    "effective_annotation", "Endpoint", "evaluate_cluster", "evaluate_parsed", "Event",
+    "explain_document", "get_allocations",
     "HintModel", "Hints", "hints_enabled", "hints_json", "index_nodes", "KubeVersion", "merge_locality",
     "merge_views", "minimum_accepted_endpoints", "NodeInfo", "parse_feature_gates", "parse_node_info",
     "parse_service_info", "parse_slice", "ProxyDecision", "ProxyIndex", "ProxyMap", "reconcile",

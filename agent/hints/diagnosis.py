@@ -39,14 +39,15 @@ from agent.k8s.parse import (
     LABEL_ZONE,
     Endpoint,
     Hints,
+    NodeEntry,
+    ServiceEntry,
     ServiceInfo,
     Slice,
+    SliceEntry,
     hints_json,
-    parse_node_info,
-    parse_service_info,
-    parse_slice,
-    slice_owner,
-    unreadable_node,
+    parse_node_entry,
+    parse_service_entry,
+    parse_slice_entry,
 )
 from agent.records import ProxyView
 
@@ -403,14 +404,45 @@ def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        return _evaluate([parse_node_entry(n) for n in nodes], [parse_service_entry(s) for s in services],
+                         [parse_slice_entry(s) for s in endpointslices], kv, hints_populated, strict, errors)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def evaluate_parsed(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],
+                    endpointslices: Sequence[SliceEntry], *, version: str = DEFAULT_VERSION,
+                    feature_gates: Mapping[str, bool] | None = None,
+                    hints_populated: Collection[str] | None = None, strict: bool = False,
+                    errors: list[InputError] | None = None) -> list[ServiceDiagnosis]:
+    """:func:`evaluate_cluster` over objects already parsed (the metadata cache's entries).
+
+    Args:
+        nodes, services, endpointslices: entries from :func:`agent.k8s.parse.parse_node_entry`,
+            :func:`~agent.k8s.parse.parse_service_entry` and
+            :func:`~agent.k8s.parse.parse_slice_entry` (a record, or the error parsing
+            raised, which is reported here exactly as :func:`evaluate_cluster` reports it).
+        version, feature_gates, hints_populated, strict, errors: as :func:`evaluate_cluster`.
+
+    Returns:
+        as :func:`evaluate_cluster`.
+
+    Raises:
+        InputError: bad version/gates; a malformed object when ``strict``.
+    """
+    kv = KubeVersion.parse(version, feature_gates)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
         return _evaluate(nodes, services, endpointslices, kv, hints_populated, strict, errors)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _evaluate(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
-              endpointslices: list[dict[str, Any]], kv: KubeVersion,
+def _evaluate(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],
+              endpointslices: Sequence[SliceEntry], kv: KubeVersion,
               hints_populated: Collection[str] | None, strict: bool,
               errors: list[InputError] | None) -> list[ServiceDiagnosis]:
     def bad(err: InputError) -> None:
@@ -420,34 +452,31 @@ def _evaluate(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
             errors.append(err)
 
     infos = []
-    for n in nodes:
-        try:
-            infos.append(parse_node_info(n))
-        except InputError as err:
-            bad(err)
-            unreadable = unreadable_node(n)
-            if unreadable is not None:
-                infos.append(unreadable)
+    for info, node_err in nodes:
+        if node_err is not None:
+            # a Node parse_node_info refused still counts in the zone capacity, with
+            # unknown CPU (agent.k8s.parse.unreadable_node), when it has a name
+            bad(node_err)
+        if info is not None:
+            infos.append(info)
     idx = index_node_infos(tuple(infos))
     by_svc: dict[tuple[str, str], list[Slice]] = {}
     # Services with a slice the model cannot read: diagnosing them from their other slices
     # would be a confident answer about endpoints it has not seen, so they get none.
     unreadable_svc: set[tuple[str, str]] = set()
-    for obj in endpointslices:
-        try:
-            ns, sname, sl = parse_slice(obj)
-        except InputError as err:
-            bad(err)
-            unreadable_svc.add(slice_owner(obj))
+    for ns, sname, sl, slice_err in endpointslices:
+        if slice_err is not None or sl is None:
+            if slice_err is not None:
+                bad(slice_err)
+            unreadable_svc.add((ns, sname))
             continue
         if sname:
             by_svc.setdefault((ns, sname), []).append(sl)
     out: list[ServiceDiagnosis] = []
-    for obj in services:
-        try:
-            svc = parse_service_info(obj)
-        except InputError as err:
-            bad(err)
+    for svc, svc_err in services:
+        if svc_err is not None or svc is None:
+            if svc_err is not None:
+                bad(svc_err)
             continue
         if svc.type == "ExternalName" or (svc.namespace, svc.name) in unreadable_svc:
             continue

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 from agent.errors import InputError
-from agent.hints.diagnosis import ServiceDiagnosis, evaluate_cluster
+from agent.hints.diagnosis import ServiceDiagnosis, evaluate_parsed
 from agent.hints.versions import DEFAULT_VERSION, KubeVersion
-from agent.k8s import ClusterMetadata, DirtySet
+from agent.k8s import ClusterMetadata, DirtySet, NodeEntry, ServiceEntry, SliceEntry
 from agent.records import Locality, ProxyView, ServiceRef
 
 log = logging.getLogger(__name__)
@@ -77,14 +76,15 @@ def merge_views(views: Iterable[ProxyView | None]) -> ProxyView | None:
 
 
 class HintModel:
-    """``HintView`` (agent/attribution.py) over :func:`agent.hints.evaluate_cluster`; owns locality.
+    """``HintView`` (agent/attribution.py) over the cache's parsed records; owns locality.
 
     Call :meth:`refresh` once per interval, from the agent loop; the Attributor and the
     exporter then read :meth:`proxy_view`, :meth:`services`, :meth:`localities` (and
     :meth:`locality`, :meth:`diagnoses`) from the same thread.
 
     Args:
-        cache: the metadata cache whose objects feed the model.
+        cache: the metadata cache whose parsed records (:meth:`ClusterMetadata.model_inputs`)
+            feed the model.
         version: Kubernetes minor version the model reproduces (``"1.27"`` .. ``"1.35"``).
         feature_gates: gate overrides for that version.
 
@@ -128,7 +128,7 @@ class HintModel:
             number of Services evaluated.
         """
         now = time.time() if at is None else at
-        nodes, services, slices = self.cache.raw_objects()
+        nodes, services, slices = self.cache.model_inputs()
         if dirty is None or dirty.all:
             diags = self._evaluate(nodes, services, slices)
             new: dict[ServiceName, list[ServiceDiagnosis]] = {}
@@ -147,10 +147,10 @@ class HintModel:
         # one evaluate_cluster call for every dirty Service: the node index (O(nodes)) is
         # built once per refresh, not once per Service
         keys = sorted(dirty.services)
-        svcs: list[dict[str, Any]] = []
-        svc_slices: list[dict[str, Any]] = []
+        svcs: list[ServiceEntry] = []
+        svc_slices: list[SliceEntry] = []
         for ns, name in keys:
-            svc, slices_ = self.cache.raw_service(ns, name)
+            svc, slices_ = self.cache.service_inputs(ns, name)
             if svc is not None:
                 svcs.append(svc)
                 svc_slices.extend(slices_)
@@ -183,11 +183,11 @@ class HintModel:
             return prev
         return loc
 
-    def _evaluate(self, nodes: list[dict[str, Any]], services: list[dict[str, Any]],
-                  slices: list[dict[str, Any]]) -> list[ServiceDiagnosis]:
+    def _evaluate(self, nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],
+                  slices: Sequence[SliceEntry]) -> list[ServiceDiagnosis]:
         errors: list[InputError] = []
-        out = evaluate_cluster(nodes, services, slices, version=self.version,
-                               feature_gates=self.feature_gates, errors=errors)
+        out = evaluate_parsed(nodes, services, slices, version=self.version,
+                              feature_gates=self.feature_gates, errors=errors)
         self.bad_objects += len(errors)
         for err in errors:
             text = str(err)

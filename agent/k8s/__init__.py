@@ -15,6 +15,10 @@ See docs/metadata.md.
 from __future__ import annotations
 
 from agent.k8s.cache import RESOURCES, ClusterMetadata, DirtySet, MetadataSettings
+from agent.k8s.parse import NodeEntry, ServiceEntry, SliceEntry
 from agent.k8s.resolve import MetadataAdapter
 
-__all__ = ["RESOURCES", "ClusterMetadata", "DirtySet", "MetadataAdapter", "MetadataSettings"]
+__all__ = [
+    "RESOURCES", "ClusterMetadata", "DirtySet", "MetadataAdapter", "MetadataSettings", "NodeEntry", "ServiceEntry",
+    "SliceEntry",
+]

@@ -1,10 +1,11 @@
-"""Slim, thread-safe cache of Pods, Nodes, Services and EndpointSlices, and IP resolution.
+"""Thread-safe cache of Pods, Nodes, Services and EndpointSlices as parsed records, and IP resolution.
 
 Watch threads (:mod:`agent.k8s.watch`) or a snapshot file (:mod:`agent.k8s.snapshot`)
-write; the agent loop reads. Pods are kept only as slim records indexed by IP (the raw
-Pod objects are the bulk of a cluster's state and nobody downstream needs them). Nodes,
-Services and EndpointSlices are kept twice: slim indexes for resolution, and pruned raw
-dicts in the API's JSON shape for the hint model (:mod:`agent.hints`).
+write; the agent loop reads. Every object is parsed once, when it arrives, by
+:mod:`agent.k8s.parse`: into the cache's own records (pods by IP, node addresses and
+CIDRs, Service ports and doors, slice endpoints) and, for Nodes, Services and
+EndpointSlices, into the hint model's records (:meth:`ClusterMetadata.model_inputs`,
+read by :class:`agent.hints.HintModel`). No API dict is kept.
 
 Resolution order (:meth:`ClusterMetadata.resolve`):
 
@@ -53,19 +54,27 @@ from agent.k8s.parse import (
     BAD_SHAPE,
     NO_NODE_NAME,
     BadObject,
+    NodeEntry,
     NodeRecord,
     PodRecord,
+    ServiceEntry,
     ServiceRecord,
     SharedValues,
+    SliceEntry,
+    SliceRecord,
+    entry_key,
     object_key,
     parse_node,
+    parse_node_entry,
     parse_pod,
     parse_service,
+    parse_service_entry,
+    parse_slice_entry,
+    parse_slice_record,
     prune_endpointslice,
     prune_node,
     prune_service,
     slice_addresses,
-    slice_ports,
     slice_service_label,
 )
 from agent.k8s.services import DoorIndex, build_door_index
@@ -158,7 +167,7 @@ class ClusterMetadata:
 
     Writers: :meth:`apply` (one watch event), :meth:`replace` (a full list),
     :meth:`load_snapshot`. Readers: :meth:`resolve`, :meth:`endpoint_services`,
-    :meth:`service_address`, :meth:`local_endpoints`, :meth:`raw_objects`,
+    :meth:`service_address`, :meth:`local_endpoints`, :meth:`model_inputs`,
     :meth:`take_dirty`, :meth:`synced`. All methods may be called from any thread.
 
     Args:
@@ -198,10 +207,13 @@ class ClusterMetadata:
             (z.network, z) for z in self.settings.zone_cidrs)
         self._services: dict[ServiceKey, ServiceRecord] = {}
         self._cluster_ips: dict[int, ServiceKey] = {}
-        self._raw_nodes: dict[str, dict[str, Any]] = {}
-        self._raw_services: dict[ServiceKey, dict[str, Any]] = {}
+        # the hint model's records (agent.k8s.parse NodeEntry/ServiceEntry/SliceEntry), in
+        # the order the objects arrived (a replaced object keeps its slot)
+        self._node_entries: dict[str, NodeEntry] = {}
+        self._service_entries: dict[ServiceKey, ServiceEntry] = {}
         self._doors: tuple[int, DoorIndex] | None = None  # (services generation, index)
-        self._raw_slices: dict[tuple[str, str], dict[str, Any]] = {}
+        self._slices: dict[tuple[str, str], SliceRecord] = {}
+        self._slice_entries: dict[tuple[str, str], SliceEntry] = {}
         self._slices_by_service: dict[ServiceKey, set[tuple[str, str]]] = {}
         self._slice_service: dict[tuple[str, str], ServiceKey] = {}
         self._ep_index: dict[int, tuple[_EpEntry, ...]] = {}
@@ -302,16 +314,21 @@ class ClusterMetadata:
         if resource == "nodes":
             old_n = self._nodes.get(key[1])
             return (old_n is not None and parse_node(obj) == old_n
-                    and prune_node(obj, self._shared) == self._raw_nodes.get(key[1]))
+                    and entry_key(parse_node_entry(prune_node(obj, self._shared)))
+                    == entry_key(self._node_entries.get(key[1])))
         if resource == "services":
             old_s = self._services.get(key)
             return (old_s is not None and parse_service(obj) == old_s
-                    and prune_service(obj, self._shared) == self._raw_services.get(key))
+                    and entry_key(parse_service_entry(prune_service(obj, self._shared)))
+                    == entry_key(self._service_entries.get(key)))
         if resource == "endpointslices":
-            old_e = self._raw_slices.get(key)
-            return (old_e is not None and prune_endpointslice(obj, self._shared) == old_e
-                    and (key in self._slice_service) == bool(
-                        slice_service_label(obj)))
+            old_e = self._slices.get(key)
+            if old_e is None:
+                return False
+            pruned = prune_endpointslice(obj, self._shared)
+            return (parse_slice_record(pruned) == old_e
+                    and entry_key(parse_slice_entry(pruned)) == entry_key(self._slice_entries.get(key))
+                    and (key in self._slice_service) == bool(slice_service_label(obj)))
         return False
 
     def load_snapshot(self, snap: Any, *, diff: bool = False) -> None:
@@ -345,9 +362,9 @@ class ClusterMetadata:
         if resource == "nodes":
             return [("", n) for n in self._nodes]
         if resource == "services":
-            return list(self._raw_services)
+            return list(self._service_entries)
         if resource == "endpointslices":
-            return list(self._raw_slices)
+            return list(self._slices)
         raise ValueError(f"unknown resource {resource!r}")
 
     def _count_bad(self, resource: str, obj: Any, err: Exception) -> None:
@@ -369,12 +386,12 @@ class ClusterMetadata:
             self._upsert_pod(parse_pod(obj))
         elif resource == "nodes":
             rec = parse_node(obj)
-            raw = prune_node(obj, self._shared)
+            node_entry = parse_node_entry(prune_node(obj, self._shared))
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
                 self._node_by_ip[_tagged_address_key(ip)] = rec.name
-            self._raw_nodes[rec.name] = raw
+            self._node_entries[rec.name] = node_entry
             for net in rec.pod_cidrs:
                 self._pod_cidr_ref(net, +1)
                 if net.num_addresses > 2:
@@ -383,13 +400,13 @@ class ClusterMetadata:
             self._dirty_all = True
         elif resource == "services":
             rec_s = parse_service(obj)
-            raw_s = prune_service(obj, self._shared)
+            svc_entry = parse_service_entry(prune_service(obj, self._shared))
             key = (rec_s.namespace, rec_s.name)
             self._remove_service(key, keep_slot=True)
             self._services[key] = rec_s
             for ip in rec_s.cluster_ips:
                 self._cluster_ips[_tagged_address_key(ip)] = key
-            self._raw_services[key] = raw_s
+            self._service_entries[key] = svc_entry
             self._dirty.add(key)
         elif resource == "endpointslices":
             self._upsert_slice(obj)
@@ -409,12 +426,12 @@ class ClusterMetadata:
                 self._release(rec, rec.ips)
         elif resource == "nodes":
             self._remove_node(key[1])
-            self._raw_nodes.pop(key[1], None)
+            self._node_entries.pop(key[1], None)
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
             self._remove_service(key)
-            self._raw_services.pop(key, None)
+            self._service_entries.pop(key, None)
             self._dirty.add(key)
         elif resource == "endpointslices":
             self._remove_slice(key)
@@ -537,8 +554,10 @@ class ClusterMetadata:
             raise BadObject("endpoints is not a list")
         # everything that can fail happens before the first mutation
         pruned = prune_endpointslice(obj, self._shared)
-        ports = slice_ports(pruned)
-        addresses = slice_addresses(pruned)
+        rec = parse_slice_record(pruned)
+        model_entry = parse_slice_entry(pruned)
+        ports = rec.ports
+        addresses = slice_addresses(rec)
         self._remove_slice(key)
         if isinstance(svc_name, str) and svc_name:
             svc = sys.intern(svc_name)
@@ -554,10 +573,12 @@ class ClusterMetadata:
             self._slice_service[key] = skey
             self._slices_by_service.setdefault(skey, set()).add(key)
             self._dirty.add(skey)
-        self._raw_slices[key] = pruned
+        self._slices[key] = rec
+        self._slice_entries[key] = model_entry
 
     def _remove_slice(self, key: tuple[str, str]) -> None:
-        old = self._raw_slices.pop(key, None)
+        old = self._slices.pop(key, None)
+        self._slice_entries.pop(key, None)
         if old is None:
             return
         skey = self._slice_service.pop(key, None)
@@ -571,7 +592,7 @@ class ClusterMetadata:
         self._dirty.add(skey)
         index = self._ep_index
         for ip in slice_addresses(old):
-            for port, proto, _name in slice_ports(old):
+            for port, proto, _name in old.ports:
                 k = _epkey(ip, port, proto)
                 entries = index.get(k)
                 if entries is None:
@@ -811,10 +832,10 @@ class ClusterMetadata:
             if hit is None or hit[0] != gen:
                 out: set[tuple[IPAddress, int, int]] = set()
                 nodeless: list[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]]] = []
-                for key, sl in self._raw_slices.items():
+                for key, sl in self._slices.items():
                     if key not in self._slice_service:
                         continue
-                    ports = slice_ports(sl)
+                    ports = sl.ports
                     if not ports:
                         continue
                     for ip in slice_addresses(sl, node_name):
@@ -824,7 +845,7 @@ class ClusterMetadata:
                         for port, proto, _name in ports:
                             out.add((ip, port, proto))
                     for ip in slice_addresses(sl, NO_NODE_NAME):
-                        nodeless.append((_tagged_address_key(ip), ip, tuple(ports)))
+                        nodeless.append((_tagged_address_key(ip), ip, ports))
                 hit = self._local_cache[node_name] = (gen, frozenset(out), tuple(nodeless))
             _, result, nodeless_eps = hit
             if not nodeless_eps:
@@ -836,23 +857,25 @@ class ClusterMetadata:
                      and not pod.host_network for port, proto, _name in ports}
             return result | extra if extra else result
 
-    def raw_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        """Return ``(nodes, services, endpointslices)``: pruned API-shaped dicts.
+    def model_inputs(self) -> tuple[list[NodeEntry], list[ServiceEntry], list[SliceEntry]]:
+        """Return ``(nodes, services, endpointslices)`` as the hint model's parsed entries
+        (:func:`agent.hints.evaluate_parsed` input), in arrival order.
 
-        The dicts are shared with the cache and replaced (never mutated) on updates:
-        callers must treat them as read-only.
+        Entries are immutable records (or the InputError their object raised), parsed
+        once when the object arrived.
         """
         with self._lock:
-            return (list(self._raw_nodes.values()), list(self._raw_services.values()),
-                    list(self._raw_slices.values()))
+            return (list(self._node_entries.values()), list(self._service_entries.values()),
+                    list(self._slice_entries.values()))
 
-    def raw_service(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """Return ``(service, its endpointslices)`` as pruned dicts (read-only), for
-        re-evaluating one dirty Service."""
+    def service_inputs(self, namespace: str, name: str) -> tuple[ServiceEntry | None, list[SliceEntry]]:
+        """Return ``(service, its endpointslices)`` entries (slices sorted by
+        ``(namespace, name)``), for re-evaluating one dirty Service; None when the Service
+        is not cached."""
         with self._lock:
             key = (namespace, name)
-            slices = [self._raw_slices[k] for k in sorted(self._slices_by_service.get(key, ()))]
-            return self._raw_services.get(key), slices
+            slices = [self._slice_entries[k] for k in sorted(self._slices_by_service.get(key, ()))]
+            return self._service_entries.get(key), slices
 
     def take_dirty(self) -> DirtySet:
         """Return and clear the Services changed since the previous call."""
@@ -888,5 +911,5 @@ class ClusterMetadata:
         """Return object counts: pods, nodes, services, endpointslices, deleted_ips."""
         with self._lock:
             return {"pods": self._pod_count, "nodes": len(self._nodes),
-                    "services": len(self._services), "endpointslices": len(self._raw_slices),
+                    "services": len(self._services), "endpointslices": len(self._slices),
                     "deleted_ips": len(self._deleted)}

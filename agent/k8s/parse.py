@@ -46,7 +46,7 @@ LABEL_POD_TEMPLATE_HASH = "pod-template-hash"
 
 # ------------------------------------------------------------------ metadata-cache records
 
-#: annotations kept on pruned raw objects (the hint model reads them; everything else goes)
+#: annotations the hint model sees (prune_service keeps these before parse_service_info reads it)
 KEPT_ANNOTATIONS = frozenset({
     "service.kubernetes.io/topology-mode",
     "service.kubernetes.io/topology-aware-hints",
@@ -511,31 +511,56 @@ def slice_service_label(obj: Mapping[str, Any]) -> Any:
 NO_NODE_NAME = "\x00no-node-name"
 
 
-def slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> list[IPAddress]:
-    """Distinct IP addresses of a slice's endpoints (FQDN slices and malformed addresses
-    skipped); with ``node_name``, only endpoints on that node (:data:`NO_NODE_NAME`: those
-    without ``nodeName``) that are ready or serving (nil counts as true, as the
-    EndpointSlice API defines)."""
-    out: list[IPAddress] = []
-    seen: set[IPAddress] = set()
-    if sl.get("addressType") == "FQDN":
-        # "10.0.1.5" is also a valid FQDN address (a DNS subdomain), and kube-proxy ignores
-        # FQDN slices (it reads IPv4/IPv6 ones only): such a slice names no IP endpoint
-        return out
-    eps = sl.get("endpoints")
-    for ep in eps if isinstance(eps, list) else ():
-        if not isinstance(ep, dict):
-            continue
-        if node_name is not None:
-            if (ep.get("nodeName") or NO_NODE_NAME) != node_name:
+class SliceRecord(NamedTuple):
+    """The metadata cache's view of an EndpointSlice: its ports and its endpoints' addresses.
+
+    Attributes:
+        ports: ``(port, protocol number, name)`` of the usable ports (:func:`slice_ports`).
+        endpoints: per endpoint object, ``(nodeName or NO_NODE_NAME, ready or serving,
+            parseable addresses)``; empty for FQDN slices ("10.0.1.5" is also a valid
+            FQDN address, and kube-proxy reads IPv4/IPv6 slices only, so such a slice
+            names no IP endpoint). ``ready or serving`` counts a nil condition as true,
+            as the EndpointSlice API defines.
+    """
+
+    ports: tuple[tuple[int, int, str], ...]
+    endpoints: tuple[tuple[Any, bool, tuple[IPAddress, ...]], ...]
+
+
+def parse_slice_record(sl: Mapping[str, Any]) -> SliceRecord:
+    """Read an EndpointSlice (API JSON shape) leniently into a :class:`SliceRecord`.
+
+    Malformed ports, endpoints and addresses are skipped, never raised.
+    """
+    eps: list[tuple[Any, bool, tuple[IPAddress, ...]]] = []
+    raw = sl.get("endpoints")
+    if sl.get("addressType") != "FQDN":
+        for ep in raw if isinstance(raw, list) else ():
+            if not isinstance(ep, dict):
                 continue
             cond = _sub(ep, "conditions")
-            if cond.get("ready") is False and cond.get("serving", False) is False:
-                continue
-        addrs = ep.get("addresses")
-        for a in addrs if isinstance(addrs, list) else ():
-            ip = _ip(a)
-            if ip is not None and ip not in seen:
+            usable = not (cond.get("ready") is False and cond.get("serving", False) is False)
+            addrs = ep.get("addresses")
+            ips = [_ip(a) for a in addrs] if isinstance(addrs, list) else []
+            eps.append((ep.get("nodeName") or NO_NODE_NAME, usable, tuple(a for a in ips if a is not None)))
+    return SliceRecord(tuple(slice_ports(sl)), tuple(eps))
+
+
+def slice_addresses(rec: SliceRecord, node_name: str | None = None) -> list[IPAddress]:
+    """Distinct IP addresses of a slice's endpoints, in slice order.
+
+    Args:
+        rec: the slice.
+        node_name: only endpoints on that node (:data:`NO_NODE_NAME`: those without
+            ``nodeName``) that are ready or serving; None: every endpoint.
+    """
+    out: list[IPAddress] = []
+    seen: set[IPAddress] = set()
+    for node, usable, ips in rec.endpoints:
+        if node_name is not None and (node != node_name or not usable):
+            continue
+        for ip in ips:
+            if ip not in seen:
                 seen.add(ip)
                 out.append(ip)
     return out
@@ -944,3 +969,48 @@ def slice_owner(obj: Any) -> tuple[str, str]:
     ns = meta.get("namespace", "default")
     name = labels.get(LABEL_SERVICE_NAME) if isinstance(labels, dict) else None
     return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+
+
+# ------------------------------------------------------------------ hint-model entries
+# What the cache keeps per object for the hint model: the record, or the InputError that
+# parsing raised (reported by each evaluation, as evaluate_cluster reports bad input).
+
+#: a Node: its NodeInfo, or (on error) what :func:`unreadable_node` could read, and the error
+NodeEntry = tuple["NodeInfo | None", "InputError | None"]
+#: a Service: its ServiceInfo, or None and the error
+ServiceEntry = tuple["ServiceInfo | None", "InputError | None"]
+#: an EndpointSlice: (namespace, ``kubernetes.io/service-name``, Slice or None, error)
+SliceEntry = tuple[str, str, "Slice | None", "InputError | None"]
+
+
+def parse_node_entry(obj: Any) -> NodeEntry:
+    """:func:`parse_node_info`, errors kept as data."""
+    try:
+        return parse_node_info(obj), None
+    except InputError as err:
+        return unreadable_node(obj), err
+
+
+def parse_service_entry(obj: Any) -> ServiceEntry:
+    """:func:`parse_service_info`, errors kept as data."""
+    try:
+        return parse_service_info(obj), None
+    except InputError as err:
+        return None, err
+
+
+def parse_slice_entry(obj: Any) -> SliceEntry:
+    """:func:`parse_slice`, errors kept as data (namespace and service then read leniently)."""
+    try:
+        ns, name, sl = parse_slice(obj)
+        return ns, name, sl, None
+    except InputError as err:
+        ns, name = slice_owner(obj)
+        return ns, name, None, err
+
+
+def entry_key(entry: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """A comparable form of an entry (errors compare by their message)."""
+    if entry is None:
+        return None
+    return tuple(str(x) if isinstance(x, InputError) else x for x in entry)
