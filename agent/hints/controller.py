@@ -76,7 +76,7 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class ZoneCapacity:
-    """Result of the topology cache's ``SetNodes`` (HINTS.md §4.1), computed once per cluster.
+    """Result of the topology cache's ``SetNodes`` (``topologycache.go``), computed once per cluster.
 
     Attributes:
         ratios: zone -> float64 share of allocatable milli-CPU; None when node info is
@@ -180,7 +180,7 @@ class ControllerResult:
 
 
 def zone_capacity(nodes: Sequence[NodeInfo]) -> ZoneCapacity:
-    """The topology cache's ``SetNodes`` (topologycache.go, HINTS.md §4.1).
+    """The topology cache's ``SetNodes`` (``topologycache/topologycache.go``).
 
     Control-plane/master-labelled nodes and nodes whose Ready condition is not True are
     skipped; the first remaining node without a zone label or with zero CPU makes the
@@ -261,7 +261,7 @@ def hints_enabled(annotations: Mapping[str, str]) -> bool:
 
 
 def valid_traffic_distribution(value: str | None, kv: KubeVersion) -> bool:
-    """Reconciler's ``validTrafficDistribution`` for the version (HINTS.md §3).
+    """Reconciler's ``validTrafficDistribution`` for the version (``reconciler.go``).
 
     1.33+: PreferClose always; PreferSameZone/PreferSameNode only with the
     PreferSameTrafficDistribution gate. 1.30-1.32: no value check, equals the
@@ -284,7 +284,7 @@ def close_values(kv: KubeVersion) -> tuple[str, ...]:
 
 
 def get_allocations(ratios: Mapping[str, float] | None, n: int) -> AllocationResult:
-    """``TopologyCache.getAllocations`` (topologycache.go, HINTS.md §4.2), float64 arithmetic.
+    """``TopologyCache.getAllocations`` (``topologycache/topologycache.go``), float64 arithmetic.
 
     Args:
         ratios: zone -> CPU ratio, or None (insufficient node info).
@@ -355,7 +355,7 @@ class _Work:
 
 def _add_hints(work: _Work, ratios: Mapping[str, float] | None, at: str
                ) -> tuple[AllocationResult, Event | None, bool]:
-    """``TopologyCache.AddHints`` (HINTS.md §4.3). Returns (allocation, warning event, ok)."""
+    """``TopologyCache.AddHints`` (``topologycache/topologycache.go``). Returns (allocation, warning event, ok)."""
     n = sum(1 for s in work.slices for e in s.endpoints if e.controller_ready)
     res = get_allocations(ratios, n)
     if res.allocations is None:
@@ -461,7 +461,7 @@ def _add_hints(work: _Work, ratios: Mapping[str, float] | None, at: str
 
 
 def _traffic_dist(work: _Work, value: str | None, kv: KubeVersion) -> None:
-    """``trafficdist.ReconcileHints`` (HINTS.md §5)."""
+    """``trafficdist.ReconcileHints`` (``trafficdist/trafficdist.go``)."""
     close = value is not None and value in close_values(kv)
     node_hints = close and value == "PreferSameNode"
     legacy_zone = kv.minor <= 32  # 1.30-1.32 wrote forZones [""] for zoneless endpoints
@@ -504,7 +504,7 @@ def norm_hints(h: Hints | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def reconcile(svc: ServiceInfo, slices: Sequence[Slice], at: str, cap: ZoneCapacity,
               kv: KubeVersion, populated: bool) -> ControllerResult:
-    """The controller's hint decision for one Service and address type (HINTS.md §3).
+    """The controller's hint decision for one Service and address type (``reconciler.go reconcileByAddressType``).
 
     All given slices are treated as the controller's existing ("unchanged") slices, in the
     given order: the next sync with no pod change. Only controller-managed slices are passed.

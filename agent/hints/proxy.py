@@ -224,7 +224,7 @@ class ProxyIndex:
         return got
 
     def topology_mode(self, node: str | None, zone: str) -> str:
-        """kube-proxy topology mode on a node (HINTS.md §6.3).
+        """kube-proxy topology mode on a node (``pkg/proxy/topology.go``).
 
         1.33+: ``topologyModeFromHints`` (node hints, then zone hints); <= 1.32:
         ``canUseTopology`` as ``"PreferSameZone"``/``""``. ``node`` None stands for a node
@@ -243,7 +243,7 @@ class ProxyIndex:
         return "PreferSameZone" if zone in self.by_zone else ""
 
     def decide(self, node: str | None, zone: str) -> ProxyDecision:
-        """``CategorizeEndpoints`` plus the iptables/nftables DROP/REJECT outcome (§6.4, §6.5).
+        """``CategorizeEndpoints`` plus the DROP/REJECT outcome of ``pkg/proxy/{iptables,nftables}/proxier.go``.
 
         Args:
             node: the node name, or None for "a node of ``zone`` without endpoints or hints".

@@ -20,7 +20,7 @@ DEFAULT_VERSION = "1.35"
 def _gate_default(gate: str, minor: int) -> tuple[bool, bool] | None:
     """(default, locked) of ``gate`` in 1.<minor>, or None when the gate does not exist.
 
-    Source: ``pkg/features/kube_features.go`` (HINTS.md §2.4).
+    Source: ``pkg/features/kube_features.go`` of each release (docs/hints.md).
     """
     if gate == "TopologyAwareHints":
         return (True, minor >= 33)

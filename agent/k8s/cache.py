@@ -819,7 +819,7 @@ class ClusterMetadata:
         holds its address, and it is ready or serving (a nil condition counts as true, as
         the EndpointSlice API defines).
         FQDN addresses, slices without a service-name label, and host-network endpoints
-        (a node address or a host-network pod's IP: they have no veth, so DESIGN.md counts
+        (a node address or a host-network pod's IP: they have no veth, so docs/attribution.md counts
         their traffic on the client side) are skipped. Memoized per EndpointSlice
         generation (and Node and host-network pod changes).
 

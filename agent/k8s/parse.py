@@ -769,7 +769,7 @@ class ServiceInfo:
 
 
 def parse_service_info(obj: dict[str, Any]) -> ServiceInfo:
-    """Slim a Service dict (kube-proxy ``serviceport.go`` flags, §6.2).
+    """Slim a Service dict (the flags of kube-proxy ``pkg/proxy/serviceport.go``).
 
     Raises:
         InputError: malformed fields (object and field named).
@@ -936,7 +936,7 @@ def unreadable_node(obj: Any) -> NodeInfo | None:
     """A Node :func:`parse_node` refused, as the topology cache must count it.
 
     Its allocatable CPU is unknown (``cpu_milli`` -1), so when it is an eligible worker it
-    makes the zone ratios insufficient, as zero CPU does (HINTS.md §4.1, ``SetNodes``):
+    makes the zone ratios insufficient, as zero CPU does (``topologycache.go SetNodes``):
     dropping it would give every Auto Service ratios computed from the other nodes only,
     a silently wrong answer. Zone, exclusion and readiness are read when readable; an
     unreadable Ready condition counts as Ready (the conservative side: Auto refuses).
