@@ -13,7 +13,7 @@ from typing import Any
 from agent.errors import InputError
 from agent.hints.diagnosis import ServiceDiagnosis, evaluate_cluster
 from agent.hints.versions import DEFAULT_VERSION, KubeVersion
-from agent.k8s.parse import LABEL_SERVICE_NAME
+from agent.k8s.parse import LABEL_SERVICE_NAME, slice_owner
 
 
 def _split_service(text: str) -> tuple[str, str]:
@@ -28,19 +28,11 @@ def _has_selector(obj: dict[str, Any]) -> bool:
     return bool(spec.get("selector")) and spec.get("type") != "ExternalName"
 
 
-def _slice_service(obj: dict[str, Any]) -> tuple[str, str]:
-    meta: dict[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), dict) else {}
-    labels: dict[str, Any] = meta["labels"] if isinstance(meta.get("labels"), dict) else {}
-    ns, svc = meta.get("namespace", "default"), labels.get(LABEL_SERVICE_NAME, "")
-    # a list here (service-name: [web]) made the set below raise TypeError: unhashable
-    return (ns if isinstance(ns, str) else "", svc if isinstance(svc, str) else "")
-
-
 def diagnose_objects(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
-             endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
-             node: str | None = None, version: str = DEFAULT_VERSION,
-             feature_gates: dict[str, bool] | None = None,
-             hints_populated: list[str] | None = None) -> list[ServiceDiagnosis]:
+                     endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
+                     node: str | None = None, version: str = DEFAULT_VERSION,
+                     feature_gates: dict[str, bool] | None = None,
+                     hints_populated: list[str] | None = None) -> list[ServiceDiagnosis]:
     """Validate the explain inputs and run the model.
 
     Raises:
@@ -57,7 +49,7 @@ def diagnose_objects(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
     if node is not None and not any(isinstance(n.get("metadata"), dict)
                                     and n["metadata"].get("name") == node for n in nodes):
         raise InputError(f"no Node {node!r} in the input", source=source, field="--node")
-    labelled = {_slice_service(s) for s in endpointslices if isinstance(s, dict)}
+    labelled = {slice_owner(s) for s in endpointslices if isinstance(s, dict)}
     for s in services:
         meta: dict[str, Any] = s["metadata"] if isinstance(s.get("metadata"), dict) else {}
         key = (meta.get("namespace", "default"), meta.get("name"))
@@ -90,10 +82,10 @@ def to_document(diags: list[ServiceDiagnosis], version: str, node: str | None = 
 
 
 def explain_document(nodes: list[dict[str, Any]], services: list[dict[str, Any]],
-            endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
-            node: str | None = None, version: str = DEFAULT_VERSION,
-            feature_gates: dict[str, bool] | None = None,
-            hints_populated: list[str] | None = None) -> dict[str, Any]:
+                     endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
+                     node: str | None = None, version: str = DEFAULT_VERSION,
+                     feature_gates: dict[str, bool] | None = None,
+                     hints_populated: list[str] | None = None) -> dict[str, Any]:
     """Build the explain JSON document (schema in docs/hints.md).
 
     Raises:

@@ -28,7 +28,7 @@ Deployment ``<deployment>``: the Deployment controller names ReplicaSets that wa
 ``deployment.Name + "-" + podTemplateSpecHash``). ReplicaSets themselves are not watched:
 RBAC grants only pods, nodes, services and endpointslices.
 
-IP reuse: each IP keeps its tenures ``(pod, first_seen, deleted_at)``; deleted tenures stay
+IP reuse (:mod:`agent.k8s.pods`): each IP keeps its tenures ``(pod, first_seen, deleted_at)``; deleted tenures stay
 in a bounded :class:`cachetools.TTLCache` for ``grace_seconds`` so bytes counted just
 before a pod went away (or just before its IP went to a new pod) still go to the pod that
 owned the IP at that time. ``first_seen`` is when this cache learnt of the assignment (watch
@@ -46,8 +46,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from cachetools import TTLCache
 
 from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
 from agent.k8s.parse import (
@@ -77,6 +75,7 @@ from agent.k8s.parse import (
     slice_addresses,
     slice_service_label,
 )
+from agent.k8s.pods import PodTable, tagged_address_key
 from agent.k8s.services import DoorIndex, build_door_index
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
@@ -88,40 +87,9 @@ RESOURCES = ("pods", "nodes", "services", "endpointslices")
 ServiceKey = tuple[str, str]  # (namespace, name)
 
 
-_V6_TAG = 1 << 128
-
-
-def _tagged_address_key(ip: IPAddress) -> int:
-    """Index key of an address: its integer, IPv6 tagged with bit 128 so it never collides with IPv4.
-
-    Indexes are keyed by int, not by the address object: ``ipaddress`` hashes through
-    ``hex()``, which made lookups several times slower, and an int key shares the address
-    object's own integer instead of holding a second object. The key is non-negative, so
-    :func:`_epkey` can shift it left to pack port and protocol below it. (Attribution keys
-    its own per-drain caches differently, IPv6 as the complement; the two keys never meet.)
-    """
-    n = int(ip)
-    return n if ip.version == 4 else n | _V6_TAG
-
-
 def _epkey(ip: IPAddress, port: int, protocol: int) -> int:
     """Endpoint index key: address key, port (16 bits) and protocol (8 bits) in one int."""
-    return (_tagged_address_key(ip) << 24) | ((port & 0xFFFF) << 8) | (protocol & 0xFF)
-
-
-@dataclass(frozen=True, slots=True)
-class Tenure:
-    """One pod's hold on one IP.
-
-    Attributes:
-        pod: the pod.
-        first_seen: when the cache learnt of it (seconds since the epoch, cache clock).
-        deleted_at: when the pod (or its hold on the IP) went away, or None if current.
-    """
-
-    pod: PodRecord
-    first_seen: float
-    deleted_at: float | None
+    return (tagged_address_key(ip) << 24) | ((port & 0xFFFF) << 8) | (protocol & 0xFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,16 +150,12 @@ class ClusterMetadata:
         self._clock = clock
         self._lock = threading.RLock()
         # namespace -> name -> record: no (namespace, name) tuple per pod (8 MiB at 150k)
-        self._pods: dict[str, dict[str, PodRecord]] = {}
-        self._pod_count = 0
-        self._live_by_ip: dict[int, PodRecord] = {}
-        self._deleted: TTLCache[int, tuple[Tenure, ...]] = TTLCache(
-            maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
-        self._hostnet_by_ip: dict[int, str] = {}
         # resolve() results per address key; entries are dropped whenever the address's
         # pod or host-network pod changes, all of them on any node change; bounded
         self._memo: dict[int, Peer] = {}
         self._memo_max = 1 << 15
+        self._pod_table = PodTable(self.settings.grace_seconds, self.settings.max_deleted, clock,
+                                   self._memo)
         # endpoint_services() results; cleared on any Service or EndpointSlice change
         self._ep_memo: dict[int, tuple[ServicePort, ...]] = {}
         self._shared = SharedValues()
@@ -227,8 +191,6 @@ class ClusterMetadata:
         self._local_cache: dict[str, tuple[
             tuple[int, int, int], frozenset[tuple[IPAddress, int, int]],
             tuple[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]], ...]]] = {}
-        self._hostnet_gen = 0  # bumped whenever the host-network address set changes
-        self._released = 0  # bumped whenever a pod's tenure of an address ends
 
     # ------------------------------------------------------------------ writers
 
@@ -306,7 +268,7 @@ class ClusterMetadata:
             return False
         key = object_key(obj, resource)
         if resource == "pods":
-            old = self._pods.get(key[0], {}).get(key[1])
+            old = self._pod_table.get(key[0], key[1])
             if old is None:
                 return False
             rec = parse_pod(obj)
@@ -358,7 +320,7 @@ class ClusterMetadata:
 
     def _keys(self, resource: str) -> list[tuple[str, str]]:
         if resource == "pods":
-            return [(ns, name) for ns, names in self._pods.items() for name in names]
+            return self._pod_table.keys()
         if resource == "nodes":
             return [("", n) for n in self._nodes]
         if resource == "services":
@@ -383,19 +345,19 @@ class ClusterMetadata:
         if resource in ("services", "endpointslices"):
             self._ep_memo.clear()
         if resource == "pods":
-            self._upsert_pod(parse_pod(obj))
+            self._pod_table.upsert(parse_pod(obj))
         elif resource == "nodes":
             rec = parse_node(obj)
             node_entry = parse_node_entry(prune_node(obj, self._shared))
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
-                self._node_by_ip[_tagged_address_key(ip)] = rec.name
+                self._node_by_ip[tagged_address_key(ip)] = rec.name
             self._node_entries[rec.name] = node_entry
             for net in rec.pod_cidrs:
                 self._pod_cidr_ref(net, +1)
                 if net.num_addresses > 2:
-                    self._gateway_by_ip[_tagged_address_key(net.network_address + 1)] = rec.name
+                    self._gateway_by_ip[tagged_address_key(net.network_address + 1)] = rec.name
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
@@ -405,7 +367,7 @@ class ClusterMetadata:
             self._remove_service(key, keep_slot=True)
             self._services[key] = rec_s
             for ip in rec_s.cluster_ips:
-                self._cluster_ips[_tagged_address_key(ip)] = key
+                self._cluster_ips[tagged_address_key(ip)] = key
             self._service_entries[key] = svc_entry
             self._dirty.add(key)
         elif resource == "endpointslices":
@@ -417,13 +379,7 @@ class ClusterMetadata:
         if resource in ("services", "endpointslices"):
             self._ep_memo.clear()
         if resource == "pods":
-            names = self._pods.get(key[0])
-            rec = names.pop(key[1], None) if names is not None else None
-            if names is not None and not names:
-                del self._pods[key[0]]
-            if rec is not None:
-                self._pod_count -= 1
-                self._release(rec, rec.ips)
+            self._pod_table.delete(key[0], key[1])
         elif resource == "nodes":
             self._remove_node(key[1])
             self._node_entries.pop(key[1], None)
@@ -440,83 +396,17 @@ class ClusterMetadata:
 
     # pods ------------------------------------------------------------------
 
-    def _upsert_pod(self, rec: PodRecord) -> None:
-        now = self._clock()
-        names = self._pods.setdefault(rec.namespace, {})
-        old = names.get(rec.name)
-        memo = self._memo
-        old_ips = old.ips if old is not None and not old.terminal else ()
-        new_ips = rec.ips if not rec.terminal else ()
-        # a pod keeps its "since" while it keeps an address; a first address starts it
-        since = old.since if old is not None and old_ips and new_ips else now
-        rec = PodRecord(rec.namespace, rec.name, rec.node, rec.ips, rec.workload,
-                        rec.workload_kind, rec.host_network, rec.terminal, since)
-        names[rec.name] = rec
-        if old is None:
-            self._pod_count += 1
-        if old is not None:
-            if old.host_network:
-                self._release(old, old.ips)
-            else:
-                self._release(old, [ip for ip in old_ips if ip not in new_ips or rec.host_network])
-        if rec.host_network:
-            if rec.node:
-                for ip in rec.ips:
-                    k = _tagged_address_key(ip)
-                    self._hostnet_by_ip[k] = rec.node
-                    self._hostnet_gen += 1
-                    memo.pop(k, None)
-            return
-        live = self._live_by_ip
-        for ip in new_ips:
-            k = _tagged_address_key(ip)
-            memo.pop(k, None)
-            cur = live.get(k)
-            if cur is not None and (cur.namespace != rec.namespace or cur.name != rec.name):
-                if ip in old_ips:
-                    # this pod claimed the address before and another pod claimed it
-                    # since: a late update of the earlier holder (a terminating pod's
-                    # status still lists its released IP) must not take it back; that
-                    # buried the new pod for good, and once the grace ran out its bytes
-                    # went to unknown until its next update
-                    continue
-                # the IP went to another pod before we saw the old one go
-                self._bury(k, Tenure(cur, cur.since, now))
-            live[k] = rec
-
-    def _release(self, rec: PodRecord, ips: Iterable[IPAddress]) -> None:
-        now = self._clock()
-        for ip in ips:
-            k = _tagged_address_key(ip)
-            self._memo.pop(k, None)
-            if rec.host_network:
-                if self._hostnet_by_ip.get(k) == rec.node:
-                    del self._hostnet_by_ip[k]
-                    self._hostnet_gen += 1
-                continue
-            cur = self._live_by_ip.get(k)
-            if cur is not None and cur.namespace == rec.namespace and cur.name == rec.name:
-                del self._live_by_ip[k]
-                self._bury(k, Tenure(cur, cur.since, now))
-
-    def _bury(self, k: int, tenure: Tenure) -> None:
-        self._released += 1
-        self._memo.pop(k, None)
-        past = self._deleted.get(k, ())
-        # keep the newest few tenures per IP: enough for a reuse or two within the grace
-        self._deleted[k] = (past + (tenure,))[-4:]
-
     # nodes -----------------------------------------------------------------
 
     def _remove_node(self, name: str) -> None:
         old = self._nodes.pop(name, None)
         if old is not None:
             for ip in old.addresses:
-                if self._node_by_ip.get(_tagged_address_key(ip)) == name:
-                    del self._node_by_ip[_tagged_address_key(ip)]
+                if self._node_by_ip.get(tagged_address_key(ip)) == name:
+                    del self._node_by_ip[tagged_address_key(ip)]
             for net in old.pod_cidrs:
                 self._pod_cidr_ref(net, -1)
-                gw = _tagged_address_key(net.network_address + 1)
+                gw = tagged_address_key(net.network_address + 1)
                 if self._gateway_by_ip.get(gw) == name:
                     del self._gateway_by_ip[gw]
 
@@ -540,8 +430,8 @@ class ClusterMetadata:
         old = self._services.get(key) if keep_slot else self._services.pop(key, None)
         if old is not None:
             for ip in old.cluster_ips:
-                if self._cluster_ips.get(_tagged_address_key(ip)) == key:
-                    del self._cluster_ips[_tagged_address_key(ip)]
+                if self._cluster_ips.get(tagged_address_key(ip)) == key:
+                    del self._cluster_ips[tagged_address_key(ip)]
 
     # endpointslices --------------------------------------------------------
 
@@ -616,17 +506,18 @@ class ClusterMetadata:
         Returns:
             a Peer; never raises for any address.
         """
-        k = _tagged_address_key(ip)
+        k = tagged_address_key(ip)
         with self._lock:
             hit = self._memo.get(k)
             if hit is not None:
                 return hit
-            past = self._deleted.get(k)
-            owner = self._owner_at(k, at, past)
+            pods = self._pod_table
+            past = pods.deleted.get(k)
+            owner = pods.owner_at(k, at, past)
             if owner is not None:
                 peer = self._pod_peer(owner)
             else:
-                node_name = (self._node_by_ip.get(k) or self._hostnet_by_ip.get(k)
+                node_name = (self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
                              or self._gateway_by_ip.get(k))
                 if node_name is not None:
                     peer = self._node_peer(node_name)
@@ -643,24 +534,6 @@ class ClusterMetadata:
                     self._memo.clear()
                 self._memo[k] = peer
             return peer
-
-    def _owner_at(self, k: int, at: float | None,
-                  past: tuple[Tenure, ...] | None) -> PodRecord | None:
-        live = self._live_by_ip.get(k)
-        if not past:
-            return live
-        if at is None:
-            return live or past[-1].pod
-        for t in reversed(past):
-            if t.first_seen <= at < (t.deleted_at or float("inf")):
-                return t.pod
-        if live is not None and at >= live.since:
-            return live
-        # before anything we saw (or in a gap): the nearest earlier tenure, else the live one
-        earlier = [t for t in past if t.first_seen <= at]
-        if earlier:
-            return earlier[-1].pod
-        return live or past[0].pod
 
     def _pod_peer(self, pod: PodRecord) -> Peer:
         zone = region = None
@@ -690,8 +563,8 @@ class ClusterMetadata:
     def pod_at(self, ip: IPAddress, at: float | None = None) -> PodRecord | None:
         """Return the (non-host-network) pod holding ``ip`` at ``at`` (see :meth:`resolve`)."""
         with self._lock:
-            k = _tagged_address_key(ip)
-            return self._owner_at(k, at, self._deleted.get(k))
+            k = tagged_address_key(ip)
+            return self._pod_table.owner_at(k, at, self._pod_table.deleted.get(k))
 
     def node_of(self, ip: IPAddress, at: float | None = None) -> str | None:
         """Return the node name an address lives on (pod's node, or the node itself)."""
@@ -726,23 +599,8 @@ class ClusterMetadata:
         A kind-``Pod`` workload is one lookup; the others scan the pods of their
         namespace, once per namespace per call.
         """
-        want = set(workloads)
-        live: set[tuple[str, str, str]] = set()
-        scan: set[str] = set()
         with self._lock:
-            for ns, wl, kind in want:
-                if kind == "Pod":
-                    rec = self._pods.get(ns, {}).get(wl)
-                    if rec is not None and rec.workload == wl and rec.workload_kind == "Pod":
-                        live.add((ns, wl, kind))
-                else:
-                    scan.add(ns)
-            for ns in scan:
-                for rec in self._pods.get(ns, {}).values():
-                    key = (ns, rec.workload, rec.workload_kind)
-                    if key in want:
-                        live.add(key)
-        return live
+            return self._pod_table.live_workloads(set(workloads))
 
     def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
         """Return the Service ports an endpoint ``ip:port/protocol`` serves.
@@ -785,7 +643,7 @@ class ClusterMetadata:
         port (the number differs per endpoint). None when not a ClusterIP:port.
         """
         with self._lock:
-            key = self._cluster_ips.get(_tagged_address_key(ip))
+            key = self._cluster_ips.get(tagged_address_key(ip))
             if key is None:
                 return None
             rec = self._services.get(key)
@@ -809,7 +667,7 @@ class ClusterMetadata:
     def is_cluster_ip(self, ip: IPAddress) -> bool:
         """True when ``ip`` is some Service's ClusterIP (any port)."""
         with self._lock:
-            return _tagged_address_key(ip) in self._cluster_ips
+            return tagged_address_key(ip) in self._cluster_ips
 
     def local_endpoints(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
         """Return this node's Service endpoints for the datapath's endpoint map.
@@ -827,7 +685,7 @@ class ClusterMetadata:
             ``{(address, target port, IP protocol number)}``, port in host byte order.
         """
         with self._lock:
-            gen = (self._generation["endpointslices"], self._generation["nodes"], self._hostnet_gen)
+            gen = (self._generation["endpointslices"], self._generation["nodes"], self._pod_table.hostnet_gen)
             hit = self._local_cache.get(node_name)
             if hit is None or hit[0] != gen:
                 out: set[tuple[IPAddress, int, int]] = set()
@@ -839,13 +697,13 @@ class ClusterMetadata:
                     if not ports:
                         continue
                     for ip in slice_addresses(sl, node_name):
-                        k = _tagged_address_key(ip)
-                        if k in self._node_by_ip or k in self._hostnet_by_ip:
+                        k = tagged_address_key(ip)
+                        if k in self._node_by_ip or k in self._pod_table.hostnet_by_ip:
                             continue  # host-network endpoint: no veth, counted client-side
                         for port, proto, _name in ports:
                             out.add((ip, port, proto))
                     for ip in slice_addresses(sl, NO_NODE_NAME):
-                        nodeless.append((_tagged_address_key(ip), ip, ports))
+                        nodeless.append((tagged_address_key(ip), ip, ports))
                 hit = self._local_cache[node_name] = (gen, frozenset(out), tuple(nodeless))
             _, result, nodeless_eps = hit
             if not nodeless_eps:
@@ -853,7 +711,7 @@ class ClusterMetadata:
             # endpoints without nodeName (hand-written or mirrored slices): local when a
             # live pod on this node holds the address; looked up per call, pods change
             extra = {(ip, port, proto) for k, ip, ports in nodeless_eps
-                     if (pod := self._live_by_ip.get(k)) is not None and pod.node == node_name
+                     if (pod := self._pod_table.live_by_ip.get(k)) is not None and pod.node == node_name
                      and not pod.host_network for port, proto, _name in ports}
             return result | extra if extra else result
 
@@ -890,7 +748,7 @@ class ClusterMetadata:
         terminal, address changed, or another pod took it): the agent drains soon after,
         so the old owner's last bytes are attributed before the address can be reused."""
         with self._lock:
-            return self._released
+            return self._pod_table.released
 
     def generation(self, resource: str) -> int:
         """Return a counter that increases on every change to ``resource``."""
@@ -910,6 +768,6 @@ class ClusterMetadata:
     def counts(self) -> dict[str, int]:
         """Return object counts: pods, nodes, services, endpointslices, deleted_ips."""
         with self._lock:
-            return {"pods": self._pod_count, "nodes": len(self._nodes),
+            return {"pods": self._pod_table.count, "nodes": len(self._nodes),
                     "services": len(self._services), "endpointslices": len(self._slices),
-                    "deleted_ips": len(self._deleted)}
+                    "deleted_ips": len(self._pod_table.deleted)}
