@@ -57,7 +57,6 @@ from agent.k8s.parse import (
     PodRecord,
     ServiceEntry,
     ServiceRecord,
-    SharedValues,
     SliceEntry,
     SliceRecord,
     entry_key,
@@ -158,7 +157,6 @@ class ClusterMetadata:
                                    self._memo)
         # endpoint_services() results; cleared on any Service or EndpointSlice change
         self._ep_memo: dict[int, tuple[ServicePort, ...]] = {}
-        self._shared = SharedValues()
         self._nodes: dict[str, NodeRecord] = {}
         self._node_by_ip: dict[int, str] = {}
         #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
@@ -276,18 +274,18 @@ class ClusterMetadata:
         if resource == "nodes":
             old_n = self._nodes.get(key[1])
             return (old_n is not None and parse_node(obj) == old_n
-                    and entry_key(parse_node_entry(prune_node(obj, self._shared)))
+                    and entry_key(parse_node_entry(prune_node(obj)))
                     == entry_key(self._node_entries.get(key[1])))
         if resource == "services":
             old_s = self._services.get(key)
             return (old_s is not None and parse_service(obj) == old_s
-                    and entry_key(parse_service_entry(prune_service(obj, self._shared)))
+                    and entry_key(parse_service_entry(prune_service(obj)))
                     == entry_key(self._service_entries.get(key)))
         if resource == "endpointslices":
             old_e = self._slices.get(key)
             if old_e is None:
                 return False
-            pruned = prune_endpointslice(obj, self._shared)
+            pruned = prune_endpointslice(obj)
             return (parse_slice_record(pruned) == old_e
                     and entry_key(parse_slice_entry(pruned)) == entry_key(self._slice_entries.get(key))
                     and (key in self._slice_service) == bool(slice_service_label(obj)))
@@ -348,7 +346,7 @@ class ClusterMetadata:
             self._pod_table.upsert(parse_pod(obj))
         elif resource == "nodes":
             rec = parse_node(obj)
-            node_entry = parse_node_entry(prune_node(obj, self._shared))
+            node_entry = parse_node_entry(prune_node(obj))
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
@@ -362,7 +360,7 @@ class ClusterMetadata:
             self._dirty_all = True
         elif resource == "services":
             rec_s = parse_service(obj)
-            svc_entry = parse_service_entry(prune_service(obj, self._shared))
+            svc_entry = parse_service_entry(prune_service(obj))
             key = (rec_s.namespace, rec_s.name)
             self._remove_service(key, keep_slot=True)
             self._services[key] = rec_s
@@ -443,7 +441,7 @@ class ClusterMetadata:
         if obj.get("endpoints") is not None and not isinstance(obj.get("endpoints"), list):
             raise BadObject("endpoints is not a list")
         # everything that can fail happens before the first mutation
-        pruned = prune_endpointslice(obj, self._shared)
+        pruned = prune_endpointslice(obj)
         rec = parse_slice_record(pruned)
         model_entry = parse_slice_entry(pruned)
         ports = rec.ports

@@ -15,7 +15,6 @@ See docs/metadata.md (cache) and docs/hints.md (hint model).
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import sys
 from collections.abc import Mapping
@@ -357,72 +356,43 @@ def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def prune_node(obj: Mapping[str, Any], shared: SharedValues | None = None) -> dict[str, Any]:
+def prune_node(obj: Mapping[str, Any]) -> dict[str, Any]:
     """Return a Node without managedFields, annotations and status beyond what the hint
     model reads (``status.allocatable``, ``status.addresses``, and ``status.conditions``
-    cut to ``type``/``status``/``reason``: heartbeat timestamps only cost memory)."""
-    shared = shared or SharedValues()
+    cut to ``type``/``status``/``reason``): the form :func:`parse_node_entry` reads in the
+    cache (a ``status`` or ``conditions`` of the wrong type is dropped here, not refused)."""
     out = _prune_common(obj)
-    _share_labels(out["metadata"], shared)
+    _share_labels(out["metadata"])
     status = obj.get("status")
     if isinstance(status, dict):
         slim: dict[str, Any] = {}
         if "addresses" in status:
             slim["addresses"] = status["addresses"]
         if "allocatable" in status:
-            slim["allocatable"] = shared.get(status["allocatable"])
+            slim["allocatable"] = status["allocatable"]
         conds = status.get("conditions")
         if isinstance(conds, list):
-            slim["conditions"] = shared.get([
+            slim["conditions"] = [
                 {k: c[k] for k in ("type", "status", "reason") if k in c} if isinstance(c, dict) else c
-                for c in conds])
+                for c in conds]
         out["status"] = slim
     return out
 
 
-def prune_service(obj: Mapping[str, Any], shared: SharedValues | None = None) -> dict[str, Any]:
-    """Return a Service without managedFields and non-topology annotations (status kept)."""
-    shared = shared or SharedValues()
+def prune_service(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a Service without managedFields and non-topology annotations (status kept):
+    the form :func:`parse_service_entry` reads in the cache."""
     out = _prune_common(obj)
-    _share_labels(out["metadata"], shared)
-    spec = out.get("spec")
-    if isinstance(spec, dict) and isinstance(spec.get("ports"), list):
-        out["spec"] = {**spec, "ports": shared.get(spec["ports"])}  # port lists repeat a lot
+    _share_labels(out["metadata"])
     if "status" in obj:
-        out["status"] = shared.get(obj["status"])
+        out["status"] = obj["status"]
     return out
 
 
 _ENDPOINT_KEYS = ("addresses", "conditions", "hints", "nodeName", "zone")
 
 
-class SharedValues:
-    """Canonical copies of small JSON values that repeat across objects (endpoint
-    conditions and hints, node allocatable and conditions, labels): equal values become
-    one shared object, which is what keeps 150,000 endpoints affordable. Shared values
-    must never be mutated (the cache hands its dicts out read-only). Bounded: when full
-    it starts over (old objects stay valid, they just stop being shared)."""
-
-    __slots__ = ("_seen", "max_entries")
-
-    def __init__(self, max_entries: int = 100_000) -> None:
-        self._seen: dict[str, Any] = {}
-        self.max_entries = max_entries
-
-    def get(self, value: Any) -> Any:
-        try:
-            key = json.dumps(value, sort_keys=True, separators=(",", ":"))
-        except (TypeError, ValueError):
-            return value
-        hit = self._seen.get(key)
-        if hit is None:
-            if len(self._seen) >= self.max_entries:
-                self._seen.clear()
-            self._seen[key] = hit = value
-        return hit
-
-
-def _share_labels(meta: dict[str, Any], shared: SharedValues) -> None:
+def _share_labels(meta: dict[str, Any]) -> None:
     labels = meta.get("labels")
     if isinstance(labels, dict):
         # labels differ per object (hostname, service-name), so only their strings are
@@ -432,15 +402,11 @@ def _share_labels(meta: dict[str, Any], shared: SharedValues) -> None:
                           for k, v in labels.items()}
 
 
-def prune_endpointslice(obj: Mapping[str, Any], shared: SharedValues | None = None) -> dict[str, Any]:
+def prune_endpointslice(obj: Mapping[str, Any]) -> dict[str, Any]:
     """Return an EndpointSlice without managedFields, non-topology annotations and the
-    endpoints' ``targetRef``/``deprecatedTopology`` (the bulk of a large slice); repeated
-    ``conditions`` and ``hints`` values become shared read-only objects."""
-    shared = shared or SharedValues()
+    endpoints' ``targetRef``/``deprecatedTopology``: the form the cache parses."""
     out = _prune_common(obj)
-    _share_labels(out["metadata"], shared)
-    if isinstance(out.get("ports"), list):
-        out["ports"] = shared.get(out["ports"])
+    _share_labels(out["metadata"])
     eps = obj.get("endpoints")
     if isinstance(eps, list):
         slim = []
@@ -451,10 +417,6 @@ def prune_endpointslice(obj: Mapping[str, Any], shared: SharedValues | None = No
                     e["nodeName"] = sys.intern(e["nodeName"])
                 if isinstance(e.get("zone"), str):
                     e["zone"] = sys.intern(e["zone"])
-                if "conditions" in e:
-                    e["conditions"] = shared.get(e["conditions"])
-                if "hints" in e:
-                    e["hints"] = shared.get(e["hints"])
                 slim.append(e)
             else:
                 slim.append(ep)
