@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -58,7 +57,6 @@ from agent.k8s.parse import (
     ServiceEntry,
     ServiceRecord,
     SliceEntry,
-    SliceRecord,
     entry_key,
     object_key,
     parse_node,
@@ -75,7 +73,7 @@ from agent.k8s.parse import (
     slice_service_label,
 )
 from agent.k8s.pods import PodTable, tagged_address_key
-from agent.k8s.services import DoorIndex, build_door_index
+from agent.k8s.services import DoorIndex, SliceIndex, build_door_index, endpoint_key
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 log = logging.getLogger(__name__)
@@ -84,11 +82,6 @@ log = logging.getLogger(__name__)
 RESOURCES = ("pods", "nodes", "services", "endpointslices")
 
 ServiceKey = tuple[str, str]  # (namespace, name)
-
-
-def _epkey(ip: IPAddress, port: int, protocol: int) -> int:
-    """Endpoint index key: address key, port (16 bits) and protocol (8 bits) in one int."""
-    return (tagged_address_key(ip) << 24) | ((port & 0xFFFF) << 8) | (protocol & 0xFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +118,6 @@ class MetadataSettings:
 
 # ----------------------------------------------------------------------------- the cache
 
-#: one endpoint-index entry: (namespace, service, slice port name) served at (ip, port, proto)
-_EpEntry = tuple[str, str, str, str]  # (slice name, namespace, service, port name)
 
 
 class ClusterMetadata:
@@ -174,11 +165,7 @@ class ClusterMetadata:
         self._node_entries: dict[str, NodeEntry] = {}
         self._service_entries: dict[ServiceKey, ServiceEntry] = {}
         self._doors: tuple[int, DoorIndex] | None = None  # (services generation, index)
-        self._slices: dict[tuple[str, str], SliceRecord] = {}
-        self._slice_entries: dict[tuple[str, str], SliceEntry] = {}
-        self._slices_by_service: dict[ServiceKey, set[tuple[str, str]]] = {}
-        self._slice_service: dict[tuple[str, str], ServiceKey] = {}
-        self._ep_index: dict[int, tuple[_EpEntry, ...]] = {}
+        self._slice_index = SliceIndex()
         self._generation: dict[str, int] = {r: 0 for r in RESOURCES}
         self._dirty: set[ServiceKey] = set()
         self._dirty_all = False
@@ -282,13 +269,13 @@ class ClusterMetadata:
                     and entry_key(parse_service_entry(prune_service(obj)))
                     == entry_key(self._service_entries.get(key)))
         if resource == "endpointslices":
-            old_e = self._slices.get(key)
+            old_e = self._slice_index.slices.get(key)
             if old_e is None:
                 return False
             pruned = prune_endpointslice(obj)
             return (parse_slice_record(pruned) == old_e
-                    and entry_key(parse_slice_entry(pruned)) == entry_key(self._slice_entries.get(key))
-                    and (key in self._slice_service) == bool(slice_service_label(obj)))
+                    and entry_key(parse_slice_entry(pruned)) == entry_key(self._slice_index.entries.get(key))
+                    and (key in self._slice_index.service_of) == bool(slice_service_label(obj)))
         return False
 
     def load_snapshot(self, snap: Any, *, diff: bool = False) -> None:
@@ -324,7 +311,7 @@ class ClusterMetadata:
         if resource == "services":
             return list(self._service_entries)
         if resource == "endpointslices":
-            return list(self._slices)
+            return list(self._slice_index.slices)
         raise ValueError(f"unknown resource {resource!r}")
 
     def _count_bad(self, resource: str, obj: Any, err: Exception) -> None:
@@ -444,52 +431,12 @@ class ClusterMetadata:
         pruned = prune_endpointslice(obj)
         rec = parse_slice_record(pruned)
         model_entry = parse_slice_entry(pruned)
-        ports = rec.ports
-        addresses = slice_addresses(rec)
-        self._remove_slice(key)
-        if isinstance(svc_name, str) and svc_name:
-            svc = sys.intern(svc_name)
-            index = self._ep_index
-            for port, proto, name in ports:
-                # one shared 1-tuple per slice port: most endpoints back a single Service
-                entry: tuple[_EpEntry, ...] = ((key[1], key[0], svc, name),)
-                for ip in addresses:
-                    k = _epkey(ip, port, proto)
-                    have = index.get(k)
-                    index[k] = entry if have is None else have + entry
-            skey = (key[0], svc)
-            self._slice_service[key] = skey
-            self._slices_by_service.setdefault(skey, set()).add(key)
-            self._dirty.add(skey)
-        self._slices[key] = rec
-        self._slice_entries[key] = model_entry
+        self._dirty.update(self._slice_index.upsert(key, svc_name, rec, model_entry))
 
     def _remove_slice(self, key: tuple[str, str]) -> None:
-        old = self._slices.pop(key, None)
-        self._slice_entries.pop(key, None)
-        if old is None:
-            return
-        skey = self._slice_service.pop(key, None)
-        if skey is None:
-            return  # never indexed (no service-name label)
-        members = self._slices_by_service.get(skey)
-        if members is not None:
-            members.discard(key)
-            if not members:
-                del self._slices_by_service[skey]
-        self._dirty.add(skey)
-        index = self._ep_index
-        for ip in slice_addresses(old):
-            for port, proto, _name in old.ports:
-                k = _epkey(ip, port, proto)
-                entries = index.get(k)
-                if entries is None:
-                    continue
-                kept = tuple(e for e in entries if (e[1], e[0]) != key)
-                if kept:
-                    index[k] = kept
-                else:
-                    del index[k]
+        skey = self._slice_index.remove(key)
+        if skey is not None:
+            self._dirty.add(skey)
 
     # ------------------------------------------------------------------ readers
 
@@ -612,12 +559,12 @@ class ClusterMetadata:
         Returns:
             ServicePort records, sorted, without duplicates; empty when not an endpoint.
         """
-        ek = _epkey(ip, port, protocol)
+        ek = endpoint_key(ip, port, protocol)
         with self._lock:
             hit = self._ep_memo.get(ek)
             if hit is not None:
                 return hit
-            entries = self._ep_index.get(ek, ())
+            entries = self._slice_index.endpoints.get(ek, ())
             out: set[ServicePort] = set()
             for _slice, ns, svc, port_name in entries:
                 rec = self._services.get((ns, svc))
@@ -688,8 +635,8 @@ class ClusterMetadata:
             if hit is None or hit[0] != gen:
                 out: set[tuple[IPAddress, int, int]] = set()
                 nodeless: list[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]]] = []
-                for key, sl in self._slices.items():
-                    if key not in self._slice_service:
+                for key, sl in self._slice_index.slices.items():
+                    if key not in self._slice_index.service_of:
                         continue
                     ports = sl.ports
                     if not ports:
@@ -722,7 +669,7 @@ class ClusterMetadata:
         """
         with self._lock:
             return (list(self._node_entries.values()), list(self._service_entries.values()),
-                    list(self._slice_entries.values()))
+                    list(self._slice_index.entries.values()))
 
     def service_inputs(self, namespace: str, name: str) -> tuple[ServiceEntry | None, list[SliceEntry]]:
         """Return ``(service, its endpointslices)`` entries (slices sorted by
@@ -730,7 +677,8 @@ class ClusterMetadata:
         is not cached."""
         with self._lock:
             key = (namespace, name)
-            slices = [self._slice_entries[k] for k in sorted(self._slices_by_service.get(key, ()))]
+            index = self._slice_index
+            slices = [index.entries[k] for k in sorted(index.by_service.get(key, ()))]
             return self._service_entries.get(key), slices
 
     def take_dirty(self) -> DirtySet:
@@ -767,5 +715,5 @@ class ClusterMetadata:
         """Return object counts: pods, nodes, services, endpointslices, deleted_ips."""
         with self._lock:
             return {"pods": self._pod_table.count, "nodes": len(self._nodes),
-                    "services": len(self._services), "endpointslices": len(self._slices),
+                    "services": len(self._services), "endpointslices": len(self._slice_index.slices),
                     "deleted_ips": len(self._pod_table.deleted)}

@@ -29,7 +29,7 @@ def tagged_address_key(ip: IPAddress) -> int:
     Indexes are keyed by int, not by the address object: ``ipaddress`` hashes through
     ``hex()``, which made lookups several times slower, and an int key shares the address
     object's own integer instead of holding a second object. The key is non-negative, so
-    the cache's endpoint key can shift it left to pack port and protocol below it. (Attribution keys
+    :func:`agent.k8s.services.endpoint_key` can shift it left to pack port and protocol below it. (Attribution keys
     its own per-drain caches differently, IPv6 as the complement; the two keys never meet.)
     """
     n = int(ip)
