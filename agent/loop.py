@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.adapters import HintModel, MetadataAdapter
+from agent.hints import HintModel
+from agent.k8s import MetadataAdapter
 from agent.attribution import Attributor
 from agent.errors import InputError
 from agent.exporter import Exporter, ExportSnapshot

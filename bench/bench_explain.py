@@ -27,7 +27,8 @@ import resource
 import time
 from typing import Any
 
-from agent import explain, hints
+from agent import hints
+from agent.cli.explain import render_table
 from tests.fixtures import k8s
 
 
@@ -64,15 +65,15 @@ def main() -> None:
     a = ap.parse_args()
     t0 = time.perf_counter()
     nodes, svcs, slices = build(a.services, a.endpoints, a.nodes, a.zones)
-    gc.disable()  # as zonemeter explain does after loading its input (see agent/explain.py)
+    gc.disable()  # as zonemeter explain does after loading its input (see agent/cli/explain.py)
     t1 = time.perf_counter()
     c1 = time.process_time()
     diags = hints.evaluate_cluster(nodes, svcs, slices, strict=True)
     t2 = time.perf_counter()
-    text = explain.render_table(diags, "1.35")
+    text = render_table(diags, "1.35")
     t3 = time.perf_counter()
     c3 = time.process_time()
-    body = json.dumps(explain.to_document(diags, "1.35", "node-0"))
+    body = json.dumps(hints.to_document(diags, "1.35", "node-0"))
     t4 = time.perf_counter()
     load_s = None
     if not a.skip_load:

@@ -369,7 +369,8 @@ def churn(pods: int, retention: float, lifetime: float = 60.0, interval: float =
     import gc
     import tracemalloc
 
-    from agent.adapters import HintModel, MetadataAdapter
+    from agent.hints import HintModel
+    from agent.k8s import MetadataAdapter
     from agent.k8s.cache import ClusterMetadata
     from agent.k8s.snapshot import Snapshot
 

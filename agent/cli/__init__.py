@@ -24,7 +24,8 @@ from agent.errors import InputError, ZonemeterError
 VERB_MODULES: tuple[str, ...] = (
     "agent.cli.agent",
     "agent.cli.top",
-    "agent.explain",
+    "agent.cli.explain",
+    "agent.cli.whatif",
     "agent.cli.report",
     "tools.lab.cli",
     "tools.demo.cli",

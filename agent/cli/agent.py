@@ -26,10 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from agent import exporter as ex
-from agent.adapters import HintModel
 from agent.errors import InputError, RuntimeFailure
-from agent.hints import DEFAULT_VERSION
-from agent.k8s.cache import ClusterMetadata
+from agent.hints import DEFAULT_VERSION, HintModel
+from agent.k8s import ClusterMetadata
 from agent.logs import setup_logging
 from agent.loop import DEFAULT_INTERVAL, AgentLoop
 
@@ -314,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stop: Stopper) -> int:
     from agent.datapath import Datapath, DatapathConfig
-    from agent.explain import parse_feature_gates
+    from agent.hints import parse_feature_gates
     from agent.k8s.source import open_metadata
 
     _validate(args)

@@ -1,10 +1,11 @@
-"""Slim, thread-safe cache of Pods, Nodes, Services and EndpointSlices, and IP resolution.
+"""Thread-safe cache of Pods, Nodes, Services and EndpointSlices as parsed records, and IP resolution.
 
 Watch threads (:mod:`agent.k8s.watch`) or a snapshot file (:mod:`agent.k8s.snapshot`)
-write; the agent loop reads. Pods are kept only as slim records indexed by IP (the raw
-Pod objects are the bulk of a cluster's state and nobody downstream needs them). Nodes,
-Services and EndpointSlices are kept twice: slim indexes for resolution, and pruned raw
-dicts in the API's JSON shape for the hint model (:mod:`agent.hints`).
+write; the agent loop reads. Every object is parsed once, when it arrives, by
+:mod:`agent.k8s.parse`: into the cache's own records (pods by IP, node addresses and
+CIDRs, Service ports and doors, slice endpoints) and, for Nodes, Services and
+EndpointSlices, into the hint model's records (:meth:`ClusterMetadata.model_inputs`,
+read by :class:`agent.hints.HintModel`). No API dict is kept.
 
 Resolution order (:meth:`ClusterMetadata.resolve`):
 
@@ -27,7 +28,7 @@ Deployment ``<deployment>``: the Deployment controller names ReplicaSets that wa
 ``deployment.Name + "-" + podTemplateSpecHash``). ReplicaSets themselves are not watched:
 RBAC grants only pods, nodes, services and endpointslices.
 
-IP reuse: each IP keeps its tenures ``(pod, first_seen, deleted_at)``; deleted tenures stay
+IP reuse (:mod:`agent.k8s.pods`): each IP keeps its tenures ``(pod, first_seen, deleted_at)``; deleted tenures stay
 in a bounded :class:`cachetools.TTLCache` for ``grace_seconds`` so bytes counted just
 before a pod went away (or just before its IP went to a new pod) still go to the pod that
 owned the IP at that time. ``first_seen`` is when this cache learnt of the assignment (watch
@@ -38,172 +39,50 @@ Failed release their IPs (the kubelet and CNI reuse them) even though the object
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import json
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachetools import TTLCache
-
 from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
 from agent.logs import LogOnce
+from agent.k8s.parse import (
+    BAD_SHAPE,
+    NO_NODE_NAME,
+    BadObject,
+    NodeEntry,
+    NodeRecord,
+    PodRecord,
+    ServiceEntry,
+    ServiceRecord,
+    SliceEntry,
+    entry_key,
+    object_key,
+    parse_node,
+    parse_node_entry,
+    parse_pod,
+    parse_service,
+    parse_service_entry,
+    parse_slice_entry,
+    parse_slice_record,
+    prune_endpointslice,
+    prune_node,
+    prune_service,
+    slice_addresses,
+    slice_service_label,
+)
+from agent.k8s.pods import PodTable, tagged_address_key
+from agent.k8s.services import DoorIndex, SliceIndex, build_door_index, endpoint_key
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 log = logging.getLogger(__name__)
 
-ZONE_LABEL = "topology.kubernetes.io/zone"
-ZONE_LABEL_BETA = "failure-domain.beta.kubernetes.io/zone"
-REGION_LABEL = "topology.kubernetes.io/region"
-REGION_LABEL_BETA = "failure-domain.beta.kubernetes.io/region"
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
-
-#: annotations kept on pruned raw objects (the hint model reads them; everything else goes)
-KEPT_ANNOTATIONS = frozenset({
-    "service.kubernetes.io/topology-mode",
-    "service.kubernetes.io/topology-aware-hints",
-    "endpointslice.kubernetes.io/skip-mirror",
-})
-
 #: resource names used for per-kind state (synced flags, generations)
 RESOURCES = ("pods", "nodes", "services", "endpointslices")
 
-#: IANA protocol numbers of the protocols a Service port can name
-PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
-
 ServiceKey = tuple[str, str]  # (namespace, name)
-
-
-def _intern(value: Any) -> str | None:
-    return sys.intern(value) if isinstance(value, str) and value else None
-
-
-_V6_TAG = 1 << 128
-
-
-def _ikey(ip: IPAddress) -> int:
-    """Index key of an address: its integer, tagged so IPv6 never collides with IPv4.
-
-    Indexes are keyed by int, not by the address object: ``ipaddress`` hashes through
-    ``hex()``, which made lookups several times slower, and an int key shares the address
-    object's own integer instead of holding a second object.
-    """
-    n = int(ip)
-    return n if ip.version == 4 else n | _V6_TAG
-
-
-def _epkey(ip: IPAddress, port: int, protocol: int) -> int:
-    """Endpoint index key: address key, port (16 bits) and protocol (8 bits) in one int."""
-    return (_ikey(ip) << 24) | ((port & 0xFFFF) << 8) | (protocol & 0xFF)
-
-
-def _ip(value: Any) -> IPAddress | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return ipaddress.ip_address(value)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    """The slice of a Pod the agent needs.
-
-    Attributes:
-        namespace, name: the pod.
-        node: ``spec.nodeName`` (None while unscheduled).
-        ips: ``status.podIPs`` (falls back to ``status.podIP``).
-        workload, workload_kind: owning workload after walking ReplicaSet -> Deployment;
-            the pod itself (kind ``Pod``) when it has no owner.
-        host_network: ``spec.hostNetwork``.
-        terminal: phase Succeeded or Failed (its IPs are released).
-        since: when the cache first saw the pod holding its IPs (seconds since the epoch,
-            cache clock); 0.0 straight out of :func:`parse_pod`.
-    """
-
-    namespace: str
-    name: str
-    node: str | None
-    ips: tuple[IPAddress, ...]
-    workload: str
-    workload_kind: str
-    host_network: bool
-    terminal: bool
-    since: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
-    """The slice of a Node the agent needs.
-
-    Attributes:
-        name: the node.
-        zone: ``topology.kubernetes.io/zone`` (fallback ``failure-domain.beta...``), or None.
-        region: ``topology.kubernetes.io/region`` (same fallback), or None.
-        addresses: InternalIP and ExternalIP addresses.
-        pod_cidrs: ``spec.podCIDRs`` (or ``spec.podCIDR``).
-    """
-
-    name: str
-    zone: str | None
-    region: str | None
-    addresses: tuple[IPAddress, ...]
-    pod_cidrs: tuple[IPNetwork, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ServicePortSpec:
-    """One entry of ``Service.spec.ports``.
-
-    Attributes:
-        name: the port's name ("" when unnamed).
-        port: the Service port number.
-        protocol: IP protocol number.
-        target_port: numeric ``targetPort`` (defaults to ``port``), or 0 when it names a
-            container port (resolved per endpoint by EndpointSlices).
-    """
-
-    name: str
-    port: int
-    protocol: int
-    target_port: int
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceRecord:
-    """The slice of a Service the agent needs.
-
-    Attributes:
-        namespace, name: the Service.
-        cluster_ips: ``spec.clusterIPs`` (or ``spec.clusterIP``); empty for headless.
-        ports: ``spec.ports``.
-    """
-
-    namespace: str
-    name: str
-    cluster_ips: tuple[IPAddress, ...]
-    ports: tuple[ServicePortSpec, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Tenure:
-    """One pod's hold on one IP.
-
-    Attributes:
-        pod: the pod.
-        first_seen: when the cache learnt of it (seconds since the epoch, cache clock).
-        deleted_at: when the pod (or its hold on the IP) went away, or None if current.
-    """
-
-    pod: PodRecord
-    first_seen: float
-    deleted_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,377 +117,8 @@ class MetadataSettings:
     extra_pod_cidrs: tuple[IPNetwork, ...] = field(default_factory=tuple)
 
 
-class BadObject(ValueError):
-    """An API object this cache cannot use (counted and logged once, never fatal)."""
-
-
-#: what parsing an object of unexpected shape can raise (all mean "skip this object")
-_BAD_SHAPE = (BadObject, AttributeError, TypeError, ValueError, KeyError, IndexError)
-
-
-# ----------------------------------------------------------------------------- parsing
-
-def _sub(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """Return ``obj[key]`` when it is an object, else an empty dict."""
-    value = obj.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
-        raise BadObject("metadata.name missing")
-    return meta
-
-
-def _labels(meta: Mapping[str, Any]) -> Mapping[str, Any]:
-    labels = meta.get("labels")
-    return labels if isinstance(labels, dict) else {}
-
-
-def workload_of(meta: Mapping[str, Any]) -> tuple[str, str]:
-    """Return ``(workload, kind)`` of a Pod from its metadata.
-
-    The controller ownerReference (else the first one) names the workload; a ReplicaSet
-    named ``<deployment>-<pod-template-hash label>`` maps to Deployment ``<deployment>``
-    (Deployment controller naming, ``pkg/controller/deployment/sync.go``). Without owners
-    the pod is its own workload (kind ``Pod``).
-    """
-    owners = meta.get("ownerReferences")
-    owner: Mapping[str, Any] | None = None
-    if isinstance(owners, list):
-        refs = [o for o in owners if isinstance(o, dict) and isinstance(o.get("name"), str)]
-        owner = next((o for o in refs if o.get("controller") is True), refs[0] if refs else None)
-    if owner is None:
-        return str(meta.get("name")), "Pod"
-    kind = str(owner.get("kind") or "unknown")
-    name = str(owner["name"])
-    if kind == "ReplicaSet":
-        tmpl_hash = _labels(meta).get(POD_TEMPLATE_HASH_LABEL)
-        if isinstance(tmpl_hash, str) and tmpl_hash and name.endswith("-" + tmpl_hash):
-            return name[: -len(tmpl_hash) - 1], "Deployment"
-    return name, kind
-
-
-def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
-    """Slim a Pod (API JSON shape) into a :class:`PodRecord`.
-
-    Raises:
-        BadObject: metadata.name missing or the object is not a mapping.
-    """
-    meta = _meta(obj)
-    spec = _sub(obj, "spec")
-    status = _sub(obj, "status")
-    ips: list[IPAddress] = []
-    pod_ips = status.get("podIPs")
-    if isinstance(pod_ips, list):
-        for entry in pod_ips:
-            ip = _ip(entry.get("ip")) if isinstance(entry, dict) else None
-            if ip is not None and ip not in ips:
-                ips.append(ip)
-    if not ips:
-        ip = _ip(status.get("podIP"))
-        if ip is not None:
-            ips.append(ip)
-    workload, kind = workload_of(meta)
-    return PodRecord(
-        namespace=_intern(meta.get("namespace")) or "default",
-        name=meta["name"],
-        node=_intern(spec.get("nodeName")),
-        ips=tuple(ips),
-        workload=sys.intern(workload),
-        workload_kind=sys.intern(kind),
-        host_network=spec.get("hostNetwork") is True,
-        terminal=status.get("phase") in ("Succeeded", "Failed"),
-    )
-
-
-def _label2(labels: Mapping[str, Any], first: str, second: str) -> str | None:
-    value = labels.get(first)
-    if not isinstance(value, str) or not value:
-        value = labels.get(second)
-    return _intern(value)
-
-
-def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
-    """Slim a Node into a :class:`NodeRecord` (zone and region labels with beta fallback).
-
-    Raises:
-        BadObject: metadata.name missing.
-    """
-    meta = _meta(obj)
-    labels = _labels(meta)
-    spec = _sub(obj, "spec")
-    status = _sub(obj, "status")
-    addrs: list[IPAddress] = []
-    for entry in status.get("addresses") or ():
-        if isinstance(entry, dict) and entry.get("type") in ("InternalIP", "ExternalIP"):
-            ip = _ip(entry.get("address"))
-            if ip is not None and ip not in addrs:
-                addrs.append(ip)
-    cidrs: list[IPNetwork] = []
-    raw_cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
-    for c in raw_cidrs if isinstance(raw_cidrs, list) else ():
-        if not isinstance(c, str):  # ip_network(True) would be 0.0.0.1/32
-            continue
-        try:
-            cidrs.append(ipaddress.ip_network(c, strict=False))
-        except (ValueError, TypeError):
-            continue
-    return NodeRecord(
-        name=sys.intern(meta["name"]),
-        zone=_label2(labels, ZONE_LABEL, ZONE_LABEL_BETA),
-        region=_label2(labels, REGION_LABEL, REGION_LABEL_BETA),
-        addresses=tuple(addrs),
-        pod_cidrs=tuple(cidrs),
-    )
-
-
-def protocol_number(value: Any) -> int:
-    """Map a Kubernetes protocol name (default TCP) to its IANA number.
-
-    Raises:
-        BadObject: an unknown protocol name.
-    """
-    if value is None:
-        return 6
-    try:
-        return PROTOCOLS[value]
-    except (KeyError, TypeError):
-        raise BadObject(f"unknown protocol {value!r}") from None
-
-
-def _port_number(value: Any) -> bool:
-    """True for an int port 1..65535 (bool excluded)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 65535
-
-
-def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
-    """Slim a Service into a :class:`ServiceRecord`.
-
-    Raises:
-        BadObject: metadata.name missing, a port without a number, an unknown protocol.
-    """
-    meta = _meta(obj)
-    spec = _sub(obj, "spec")
-    ips: list[IPAddress] = []
-    for raw in spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else []):
-        ip = _ip(raw)  # "None" (headless) is not an address and drops out here
-        if ip is not None and ip not in ips:
-            ips.append(ip)
-    ports: list[ServicePortSpec] = []
-    for i, p in enumerate(spec.get("ports") or ()):
-        # JSON true is an int to Python, and would become port 1 labelled "True"; a port
-        # outside 1..65535 would become a label no Service can have (the API refuses both)
-        if not isinstance(p, dict) or not _port_number(p.get("port")):
-            raise BadObject(f"spec.ports[{i}].port missing or not a port number 1..65535")
-        target: Any = p.get("targetPort", p["port"])
-        if isinstance(target, str) and target.isascii() and target.isdigit():
-            target = int(target)
-        ports.append(ServicePortSpec(
-            name=sys.intern(str(p.get("name") or "")),
-            port=p["port"],
-            protocol=protocol_number(p.get("protocol")),
-            target_port=target if _port_number(target) else 0,  # 0: named, per endpoint
-        ))
-    return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
-                         name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports))
-
-
-def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-    meta = obj.get("metadata") or {}
-    slim_meta = {k: v for k, v in meta.items()
-                 if k in ("name", "namespace", "labels", "uid", "resourceVersion", "generation",
-                          "ownerReferences", "creationTimestamp", "deletionTimestamp")}
-    ann = meta.get("annotations")
-    if isinstance(ann, dict):
-        kept = {k: v for k, v in ann.items() if k in KEPT_ANNOTATIONS}
-        if kept:
-            slim_meta["annotations"] = kept
-    out["metadata"] = slim_meta
-    return out
-
-
-def prune_node(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
-    """Return a Node without managedFields, annotations and status beyond what the hint
-    model reads (``status.allocatable``, ``status.addresses``, and ``status.conditions``
-    cut to ``type``/``status``/``reason``: heartbeat timestamps only cost memory)."""
-    shared = shared or _Shared()
-    out = _prune_common(obj)
-    _share_labels(out["metadata"], shared)
-    status = obj.get("status")
-    if isinstance(status, dict):
-        slim: dict[str, Any] = {}
-        if "addresses" in status:
-            slim["addresses"] = status["addresses"]
-        if "allocatable" in status:
-            slim["allocatable"] = shared.get(status["allocatable"])
-        conds = status.get("conditions")
-        if isinstance(conds, list):
-            slim["conditions"] = shared.get([
-                {k: c[k] for k in ("type", "status", "reason") if k in c} if isinstance(c, dict) else c
-                for c in conds])
-        out["status"] = slim
-    return out
-
-
-def prune_service(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
-    """Return a Service without managedFields and non-topology annotations (status kept)."""
-    shared = shared or _Shared()
-    out = _prune_common(obj)
-    _share_labels(out["metadata"], shared)
-    spec = out.get("spec")
-    if isinstance(spec, dict) and isinstance(spec.get("ports"), list):
-        out["spec"] = {**spec, "ports": shared.get(spec["ports"])}  # port lists repeat a lot
-    if "status" in obj:
-        out["status"] = shared.get(obj["status"])
-    return out
-
-
-_ENDPOINT_KEYS = ("addresses", "conditions", "hints", "nodeName", "zone")
-
-
-class _Shared:
-    """Canonical copies of small JSON values that repeat across objects (endpoint
-    conditions and hints, node allocatable and conditions, labels): equal values become
-    one shared object, which is what keeps 150,000 endpoints affordable. Shared values
-    must never be mutated (the cache hands its dicts out read-only). Bounded: when full
-    it starts over (old objects stay valid, they just stop being shared)."""
-
-    __slots__ = ("_seen", "max_entries")
-
-    def __init__(self, max_entries: int = 100_000) -> None:
-        self._seen: dict[str, Any] = {}
-        self.max_entries = max_entries
-
-    def get(self, value: Any) -> Any:
-        try:
-            key = json.dumps(value, sort_keys=True, separators=(",", ":"))
-        except (TypeError, ValueError):
-            return value
-        hit = self._seen.get(key)
-        if hit is None:
-            if len(self._seen) >= self.max_entries:
-                self._seen.clear()
-            self._seen[key] = hit = value
-        return hit
-
-
-def _share_labels(meta: dict[str, Any], shared: _Shared) -> None:
-    labels = meta.get("labels")
-    if isinstance(labels, dict):
-        # labels differ per object (hostname, service-name), so only their strings are
-        # shared (interned), not the dicts
-        meta["labels"] = {sys.intern(k) if isinstance(k, str) else k:
-                          sys.intern(v) if isinstance(v, str) and len(v) < 128 else v
-                          for k, v in labels.items()}
-
-
-def prune_endpointslice(obj: Mapping[str, Any], shared: _Shared | None = None) -> dict[str, Any]:
-    """Return an EndpointSlice without managedFields, non-topology annotations and the
-    endpoints' ``targetRef``/``deprecatedTopology`` (the bulk of a large slice); repeated
-    ``conditions`` and ``hints`` values become shared read-only objects."""
-    shared = shared or _Shared()
-    out = _prune_common(obj)
-    _share_labels(out["metadata"], shared)
-    if isinstance(out.get("ports"), list):
-        out["ports"] = shared.get(out["ports"])
-    eps = obj.get("endpoints")
-    if isinstance(eps, list):
-        slim = []
-        for ep in eps:
-            if isinstance(ep, dict):
-                e = {k: ep[k] for k in _ENDPOINT_KEYS if k in ep}
-                if isinstance(e.get("nodeName"), str):
-                    e["nodeName"] = sys.intern(e["nodeName"])
-                if isinstance(e.get("zone"), str):
-                    e["zone"] = sys.intern(e["zone"])
-                if "conditions" in e:
-                    e["conditions"] = shared.get(e["conditions"])
-                if "hints" in e:
-                    e["hints"] = shared.get(e["hints"])
-                slim.append(e)
-            else:
-                slim.append(ep)
-        out["endpoints"] = slim
-    return out
-
-
-def _key(obj: Mapping[str, Any], resource: str | None = None) -> tuple[str, str]:
-    """``(namespace, name)`` under which the cache files ``obj`` of ``resource``.
-
-    Nodes are cluster-scoped: ``("", name)`` whatever the object says. Namespaced kinds
-    without a namespace (a hand-written snapshot) are filed under ``"default"``, the
-    namespace the API server would have put them in and the one :func:`parse_pod`,
-    :func:`parse_service` and the hint model use; a key of ``""`` here made a list (or a
-    snapshot load) delete the pod or Service it had just added, and a DELETED event miss it.
-    """
-    meta = _meta(obj)
-    if resource == "nodes":
-        return "", meta["name"]
-    ns = meta.get("namespace")
-    return (ns if isinstance(ns, str) and ns else "default"), meta["name"]
-
-
-def _slice_ports(sl: Mapping[str, Any]) -> list[tuple[int, int, str]]:
-    """``[(port, protocol number, name)]`` of a slice's usable ports (nil ports, which mean
-    "all ports", out-of-range ports and unknown protocols are skipped)."""
-    out = []
-    ports = sl.get("ports")
-    for p in ports if isinstance(ports, list) else ():
-        if not isinstance(p, dict):
-            continue
-        port = p.get("port")
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
-            continue
-        try:
-            proto = protocol_number(p.get("protocol"))
-        except BadObject:
-            continue
-        name = p.get("name")
-        out.append((port, proto, sys.intern(name) if isinstance(name, str) else ""))
-    return out
-
-
-#: ``_slice_addresses(node_name=NO_NODE_NAME)``: the endpoints that have no ``nodeName``
-NO_NODE_NAME = "\x00no-node-name"
-
-
-def _slice_addresses(sl: Mapping[str, Any], node_name: str | None = None) -> list[IPAddress]:
-    """Distinct IP addresses of a slice's endpoints (FQDN slices and malformed addresses
-    skipped); with ``node_name``, only endpoints on that node (:data:`NO_NODE_NAME`: those
-    without ``nodeName``) that are ready or serving (nil counts as true, as the
-    EndpointSlice API defines)."""
-    out: list[IPAddress] = []
-    seen: set[int] = set()
-    if sl.get("addressType") == "FQDN":
-        # "10.0.1.5" is also a valid FQDN address (a DNS subdomain), and kube-proxy ignores
-        # FQDN slices (it reads IPv4/IPv6 ones only): such a slice names no IP endpoint
-        return out
-    eps = sl.get("endpoints")
-    for ep in eps if isinstance(eps, list) else ():
-        if not isinstance(ep, dict):
-            continue
-        if node_name is not None:
-            if (ep.get("nodeName") or NO_NODE_NAME) != node_name:
-                continue
-            cond = _sub(ep, "conditions")
-            if cond.get("ready") is False and cond.get("serving", False) is False:
-                continue
-        addrs = ep.get("addresses")
-        for a in addrs if isinstance(addrs, list) else ():
-            ip = _ip(a)
-            if ip is not None and _ikey(ip) not in seen:
-                seen.add(_ikey(ip))
-                out.append(ip)
-    return out
-
-
 # ----------------------------------------------------------------------------- the cache
 
-#: one endpoint-index entry: (namespace, service, slice port name) served at (ip, port, proto)
-_EpEntry = tuple[str, str, str, str]  # (slice name, namespace, service, port name)
 
 
 class ClusterMetadata:
@@ -616,7 +126,7 @@ class ClusterMetadata:
 
     Writers: :meth:`apply` (one watch event), :meth:`replace` (a full list),
     :meth:`load_snapshot`. Readers: :meth:`resolve`, :meth:`endpoint_services`,
-    :meth:`service_address`, :meth:`local_endpoints`, :meth:`raw_objects`,
+    :meth:`service_address`, :meth:`local_endpoints`, :meth:`model_inputs`,
     :meth:`take_dirty`, :meth:`synced`. All methods may be called from any thread.
 
     Args:
@@ -631,19 +141,14 @@ class ClusterMetadata:
         self._clock = clock
         self._lock = threading.RLock()
         # namespace -> name -> record: no (namespace, name) tuple per pod (8 MiB at 150k)
-        self._pods: dict[str, dict[str, PodRecord]] = {}
-        self._pod_count = 0
-        self._live_by_ip: dict[int, PodRecord] = {}
-        self._deleted: TTLCache[int, tuple[Tenure, ...]] = TTLCache(
-            maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
-        self._hostnet_by_ip: dict[int, str] = {}
         # resolve() results per address key; entries are dropped whenever the address's
         # pod or host-network pod changes, all of them on any node change; bounded
         self._memo: dict[int, Peer] = {}
         self._memo_max = 1 << 15
+        self._pod_table = PodTable(self.settings.grace_seconds, self.settings.max_deleted, clock,
+                                   self._memo)
         # endpoint_services() results; cleared on any Service or EndpointSlice change
         self._ep_memo: dict[int, tuple[ServicePort, ...]] = {}
-        self._shared = _Shared()
         self._nodes: dict[str, NodeRecord] = {}
         self._node_by_ip: dict[int, str] = {}
         #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
@@ -656,12 +161,12 @@ class ClusterMetadata:
             (z.network, z) for z in self.settings.zone_cidrs)
         self._services: dict[ServiceKey, ServiceRecord] = {}
         self._cluster_ips: dict[int, ServiceKey] = {}
-        self._raw_nodes: dict[str, dict[str, Any]] = {}
-        self._raw_services: dict[ServiceKey, dict[str, Any]] = {}
-        self._raw_slices: dict[tuple[str, str], dict[str, Any]] = {}
-        self._slices_by_service: dict[ServiceKey, set[tuple[str, str]]] = {}
-        self._slice_service: dict[tuple[str, str], ServiceKey] = {}
-        self._ep_index: dict[int, tuple[_EpEntry, ...]] = {}
+        # the hint model's records (agent.k8s.parse NodeEntry/ServiceEntry/SliceEntry), in
+        # the order the objects arrived (a replaced object keeps its slot)
+        self._node_entries: dict[str, NodeEntry] = {}
+        self._service_entries: dict[ServiceKey, ServiceEntry] = {}
+        self._doors: tuple[int, DoorIndex] | None = None  # (services generation, index)
+        self._slice_index = SliceIndex()
         self._generation: dict[str, int] = {r: 0 for r in RESOURCES}
         self._dirty: set[ServiceKey] = set()
         self._dirty_all = False
@@ -672,8 +177,6 @@ class ClusterMetadata:
         self._local_cache: dict[str, tuple[
             tuple[int, int, int], frozenset[tuple[IPAddress, int, int]],
             tuple[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]], ...]]] = {}
-        self._hostnet_gen = 0  # bumped whenever the host-network address set changes
-        self._released = 0  # bumped whenever a pod's tenure of an address ends
 
     # ------------------------------------------------------------------ writers
 
@@ -692,10 +195,10 @@ class ClusterMetadata:
                 if event_type in ("ADDED", "MODIFIED"):
                     self._upsert(resource, obj)
                 elif event_type == "DELETED":
-                    self._delete(resource, _key(obj, resource))
+                    self._delete(resource, object_key(obj, resource))
                 else:
                     return
-            except _BAD_SHAPE as err:
+            except BAD_SHAPE as err:
                 self._count_bad(resource, obj, err)
                 return
             self._generation[resource] += 1
@@ -738,20 +241,20 @@ class ClusterMetadata:
         with self._lock:
             for obj in batch:
                 try:
-                    seen.add(_key(obj, resource))
+                    seen.add(object_key(obj, resource))
                     if not relist and self._unchanged(resource, obj):
                         continue
                     self._upsert(resource, obj)
-                except _BAD_SHAPE as err:
+                except BAD_SHAPE as err:
                     self._count_bad(resource, obj, err)
 
     def _unchanged(self, resource: str, obj: Mapping[str, Any]) -> bool:
         """True when ``obj`` would not change what the cache holds for it (diff reload)."""
         if not isinstance(obj, Mapping):
             return False
-        key = _key(obj, resource)
+        key = object_key(obj, resource)
         if resource == "pods":
-            old = self._pods.get(key[0], {}).get(key[1])
+            old = self._pod_table.get(key[0], key[1])
             if old is None:
                 return False
             rec = parse_pod(obj)
@@ -759,16 +262,21 @@ class ClusterMetadata:
         if resource == "nodes":
             old_n = self._nodes.get(key[1])
             return (old_n is not None and parse_node(obj) == old_n
-                    and prune_node(obj, self._shared) == self._raw_nodes.get(key[1]))
+                    and entry_key(parse_node_entry(prune_node(obj)))
+                    == entry_key(self._node_entries.get(key[1])))
         if resource == "services":
             old_s = self._services.get(key)
             return (old_s is not None and parse_service(obj) == old_s
-                    and prune_service(obj, self._shared) == self._raw_services.get(key))
+                    and entry_key(parse_service_entry(prune_service(obj)))
+                    == entry_key(self._service_entries.get(key)))
         if resource == "endpointslices":
-            old_e = self._raw_slices.get(key)
-            return (old_e is not None and prune_endpointslice(obj, self._shared) == old_e
-                    and (key in self._slice_service) == bool(
-                        _labels(_meta(obj)).get(SERVICE_NAME_LABEL)))
+            old_e = self._slice_index.slices.get(key)
+            if old_e is None:
+                return False
+            pruned = prune_endpointslice(obj)
+            return (parse_slice_record(pruned) == old_e
+                    and entry_key(parse_slice_entry(pruned)) == entry_key(self._slice_index.entries.get(key))
+                    and (key in self._slice_index.service_of) == bool(slice_service_label(obj)))
         return False
 
     def load_snapshot(self, snap: Any, *, diff: bool = False) -> None:
@@ -798,20 +306,20 @@ class ClusterMetadata:
 
     def _keys(self, resource: str) -> list[tuple[str, str]]:
         if resource == "pods":
-            return [(ns, name) for ns, names in self._pods.items() for name in names]
+            return self._pod_table.keys()
         if resource == "nodes":
             return [("", n) for n in self._nodes]
         if resource == "services":
-            return list(self._raw_services)
+            return list(self._service_entries)
         if resource == "endpointslices":
-            return list(self._raw_slices)
+            return list(self._slice_index.slices)
         raise ValueError(f"unknown resource {resource!r}")
 
     def _count_bad(self, resource: str, obj: Any, err: Exception) -> None:
         self._bad[resource] = self._bad.get(resource, 0) + 1
         try:
-            key = _key(obj, resource)
-        except _BAD_SHAPE:
+            key = object_key(obj, resource)
+        except BAD_SHAPE:
             key = ("?", "?")
         self._bad_once((resource, key), logging.WARNING, "skipping bad %s %s/%s: %s",
                        resource, key[0], key[1], err)
@@ -822,30 +330,30 @@ class ClusterMetadata:
         if resource in ("services", "endpointslices"):
             self._ep_memo.clear()
         if resource == "pods":
-            self._upsert_pod(parse_pod(obj))
+            self._pod_table.upsert(parse_pod(obj))
         elif resource == "nodes":
             rec = parse_node(obj)
-            raw = prune_node(obj, self._shared)
+            node_entry = parse_node_entry(prune_node(obj))
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
-                self._node_by_ip[_ikey(ip)] = rec.name
-            self._raw_nodes[rec.name] = raw
+                self._node_by_ip[tagged_address_key(ip)] = rec.name
+            self._node_entries[rec.name] = node_entry
             for net in rec.pod_cidrs:
                 self._pod_cidr_ref(net, +1)
                 if net.num_addresses > 2:
-                    self._gateway_by_ip[_ikey(net.network_address + 1)] = rec.name
+                    self._gateway_by_ip[tagged_address_key(net.network_address + 1)] = rec.name
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
             rec_s = parse_service(obj)
-            raw_s = prune_service(obj, self._shared)
+            svc_entry = parse_service_entry(prune_service(obj))
             key = (rec_s.namespace, rec_s.name)
-            self._remove_service(key)
+            self._remove_service(key, keep_slot=True)
             self._services[key] = rec_s
             for ip in rec_s.cluster_ips:
-                self._cluster_ips[_ikey(ip)] = key
-            self._raw_services[key] = raw_s
+                self._cluster_ips[tagged_address_key(ip)] = key
+            self._service_entries[key] = svc_entry
             self._dirty.add(key)
         elif resource == "endpointslices":
             self._upsert_slice(obj)
@@ -856,21 +364,15 @@ class ClusterMetadata:
         if resource in ("services", "endpointslices"):
             self._ep_memo.clear()
         if resource == "pods":
-            names = self._pods.get(key[0])
-            rec = names.pop(key[1], None) if names is not None else None
-            if names is not None and not names:
-                del self._pods[key[0]]
-            if rec is not None:
-                self._pod_count -= 1
-                self._release(rec, rec.ips)
+            self._pod_table.delete(key[0], key[1])
         elif resource == "nodes":
             self._remove_node(key[1])
-            self._raw_nodes.pop(key[1], None)
+            self._node_entries.pop(key[1], None)
             self._memo.clear()
             self._dirty_all = True
         elif resource == "services":
             self._remove_service(key)
-            self._raw_services.pop(key, None)
+            self._service_entries.pop(key, None)
             self._dirty.add(key)
         elif resource == "endpointslices":
             self._remove_slice(key)
@@ -879,83 +381,17 @@ class ClusterMetadata:
 
     # pods ------------------------------------------------------------------
 
-    def _upsert_pod(self, rec: PodRecord) -> None:
-        now = self._clock()
-        names = self._pods.setdefault(rec.namespace, {})
-        old = names.get(rec.name)
-        memo = self._memo
-        old_ips = old.ips if old is not None and not old.terminal else ()
-        new_ips = rec.ips if not rec.terminal else ()
-        # a pod keeps its "since" while it keeps an address; a first address starts it
-        since = old.since if old is not None and old_ips and new_ips else now
-        rec = PodRecord(rec.namespace, rec.name, rec.node, rec.ips, rec.workload,
-                        rec.workload_kind, rec.host_network, rec.terminal, since)
-        names[rec.name] = rec
-        if old is None:
-            self._pod_count += 1
-        if old is not None:
-            if old.host_network:
-                self._release(old, old.ips)
-            else:
-                self._release(old, [ip for ip in old_ips if ip not in new_ips or rec.host_network])
-        if rec.host_network:
-            if rec.node:
-                for ip in rec.ips:
-                    k = _ikey(ip)
-                    self._hostnet_by_ip[k] = rec.node
-                    self._hostnet_gen += 1
-                    memo.pop(k, None)
-            return
-        live = self._live_by_ip
-        for ip in new_ips:
-            k = _ikey(ip)
-            memo.pop(k, None)
-            cur = live.get(k)
-            if cur is not None and (cur.namespace != rec.namespace or cur.name != rec.name):
-                if ip in old_ips:
-                    # this pod claimed the address before and another pod claimed it
-                    # since: a late update of the earlier holder (a terminating pod's
-                    # status still lists its released IP) must not take it back; that
-                    # buried the new pod for good, and once the grace ran out its bytes
-                    # went to unknown until its next update
-                    continue
-                # the IP went to another pod before we saw the old one go
-                self._bury(k, Tenure(cur, cur.since, now))
-            live[k] = rec
-
-    def _release(self, rec: PodRecord, ips: Iterable[IPAddress]) -> None:
-        now = self._clock()
-        for ip in ips:
-            k = _ikey(ip)
-            self._memo.pop(k, None)
-            if rec.host_network:
-                if self._hostnet_by_ip.get(k) == rec.node:
-                    del self._hostnet_by_ip[k]
-                    self._hostnet_gen += 1
-                continue
-            cur = self._live_by_ip.get(k)
-            if cur is not None and cur.namespace == rec.namespace and cur.name == rec.name:
-                del self._live_by_ip[k]
-                self._bury(k, Tenure(cur, cur.since, now))
-
-    def _bury(self, k: int, tenure: Tenure) -> None:
-        self._released += 1
-        self._memo.pop(k, None)
-        past = self._deleted.get(k, ())
-        # keep the newest few tenures per IP: enough for a reuse or two within the grace
-        self._deleted[k] = (past + (tenure,))[-4:]
-
     # nodes -----------------------------------------------------------------
 
     def _remove_node(self, name: str) -> None:
         old = self._nodes.pop(name, None)
         if old is not None:
             for ip in old.addresses:
-                if self._node_by_ip.get(_ikey(ip)) == name:
-                    del self._node_by_ip[_ikey(ip)]
+                if self._node_by_ip.get(tagged_address_key(ip)) == name:
+                    del self._node_by_ip[tagged_address_key(ip)]
             for net in old.pod_cidrs:
                 self._pod_cidr_ref(net, -1)
-                gw = _ikey(net.network_address + 1)
+                gw = tagged_address_key(net.network_address + 1)
                 if self._gateway_by_ip.get(gw) == name:
                     del self._gateway_by_ip[gw]
 
@@ -973,68 +409,34 @@ class ClusterMetadata:
 
     # services --------------------------------------------------------------
 
-    def _remove_service(self, key: ServiceKey) -> None:
-        old = self._services.pop(key, None)
+    def _remove_service(self, key: ServiceKey, keep_slot: bool = False) -> None:
+        """Drop a Service's record and ClusterIP entries (``keep_slot``: the record stays,
+        about to be replaced in place, so the Services keep their order)."""
+        old = self._services.get(key) if keep_slot else self._services.pop(key, None)
         if old is not None:
             for ip in old.cluster_ips:
-                if self._cluster_ips.get(_ikey(ip)) == key:
-                    del self._cluster_ips[_ikey(ip)]
+                if self._cluster_ips.get(tagged_address_key(ip)) == key:
+                    del self._cluster_ips[tagged_address_key(ip)]
 
     # endpointslices --------------------------------------------------------
 
     def _upsert_slice(self, obj: Mapping[str, Any]) -> None:
-        key = _key(obj, "endpointslices")
-        svc_name = _labels(_meta(obj)).get(SERVICE_NAME_LABEL)
+        key = object_key(obj, "endpointslices")
+        svc_name = slice_service_label(obj)
         if obj.get("ports") is not None and not isinstance(obj.get("ports"), list):
             raise BadObject("ports is not a list")
         if obj.get("endpoints") is not None and not isinstance(obj.get("endpoints"), list):
             raise BadObject("endpoints is not a list")
         # everything that can fail happens before the first mutation
-        pruned = prune_endpointslice(obj, self._shared)
-        ports = _slice_ports(pruned)
-        addresses = _slice_addresses(pruned)
-        self._remove_slice(key)
-        if isinstance(svc_name, str) and svc_name:
-            svc = sys.intern(svc_name)
-            index = self._ep_index
-            for port, proto, name in ports:
-                # one shared 1-tuple per slice port: most endpoints back a single Service
-                entry: tuple[_EpEntry, ...] = ((key[1], key[0], svc, name),)
-                for ip in addresses:
-                    k = _epkey(ip, port, proto)
-                    have = index.get(k)
-                    index[k] = entry if have is None else have + entry
-            skey = (key[0], svc)
-            self._slice_service[key] = skey
-            self._slices_by_service.setdefault(skey, set()).add(key)
-            self._dirty.add(skey)
-        self._raw_slices[key] = pruned
+        pruned = prune_endpointslice(obj)
+        rec = parse_slice_record(pruned)
+        model_entry = parse_slice_entry(pruned)
+        self._dirty.update(self._slice_index.upsert(key, svc_name, rec, model_entry))
 
     def _remove_slice(self, key: tuple[str, str]) -> None:
-        old = self._raw_slices.pop(key, None)
-        if old is None:
-            return
-        skey = self._slice_service.pop(key, None)
-        if skey is None:
-            return  # never indexed (no service-name label)
-        members = self._slices_by_service.get(skey)
-        if members is not None:
-            members.discard(key)
-            if not members:
-                del self._slices_by_service[skey]
-        self._dirty.add(skey)
-        index = self._ep_index
-        for ip in _slice_addresses(old):
-            for port, proto, _name in _slice_ports(old):
-                k = _epkey(ip, port, proto)
-                entries = index.get(k)
-                if entries is None:
-                    continue
-                kept = tuple(e for e in entries if (e[1], e[0]) != key)
-                if kept:
-                    index[k] = kept
-                else:
-                    del index[k]
+        skey = self._slice_index.remove(key)
+        if skey is not None:
+            self._dirty.add(skey)
 
     # ------------------------------------------------------------------ readers
 
@@ -1049,17 +451,18 @@ class ClusterMetadata:
         Returns:
             a Peer; never raises for any address.
         """
-        k = _ikey(ip)
+        k = tagged_address_key(ip)
         with self._lock:
             hit = self._memo.get(k)
             if hit is not None:
                 return hit
-            past = self._deleted.get(k)
-            owner = self._owner_at(k, at, past)
+            pods = self._pod_table
+            past = pods.deleted.get(k)
+            owner = pods.owner_at(k, at, past)
             if owner is not None:
                 peer = self._pod_peer(owner)
             else:
-                node_name = (self._node_by_ip.get(k) or self._hostnet_by_ip.get(k)
+                node_name = (self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
                              or self._gateway_by_ip.get(k))
                 if node_name is not None:
                     peer = self._node_peer(node_name)
@@ -1076,24 +479,6 @@ class ClusterMetadata:
                     self._memo.clear()
                 self._memo[k] = peer
             return peer
-
-    def _owner_at(self, k: int, at: float | None,
-                  past: tuple[Tenure, ...] | None) -> PodRecord | None:
-        live = self._live_by_ip.get(k)
-        if not past:
-            return live
-        if at is None:
-            return live or past[-1].pod
-        for t in reversed(past):
-            if t.first_seen <= at < (t.deleted_at or float("inf")):
-                return t.pod
-        if live is not None and at >= live.since:
-            return live
-        # before anything we saw (or in a gap): the nearest earlier tenure, else the live one
-        earlier = [t for t in past if t.first_seen <= at]
-        if earlier:
-            return earlier[-1].pod
-        return live or past[0].pod
 
     def _pod_peer(self, pod: PodRecord) -> Peer:
         zone = region = None
@@ -1123,8 +508,8 @@ class ClusterMetadata:
     def pod_at(self, ip: IPAddress, at: float | None = None) -> PodRecord | None:
         """Return the (non-host-network) pod holding ``ip`` at ``at`` (see :meth:`resolve`)."""
         with self._lock:
-            k = _ikey(ip)
-            return self._owner_at(k, at, self._deleted.get(k))
+            k = tagged_address_key(ip)
+            return self._pod_table.owner_at(k, at, self._pod_table.deleted.get(k))
 
     def node_of(self, ip: IPAddress, at: float | None = None) -> str | None:
         """Return the node name an address lives on (pod's node, or the node itself)."""
@@ -1159,23 +544,8 @@ class ClusterMetadata:
         A kind-``Pod`` workload is one lookup; the others scan the pods of their
         namespace, once per namespace per call.
         """
-        want = set(workloads)
-        live: set[tuple[str, str, str]] = set()
-        scan: set[str] = set()
         with self._lock:
-            for ns, wl, kind in want:
-                if kind == "Pod":
-                    rec = self._pods.get(ns, {}).get(wl)
-                    if rec is not None and rec.workload == wl and rec.workload_kind == "Pod":
-                        live.add((ns, wl, kind))
-                else:
-                    scan.add(ns)
-            for ns in scan:
-                for rec in self._pods.get(ns, {}).values():
-                    key = (ns, rec.workload, rec.workload_kind)
-                    if key in want:
-                        live.add(key)
-        return live
+            return self._pod_table.live_workloads(set(workloads))
 
     def endpoint_services(self, ip: IPAddress, port: int, protocol: int) -> tuple[ServicePort, ...]:
         """Return the Service ports an endpoint ``ip:port/protocol`` serves.
@@ -1189,12 +559,12 @@ class ClusterMetadata:
         Returns:
             ServicePort records, sorted, without duplicates; empty when not an endpoint.
         """
-        ek = _epkey(ip, port, protocol)
+        ek = endpoint_key(ip, port, protocol)
         with self._lock:
             hit = self._ep_memo.get(ek)
             if hit is not None:
                 return hit
-            entries = self._ep_index.get(ek, ())
+            entries = self._slice_index.endpoints.get(ek, ())
             out: set[ServicePort] = set()
             for _slice, ns, svc, port_name in entries:
                 rec = self._services.get((ns, svc))
@@ -1218,7 +588,7 @@ class ClusterMetadata:
         port (the number differs per endpoint). None when not a ClusterIP:port.
         """
         with self._lock:
-            key = self._cluster_ips.get(_ikey(ip))
+            key = self._cluster_ips.get(tagged_address_key(ip))
             if key is None:
                 return None
             rec = self._services.get(key)
@@ -1230,10 +600,19 @@ class ClusterMetadata:
                                        sp.target_port, protocol)
             return None
 
+    def door_index(self) -> DoorIndex:
+        """The NodePort / externalIP / LoadBalancer IP index of the cached Services
+        (:func:`agent.k8s.services.build_door_index`), rebuilt after Service changes."""
+        with self._lock:
+            gen = self._generation["services"]
+            if self._doors is None or self._doors[0] != gen:
+                self._doors = (gen, build_door_index(self._services.values()))
+            return self._doors[1]
+
     def is_cluster_ip(self, ip: IPAddress) -> bool:
         """True when ``ip`` is some Service's ClusterIP (any port)."""
         with self._lock:
-            return _ikey(ip) in self._cluster_ips
+            return tagged_address_key(ip) in self._cluster_ips
 
     def local_endpoints(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
         """Return this node's Service endpoints for the datapath's endpoint map.
@@ -1243,7 +622,7 @@ class ClusterMetadata:
         holds its address, and it is ready or serving (a nil condition counts as true, as
         the EndpointSlice API defines).
         FQDN addresses, slices without a service-name label, and host-network endpoints
-        (a node address or a host-network pod's IP: they have no veth, so DESIGN.md counts
+        (a node address or a host-network pod's IP: they have no veth, so docs/attribution.md counts
         their traffic on the client side) are skipped. Memoized per EndpointSlice
         generation (and Node and host-network pod changes).
 
@@ -1251,25 +630,25 @@ class ClusterMetadata:
             ``{(address, target port, IP protocol number)}``, port in host byte order.
         """
         with self._lock:
-            gen = (self._generation["endpointslices"], self._generation["nodes"], self._hostnet_gen)
+            gen = (self._generation["endpointslices"], self._generation["nodes"], self._pod_table.hostnet_gen)
             hit = self._local_cache.get(node_name)
             if hit is None or hit[0] != gen:
                 out: set[tuple[IPAddress, int, int]] = set()
                 nodeless: list[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]]] = []
-                for key, sl in self._raw_slices.items():
-                    if key not in self._slice_service:
+                for key, sl in self._slice_index.slices.items():
+                    if key not in self._slice_index.service_of:
                         continue
-                    ports = _slice_ports(sl)
+                    ports = sl.ports
                     if not ports:
                         continue
-                    for ip in _slice_addresses(sl, node_name):
-                        k = _ikey(ip)
-                        if k in self._node_by_ip or k in self._hostnet_by_ip:
+                    for ip in slice_addresses(sl, node_name):
+                        k = tagged_address_key(ip)
+                        if k in self._node_by_ip or k in self._pod_table.hostnet_by_ip:
                             continue  # host-network endpoint: no veth, counted client-side
                         for port, proto, _name in ports:
                             out.add((ip, port, proto))
-                    for ip in _slice_addresses(sl, NO_NODE_NAME):
-                        nodeless.append((_ikey(ip), ip, tuple(ports)))
+                    for ip in slice_addresses(sl, NO_NODE_NAME):
+                        nodeless.append((tagged_address_key(ip), ip, ports))
                 hit = self._local_cache[node_name] = (gen, frozenset(out), tuple(nodeless))
             _, result, nodeless_eps = hit
             if not nodeless_eps:
@@ -1277,27 +656,30 @@ class ClusterMetadata:
             # endpoints without nodeName (hand-written or mirrored slices): local when a
             # live pod on this node holds the address; looked up per call, pods change
             extra = {(ip, port, proto) for k, ip, ports in nodeless_eps
-                     if (pod := self._live_by_ip.get(k)) is not None and pod.node == node_name
+                     if (pod := self._pod_table.live_by_ip.get(k)) is not None and pod.node == node_name
                      and not pod.host_network for port, proto, _name in ports}
             return result | extra if extra else result
 
-    def raw_objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        """Return ``(nodes, services, endpointslices)``: pruned API-shaped dicts.
+    def model_inputs(self) -> tuple[list[NodeEntry], list[ServiceEntry], list[SliceEntry]]:
+        """Return ``(nodes, services, endpointslices)`` as the hint model's parsed entries
+        (:func:`agent.hints.evaluate_parsed` input), in arrival order.
 
-        The dicts are shared with the cache and replaced (never mutated) on updates:
-        callers must treat them as read-only.
+        Entries are immutable records (or the InputError their object raised), parsed
+        once when the object arrived.
         """
         with self._lock:
-            return (list(self._raw_nodes.values()), list(self._raw_services.values()),
-                    list(self._raw_slices.values()))
+            return (list(self._node_entries.values()), list(self._service_entries.values()),
+                    list(self._slice_index.entries.values()))
 
-    def raw_service(self, namespace: str, name: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        """Return ``(service, its endpointslices)`` as pruned dicts (read-only), for
-        re-evaluating one dirty Service."""
+    def service_inputs(self, namespace: str, name: str) -> tuple[ServiceEntry | None, list[SliceEntry]]:
+        """Return ``(service, its endpointslices)`` entries (slices sorted by
+        ``(namespace, name)``), for re-evaluating one dirty Service; None when the Service
+        is not cached."""
         with self._lock:
             key = (namespace, name)
-            slices = [self._raw_slices[k] for k in sorted(self._slices_by_service.get(key, ()))]
-            return self._raw_services.get(key), slices
+            index = self._slice_index
+            slices = [index.entries[k] for k in sorted(index.by_service.get(key, ()))]
+            return self._service_entries.get(key), slices
 
     def take_dirty(self) -> DirtySet:
         """Return and clear the Services changed since the previous call."""
@@ -1312,7 +694,7 @@ class ClusterMetadata:
         terminal, address changed, or another pod took it): the agent drains soon after,
         so the old owner's last bytes are attributed before the address can be reused."""
         with self._lock:
-            return self._released
+            return self._pod_table.released
 
     def generation(self, resource: str) -> int:
         """Return a counter that increases on every change to ``resource``."""
@@ -1332,6 +714,6 @@ class ClusterMetadata:
     def counts(self) -> dict[str, int]:
         """Return object counts: pods, nodes, services, endpointslices, deleted_ips."""
         with self._lock:
-            return {"pods": self._pod_count, "nodes": len(self._nodes),
-                    "services": len(self._services), "endpointslices": len(self._raw_slices),
-                    "deleted_ips": len(self._deleted)}
+            return {"pods": self._pod_table.count, "nodes": len(self._nodes),
+                    "services": len(self._services), "endpointslices": len(self._slice_index.slices),
+                    "deleted_ips": len(self._pod_table.deleted)}

@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 from agent.errors import InputError, RuntimeFailure
-
 
 #: TCP keepalive of API connections: (idle seconds, probe interval seconds, probes). A
 #: watch whose peer vanished without FIN or RST (API server VM gone, network partition,
@@ -79,12 +77,13 @@ def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None =
         if not os.path.exists(path):
             raise InputError("cannot read: no such file", source=path)
         try:
-            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context, client_configuration=cfg)
         except (ConfigException, ValueError, TypeError, OSError) as err:
             raise InputError(f"invalid kubeconfig: {' '.join(str(err).split())}", source=path) from None
     else:
         try:
-            config.load_incluster_config(client_configuration=cfg)
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except ConfigException as err:
             # the client's own text for the usual case ("Service host/port is not set.")
             # reads like a Kubernetes Service problem: name the variables instead, and
@@ -117,8 +116,9 @@ def list_cluster(api: Any, *, pods: bool = False) -> dict[str, list[dict[str, An
     core = client.CoreV1Api(api)
     disc = client.DiscoveryV1Api(api)
     out: dict[str, list[dict[str, Any]]] = {}
-    calls: list[tuple[str, Any, str]] = [("nodes", core.list_node, "Node"), ("services", core.list_service_for_all_namespaces, "Service"),
-             ("endpointslices", disc.list_endpoint_slice_for_all_namespaces, "EndpointSlice")]
+    calls: list[tuple[str, Any, str]] = [
+        ("nodes", core.list_node, "Node"), ("services", core.list_service_for_all_namespaces, "Service"),
+        ("endpointslices", disc.list_endpoint_slice_for_all_namespaces, "EndpointSlice")]
     if pods:
         calls.append(("pods", core.list_pod_for_all_namespaces, "Pod"))
     for key, fn, kind in calls:

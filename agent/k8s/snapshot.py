@@ -109,7 +109,7 @@ def _check(obj: dict[str, Any], where: str) -> None:
         raise InputError("not a string", obj=object_name(obj), field="metadata.namespace")
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class _NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]
     """SafeLoader that refuses YAML aliases (``*name``).
 
     kubectl never writes them, and nested aliases let a 20-line file stand for 10^9
@@ -131,7 +131,7 @@ def _timestamp_as_text(loader: yaml.SafeLoader, node: yaml.Node) -> str:
     as in the JSON the API server works with (sigs.k8s.io/yaml converts YAML to JSON):
     PyYAML would make it a ``datetime`` (no JSON value), and raise a ValueError on a
     date-like scalar that is no date (``2024-02-30``)."""
-    return str(loader.construct_scalar(node))  # type: ignore[arg-type]
+    return str(loader.construct_scalar(node))
 
 
 def _not_json(loader: yaml.SafeLoader, node: yaml.Node) -> Any:

@@ -147,8 +147,7 @@ class ResourceWatcher:
         """Yield the items of a list, fetching further pages lazily (``continue``)."""
         page = first
         while True:
-            for item in page.get("items") or ():
-                yield item
+            yield from page.get("items") or ()
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return
@@ -243,7 +242,7 @@ class ResourceWatcher:
         try:
             if self.stop_event.is_set():
                 return rv
-            for line in iter_resp_lines(resp):
+            for line in iter_resp_lines(resp):  # type: ignore[no-untyped-call]
                 if not line:
                     continue
                 rv = self._handle_line(line, rv)

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from agent.adapters import HintModel, MetadataAdapter
+from agent.hints import HintModel
+from agent.k8s import MetadataAdapter
 from agent.attribution import Attributor
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot

@@ -21,7 +21,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.adapters import HintModel, MetadataAdapter
+from agent.hints import HintModel
+from agent.k8s import MetadataAdapter
 from agent.attribution import (
     EXPIRY_FAMILIES,
     FAMILY_HINT_IGNORED,

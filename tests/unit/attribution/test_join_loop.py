@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 import math
 
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.exporter import Exporter
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot

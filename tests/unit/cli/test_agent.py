@@ -24,7 +24,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent import cli
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.exporter import Exporter
 from agent.datapath import TableStats
 from agent.k8s.cache import ClusterMetadata

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent import exporter as ex
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.k8s.source import open_metadata
 from agent.k8s.watch import WatchSettings
 from agent.loop import AgentLoop

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent import cli
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.cli.agent import _run
 from agent.exporter import Exporter
 from agent.k8s.source import open_metadata

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.exporter import Exporter
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot

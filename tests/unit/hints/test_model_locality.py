@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.adapters import HintModel
+from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.records import ServiceRef

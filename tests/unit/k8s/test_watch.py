@@ -17,12 +17,12 @@ from typing import Any
 import kmock as kmock_lib
 import pytest
 import pytest_asyncio
-from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.k8s.client import build_api_client
 from agent.k8s.watch import MetadataWatcher, WatchSettings
 from agent.records import PeerKind
+from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 ip = ipaddress.ip_address
 PODS = kmock_lib.resource("v1/pods")

@@ -1,4 +1,4 @@
-"""Attacks on the metadata cache's object keys (issue 8, bad input).
+"""Attacks on the metadata cache's object keys (bad input).
 
 Objects without ``metadata.namespace`` (legal in a hand-written snapshot: the API server
 fills in ``default``) and a Node that carries a namespace field used to be filed under one
@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 from agent.k8s import snapshot as snapshot_mod
 from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.records import PeerKind
+from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 ip = ipaddress.ip_address
 

@@ -1,20 +1,17 @@
-"""agent.adapters: MetadataView/HintView over a real ClusterMetadata and evaluate_cluster."""
+"""agent.hints.model: HintModel (HintView) over a real ClusterMetadata and evaluate_cluster; locality."""
 
 from __future__ import annotations
 
-import ipaddress
 from types import SimpleNamespace
 
 import pytest
 
-from agent.adapters import HintModel, Locality, MetadataAdapter, merge_locality, merge_views
 from agent.errors import InputError
-from agent.k8s.cache import ClusterMetadata
+from agent.hints import HintModel, merge_locality, merge_views
+from agent.k8s import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
-from agent.records import PeerKind, ProxyView
+from agent.records import Locality, ProxyView, ServiceRef
 from tests.unit.agent_cluster import cluster
-
-ip = ipaddress.ip_address
 
 
 def loaded(hinted: bool = True) -> ClusterMetadata:
@@ -25,29 +22,14 @@ def loaded(hinted: bool = True) -> ClusterMetadata:
     return cache
 
 
-def test_metadata_adapter_passes_through_and_turns_nodes_into_peers() -> None:
-    m = MetadataAdapter(loaded())
-    client = m.resolve(ip("10.244.1.10"), 0.0)
-    assert (client.kind, client.zone, client.node, client.workload, client.workload_kind) == (
-        PeerKind.POD, "zone-a", "na", "client", "Deployment")
-    na = m.node("na")
-    assert na is not None and (na.kind, na.zone, na.region, na.node) == (
-        PeerKind.NODE, "zone-a", "region-1", "na")
-    assert m.node("nope") is None
-    [sp] = m.endpoint_services(ip("10.244.2.20"), 8080, 6)
-    assert (sp.namespace, sp.service, sp.port, sp.target_port) == ("shop", "web", 80, 8080)
-    sa = m.service_address(ip("10.96.0.10"), 80, 6)
-    assert sa is not None and sa.service == "web"
-    assert m.service_address(ip("10.96.0.10"), 81, 6) is None
-
-
 def test_hint_model_full_evaluation() -> None:
     cache = loaded()
     h = HintModel(cache)
-    assert h.refresh(cache.take_dirty()) == 2
+    assert h.refresh(cache.take_dirty(), at=100.0) == 2
     assert list(h.services()) == [("shop", "db"), ("shop", "web")]
-    assert h.locality("shop", "web") == Locality("PreferClose", "none", {"zone-a": True, "zone-b": True})
-    assert h.locality("shop", "db") == Locality("none", "not-requested", {"zone-a": False, "zone-b": False})
+    assert h.locality("shop", "web") == Locality("PreferClose", "none", {"zone-a": True, "zone-b": True}, 100.0)
+    assert h.locality("shop", "db") == Locality("none", "not-requested", {"zone-a": False, "zone-b": False},
+                                                100.0)
     assert h.proxy_view("shop", "web", "na") == ProxyView("PreferSameZone", frozenset({"10.244.1.20"}), "cluster")
     assert h.proxy_view("shop", "web", "nb") == ProxyView("PreferSameZone", frozenset({"10.244.2.20"}), "cluster")
     assert h.proxy_view("shop", "web", "no-such-node") is None
@@ -57,7 +39,7 @@ def test_hint_model_full_evaluation() -> None:
 def test_hint_model_reevaluates_only_dirty_services() -> None:
     cache = loaded()
     h = HintModel(cache)
-    h.refresh(None)
+    h.refresh(None, at=100.0)
     cache.take_dirty()
     db_before = h.locality("shop", "db")
     sl = cluster(hinted=False)["endpointslices"][0]  # web's slice, one hint removed
@@ -65,10 +47,10 @@ def test_hint_model_reevaluates_only_dirty_services() -> None:
     cache.apply("endpointslices", "MODIFIED", sl)
     dirty = cache.take_dirty()
     assert dirty.services == {("shop", "web")} and not dirty.all
-    assert h.refresh(dirty) == 1
+    assert h.refresh(dirty, at=200.0) == 1
     # kube-proxy ignores all hints when one endpoint lacks them
     assert h.locality("shop", "web") == Locality("PreferClose", "partial-hints",
-                                                 {"zone-a": False, "zone-b": False})
+                                                 {"zone-a": False, "zone-b": False}, 200.0)
     assert h.proxy_view("shop", "web", "na") == ProxyView(
         "", frozenset({"10.244.1.20", "10.244.2.20"}), "cluster")
     assert h.locality("shop", "db") is db_before  # not re-evaluated
@@ -101,8 +83,9 @@ def test_bad_version_is_input_error() -> None:
 def test_merge_dual_stack() -> None:
     v4 = SimpleNamespace(mode="PreferClose", reason="none", locality_in_effect={"a": True, "b": True})
     v6 = SimpleNamespace(mode="PreferClose", reason="partial-hints", locality_in_effect={"a": True, "b": False})
-    assert merge_locality([v4, v6]) == Locality("PreferClose", "partial-hints", {"a": True, "b": False})  # type: ignore[list-item]
-    assert merge_locality([]) == Locality("none", "none", {})
+    assert merge_locality([v4, v6], 5.0) == Locality(  # type: ignore[list-item]
+        "PreferClose", "partial-hints", {"a": True, "b": False}, 5.0)
+    assert merge_locality([], 6.0) == Locality("none", "none", {}, 6.0)
     pv4 = ProxyView("PreferSameZone", frozenset({"10.0.0.1"}), "cluster")
     pv6 = ProxyView("", frozenset({"fd00::1", "fd00::2"}), "cluster")
     assert merge_views([pv4, None, pv6]) == ProxyView(
@@ -130,3 +113,49 @@ def test_several_dirty_services_in_one_refresh() -> None:
     loc = h.locality("shop", "web")
     assert loc is not None and loc.mode == "none" and dict(loc.in_effect) == {"zone-a": True, "zone-b": True}
     assert "stale-hints" in [w.code for d in h.diagnoses("shop", "web") for w in d.warnings]
+
+
+def test_locality_last_change_moves_only_when_the_state_changes() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh(cache.take_dirty(), at=100.0)
+    web = h.locality("shop", "web")
+    assert web is not None and web.last_change == 100.0
+    # a relist re-evaluates every Service; nothing changed, so nothing is re-stamped
+    cache.replace("services", cluster()["services"])
+    dirty = cache.take_dirty()
+    assert dirty.all
+    assert h.refresh(dirty, at=150.0) == 2
+    assert h.locality("shop", "web") is web
+    assert h.localities()[ServiceRef("shop", "db")].last_change == 100.0
+    # web loses a hint: its state changes at 200, db's does not
+    sl = cluster(hinted=False)["endpointslices"][0]
+    sl["endpoints"][0]["hints"] = {"forZones": [{"name": "zone-a"}]}
+    cache.apply("endpointslices", "MODIFIED", sl)
+    h.refresh(cache.take_dirty(), at=200.0)
+    got = h.locality("shop", "web")
+    assert got is not None and (got.reason, got.last_change) == ("partial-hints", 200.0)
+    assert h.localities()[ServiceRef("shop", "db")].last_change == 100.0
+
+
+def test_localities_is_read_only_and_keeps_its_refresh_state() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh(None, at=100.0)
+    before = h.localities()
+    assert set(before) == {ServiceRef("shop", "db"), ServiceRef("shop", "web")}
+    assert before[ServiceRef("shop", "web")] == h.locality("shop", "web")
+    with pytest.raises(TypeError):
+        before[ServiceRef("shop", "x")] = before[ServiceRef("shop", "web")]  # type: ignore[index]
+    cache.apply("services", "DELETED", cluster()["services"][1])  # db
+    h.refresh(cache.take_dirty(), at=200.0)
+    assert set(h.localities()) == {ServiceRef("shop", "web")}
+    assert set(before) == {ServiceRef("shop", "db"), ServiceRef("shop", "web")}  # unchanged
+
+
+def test_refresh_stamps_wall_time_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("agent.hints.model.time.time", lambda: 1234.5)
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh()
+    assert {loc.last_change for loc in h.localities().values()} == {1234.5}

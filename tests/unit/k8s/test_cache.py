@@ -7,12 +7,13 @@ import ipaddress
 import json
 
 import pytest
-from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 from agent.k8s import snapshot
-from agent.k8s.cache import ClusterMetadata, MetadataSettings, workload_of
+from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.k8s.cidrs import parse_zone_cidrs
+from agent.k8s.parse import Endpoint, NodeInfo, workload_of
 from agent.records import Peer, PeerKind, ServicePort
+from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 ip = ipaddress.ip_address
 
@@ -320,26 +321,25 @@ def test_local_endpoints_ready_or_serving_on_this_node() -> None:
 
 # ---------------------------------------------------------------- raw objects, dirty, snapshot
 
-def test_raw_objects_are_pruned_api_shapes() -> None:
+def test_model_inputs_are_parsed_records() -> None:
     c = _svc_cache()
     c.apply("services", "ADDED", service("ns", "td", "10.96.1.1", [{"port": 80}],
                                          annotations={"service.kubernetes.io/topology-mode": "Auto"},
                                          traffic_distribution="PreferClose"))
-    nodes, services, slices = c.raw_objects()
-    n1 = next(n for n in nodes if n["metadata"]["name"] == "n1")
-    assert "managedFields" not in n1["metadata"] and "annotations" not in n1["metadata"]
-    assert set(n1["status"]) == {"addresses", "allocatable", "conditions"}
-    assert n1["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-a"
-    td = next(s for s in services if s["metadata"]["name"] == "td")
-    assert td["metadata"]["annotations"] == {"service.kubernetes.io/topology-mode": "Auto"}
-    assert td["spec"]["trafficDistribution"] == "PreferClose"
-    sl = slices[0]
-    assert "annotations" not in sl["metadata"] and "managedFields" not in sl["metadata"]
-    assert sl["addressType"] == "IPv4" and sl["ports"][0]["name"] == "http"
-    assert sl["endpoints"][0] == {"addresses": ["10.0.1.5"], "conditions": {"ready": True},
-                                  "nodeName": "n1", "zone": "zone-a"}
-    svc, its_slices = c.raw_service("shop", "web")
-    assert svc is not None and [s["metadata"]["name"] for s in its_slices] == ["web-abc"]
+    nodes, services, slices = c.model_inputs()
+    assert (NodeInfo("n1", "zone-a", True, False, 4000), None) in nodes
+    td = next(s for s, err in services if s is not None and s.name == "td")
+    # only the topology annotations are kept (kubectl's last-applied-configuration goes)
+    assert td.annotations == {"service.kubernetes.io/topology-mode": "Auto"}
+    assert td.traffic_distribution == "PreferClose"
+    ns, svc_name, sl, err = slices[0]
+    assert (ns, svc_name, err) == ("shop", "web", None) and sl is not None
+    assert sl.address_type == "IPv4" and sl.ports[0] == ("http", 8080)
+    assert sl.endpoints[0] == Endpoint("10.0.1.5", True, None, None, "zone-a", "n1", None)
+    svc, its_slices = c.service_inputs("shop", "web")
+    assert svc is not None and svc[0] is not None and svc[0].name == "web"
+    assert [s[2].name for s in its_slices if s[2] is not None] == ["web-abc"]
+    assert c.service_inputs("shop", "nope") == (None, [])
 
 
 def test_take_dirty_tracks_services_and_nodes() -> None:
@@ -420,7 +420,7 @@ def test_concurrent_writers_and_readers() -> None:
                     c.resolve(ip(f"10.0.1.{i + 1}"), at=1000.0)
                     c.endpoint_services(ip("10.0.1.1"), 80, 6)
                 c.local_endpoints("n1")
-                c.raw_objects()
+                c.model_inputs()
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
 

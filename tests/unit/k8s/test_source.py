@@ -6,11 +6,11 @@ import ipaddress
 import json
 
 import pytest
-from tests.unit.test_k8s_objects import node, pod
 
 from agent.errors import InputError
 from agent.k8s.source import open_metadata
 from agent.records import PeerKind
+from tests.unit.test_k8s_objects import node, pod
 
 
 def test_snapshot_with_zone_cidrs(tmp_path) -> None:  # type: ignore[no-untyped-def]

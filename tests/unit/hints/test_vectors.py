@@ -1,4 +1,4 @@
-"""Every HINTS.md reference vector, at every version it claims, through ``zonemeter explain``.
+"""Every shared reference vector (vectors/hints.json), at every version it claims, through ``zonemeter explain``.
 
 Path under test: vector -> Kubernetes API-shaped objects in a kubectl dump (JSON List or
 multi-document YAML) -> ``zonemeter explain --snapshot FILE -o json`` -> compare. Fields the

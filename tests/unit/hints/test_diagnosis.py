@@ -6,6 +6,7 @@ import pytest
 
 from agent import hints
 from agent.errors import InputError
+from agent.records import ProxyView
 from tests.unit import k8s_objects as k
 
 
@@ -71,7 +72,8 @@ def test_reason_insufficient_number_of_endpoints_with_minimum_hint() -> None:
 
 
 def test_reason_min_allocation_and_next_accepted_count() -> None:
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 1, "c": 1}))])
+    d = diag(k.three_zones(), k.service(auto=True),
+             [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 1, "c": 1}))])
     assert d.reason == "min-allocation-exceeds-overload-threshold"
     assert dict(d.controller.minimums or {}) == {"a": 2, "b": 2, "c": 2}
     assert "accepts is 6" in next(w.message for w in d.warnings if w.code == "auto-minimum-endpoints")
@@ -145,7 +147,7 @@ def test_reason_internal_traffic_policy_local_and_drop_warning() -> None:
     assert d.proxy["n-b"].internal_traffic == "DROP"
     view = d.proxy_view("n-b")
     assert view is not None and view.selected == frozenset()
-    assert d.proxy_view("n-a") == hints.ProxyView("", frozenset({"10.0.0.1"}), "local")
+    assert d.proxy_view("n-a") == ProxyView("", frozenset({"10.0.0.1"}), "local")
     w = next(w for w in d.warnings if w.code == "internal-traffic-policy-local-drops")
     assert "2 node(s)" in w.message and "n-b" in w.message and "n-c" in w.message
 
@@ -154,7 +156,7 @@ def test_reason_no_endpoints_reject() -> None:
     d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", [])])
     assert d.reason == "no-endpoints"
     assert d.proxy["n-a"].internal_traffic == "REJECT"
-    assert d.proxy_view("n-a") == hints.ProxyView("", frozenset(), "REJECT")
+    assert d.proxy_view("n-a") == ProxyView("", frozenset(), "REJECT")
 
 
 def test_every_reason_in_vocabulary_is_covered_above() -> None:
@@ -220,7 +222,8 @@ def test_single_endpoint_zone() -> None:
 
 def test_node_without_zone_warning_and_unknown_client_zone() -> None:
     nodes = k.three_zones() + [k.node("bare", None)]
-    d = diag(nodes, k.service(td="PreferClose"), [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
+    d = diag(nodes, k.service(td="PreferClose"),
+             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
     assert "node-without-zone" in codes(d)
     assert d.locality_in_effect["unknown"] is False
     assert d.reason == "no-hints-for-zone"
@@ -257,7 +260,8 @@ def test_dual_stack_populated_mark_is_per_service() -> None:
     eps6 = [k.ep(f"fd00::{i}", z, f"n-{z}") for i, z in enumerate("abc", 1)]
     svc = k.service(auto=True, families=("IPv4", "IPv6"))
     out = hints.evaluate_cluster(k.three_zones(), [svc],
-                                 [k.endpointslice("s4", "web", eps4), k.endpointslice("s6", "web", eps6, family="IPv6")],
+                                 [k.endpointslice("s4", "web", eps4),
+                                  k.endpointslice("s6", "web", eps6, family="IPv6")],
                                  hints_populated=[], strict=True)
     assert [d.address_type for d in out] == ["IPv4", "IPv6"]
     assert [e.message for e in out[0].controller.events] == [

@@ -1,0 +1,103 @@
+"""Kubernetes versions 1.27 to 1.35 and their feature-gate defaults, as the hint model reads them.
+
+Gate defaults and lock state come from ``pkg/features/kube_features.go`` of each release
+(see docs/hints.md, Versions and feature gates).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.errors import InputError
+
+GATES = ("TopologyAwareHints", "ServiceTrafficDistribution", "PreferSameTrafficDistribution")
+MIN_MINOR, MAX_MINOR = 27, 35
+DEFAULT_VERSION = "1.35"
+
+
+def _gate_default(gate: str, minor: int) -> tuple[bool, bool] | None:
+    """(default, locked) of ``gate`` in 1.<minor>, or None when the gate does not exist.
+
+    Source: ``pkg/features/kube_features.go`` of each release (docs/hints.md).
+    """
+    if gate == "TopologyAwareHints":
+        return (True, minor >= 33)
+    if gate == "ServiceTrafficDistribution":
+        if minor < 30:
+            return None
+        return (minor >= 31, minor >= 33)
+    if gate == "PreferSameTrafficDistribution":
+        if minor < 33:
+            return None
+        return (minor >= 34, minor >= 35)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class KubeVersion:
+    """A Kubernetes minor version with its effective feature gates.
+
+    Attributes:
+        minor: the minor version (27..35 for 1.27..1.35).
+        gates: effective value of each gate that exists in that version (defaults from
+            ``pkg/features/kube_features.go``, overridden by the caller).
+    """
+
+    minor: int
+    gates: Mapping[str, bool]
+
+    @classmethod
+    def parse(cls, version: str = DEFAULT_VERSION,
+              feature_gates: Mapping[str, bool] | None = None) -> KubeVersion:
+        """Build from ``"1.X"`` (``"v1.X.Y"`` accepted) and gate overrides.
+
+        Raises:
+            InputError: unsupported version, unknown gate for that version, or a locked gate
+                set against its locked value.
+        """
+        m = re.fullmatch(r"v?1\.(\d+)(?:\.\d+)?", str(version).strip())
+        if not m or not MIN_MINOR <= int(m.group(1)) <= MAX_MINOR:
+            raise InputError(f"unsupported Kubernetes version {version!r} (supported: 1.27 to 1.35)",
+                             field="--kubernetes-version")
+        minor = int(m.group(1))
+        gates: dict[str, bool] = {}
+        for gate in GATES:
+            d = _gate_default(gate, minor)
+            if d is not None:
+                gates[gate] = d[0]
+        for name, value in (feature_gates or {}).items():
+            d = _gate_default(name, minor)
+            if d is None:
+                raise InputError(f"feature gate {name!r} does not exist in 1.{minor}",
+                                 field="--feature-gates")
+            if d[1] and bool(value) != d[0]:
+                raise InputError(f"feature gate {name} is locked to {str(d[0]).lower()} in 1.{minor}",
+                                 field="--feature-gates")
+            gates[name] = bool(value)
+        return cls(minor, gates)
+
+    def gate(self, name: str) -> bool:
+        """Effective value of a gate (False when the gate does not exist in this version)."""
+        return self.gates.get(name, False)
+
+    def __str__(self) -> str:
+        return f"1.{self.minor}"
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """Parse ``Name=true,Other=false``.
+
+    Raises:
+        InputError: malformed pair or value.
+    """
+    gates: dict[str, bool] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or value.strip().lower() not in ("true", "false"):
+            raise InputError(f"expected Name=true|false, got {part!r}", field="--feature-gates")
+        gates[name.strip()] = value.strip().lower() == "true"
+    return gates

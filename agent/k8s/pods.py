@@ -1,0 +1,215 @@
+"""Pods by name and by address, with each address's tenures, so bytes go to the pod that held the IP then.
+
+IP reuse: each IP keeps its tenures ``(pod, first_seen, deleted_at)``; deleted tenures stay
+in a bounded :class:`cachetools.TTLCache` for the grace period so bytes counted just before
+a pod went away (or just before its IP went to a new pod) still go to the pod that owned
+the IP at that time. ``first_seen`` is when the cache learnt of the assignment (watch
+latency is the error bar). Pods in phase Succeeded or Failed release their IPs (the
+kubelet and CNI reuse them) even though the object remains. See docs/metadata.md.
+
+Not thread-safe by itself: :class:`agent.k8s.cache.ClusterMetadata` calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cachetools import TTLCache
+
+from agent.k8s.parse import PodRecord
+from agent.records import IPAddress, Peer
+
+_V6_TAG = 1 << 128
+
+
+def tagged_address_key(ip: IPAddress) -> int:
+    """Index key of an address: its integer, IPv6 tagged with bit 128 so it never collides with IPv4.
+
+    Indexes are keyed by int, not by the address object: ``ipaddress`` hashes through
+    ``hex()``, which made lookups several times slower, and an int key shares the address
+    object's own integer instead of holding a second object. The key is non-negative, so
+    :func:`agent.k8s.services.endpoint_key` can shift it left to pack port and protocol below it. (Attribution keys
+    its own per-drain caches differently, IPv6 as the complement; the two keys never meet.)
+    """
+    n = int(ip)
+    return n if ip.version == 4 else n | _V6_TAG
+
+
+@dataclass(frozen=True, slots=True)
+class Tenure:
+    """One pod's hold on one IP.
+
+    Attributes:
+        pod: the pod.
+        first_seen: when the cache learnt of it (seconds since the epoch, cache clock).
+        deleted_at: when the pod (or its hold on the IP) went away, or None if current.
+    """
+
+    pod: PodRecord
+    first_seen: float
+    deleted_at: float | None
+
+
+class PodTable:
+    """The cache's pods: by namespace and name, live holders by address, finished tenures.
+
+    Args:
+        grace_seconds: how long a finished tenure stays resolvable.
+        max_deleted: bound on remembered addresses with finished tenures.
+        clock: seconds since the epoch (the cache's clock).
+        memo: the cache's ``resolve()`` memo, keyed by :func:`tagged_address_key`; entries of
+            addresses whose holder changes are dropped here.
+
+    Attributes:
+        by_name: namespace -> name -> record (no ``(namespace, name)`` tuple per pod).
+        count: number of pods.
+        live_by_ip: address key -> the live (non-host-network) pod holding it.
+        deleted: address key -> its newest finished tenures (at most 4), for the grace.
+        hostnet_by_ip: address key -> node of a host-network pod using it.
+        hostnet_gen: bumped whenever the host-network address set changes.
+        released: bumped whenever a pod's tenure of an address ends.
+    """
+
+    def __init__(self, grace_seconds: float, max_deleted: int, clock: Callable[[], float],
+                 memo: dict[int, Peer]) -> None:
+        self._clock = clock
+        self._memo = memo
+        self.by_name: dict[str, dict[str, PodRecord]] = {}
+        self.count = 0
+        self.live_by_ip: dict[int, PodRecord] = {}
+        self.deleted: TTLCache[int, tuple[Tenure, ...]] = TTLCache(
+            maxsize=max_deleted, ttl=grace_seconds, timer=clock)
+        self.hostnet_by_ip: dict[int, str] = {}
+        self.hostnet_gen = 0
+        self.released = 0
+
+    def get(self, namespace: str, name: str) -> PodRecord | None:
+        """The pod, or None."""
+        return self.by_name.get(namespace, {}).get(name)
+
+    def keys(self) -> list[tuple[str, str]]:
+        """Every pod as ``(namespace, name)``."""
+        return [(ns, name) for ns, names in self.by_name.items() for name in names]
+
+    def delete(self, namespace: str, name: str) -> None:
+        """Remove a pod; its addresses' holds end now."""
+        names = self.by_name.get(namespace)
+        rec = names.pop(name, None) if names is not None else None
+        if names is not None and not names:
+            del self.by_name[namespace]
+        if rec is not None:
+            self.count -= 1
+            self.release(rec, rec.ips)
+
+    def upsert(self, rec: PodRecord) -> None:
+        """Add or replace a pod; its addresses' previous holders become tenures."""
+        now = self._clock()
+        names = self.by_name.setdefault(rec.namespace, {})
+        old = names.get(rec.name)
+        memo = self._memo
+        old_ips = old.ips if old is not None and not old.terminal else ()
+        new_ips = rec.ips if not rec.terminal else ()
+        # a pod keeps its "since" while it keeps an address; a first address starts it
+        since = old.since if old is not None and old_ips and new_ips else now
+        rec = PodRecord(rec.namespace, rec.name, rec.node, rec.ips, rec.workload,
+                        rec.workload_kind, rec.host_network, rec.terminal, since)
+        names[rec.name] = rec
+        if old is None:
+            self.count += 1
+        if old is not None:
+            if old.host_network:
+                self.release(old, old.ips)
+            else:
+                self.release(old, [ip for ip in old_ips if ip not in new_ips or rec.host_network])
+        if rec.host_network:
+            if rec.node:
+                for ip in rec.ips:
+                    k = tagged_address_key(ip)
+                    self.hostnet_by_ip[k] = rec.node
+                    self.hostnet_gen += 1
+                    memo.pop(k, None)
+            return
+        live = self.live_by_ip
+        for ip in new_ips:
+            k = tagged_address_key(ip)
+            memo.pop(k, None)
+            cur = live.get(k)
+            if cur is not None and (cur.namespace != rec.namespace or cur.name != rec.name):
+                if ip in old_ips:
+                    # this pod claimed the address before and another pod claimed it
+                    # since: a late update of the earlier holder (a terminating pod's
+                    # status still lists its released IP) must not take it back; that
+                    # buried the new pod for good, and once the grace ran out its bytes
+                    # went to unknown until its next update
+                    continue
+                # the IP went to another pod before we saw the old one go
+                self.bury(k, Tenure(cur, cur.since, now))
+            live[k] = rec
+
+    def release(self, rec: PodRecord, ips: Iterable[IPAddress]) -> None:
+        """End ``rec``'s hold on ``ips`` (a live hold becomes a tenure with ``deleted_at`` now)."""
+        now = self._clock()
+        for ip in ips:
+            k = tagged_address_key(ip)
+            self._memo.pop(k, None)
+            if rec.host_network:
+                if self.hostnet_by_ip.get(k) == rec.node:
+                    del self.hostnet_by_ip[k]
+                    self.hostnet_gen += 1
+                continue
+            cur = self.live_by_ip.get(k)
+            if cur is not None and cur.namespace == rec.namespace and cur.name == rec.name:
+                del self.live_by_ip[k]
+                self.bury(k, Tenure(cur, cur.since, now))
+
+    def bury(self, k: int, tenure: Tenure) -> None:
+        """Remember a finished tenure of the address with key ``k`` (for the grace period)."""
+        self.released += 1
+        self._memo.pop(k, None)
+        past = self.deleted.get(k, ())
+        # keep the newest few tenures per IP: enough for a reuse or two within the grace
+        self.deleted[k] = (past + (tenure,))[-4:]
+
+    def owner_at(self, k: int, at: float | None,
+                 past: tuple[Tenure, ...] | None) -> PodRecord | None:
+        """The pod that held the address with key ``k`` at ``at`` (None: now), given its
+        finished tenures ``past`` (``deleted.get(k)``)."""
+        live = self.live_by_ip.get(k)
+        if not past:
+            return live
+        if at is None:
+            return live or past[-1].pod
+        for t in reversed(past):
+            if t.first_seen <= at < (t.deleted_at or float("inf")):
+                return t.pod
+        if live is not None and at >= live.since:
+            return live
+        # before anything we saw (or in a gap): the nearest earlier tenure, else the live one
+        earlier = [t for t in past if t.first_seen <= at]
+        if earlier:
+            return earlier[-1].pod
+        return live or past[0].pod
+
+    def live_workloads(self, want: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+        """The workloads of ``want`` (``(namespace, workload, workload_kind)``) that at least
+        one pod belongs to (terminal pods count).
+
+        A kind-``Pod`` workload is one lookup; the others scan the pods of their
+        namespace, once per namespace per call.
+        """
+        live: set[tuple[str, str, str]] = set()
+        scan: set[str] = set()
+        for ns, wl, kind in want:
+            if kind == "Pod":
+                rec = self.by_name.get(ns, {}).get(wl)
+                if rec is not None and rec.workload == wl and rec.workload_kind == "Pod":
+                    live.add((ns, wl, kind))
+            else:
+                scan.add(ns)
+        for ns in scan:
+            for rec in self.by_name.get(ns, {}).values():
+                key = (ns, rec.workload, rec.workload_kind)
+                if key in want:
+                    live.add(key)
+        return live
