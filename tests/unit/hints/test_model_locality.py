@@ -72,7 +72,7 @@ def test_a_failing_refresh_keeps_the_previous_localities() -> None:
     def broken() -> None:
         raise RuntimeError("model rebuilding")
 
-    cache.raw_objects = broken  # type: ignore[assignment,method-assign]
+    cache.model_inputs = broken  # type: ignore[assignment,method-assign]
     with pytest.raises(RuntimeError):
         h.refresh(None, at=T0 + 10)
     assert dict(h.localities()) == before
