@@ -2,6 +2,8 @@
 # Build the zonemeter image here, from Debian's packages only, with podman: no registry.
 #
 #   tools/image.sh [--refresh-base] [--tag NAME]      (as root; NAME: localhost/zonemeter:0.1.0)
+#   tools/image.sh --run-options    print the podman options this machine needs, one a
+#                                   line, for `podman run` of the image (tests/deploy)
 #
 # 1. The Debian 12 base: mmdebstrap bookworm (minbase, merged /usr, no docs, man pages
 #    or locales: what the registry's debian:12-slim is) into a tarball cached in
@@ -13,9 +15,55 @@
 #    the build reach deb.debian.org and PyPI over the host network.
 # 3. Prints the image's name, id and size (one line per fact, "image: ...").
 #
-# Needs: podman and mmdebstrap (apt-get install podman mmdebstrap).
+# Needs: podman and mmdebstrap (apt-get install podman mmdebstrap), and runc on hosts
+# with hybrid cgroups (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# podman options for the machine, not for the image (build and run alike):
+# - crun, podman's default runtime, refuses hybrid cgroup hierarchies (cgroup v1 with
+#   controllers also enabled in the v2 tree at /sys/fs/cgroup/unified); runc runs them.
+# - without CAP_SYS_RESOURCE (a root that may not raise rlimits, as in some VMs and CI
+#   sandboxes) the runtime cannot apply podman's default ulimits: keep the open-files
+#   limit we have, and a process limit within conmon's (uid 0 is exempt from
+#   RLIMIT_NPROC anyway: kernel/fork.c, copy_process).
+podman_options() {
+  local controllers=/sys/fs/cgroup/unified/cgroup.controllers
+  if [ -r "$controllers" ] && [ -n "$(tr -d ' \n' <"$controllers")" ]; then
+    command -v runc >/dev/null || {
+      echo "tools/image.sh: hybrid cgroups here need runc (apt-get install runc)" >&2
+      return 1
+    }
+    echo "--runtime=runc"
+  fi
+  local bnd
+  bnd=$(awk '/^CapBnd:/ {print $2}' /proc/self/status)
+  if [ $(((16#$bnd >> 24) & 1)) = 0 ]; then
+    local nofile nproc
+    nofile=$(ulimit -Hn)
+    nproc=$(ulimit -Hu)
+    [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ] && nproc=32768
+    echo "--ulimit=nofile=$nofile:$nofile"
+    echo "--ulimit=nproc=$nproc:$nproc"
+  fi
+}
+
+# pip inside the build verifies PyPI's certificate against its own bundle. Where the
+# host's pip trusts another CA (PIP_CERT, or cert= in /etc/pip.conf: a TLS-inspecting
+# egress proxy), hand that bundle and a pip.conf naming it to the build's RUN steps as
+# bind mounts: their content is never committed to a layer (the empty mount points
+# /etc/pip.conf and /etc/ssl/certs/zonemeter-build-ca.crt are, in both stages).
+build_options() {
+  local cert=${PIP_CERT:-}
+  if [ -z "$cert" ] && [ -r /etc/pip.conf ]; then
+    cert=$(sed -nE 's/^[[:space:]]*cert[[:space:]]*=[[:space:]]*(.*[^[:space:]])[[:space:]]*$/\1/p' /etc/pip.conf | head -n 1)
+  fi
+  if [ -n "$cert" ] && [ -r "$cert" ]; then
+    printf '[global]\ncert = /etc/ssl/certs/zonemeter-build-ca.crt\n' >"$cache/pip.conf"
+    echo "--volume=$cert:/etc/ssl/certs/zonemeter-build-ca.crt:ro"
+    echo "--volume=$cache/pip.conf:/etc/pip.conf:ro"
+  fi
+}
 
 refresh=0
 tag=localhost/zonemeter:0.1.0
@@ -23,7 +71,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --refresh-base) refresh=1 ;;
     --tag) tag=$2; shift ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    --run-options) podman_options; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "tools/image.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -92,7 +141,9 @@ t1=$(date +%s)
 
 # podman build's cache keys COPY layers by the content of what they copy, so an
 # unchanged tree reuses every layer.
-nice -n 10 podman build \
+mapfile -t machine < <(podman_options)
+mapfile -t network < <(build_options)
+nice -n 10 podman build "${machine[@]}" "${network[@]}" \
   --pull=never --network=host --layers \
   --ignorefile deploy/daemonset/Dockerfile.dockerignore \
   --build-arg "DEBIAN_IMAGE=$base" \
