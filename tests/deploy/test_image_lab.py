@@ -504,3 +504,20 @@ def test_image_counts_a_lab_node_like_the_host_agent(lab: Any, image: str, tmp_p
         assert not pins.exists() or not any(pins.iterdir())
     finally:
         c.remove()
+
+
+def test_a_seccomp_profile_that_wants_sys_admin_for_bpf_stops_the_agent(lab: Any, image: str,
+                                                                         tmp_path: Path,
+                                                                         bpffs: Path) -> None:
+    """podman's own RuntimeDefault (containers/common, as CRI-O's) allows bpf(2) only with
+    CAP_SYS_ADMIN: the agent then fails at start-up with "Operation not permitted", as the
+    deploy README says (the case components/legacy-kernel is for)."""
+    c = run_agent(lab, image, tmp_path, bpffs, PODMAN_SECCOMP, headers=True)
+    try:
+        code = c.wait(timeout=300)
+        log = c.logs()
+        assert code == 1, log[-3000:]
+        assert "Operation not permitted" in log, log[-3000:]
+        assert our_filters(lab) == []
+    finally:
+        c.remove()
