@@ -51,7 +51,7 @@ pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "daemonset"
-#: the container image's root, as seccomp and podman see it
+#: podman's default seccomp profile (containers/common), the base of RuntimeDefault here
 PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
 
 TOPOLOGY = """\
