@@ -1,8 +1,8 @@
 """Project-wide pytest rules.
 
-In CI (``CI=true``) a skipped test under ``tests/kernel`` or ``tests/e2e`` fails the run:
-those tests exist to exercise the real kernel, and a skip there would hide a broken
-datapath behind a green build.
+In CI (``CI=true``) a skipped test under ``tests/kernel``, ``tests/e2e`` or ``tests/deploy`` fails
+the run: those tests exist to exercise the real kernel and the real image, and a skip there
+would hide a broken datapath or deployment behind a green build.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-_MUST_RUN = ("tests/kernel/", "tests/e2e/")
+_MUST_RUN = ("tests/kernel/", "tests/e2e/", "tests/deploy/")
 _skipped_in_ci: list[str] = []
 
 

@@ -20,7 +20,13 @@
 #      /usr/src even though their version differs from R, as tools/setup.sh does for
 #      kernels without packaged headers. Structures that changed between the two
 #      versions would be compiled wrongly, hence opt-in.
-# Otherwise it exits 1 with a message naming the node's missing paths.
+#   5. the kernel UAPI headers the image carries ($ZONEMETER_UAPI_TREE, laid out by
+#      deploy/daemonset/kernel-uapi.sh from Debian's linux-libc-dev), through
+#      BCC_KERNEL_SOURCE: the datapath reads only UAPI structures, whose layout does not
+#      change between kernels, so a node without any headers still runs the agent.
+# A BCC_KERNEL_SOURCE set on the container wins over all of these. Whichever is used is
+# logged. Only when none exists (an image without the UAPI tree) it exits 1 with a
+# message naming the node's missing paths.
 #
 # `--cleanup` (remove pins and filters) and `--help` need no headers and skip all this.
 #
@@ -31,6 +37,7 @@
 #   ZONEMETER_SYS_KERNEL       sysfs kernel dir, for kheaders.tar.xz     (/sys/kernel)
 #   ZONEMETER_KERNEL_RELEASE   kernel release                            ($(uname -r))
 #   ZONEMETER_HEADERS_FALLBACK none | newest                             (none)
+#   ZONEMETER_UAPI_TREE        the image's UAPI header tree              (/opt/zonemeter/kernel-uapi)
 #   ZONEMETER_AGENT            the zonemeter executable                  (/opt/zonemeter/venv/bin/zonemeter)
 set -euo pipefail
 
@@ -40,6 +47,7 @@ usr_src=${ZONEMETER_USR_SRC:-/usr/src}
 sys_kernel=${ZONEMETER_SYS_KERNEL:-/sys/kernel}
 release=${ZONEMETER_KERNEL_RELEASE:-$(uname -r)}
 fallback=${ZONEMETER_HEADERS_FALLBACK:-none}
+uapi_tree=${ZONEMETER_UAPI_TREE:-/opt/zonemeter/kernel-uapi}
 agent=${ZONEMETER_AGENT:-/opt/zonemeter/venv/bin/zonemeter}
 
 # One JSON object per line on stderr, like the agent's own log.
@@ -97,6 +105,10 @@ link() {
 
 prepare_headers() {
   local build="" source="" cp
+  if [ -n "${BCC_KERNEL_SOURCE:-}" ]; then
+    log info "BCC_KERNEL_SOURCE is set: BCC compiles against $BCC_KERNEL_SOURCE"
+    return 0
+  fi
   cp=$(resolve_host "/lib/modules/$release/build" || true)
   if [ -n "$cp" ] && [ -d "$cp/include" ]; then build=$cp; fi
   cp=$(resolve_host "/lib/modules/$release/source" || true)
@@ -129,8 +141,16 @@ prepare_headers() {
     fi
   fi
 
+  if [ -z "$build" ] && [ -f "$uapi_tree/include/linux/kconfig.h" ]; then
+    local origin
+    origin=$(head -n 1 "$uapi_tree/ORIGIN" 2>/dev/null || echo "unknown origin")
+    export BCC_KERNEL_SOURCE=$uapi_tree
+    log info "no kernel headers for $release on the node; BCC compiles against the image's UAPI headers in $uapi_tree ($origin)"
+    return 0
+  fi
+
   if [ -z "$build" ]; then
-    log error "no kernel headers for $release: the node has no /lib/modules/$release/build with an include/ directory, no /usr/src/linux-headers-$release or /usr/src/kernels/$release, and no $sys_kernel/kheaders.tar.xz; install the headers package for the running kernel on the node (see deploy/daemonset/README.md)"
+    log error "no kernel headers for $release: the node has no /lib/modules/$release/build with an include/ directory, no /usr/src/linux-headers-$release or /usr/src/kernels/$release, and no $sys_kernel/kheaders.tar.xz, and the image has no UAPI header tree at $uapi_tree (see deploy/daemonset/README.md)"
     return 1
   fi
   # Debian splits headers into linux-headers-R (flavour: amd64, cloud-amd64, ...) and
@@ -146,6 +166,7 @@ prepare_headers() {
   if [ -n "$source" ]; then
     link source "$source"
   fi
+  log info "BCC compiles against the node's kernel headers in $build"
 }
 
 needs_headers=1

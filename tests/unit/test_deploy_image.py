@@ -179,7 +179,8 @@ def _fake_node(tmp: Path, layout: str) -> dict[str, str]:
     elif layout == "kheaders":
         (sys_kernel / "kheaders.tar.xz").write_bytes(b"")
     fake = tmp / "zonemeter"
-    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/agent-args"\n')
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/agent-args"\n'
+                    'printf "%s" "${BCC_KERNEL_SOURCE-unset}" > "$(dirname "$0")/agent-bcc-source"\n')
     fake.chmod(0o755)
     return {
         "PATH": os.environ["PATH"],
@@ -189,7 +190,18 @@ def _fake_node(tmp: Path, layout: str) -> dict[str, str]:
         "ZONEMETER_SYS_KERNEL": str(sys_kernel),
         "ZONEMETER_KERNEL_RELEASE": RELEASE,
         "ZONEMETER_AGENT": str(fake),
+        # absent unless a test makes one (_uapi_tree)
+        "ZONEMETER_UAPI_TREE": str(tmp / "uapi"),
     }
+
+
+def _uapi_tree(tmp: Path) -> Path:
+    """A stand-in for the image's UAPI tree: what the entrypoint checks for."""
+    tree = tmp / "uapi"
+    (tree / "include" / "linux").mkdir(parents=True)
+    (tree / "include" / "linux" / "kconfig.h").write_text("#define CONFIG_BPF_SYSCALL 1\n")
+    (tree / "ORIGIN").write_text("linux-libc-dev 6.1.176-1 (/usr/include)\n")
+    return tree
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -326,3 +338,102 @@ def test_entrypoint_pairs_a_debian_cloud_flavour_with_its_common_tree(tmp_path: 
         "build": str(usr_src / f"linux-headers-{release}"),
         "source": str(usr_src / "linux-headers-6.1.0-57-common"),
     }
+
+
+# ---------------------------------------------------------------- headerless nodes
+
+
+def test_entrypoint_uses_the_image_uapi_tree_without_node_headers(tmp_path: Path) -> None:
+    env = _fake_node(tmp_path, "none")
+    tree = _uapi_tree(tmp_path)
+    result = _run(env, "--interval=10")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "agent-bcc-source").read_text() == str(tree)
+    assert (tmp_path / "agent-args").read_text().split() == ["agent", "--interval=10"]
+    assert not (tmp_path / "modules" / RELEASE).exists(), "no links into an empty tree"
+    (line,) = result.stderr.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "info"
+    assert f"no kernel headers for {RELEASE} on the node" in record["msg"]
+    assert f"UAPI headers in {tree} (linux-libc-dev 6.1.176-1" in record["msg"]
+
+
+def test_entrypoint_prefers_node_headers_over_the_uapi_tree(tmp_path: Path) -> None:
+    env = _fake_node(tmp_path, "debian")
+    _uapi_tree(tmp_path)
+    result = _run(env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "agent-bcc-source").read_text() == "unset"
+    assert _links(tmp_path / "modules")["build"] == str(tmp_path / "usr-src" / f"linux-headers-{RELEASE}")
+    assert "BCC compiles against the node's kernel headers in" in result.stderr
+
+
+def test_entrypoint_prefers_kheaders_over_the_uapi_tree(tmp_path: Path) -> None:
+    env = _fake_node(tmp_path, "kheaders")
+    _uapi_tree(tmp_path)
+    result = _run(env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "agent-bcc-source").read_text() == "unset"
+    assert "kheaders.tar.xz" in result.stderr
+
+
+def test_entrypoint_keeps_a_bcc_kernel_source_set_on_the_container(tmp_path: Path) -> None:
+    env = _fake_node(tmp_path, "debian")
+    _uapi_tree(tmp_path)
+    env["BCC_KERNEL_SOURCE"] = str(tmp_path / "mine")
+    result = _run(env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "agent-bcc-source").read_text() == str(tmp_path / "mine")
+    assert not (tmp_path / "modules" / RELEASE).exists()
+    assert f"BCC_KERNEL_SOURCE is set: BCC compiles against {tmp_path / 'mine'}" in result.stderr
+
+
+def test_kernel_uapi_script_lays_out_a_tree_bcc_accepts(tmp_path: Path) -> None:
+    """kernel-uapi.sh on a fake UAPI include dir: the layout BCC's KBuildHelper reads."""
+    inc = tmp_path / "include"
+    arch = {"x86_64": ("x86", "x86_64-linux-gnu"), "aarch64": ("arm64", "aarch64-linux-gnu")}
+    karch, multiarch = arch[os.uname().machine]
+    (inc / "linux").mkdir(parents=True)
+    (inc / "asm-generic").mkdir()
+    (inc / multiarch / "asm").mkdir(parents=True)
+    (inc / "linux" / "pkt_cls.h").write_text("/* tc */\n")
+    (inc / "linux" / "bpf.h").write_text(
+        "#ifndef __LINUX_BPF_H__\n#define __LINUX_BPF_H__\nenum { BPF_REG_0 };\n"
+        "#endif /* __LINUX_BPF_H__ */\n")
+    (inc / multiarch / "asm" / "types.h").write_text("/* asm */\n")
+    dest = tmp_path / "tree"
+    script = DEPLOY / "kernel-uapi.sh"
+    result = subprocess.run(["bash", str(script), str(dest), str(inc)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (dest / "include" / "linux" / "kconfig.h").read_text().count("#define CONFIG_BPF_SYSCALL 1") == 1
+    assert (dest / "include" / "uapi" / "linux" / "pkt_cls.h").is_file()
+    assert (dest / "arch" / karch / "include" / "uapi" / "asm" / "types.h").is_file()
+    assert (dest / "arch" / karch / "include" / "asm" / "page.h").is_file()
+    assert (dest / "include" / "linux" / "log2.h").is_file()
+    # the kernel's own include guard, as BCC's bundled bpf.h has it
+    assert (dest / "include" / "uapi" / "linux" / "bpf.h").read_text().splitlines()[:2] == [
+        "#ifndef _UAPI__LINUX_BPF_H__", "#define _UAPI__LINUX_BPF_H__"]
+    # idempotent: a second run replaces the tree
+    (dest / "stale").write_text("x")
+    assert subprocess.run(["bash", str(script), str(dest), str(inc)], capture_output=True,
+                          timeout=60).returncode == 0
+    assert not (dest / "stale").exists()
+
+
+def test_kernel_uapi_script_fails_clearly_without_uapi_headers(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(DEPLOY / "kernel-uapi.sh"), str(tmp_path / "t"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "no UAPI headers in" in result.stderr and "linux-libc-dev" in result.stderr
+
+
+def test_dockerfile_builds_the_uapi_tree_and_keeps_the_package_out(dockerfile: DockerfileParser) -> None:
+    build, final = _stages(dockerfile)
+    build_pkgs = [p.split("=")[0] for ins in build if ins["instruction"] == "RUN"
+                  and "apt-get install" in ins["value"] for p in _apt_packages(ins["value"])]
+    assert "linux-libc-dev" in build_pkgs
+    assert any(ins["instruction"] == "RUN" and "zonemeter-kernel-uapi /opt/zonemeter/kernel-uapi" in ins["value"]
+               for ins in build)
+    # the entrypoint's default tree is what the build stage makes and the final stage copies
+    assert "uapi_tree=${ZONEMETER_UAPI_TREE:-/opt/zonemeter/kernel-uapi}" in ENTRYPOINT.read_text()
