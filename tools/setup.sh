@@ -12,7 +12,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-pkgs=(python3-bpfcc linux-headers-amd64 iproute2 iptables nftables ethtool prometheus python3-venv)
+pkgs=(python3-bpfcc linux-headers-amd64 iproute2 iptables nftables ethtool prometheus python3-venv podman mmdebstrap runc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
