@@ -96,9 +96,16 @@ for mod in "${staging[@]}"; do
     v="$staging_ver"
     if ! (cd "$scratch" && go list -m "$mod@$v" >/dev/null 2>"$scratch/err"); then
         alt="$(newest_patch "$mod" "0.$minor_n")"
-        [[ -n "$alt" ]] || die "$mod@$v refused and no v0.$minor_n.x listed: $(head -2 "$scratch/err" | tr '\n' ' ')"
-        fallbacks+=("$mod $v->$alt ($(grep -m1 -o '[0-9][0-9][0-9] [A-Za-z ]*' "$scratch/err" || echo refused))")
-        v="$alt"
+        why="$(grep -m1 -o '[0-9][0-9][0-9] [A-Za-z ]*' "$scratch/err" || echo refused)"
+        if [[ -n "$alt" ]]; then
+            fallbacks+=("$mod $v->$alt ($why)")
+            v="$alt"
+        else
+            # Kept as is: Go reads a module's go.mod only when the build needs one of its
+            # packages (module graph pruning), so an unused refused module does no harm; if it
+            # is needed, go mod tidy fails below with the proxy's answer.
+            fallbacks+=("$mod $v kept although refused ($why), no v0.$minor_n.x listed")
+        fi
     fi
     replace_lines+=("	$mod => $mod $v")
     [[ "$mod" == "k8s.io/endpointslice" ]] && eps_ver="$v"

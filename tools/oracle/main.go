@@ -670,7 +670,7 @@ func runProxy(req *request, nodes []*corev1.Node, slices []*discovery.EndpointSl
 			for _, e := range eps {
 				pa.Endpoints = append(pa.Endpoints, proxyEndpoint{Endpoint: e.String(), Local: e.IsLocal(),
 					Ready: e.IsReady(), Serving: e.IsServing(), Terminating: e.IsTerminating(),
-					ZoneHints: sortedSet(e.ZoneHints()), NodeHints: sortedSet(e.NodeHints())})
+					ZoneHints: sortedSet(e.ZoneHints()), NodeHints: nodeHints(e)})
 			}
 			sort.Slice(pa.Endpoints, func(i, j int) bool { return pa.Endpoints[i].Endpoint < pa.Endpoints[j].Endpoint })
 			perPort[key] = pa
@@ -764,6 +764,9 @@ func handleOnce(req *request) (ans *answer, err error) {
 	for i, s := range req.EndpointSlices {
 		if s == nil || s.Name == "" {
 			return nil, fmt.Errorf("endpoint_slices[%d].metadata.name: missing", i)
+		}
+		if s.Namespace == "" {
+			s.Namespace = req.Service.Namespace
 		}
 	}
 	proxySlices := req.EndpointSlices

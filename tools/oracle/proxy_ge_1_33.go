@@ -20,3 +20,7 @@ func newEndpointsTracker(family corev1.IPFamily, node string) *proxy.EndpointsCh
 func categorize(eps []proxy.Endpoint, sp proxy.ServicePort, node string, nodeLabels map[string]string) ([]proxy.Endpoint, []proxy.Endpoint, []proxy.Endpoint, bool) {
 	return proxy.CategorizeEndpoints(eps, sp, node, nodeLabels)
 }
+
+// nodeHints: the endpoint's node hints as kube-proxy stored them (read only with the
+// PreferSameTrafficDistribution gate, endpointslicecache.go addEndpoints).
+func nodeHints(e proxy.Endpoint) []string { return sortedSet(e.NodeHints()) }

@@ -22,3 +22,6 @@ func newEndpointsTracker(family corev1.IPFamily, node string) *proxy.EndpointsCh
 func categorize(eps []proxy.Endpoint, sp proxy.ServicePort, _ string, nodeLabels map[string]string) ([]proxy.Endpoint, []proxy.Endpoint, []proxy.Endpoint, bool) {
 	return proxy.CategorizeEndpoints(eps, sp, nodeLabels)
 }
+
+// nodeHints: kube-proxy before 1.33 has no node hints (Endpoint has no NodeHints method).
+func nodeHints(proxy.Endpoint) []string { return nil }
