@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"runtime/debug"
 	"sort"
 	"strings"
@@ -158,6 +159,7 @@ type answer struct {
 	AddHints   *addHintsAnswer                        `json:"add_hints,omitempty"`
 	Proxy      map[string]map[string]*proxyPortAnswer `json:"proxy,omitempty"`
 	ProxySkip  string                                 `json:"proxy_skipped,omitempty"`
+	Warnings   []string                               `json:"warnings,omitempty"`
 }
 
 type addHintsAnswer struct {
@@ -798,12 +800,52 @@ func handleOnce(req *request) (ans *answer, err error) {
 	return ans, nil
 }
 
-func handle(line []byte) []byte {
-	var req request
+// requestFields: the top-level keys a request may have (json tags of request).
+var requestFields = func() map[string]bool {
+	m := map[string]bool{}
+	t := reflect.TypeOf(request{})
+	for i := 0; i < t.NumField(); i++ {
+		m[strings.Split(t.Field(i).Tag.Get("json"), ",")[0]] = true
+	}
+	return m
+}()
+
+// decodeRequest is strict about the request's own keys and lenient inside the Kubernetes
+// objects, as a client of this release decoding a newer API server's JSON would be: fields this
+// release's API types lack (hints.forNodes before 1.33, ...) are dropped, with a warning.
+func decodeRequest(line []byte) (*request, []string, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(line, &top); err != nil {
+		return nil, nil, fmt.Errorf("request: %v", err)
+	}
+	var id any
+	_ = json.Unmarshal(top["id"], &id)
+	req := &request{ID: id}
+	for k := range top {
+		if !requestFields[k] {
+			return req, nil, fmt.Errorf("request: unknown field %q", k)
+		}
+	}
+	if err := json.Unmarshal(line, req); err != nil {
+		return req, nil, fmt.Errorf("request: %v", err)
+	}
+	var warnings []string
 	dec := json.NewDecoder(strings.NewReader(string(line)))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return errLine(nil, fmt.Errorf("request: %v", err))
+	if err := dec.Decode(&request{}); err != nil {
+		warnings = append(warnings, "dropped: "+err.Error()+" (unknown to this release's API types)")
+	}
+	return req, warnings, nil
+}
+
+func handle(line []byte) []byte {
+	req, warnings, err := decodeRequest(line)
+	if err != nil {
+		var id any
+		if req != nil {
+			id = req.ID
+		}
+		return errLine(id, err)
 	}
 	trials := req.Trials
 	if trials <= 0 {
@@ -822,6 +864,7 @@ func handle(line []byte) []byte {
 		if err != nil {
 			return errLine(req.ID, err)
 		}
+		ans.Warnings = warnings
 		if trials == 1 {
 			b, err := json.Marshal(ans)
 			if err != nil {
