@@ -4,6 +4,12 @@
 # Usage: tools/oracle/build.sh VERSION      VERSION = 1.37 (newest patch the module proxy
 #                                           serves) or 1.37.2 (that exact patch)
 #        tools/oracle/build.sh --list       the minors this script knows and the patch each resolves to
+#        tools/oracle/build.sh --cover VERSION
+#                                           also build oracle-cover: the same program with Go coverage
+#                                           counters on the upstream packages (k8s.io/endpointslice/...,
+#                                           k8s.io/kubernetes/pkg/proxy); run it with GOCOVERDIR=DIR, then
+#                                           `go tool covdata percent -i DIR` (statement coverage; the main
+#                                           package must be in -coverpkg or Go writes no counters)
 #
 # Output (outside the clone): $ZONEMETER_ORACLE_CACHE (default /var/cache/zonemeter/oracle)/<minor>/
 #   go.mod, go.sum, *.go     the generated module: our sources + a go.mod that requires
@@ -42,7 +48,9 @@ if [[ "${1:-}" == "--list" ]]; then
     exit 0
 fi
 
-[[ $# -eq 1 ]] || die "usage: build.sh VERSION (e.g. 1.37 or 1.37.2)"
+cover=0
+if [[ "${1:-}" == "--cover" ]]; then cover=1; shift; fi
+[[ $# -eq 1 ]] || die "usage: build.sh [--cover] VERSION (e.g. 1.37 or 1.37.2)"
 req="${1#v}"
 if [[ "$req" =~ ^1\.([0-9]+)$ ]]; then
     minor_n="${BASH_REMATCH[1]}"
@@ -70,6 +78,14 @@ out="$cache_root/$minor"
 mkdir -p "$out"
 if [[ -x "$out/oracle" && -f "$out/stamp" && "$(head -1 "$out/stamp")" == "$kver $srchash" ]]; then
     echo "oracle $minor ($kver) up to date: $out/oracle"
+    if (( cover )); then
+        if [[ ! -x "$out/oracle-cover" || "$out/oracle-cover" -ot "$out/oracle" ]]; then
+            (cd "$out" && GOFLAGS=-mod=mod nice -n 10 go build -trimpath ${tagarg:+-tags "$tagarg"} -cover \
+                -coverpkg=k8s.io/endpointslice/...,k8s.io/kubernetes/pkg/proxy,zonemeter.invalid/oracle -o oracle-cover .) \
+                || die "coverage build of $minor failed"
+        fi
+        echo "coverage binary: $out/oracle-cover"
+    fi
     exit 0
 fi
 
@@ -138,6 +154,12 @@ start=$(date +%s)
     nice -n 10 go build -trimpath ${tagarg:+-tags "$tagarg"} -o oracle.new .
 ) >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; die "build of $minor ($kver) failed; log: $out/build.log"; }
 mv "$out/oracle.new" "$out/oracle"
+if (( cover )); then
+    (cd "$out" && GOFLAGS=-mod=mod nice -n 10 go build -trimpath ${tagarg:+-tags "$tagarg"} -cover \
+        -coverpkg=k8s.io/endpointslice/...,k8s.io/kubernetes/pkg/proxy,zonemeter.invalid/oracle -o oracle-cover .) \
+        >>"$out/build.log" 2>&1 || die "coverage build of $minor failed; log: $out/build.log"
+    echo "coverage binary: $out/oracle-cover"
+fi
 secs=$(( $(date +%s) - start ))
 echo "build seconds: $secs (uptime:$(uptime | sed 's/.*load average/ load average/'))" >>"$out/build.log"
 {
