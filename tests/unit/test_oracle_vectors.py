@@ -355,3 +355,25 @@ def test_vector_against_upstream(vector: dict[str, Any], minor: int, gates: dict
         check_td(vector, ans)
     else:
         check_proxy(vector, req, ans)
+
+
+def test_missing_binary_names_the_build_command(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("ZONEMETER_ORACLE_CACHE", str(tmp_path))
+    with pytest.raises(oc.OracleError, match=r"^oracle for Kubernetes 1\.37 not built: .*; "
+                                             r"run: bash tools/oracle/build.sh 1\.37$"):
+        oc.Oracle("1.37")
+    assert oc.built_minors() == []
+
+
+def test_bad_request_is_an_error_line_and_the_process_goes_on() -> None:
+    built = oc.built_minors()
+    if not built:
+        if _required():
+            pytest.fail("no oracle built; run: bash tools/oracle/build.sh 1.37")
+        pytest.skip("no oracle built; run: bash tools/oracle/build.sh 1.37")
+    with oc.Oracle(built[-1]) as o:
+        assert o.ask_raw({"id": "x", "nodez": []}) == {"id": "x", "error": 'request: unknown field "nodez"'}
+        with pytest.raises(oc.OracleError, match=r"nodes\[0\]\.allocatable_cpu"):
+            o.ask({"nodes": [{"name": "n", "allocatable_cpu": "four"}], "service": {"metadata": {"name": "s"}}})
+        ans = o.ask({"controller": False, "service": {"metadata": {"name": "s"}}})
+        assert ans["kubernetes"].startswith(f"v{built[-1]}.")
