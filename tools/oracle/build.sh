@@ -106,13 +106,25 @@ mapfile -t staging < <(
 [[ ${#staging[@]} -gt 0 ]] || die "no staging replace lines in $kdir/go.mod"
 gover="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$kdir/go.mod")"
 
+# listed_patches MODULE MAJOR.MINOR -> every vMAJOR.MINOR.P the proxy lists, newest first
+listed_patches() {
+    (cd "$scratch" && go list -m -versions "$1" 2>/dev/null) | tr ' ' '\n' \
+        | grep -E "^v$2\.[0-9]+\$" | sort -rV || true
+}
+
+# The proxy may answer a version's .info and still refuse its .zip (endpointslice v0.32.13), so
+# availability is checked by downloading the module (Go needs the zip to build it anyway).
 fallbacks=()
 replace_lines=()
 for mod in "${staging[@]}"; do
     v="$staging_ver"
-    if ! (cd "$scratch" && go list -m "$mod@$v" >/dev/null 2>"$scratch/err"); then
-        alt="$(newest_patch "$mod" "0.$minor_n")"
+    if ! (cd "$scratch" && go mod download "$mod@$v" >/dev/null 2>"$scratch/err"); then
         why="$(grep -m1 -o '[0-9][0-9][0-9] [A-Za-z ]*' "$scratch/err" || echo refused)"
+        alt=""
+        while read -r cand; do
+            [[ -z "$cand" || "$cand" == "$v" ]] && continue
+            if (cd "$scratch" && go mod download "$mod@$cand" >/dev/null 2>&1); then alt="$cand"; break; fi
+        done < <(listed_patches "$mod" "0.$minor_n" | head -6)
         if [[ -n "$alt" ]]; then
             fallbacks+=("$mod $v->$alt ($why)")
             v="$alt"
@@ -120,7 +132,7 @@ for mod in "${staging[@]}"; do
             # Kept as is: Go reads a module's go.mod only when the build needs one of its
             # packages (module graph pruning), so an unused refused module does no harm; if it
             # is needed, go mod tidy fails below with the proxy's answer.
-            fallbacks+=("$mod $v kept although refused ($why), no v0.$minor_n.x listed")
+            fallbacks+=("$mod $v kept although refused ($why), no downloadable v0.$minor_n.x listed")
         fi
     fi
     replace_lines+=("	$mod => $mod $v")
