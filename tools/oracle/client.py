@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import subprocess
 import time
@@ -40,9 +41,21 @@ def cache_root() -> Path:
     return Path(os.environ.get("ZONEMETER_ORACLE_CACHE", "/var/cache/zonemeter/oracle"))
 
 
+def minor_of(version: str) -> str:
+    """``"1.37"`` for ``"1.37"``, ``"1.37.2"``, ``"v1.37.2"`` or ``"v1.37.2-eks-1"``.
+
+    Raises:
+        OracleError: the string does not start with MAJOR.MINOR.
+    """
+    m = re.match(r"v?(\d+)\.(\d+)", version.strip())
+    if m is None:
+        raise OracleError(f"version {version!r}: want MAJOR.MINOR, e.g. 1.37")
+    return f"{int(m.group(1))}.{int(m.group(2))}"
+
+
 def binary(minor: str) -> Path:
     """Path of the oracle binary for ``minor`` (e.g. ``"1.37"``); it may not exist yet."""
-    return cache_root() / minor / "oracle"
+    return cache_root() / minor_of(minor) / "oracle"
 
 
 def built_minors() -> list[str]:
@@ -54,7 +67,7 @@ class Oracle:
     """One long-lived oracle process for one Kubernetes minor.
 
     Args:
-        minor: Kubernetes minor version, ``"1.31"`` .. ``"1.37"``.
+        minor: Kubernetes version, ``"1.31"`` .. ``"1.37"`` (a patch or ``v`` prefix is ignored).
         timeout: seconds to wait for each answer line.
 
     Raises:
@@ -62,6 +75,7 @@ class Oracle:
     """
 
     def __init__(self, minor: str, timeout: float = 30.0) -> None:
+        minor = minor_of(minor)
         self.minor = minor
         self.timeout = timeout
         path = binary(minor)
