@@ -443,3 +443,8 @@ def test_bad_request_is_an_error_line_and_the_process_goes_on() -> None:
             o.ask({"nodes": [{"name": "n", "allocatable_cpu": "four"}], "service": {"metadata": {"name": "s"}}})
         ans = o.ask({"controller": False, "service": {"metadata": {"name": "s"}}})
         assert ans["kubernetes"].startswith(f"v{built[-1]}.")
+        defaults = ans["gates"]
+        # a refused gate leaves no trace (SetFromMap keeps every key it is given)
+        with pytest.raises(oc.OracleError, match="unrecognized feature gate: NoSuchGate"):
+            o.ask({"controller": False, "feature_gates": {"NoSuchGate": True}, "service": {"metadata": {"name": "s"}}})
+        assert o.ask({"controller": False, "service": {"metadata": {"name": "s"}}})["gates"] == defaults

@@ -202,9 +202,17 @@ func recordGateDefaults() {
 	}
 }
 
+// errGatesPoisoned: the gate registry refused to go back to its defaults; the process ends.
+var errGatesPoisoned = errors.New("feature gates cannot be reset to their defaults; the oracle exits")
+
 // applyGates restores every gate an earlier request set, then applies this request's map
-// through DefaultMutableFeatureGate.SetFromMap (unknown gates and changes of locked gates are
-// refused there, as kube-controller-manager and kube-proxy refuse them at start-up).
+// through DefaultMutableFeatureGate.SetFromMap (changes of locked gates, or of gates this
+// emulation version does not offer, are refused there, as kube-controller-manager and kube-proxy
+// refuse them at start-up).
+//
+// SetFromMap keeps every key it was given (component-base featuregate SetFromMap stores the raw
+// map before validating it) and validates all of them again on each later call, so a name the
+// registry does not know is refused here, before SetFromMap, with the registry's own wording.
 func applyGates(want map[string]bool) error {
 	reset := map[string]bool{}
 	for g := range touched {
@@ -212,23 +220,28 @@ func applyGates(want map[string]bool) error {
 	}
 	if len(reset) > 0 {
 		if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(reset); err != nil {
-			return fmt.Errorf("resetting feature gates: %w", err)
+			return fmt.Errorf("%w: %v", errGatesPoisoned, err)
 		}
 	}
 	if len(want) == 0 {
 		return nil
 	}
-	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(want); err != nil {
-		// SetFromMap may have applied part of the map before failing; undo it.
-		for g := range want {
-			if _, ok := gateDefaults[g]; ok {
-				touched[g] = true
-			}
+	known := knownGates()
+	var unknown []string
+	for g := range want {
+		if _, ok := known[featuregate.Feature(g)]; !ok {
+			unknown = append(unknown, g)
 		}
-		return fmt.Errorf("feature_gates: %w", err)
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return fmt.Errorf("feature_gates: unrecognized feature gate: %s", strings.Join(unknown, ", "))
 	}
 	for g := range want {
 		touched[g] = true
+	}
+	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(want); err != nil {
+		return fmt.Errorf("feature_gates: %w", err)
 	}
 	return nil
 }
@@ -861,6 +874,10 @@ func handle(line []byte) []byte {
 		// each trial decodes afresh: the upstream code mutates the objects it is given
 		_ = json.Unmarshal(line, &r)
 		ans, err := handleOnce(&r)
+		if errors.Is(err, errGatesPoisoned) {
+			os.Stdout.Write(append(errLine(req.ID, err), '\n'))
+			os.Exit(3)
+		}
 		if err != nil {
 			return errLine(req.ID, err)
 		}
