@@ -284,10 +284,13 @@ class ControlPlane:
         if not shutil.which("openssl"):
             raise ControlPlaneError("openssl not found (Debian package openssl)")
         days = "2"
-        _run([*ssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-              "-keyout", "ca.key", "-out", "ca.crt", "-days", days, "-subj", "/CN=zonemeter-lab-ca",
-              "-addext", "basicConstraints=critical,CA:TRUE",
-              "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"], cwd=d)
+        # the cluster CA, and the front-proxy CA kube-apiserver's request-header authentication
+        # trusts (a separate CA, as kubeadm makes: certs/certlist.go, KubeadmCertFrontProxyCA)
+        for ca, cn in (("ca", "zonemeter-lab-ca"), ("front-proxy-ca", "zonemeter-lab-front-proxy-ca")):
+            _run([*ssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                  "-keyout", f"{ca}.key", "-out", f"{ca}.crt", "-days", days, "-subj", f"/CN={cn}",
+                  "-addext", "basicConstraints=critical,CA:TRUE",
+                  "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"], cwd=d)
         # service-account token signing key (RS256, what kube-apiserver signs with by default)
         _run([*ssl, "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key"], cwd=d)
         _run([*ssl, "pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"], cwd=d)
@@ -299,6 +302,7 @@ class ControlPlane:
         # system:kube-controller-manager (plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go).
         self._sign("admin", "/O=system:masters/CN=zonemeter-admin", "clientAuth", [])
         self._sign("kube-controller-manager", "/CN=system:kube-controller-manager", "clientAuth", [])
+        self._sign("front-proxy-client", "/CN=front-proxy-client", "clientAuth", [], ca="front-proxy-ca")
         for f in d.iterdir():
             os.chmod(f, 0o600)
         self._write_kubeconfig(self.kubeconfig, "admin", self.server)
@@ -306,7 +310,7 @@ class ControlPlane:
         self._write_kubeconfig(self.workdir / "kube-controller-manager.kubeconfig", "kube-controller-manager",
                                f"https://127.0.0.1:{APISERVER_PORT}")
 
-    def _sign(self, name: str, subject: str, usage: str, sans: list[str]) -> None:
+    def _sign(self, name: str, subject: str, usage: str, sans: list[str], ca: str = "ca") -> None:
         d = self.pki
         _run(["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
               "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject], cwd=d)
@@ -315,7 +319,7 @@ class ControlPlane:
         if sans:
             ext.append("subjectAltName=" + ",".join(sans))
         (d / f"{name}.ext").write_text("\n".join(ext) + "\n")
-        _run(["openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        _run(["openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
               "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt"], cwd=d)
 
     def _write_kubeconfig(self, path: Path, user: str, server: str) -> None:
@@ -400,6 +404,11 @@ class ControlPlane:
             f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={self.service_cidr}",
+            f"--requestheader-client-ca-file={p / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client", "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true", "--profiling=false", "--v=1",
             *self.extra_apiserver_args,
