@@ -43,7 +43,8 @@ export GOFLAGS="-mod=mod -buildvcs=false"
 go_build() { nice -n 10 go build -trimpath "$@"; }
 
 die() { echo "tools/kube/build.sh: $*" >&2; exit 1; }
-command -v go >/dev/null || die "no 'go' on PATH (Go >= 1.26 is needed; see tools/kube/BUILD.md)"
+command -v go >/dev/null ||
+  die "no 'go' on PATH (Go >= 1.26 is needed, see tools/kube/BUILD.md; ZONEMETER_KUBE=skip tools/setup.sh skips this)"
 
 # Directory of module $1@$2 in the module cache, downloading it through the proxy if needed.
 moddir() {
