@@ -133,6 +133,15 @@ def test_real_endpointslice_controller_writes_zone_hints(netns: str, tmp_path: P
         assert got == {ip: (node, NODES[node], True, {"forZones": [{"name": NODES[node]}]})
                        for node, ip in POD_IPS.items()}
         assert all(cp.running().values()), cp.running()
+
+        # a restarted kube-apiserver serves the same state from etcd
+        before = cp.pids["kube-apiserver"]
+        cp.restart("kube-apiserver")
+        assert cp.pids["kube-apiserver"] != before and not Path(f"/proc/{before}").exists()
+        again = json.loads(cp.kubectl("get", "endpointslices", "-n", "zm", "-l", "kubernetes.io/service-name=web",
+                                      "-o", "json").stdout)
+        assert [x["metadata"]["uid"] for x in again["items"]] == [s["metadata"]["uid"]]
+        assert all(cp.running().values()), cp.running()
         pids = cp.pids
     assert sorted(pids) == ["etcd", "kube-apiserver", "kube-controller-manager"]
     # stop() terminated and reaped every component

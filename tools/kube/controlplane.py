@@ -161,6 +161,9 @@ class ControlPlane:
         workdir: directory for certificates, kubeconfigs, etcd data and logs (created).
         binaries: the components; default :meth:`Binaries.find` for the pinned release.
         extra_apiserver_args: appended to kube-apiserver's command line.
+
+    Raises:
+        ControlPlaneError: ``address`` or ``service_cidr`` is malformed, or the release is not built.
     """
 
     def __init__(self, netns: str, address: str, service_cidr: str, workdir: Path, *,
@@ -177,6 +180,8 @@ class ControlPlane:
         self.extra_apiserver_args = extra_apiserver_args
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._pids: dict[str, int] = {}
+        self._argv: dict[str, list[str]] = {}
+        self._ready: dict[str, list[str]] = {}
 
     # -- paths -----------------------------------------------------------------------------
     @property
@@ -243,6 +248,29 @@ class ControlPlane:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+
+    def restart(self, component: str, timeout_s: float = 180.0) -> None:
+        """Stop one component (SIGTERM) and start it again with the same flags and data.
+
+        Args:
+            component: ``etcd``, ``kube-apiserver`` or ``kube-controller-manager``.
+            timeout_s: for it to be ready again (seconds).
+
+        Raises:
+            ControlPlaneError: it was not started, or did not become ready again.
+        """
+        if component not in self._argv:
+            raise ControlPlaneError(f"restart {component!r}: not started (started: {', '.join(self._argv)})")
+        p = self._procs.get(component)
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._spawn(component, self._argv[component])
+        self._wait(component, timeout_s, self._ready[component])
 
     @property
     def pids(self) -> dict[str, int]:
@@ -345,6 +373,7 @@ class ControlPlane:
             log.close()
         self._procs[name] = p
         self._pids[name] = p.pid
+        self._argv[name] = argv
         return p
 
     def _tail(self, name: str, n: int = 15) -> str:
@@ -356,6 +385,7 @@ class ControlPlane:
 
     def _wait(self, name: str, timeout_s: float, ready: list[str]) -> None:
         """Poll ``ready`` (a command run in the namespace) until it succeeds or ``name`` exits."""
+        self._ready[name] = ready
         p = self._procs[name]
         deadline = time.monotonic() + timeout_s
         while True:
