@@ -61,4 +61,5 @@ if ! { .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade 
 fi
 .venv/bin/python -c 'import bcc, pyroute2, kubernetes, prometheus_client, cachetools' \
   || { echo "setup: venv imports failed" >&2; exit 1; }
+[ "${ZONEMETER_KUBE:-build}" = skip ] || { t0=$(date +%s); bash tools/kube/build.sh; echo "setup: Kubernetes components ready in $(( $(date +%s) - t0 )) s (tools/kube/BUILD.md; ZONEMETER_KUBE=skip skips)"; }
 echo "setup: ok (venv .venv, kernel $k)"
