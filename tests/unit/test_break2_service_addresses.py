@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from agent.attribution import Attributor
 from agent.hints import HintModel
 from agent.k8s import MetadataAdapter
-from agent.attribution import Attributor
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.records import FlowDelta, FlowKind

@@ -119,7 +119,8 @@ ENDPOINT_MUTATIONS = st.sampled_from([
     lambda e: "10.0.3.5",
     lambda e: None,
 ])
-PORTS: st.SearchStrategy[Any] = st.sampled_from([None, [], [{}], [{"port": None}], [{"name": "http"}], [{"port": 70000}],
+PORTS: st.SearchStrategy[Any] = st.sampled_from([None, [], [{}], [{"port": None}], [{"name": "http"}],
+                         [{"port": 70000}],
                          [{"port": -1}], [{"port": "8080"}], [{"port": 8080, "protocol": "ICMP"}],
                          [{"port": 8080, "protocol": 6}], "8080", [None], [{"port": 2**64}],
                          [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": 5}]])

@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.hints import REASON_SENTENCES
+from agent.report.pricing import NAMED_PRICES, Price
 from tools.demo.agents import AgentMetrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
-from agent.report.pricing import NAMED_PRICES, Price
 
 #: AWS: $0.01/GB charged on each side of a zone crossing
 AWS = Price("aws", NAMED_PRICES["aws"])

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.hints import HintModel
-from agent.k8s import MetadataAdapter
 from agent.attribution import Attributor
 from agent.exporter import Exporter
+from agent.hints import HintModel
+from agent.k8s import MetadataAdapter
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.loop import build_snapshot

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ipaddress
 import math
 
-from agent.hints import HintModel
 from agent.exporter import Exporter
+from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.loop import AgentLoop

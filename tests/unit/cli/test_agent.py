@@ -24,9 +24,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent import cli
-from agent.hints import HintModel
-from agent.exporter import Exporter
 from agent.datapath import TableStats
+from agent.exporter import Exporter
+from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.logs import JsonFormatter

@@ -162,8 +162,8 @@ def test_endpoints_are_not_overwritten_before_the_slices_were_ever_listed() -> N
     agent attached and wrote the cache's endpoint set, which is empty (or the first page
     of a list that failed), over the previous agent's set still in the pinned map. Until
     the API came back, this node's Service bytes were counted as workload bytes."""
-    from agent.hints import HintModel
     from agent.exporter import Exporter
+    from agent.hints import HintModel
     from agent.k8s.cache import ClusterMetadata
     from agent.loop import AgentLoop
     from tests.unit.agent_cluster import cluster

@@ -21,9 +21,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent import cli
-from agent.hints import HintModel
 from agent.cli.agent import _run
 from agent.exporter import Exporter
+from agent.hints import HintModel
 from agent.k8s.source import open_metadata
 from agent.loop import AgentLoop
 from agent.records import FlowKind
