@@ -36,7 +36,7 @@ class InputError(ZonemeterError):
         text = ": ".join(parts + [self.problem])
         return " ".join(text.split())  # always one line
 
-    def with_source(self, source: str) -> "InputError":
+    def with_source(self, source: str) -> InputError:
         """Return a copy of this error that names ``source`` (when it named none)."""
         return InputError(self.problem, source=self.source or source, obj=self.obj, field=self.field)
 

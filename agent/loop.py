@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.hints import HintModel
-from agent.k8s import MetadataAdapter
 from agent.attribution import Attributor
+from agent.datapath import TableStats
 from agent.errors import InputError
 from agent.exporter import Exporter, ExportSnapshot
-from agent.datapath import TableStats
+from agent.hints import HintModel
+from agent.k8s import MetadataAdapter
 from agent.k8s.cache import ClusterMetadata
 from agent.logs import LogOnce
 from agent.records import AttributionTotals, FlowDelta, IPAddress, Locality, ServiceRef

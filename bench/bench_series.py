@@ -66,9 +66,9 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from agent.loop import build_snapshot
 from agent.attribution import Attributor
 from agent.exporter import Exporter
+from agent.loop import build_snapshot
 from agent.records import (
     FlowDelta,
     FlowKind,
@@ -321,7 +321,8 @@ def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
         deltas += len(batch)
     att.close_interval(T0 + 10)
     totals = att.totals()
-    snap = build_snapshot(totals, locality=c.hints.localities(T0 + 10), table=None, attached=sum(len(v) for v in c.local.values()),
+    attached = sum(len(v) for v in c.local.values())
+    snap = build_snapshot(totals, locality=c.hints.localities(T0 + 10), table=None, attached=attached,
                           synced={"pods": True}, duration=0.0, at=T0 + 10, interval=10.0)
     exp = Exporter()
     exp.update(snap)

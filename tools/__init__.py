@@ -1,1 +1,1 @@
-"""zonemeter tools: the lab (a multi-zone cluster in network namespaces), the before/after report and other utilities."""
+"""zonemeter tools: the lab (a multi-zone cluster in network namespaces) and the demo built on it."""

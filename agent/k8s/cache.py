@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
-from agent.logs import LogOnce
 from agent.k8s.parse import (
     BAD_SHAPE,
     NO_NODE_NAME,
@@ -75,6 +74,7 @@ from agent.k8s.parse import (
 )
 from agent.k8s.pods import PodTable, tagged_address_key
 from agent.k8s.services import DoorIndex, SliceIndex, build_door_index, endpoint_key
+from agent.logs import LogOnce
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 log = logging.getLogger(__name__)

@@ -220,7 +220,8 @@ def test_agents_export_ground_truth_and_stop_cleanly(lab, tmp_path: Path) -> Non
         assert {k: v for k, v in other.items() if v and "skipped" not in k} == {}
         assert other.get("zonemeter_skipped_bytes_total/clusterip_client_copy", 0) > 0
         text = agents.scrape("a1")
-        assert 'zonemeter_service_locality_info{mode="none",namespace="shop",reason="not-requested",service="web"} 1.0' in text
+        assert ('zonemeter_service_locality_info{mode="none",namespace="shop",reason="not-requested",service="web"} 1.0'
+                in text)
         assert "zonemeter_attached_interfaces 2.0" in text  # client-a1 and web-a1
 
         # more traffic, then SIGTERM at once: the final export carries it

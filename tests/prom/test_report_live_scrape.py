@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.cli import main
-from tests.fixtures.promdata import running_prometheus, scrape_config
 from agent.report.prom import PromClient
+from tests.fixtures.promdata import running_prometheus, scrape_config
 
 SAME = 1_000_000          # same-zone bytes added per scrape, both phases
 CROSS_BEFORE = 3_000_000  # cross-zone bytes added per scrape before the change

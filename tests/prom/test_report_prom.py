@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from tests.fixtures.promdata import CHANGE, END, T0, WITHDRAWN
-from agent.report.compute import (ServiceKey, report_for_windows, report_per_service,
-                                  scrape_interval)
+from agent.report.compute import ServiceKey, report_for_windows, scrape_interval
 from agent.report.pricing import parse_price
 from agent.report.prom import PromClient
 from agent.report.timespec import Window, format_time
+from tests.fixtures.promdata import CHANGE, END, T0, WITHDRAWN
 
 MONTH = 30 * 86400
 approx = lambda v: pytest.approx(v, rel=1e-9, abs=1e-9)  # noqa: E731

@@ -19,15 +19,33 @@ from typing import Any
 import pytest
 import requests
 
-from tests.fixtures.promdata import (MANY_SPAN, MANY_T0, MANY_WINDOW, ONE_T0, many_change_time,
-                                 running_prometheus, scale_input)
-from agent.report.compute import (BYTES, CHART_PANELS, CROSS_ZONE, HINT_IGNORED, IN_EFFECT,
-                                  PairRate, Report,
-                                  ServiceKey, WindowStats, in_effect_shares, label_matchers,
-                                  report_for_windows, report_per_service)
+from agent.report.compute import (
+    BYTES,
+    CHART_PANELS,
+    CROSS_ZONE,
+    HINT_IGNORED,
+    IN_EFFECT,
+    PairRate,
+    Report,
+    ServiceKey,
+    WindowStats,
+    in_effect_shares,
+    label_matchers,
+    report_for_windows,
+    report_per_service,
+)
 from agent.report.pricing import parse_price
 from agent.report.prom import PromClient
 from agent.report.timespec import Window, choose_step
+from tests.fixtures.promdata import (
+    MANY_SPAN,
+    MANY_T0,
+    MANY_WINDOW,
+    ONE_T0,
+    many_change_time,
+    running_prometheus,
+    scale_input,
+)
 
 MANY = 200
 AWS = parse_price("aws")

@@ -1,4 +1,4 @@
-"""Breaker 2: a pod dialling a Service through a NodePort, an externalIP or a
+"""Attribution of a pod dialling a Service through a NodePort, an externalIP or a
 LoadBalancer ingress IP. kube-proxy DNATs the connection (on the client's node for its own
 node address, externalIPs and LB IPs; on the target node for another node's address, then
 with masquerade SNAT), so the endpoint's node counts the bytes as ``request``/``response``.
@@ -14,20 +14,20 @@ from typing import Any
 
 import pytest
 
+from agent.attribution import Attributor
 from agent.hints import HintModel
 from agent.k8s import MetadataAdapter
-from agent.attribution import Attributor
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.records import FlowDelta, FlowKind
-from tests.unit.agent_cluster import cluster
+from tests.fixtures.topologies import two_zone_cluster
 
 ip = ipaddress.ip_address
 T0 = 1_764_000_000.0
 
 
 def objs(ip_mode: str | None = None) -> dict[str, Any]:
-    o = copy.deepcopy(cluster())
+    o = copy.deepcopy(two_zone_cluster())
     web = next(s for s in o["services"] if s["metadata"]["name"] == "web")
     web["spec"]["type"] = "LoadBalancer"
     web["spec"]["ports"][0]["nodePort"] = 30080
@@ -83,7 +83,7 @@ def test_front_door_client_copy_not_counted(door: str, addr: str, port: int, see
 def grpc_objs() -> dict[str, Any]:
     """web serves gRPC on Service port 50051 (inside Linux's default ephemeral range
     32768-60999, where the kernel records the remote port of ingress/egress as 0)."""
-    o = copy.deepcopy(cluster())
+    o = copy.deepcopy(two_zone_cluster())
     web = next(s for s in o["services"] if s["metadata"]["name"] == "web")
     web["spec"]["ports"] = [{"name": "grpc", "port": 50051, "targetPort": 50051, "protocol": "TCP"}]
     web["spec"]["externalIPs"] = ["198.51.100.7"]
@@ -110,7 +110,7 @@ def test_service_port_in_the_ephemeral_range_client_copy_not_counted(dialled: st
 
 
 def statsd_objs() -> dict[str, Any]:
-    o = copy.deepcopy(cluster())
+    o = copy.deepcopy(two_zone_cluster())
     web = next(s for s in o["services"] if s["metadata"]["name"] == "web")
     web["spec"]["ports"].append({"name": "statsd", "port": 8125, "targetPort": 8125, "protocol": "UDP"})
     for sl in o["endpointslices"]:

@@ -1,4 +1,4 @@
-"""Attack the YAML paths of the snapshot and CIDR loaders with tags (issue 8, bad input).
+"""Attack the YAML paths of the snapshot and CIDR loaders with tags (bad input: docs/reliability.md).
 
 PyYAML's safe constructors raise plain ``ValueError``/``KeyError``/``AttributeError`` for
 a tagged scalar that is not of its type (``!!int x``, ``!!bool maybe``, ``!!timestamp
@@ -108,9 +108,9 @@ def test_cpu_beyond_int64_millis_is_a_bad_quantity(cpu: object) -> None:
 
 def test_explain_with_an_overflowing_node_cpu_is_not_a_traceback(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from agent import cli
-    from tests.unit.agent_cluster import cluster, write_snapshot
+    from tests.fixtures.topologies import two_zone_cluster, write_snapshot
 
-    c = cluster()
+    c = two_zone_cluster()
     c["nodes"][0]["status"]["allocatable"]["cpu"] = "1e999999"
     for svc in c["services"]:
         svc["metadata"]["annotations"] = {"service.kubernetes.io/topology-mode": "Auto"}

@@ -118,7 +118,7 @@ def test_ctrl_c_says_what_was_cleaned_and_where_the_workdir_is(
             self.workdir = tmp_path / "zonemeter-demo-x"
             self.cluster = type("C", (), {"prefix": "zmffff"})()
 
-        def __enter__(self) -> "Interrupted":
+        def __enter__(self) -> Interrupted:
             return self
 
         def __exit__(self, *exc: object) -> None:

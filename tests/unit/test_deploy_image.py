@@ -111,7 +111,8 @@ def test_entrypoint_and_cmd_match_the_daemonset(dockerfile: DockerfileParser) ->
     by = {i["instruction"]: i["value"] for i in final}
     assert json.loads(by["ENTRYPOINT"]) == ["/usr/local/bin/zonemeter-entrypoint"]
     assert "deploy/daemonset/entrypoint.sh /usr/local/bin/zonemeter-entrypoint" in by["COPY"] or any(
-        i["instruction"] == "COPY" and i["value"].endswith("deploy/daemonset/entrypoint.sh /usr/local/bin/zonemeter-entrypoint")
+        i["instruction"] == "COPY"
+        and i["value"].endswith("deploy/daemonset/entrypoint.sh /usr/local/bin/zonemeter-entrypoint")
         for i in final
     )
     ds = yaml.safe_load((DEPLOY / "agent" / "daemonset.yaml").read_text())

@@ -13,8 +13,9 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -24,7 +25,7 @@ MON = ROOT / "deploy" / "daemonset" / "monitoring"
 README = ROOT / "deploy" / "daemonset" / "README.md"
 TEST_FILES = ("rules_test.yml", "rules_test_weekly.yml")
 
-# Metric contract (DESIGN.md "Metric contract", with issue 4's client_zone label on
+# Metric contract (docs/metrics.md, with the client_zone label on
 # zonemeter_service_locality_in_effect), plus what rules may read from elsewhere.
 CONTRACT_METRICS = {
     "zonemeter_service_bytes_total",

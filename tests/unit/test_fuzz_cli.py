@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 import agent.cli.report as report_cli
 from agent.cli import main
 from agent.errors import InputError
-from tools.lab.topology import Topology
 from agent.report.prom import PromClient
+from tools.lab.topology import Topology
 
 SETTINGS = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -31,7 +31,7 @@ from agent.errors import InputError
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.parse import NodeInfo, ServiceInfo, Slice
 from agent.k8s.snapshot import Snapshot
-from tests.unit.mutation import mutate_once
+from tests.fixtures.mutation import mutate_once
 
 
 def _records_only(c: ClusterMetadata) -> None:
@@ -119,7 +119,8 @@ ENDPOINT_MUTATIONS = st.sampled_from([
     lambda e: "10.0.3.5",
     lambda e: None,
 ])
-PORTS: st.SearchStrategy[Any] = st.sampled_from([None, [], [{}], [{"port": None}], [{"name": "http"}], [{"port": 70000}],
+PORTS: st.SearchStrategy[Any] = st.sampled_from([None, [], [{}], [{"port": None}], [{"name": "http"}],
+                         [{"port": 70000}],
                          [{"port": -1}], [{"port": "8080"}], [{"port": 8080, "protocol": "ICMP"}],
                          [{"port": 8080, "protocol": 6}], "8080", [None], [{"port": 2**64}],
                          [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": 5}]])
@@ -342,8 +343,9 @@ def _name(obj: dict[str, Any]) -> Any:
                                          ("0", "zero allocatable CPU"),
                                          (None, "zero allocatable CPU")])
 def test_node_with_bad_cpu_makes_auto_refuse(cpu: Any, problem: str) -> None:
-    # HINTS.md 4.1: one eligible worker without usable CPU poisons the ratios for every
-    # Service; skipping the node would give ratios from the other nodes instead
+    # pkg/controller/endpointslice/topologycache TopologyCache.SetNodes: one ready worker
+    # without usable CPU (or zone) poisons the ratios for every Service; skipping the node
+    # would give ratios from the other nodes instead
     snap = good_cluster()
     snap.nodes.append(node("n3", "a", cpu=cpu, ip="192.168.0.3"))
     errors: list[InputError] = []

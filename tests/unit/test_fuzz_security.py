@@ -73,7 +73,10 @@ def test_label_values_from_the_cluster_are_escaped(ns: str, svc: str, zone: str,
     parsed = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
     for name, value in expected.items():
         assert parsed[name].value == value
-    want = (lambda v: v or "unknown")
+
+    def want(v: str) -> str:
+        return v or "unknown"
+
     assert parsed["zonemeter_service_bytes_total"].labels["namespace"] == want(ns)
     assert parsed["zonemeter_service_bytes_total"].labels["service"] == want(svc)
     assert parsed["zonemeter_service_bytes_total"].labels["client_zone"] == want(zone)

@@ -1,6 +1,7 @@
-"""Turn HINTS.md reference vectors into Kubernetes API-shaped objects and compare results.
+"""Turn the shared reference vectors (vectors/hints.json, docs/hints.md) into Kubernetes
+API-shaped objects and compare results.
 
-A vector (schema: HINTS.md §0) becomes a Node list, one Service (``vec/svc``) and its
+A vector (schema: docs/hints.md) becomes a Node list, one Service (``vec/svc``) and its
 EndpointSlices, exactly as ``kubectl get -o json`` would show them; the expectations are then
 checked against ``zonemeter explain -o json`` output (and, for fields the explain JSON does not
 carry, against the :class:`agent.hints.ServiceDiagnosis` of the same objects).

@@ -161,7 +161,7 @@ class AgentProcess:
 def agent_argv(lab: Lab, node: str, snapshot: Path, address: str, interval: float,
                python: str = sys.executable, command: list[str] | None = None,
                extra: tuple[str, ...] = ()) -> list[str]:
-    """Return the command line of the agent for ``node`` (the CLI contract of issue 4).
+    """Return the command line of the agent for ``node`` (the agent verb's flags, docs/agent.md).
 
     ``command`` replaces ``[python, "-m", "agent"]`` (another build of the agent); ``extra``
     flags go after the generated ones (e.g. ``("--series-retention", "60")``)."""

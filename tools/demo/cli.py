@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError, RuntimeFailure
-from tools.demo.run import (DemoOptions, DemoResult, DemoRun, sigterm_as_interrupt, teardown_kept,
-                            warning_messages)
+from tools.demo.run import DemoOptions, DemoResult, DemoRun, sigterm_as_interrupt, teardown_kept, warning_messages
 from tools.demo.summary import render_table
 from tools.demo.topology import load_demo
 

@@ -31,10 +31,10 @@ from typing import Any
 
 from agent import hints as hint_model
 from agent.errors import RuntimeFailure
+from tools.demo.topology import DemoSpec, TrafficPlan, service_port
 from tools.lab import FlowHandle, FlowSpec, Lab
 from tools.lab import snapshot as lab_snapshot
 from tools.lab.topology import Node, Service, Topology
-from tools.demo.topology import DemoSpec, TrafficPlan, service_port
 
 #: Kubernetes version the controller and kube-proxy models run at (feature-gate defaults)
 KUBERNETES_VERSION = "1.35"
@@ -294,7 +294,7 @@ class DemoCluster:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def up(self) -> "DemoCluster":
+    def up(self) -> DemoCluster:
         """Build the lab, write the snapshot and program every node's proxy.
 
         Raises:

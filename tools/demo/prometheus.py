@@ -16,13 +16,13 @@ extrapolated and the result is ``last - first`` per series, reset-corrected.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import time
 import urllib.parse
 import urllib.request
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -164,7 +164,7 @@ class DemoRun:
 
     # ------------------------------------------------------------------ context
 
-    def __enter__(self) -> "DemoRun":
+    def __enter__(self) -> DemoRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -260,7 +260,7 @@ class DemoRun:
         (self.workdir / "demo.json").write_text(json.dumps(state, indent=1))
 
     def _run_traffic(self, duration: float, count: int | None, progress: Progress | None,
-                     during: Callable[["DemoRun"], None] | None, started: float,
+                     during: Callable[[DemoRun], None] | None, started: float,
                      total: float) -> list[FlowResult]:
         self._handles = self.cluster.start_traffic(duration, count=count)
         self._measure = (time.monotonic(), duration) if count is None else None
@@ -319,7 +319,7 @@ class DemoRun:
                              baseline=self._baseline, traffic_seconds=sent)
 
     def execute(self, progress: Progress | None = None,
-                during: Callable[["DemoRun"], None] | None = None,
+                during: Callable[[DemoRun], None] | None = None,
                 phase: Callable[[str], None] | None = None) -> DemoResult:
         """Run every phase (see the module docstring) and return the result.
 

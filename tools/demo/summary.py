@@ -1,6 +1,6 @@
 """The demo's summary: the agents' numbers beside the lab's ground truth, per Service.
 
-JSON (``zonemeter demo -o json``), exactly the schema of issue 5::
+JSON (``zonemeter demo -o json``), exactly the schema of docs/demo.md::
 
     {"duration_seconds": float,
      "services": [{"namespace", "name", "bytes": {crossing: int}, "cross_zone_bytes": int,
@@ -9,7 +9,7 @@ JSON (``zonemeter demo -o json``), exactly the schema of issue 5::
                    "reason": str, "warnings": [str], "usd_per_month_at_aws_price": float}],
      "double_counted_bytes": int}
 
-(``usd_per_month_at_aws_price`` is an extra key beyond issue 5's schema: the measured
+(``usd_per_month_at_aws_price`` is an extra key beyond the founders' schema (docs/demo.md): the measured
 window's cross-zone bytes/s, warm-up left out, held for a 30-day month at AWS's $0.02 per GB
 crossing; an extrapolation of the lab's traffic rate.)
 
@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.hints import REASON_SENTENCES
+from agent.report.pricing import NAMED_PRICES, Price
 from tools.demo.agents import AgentMetrics
 from tools.demo.cluster import ServiceModel, ServiceTruth
-from agent.report.pricing import NAMED_PRICES, Price
 
 #: AWS: $0.01/GB charged on each side of a zone crossing
 AWS = Price("aws", NAMED_PRICES["aws"])

@@ -28,7 +28,7 @@ import yaml
 from agent.errors import InputError
 from tools.lab.topology import Service, Topology
 
-#: issue 5's default cluster: three zones, two 4-CPU nodes each, a frontend client on every
+#: the demo's default cluster (docs/demo.md): three zones, two 4-CPU nodes each, a frontend client on every
 #: node, five Services in namespace shop with the locality settings users get wrong, and
 #: node c2 whose data plane ignores hints.
 DEFAULT_DEMO_TOPOLOGY = """\

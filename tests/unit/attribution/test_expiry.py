@@ -1,7 +1,7 @@
 """Series expiry (``--series-retention``, docs/attribution.md): series of deleted objects go, others stay.
 
 Everything is real except the clock: a ClusterMetadata cache loaded from API-shaped objects
-(tests/unit/agent_cluster.py), the HintModel over it, the Attributor with the
+(tests/fixtures/topologies.py two_zone_cluster), the HintModel over it, the Attributor with the
 MetadataAdapter as its ObjectView, build_snapshot and the Exporter, scraped with
 prometheus_client's text format and parsed back. The monotonic clock the retention is
 measured on is a fake the test advances; the drains' wall-clock ``at`` follows it.
@@ -21,8 +21,6 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.hints import HintModel
-from agent.k8s import MetadataAdapter
 from agent.attribution import (
     EXPIRY_FAMILIES,
     FAMILY_HINT_IGNORED,
@@ -32,11 +30,15 @@ from agent.attribution import (
     Attributor,
 )
 from agent.exporter import Exporter
+from agent.hints import HintModel
+from agent.k8s import MetadataAdapter
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.loop import build_snapshot
 from agent.records import FlowDelta, FlowKind
-from tests.unit.agent_cluster import cluster, pod
+from tests.fixtures import k8s
+from tests.fixtures.fakes import Clock
+from tests.fixtures.topologies import two_zone_cluster
 
 ip = ipaddress.ip_address
 RETENTION = 600.0
@@ -45,36 +47,26 @@ T0 = 1_764_000_000.0  # wall clock of the first drain
 INTERNET = "93.184.216.34"
 
 
-class Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now = 5000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Node:
     """The real pipeline for node ``nb`` with a fake clock: feed deltas, tick, scrape."""
 
     def __init__(self, retention: float = RETENTION) -> None:
-        self.objs = cluster()
+        self.objs = two_zone_cluster()
         self.cache = ClusterMetadata()
         self.cache.load_snapshot(Snapshot(nodes=self.objs["nodes"], services=self.objs["services"],
                                           endpointslices=self.objs["endpointslices"],
                                           pods=self.objs["pods"]))
         self.hints = HintModel(self.cache)
         self.hints.refresh(None)
-        self.clock = Clock()
-        self.start = self.clock.now
+        self.clock = Clock(5000.0)
+        self.start = self.clock.t
         self.att = Attributor("nb", MetadataAdapter(self.cache), self.hints,
                               series_retention=retention, clock=self.clock)
         self.exporter = Exporter(version="t")
 
     @property
     def elapsed(self) -> float:
-        return self.clock.now - self.start
+        return self.clock.t - self.start
 
     def tick(self, deltas: list[FlowDelta] = ()) -> None:  # type: ignore[assignment]
         """One agent interval: refresh hints for changed objects, attribute, close, export."""
@@ -84,7 +76,7 @@ class Node:
         self.att.close_interval(at)
         self.exporter.update(build_snapshot(self.att.totals(), locality=self.hints.localities(), table=None,
                                             attached=0, synced={}, duration=0.0, at=at, interval=STEP))
-        self.clock.now += STEP
+        self.clock.t += STEP
 
     def idle_until(self, elapsed: float) -> None:
         while self.elapsed < elapsed:
@@ -334,7 +326,7 @@ def test_ownerless_pod_churn_keeps_live_series_bounded() -> None:
         counts: list[int] = []
         for i in range(1000):
             name, addr = f"batch-{i}", str(ip("10.250.0.0") + i)
-            obj = pod(name, "nb", addr, "batch")  # no rs_hash: no ownerReferences
+            obj = k8s.pod(name, addr, "nb", app="batch")  # no template hash: no ownerReferences
             n.cache.apply("pods", "ADDED", obj)
             for _ in range(6):  # lives one minute, sends every interval
                 n.tick([d(FlowKind.EGRESS, addr, INTERNET, 443, 100)])
@@ -399,7 +391,7 @@ def test_agent_loop_passes_retention_and_clock_and_exports_the_counter() -> None
     n.delete("services", "web")
     n.delete("endpointslices", "web-abcde")
     for _ in range(int(LATEST / STEP) + 1):
-        n.clock.now += STEP
+        n.clock.t += STEP
         loop.tick()
     text = generate_latest(exp.registry()).decode()
     assert 'zonemeter_series_expired_total{family="zonemeter_service_bytes_total"} 1.0' in text

@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.hints import HintModel
-from agent.k8s import MetadataAdapter
 from agent.attribution import Attributor
 from agent.exporter import Exporter
+from agent.hints import HintModel
+from agent.k8s import MetadataAdapter
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.loop import build_snapshot
 from agent.records import FlowKind
-from tests.unit.agent_cluster import cluster
+from tests.fixtures.topologies import two_zone_cluster
 from tests.unit.attribution.test_expiry import (
     INTERNET,
     RETENTION,
@@ -60,7 +60,7 @@ OPS = st.one_of(
 @settings(max_examples=100, deadline=None)
 @given(st.lists(OPS, min_size=1, max_size=25))
 def test_expiry_invariants(ops: list[tuple[str, Any, int]]) -> None:
-    objs = copy.deepcopy(cluster())
+    objs = copy.deepcopy(two_zone_cluster())
     cache = ClusterMetadata()
     cache.load_snapshot(Snapshot(nodes=objs["nodes"], services=objs["services"],
                                  endpointslices=objs["endpointslices"], pods=objs["pods"]))
@@ -70,7 +70,7 @@ def test_expiry_invariants(ops: list[tuple[str, Any, int]]) -> None:
     att = Attributor("nb", MetadataAdapter(cache), hints, series_retention=RETENTION, clock=clock,
                      hold_unresolved_seconds=HOLD)
     exporter = Exporter(version="t")
-    start = clock.now
+    start = clock.t
     prev: dict[Any, int] = {}
     last_gain: dict[Any, float] = {}
     expired_any: list[int] = []
@@ -85,7 +85,7 @@ def test_expiry_invariants(ops: list[tuple[str, Any, int]]) -> None:
                 obj = next(o for o in objs[{"services": "services", "pods": "pods"}[res]]
                            if o["metadata"]["name"] == name)
                 cache.apply(res, "DELETED" if op == "delete" else "ADDED", obj)
-            at = T0 + clock.now - start
+            at = T0 + clock.t - start
             hints.refresh(cache.take_dirty(), at=at)
             att.attribute(deltas, at)
             att.close_interval(at)
@@ -96,9 +96,9 @@ def test_expiry_invariants(ops: list[tuple[str, Any, int]]) -> None:
                 if k in prev:
                     assert v >= prev[k], f"{k} went down while present"
                 if prev.get(k) != v:
-                    last_gain[k] = clock.now
+                    last_gain[k] = clock.t
             for k in prev.keys() - now.keys():
-                assert clock.now - last_gain[k] >= RETENTION, f"{k} dropped while gaining"
+                assert clock.t - last_gain[k] >= RETENTION, f"{k} dropped while gaining"
                 ns = k.namespace
                 if hasattr(k, "service"):
                     assert cache.service(ns, k.service) is None, f"{k} dropped, Service exists"
@@ -111,5 +111,5 @@ def test_expiry_invariants(ops: list[tuple[str, Any, int]]) -> None:
                    if s.name in ("zonemeter_service_bytes_total", "zonemeter_workload_bytes_total")]
             assert len(got) == len(set(got)) == len(now)
             expired_any.append(sum(t.series_expired.values()))
-            clock.now += STEP
+            clock.t += STEP
     event(f"series expired: {bool(expired_any and expired_any[-1])}")

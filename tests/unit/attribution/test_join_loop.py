@@ -7,20 +7,20 @@ from __future__ import annotations
 import ipaddress
 import math
 
-from agent.hints import HintModel
 from agent.exporter import Exporter
+from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.loop import AgentLoop
 from agent.records import FlowDelta, FlowKind
-from tests.unit.agent_cluster import cluster
-from tests.unit.cli.test_agent import FakeDatapath
+from tests.fixtures.fakes import FakeDatapath
+from tests.fixtures.topologies import two_zone_cluster
 
 ip = ipaddress.ip_address
 
 
 def test_nan_hold_never_loses_bytes() -> None:
-    c = cluster()
+    c = two_zone_cluster()
     cache = ClusterMetadata()
     cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
                                  endpointslices=c["endpointslices"], pods=c["pods"]))
@@ -43,7 +43,7 @@ def test_nan_hold_never_loses_bytes() -> None:
 
 
 def test_ingress_from_the_node_bridge_gateway_is_counted_once() -> None:
-    c = cluster()
+    c = two_zone_cluster()
     cache = ClusterMetadata()
     cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
                                  endpointslices=c["endpointslices"], pods=c["pods"]))

@@ -17,59 +17,23 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from agent import cli
-from agent.hints import HintModel
 from agent.exporter import Exporter
-from agent.datapath import TableStats
+from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.logs import JsonFormatter
 from agent.loop import AgentLoop
 from agent.records import FlowDelta, FlowKind
-from tests.unit.agent_cluster import cluster, write_snapshot
+from tests.fixtures.fakes import FakeDatapath
+from tests.fixtures.topologies import two_zone_cluster, write_snapshot
 
 ip = ipaddress.ip_address
-
-
-class FakeDatapath:
-    """Records calls; ``drain`` hands out what the test queued."""
-
-    def __init__(self, config: Any = None) -> None:
-        self.config = config
-        self.pending: list[FlowDelta] = []
-        self.endpoints: list[frozenset[Any]] = []
-        self.events: list[str] = []
-        self.fail_next_drain = False
-
-    def set_local_endpoints(self, eps: Any) -> None:
-        self.endpoints.append(frozenset(eps))
-
-    def drain(self) -> list[FlowDelta]:
-        self.events.append("drain")
-        if self.fail_next_drain:
-            self.fail_next_drain = False
-            raise OSError("map gone")
-        out, self.pending = self.pending, []
-        return out
-
-    def stats(self) -> Any:
-        return SimpleNamespace(attached=("p1", "p2"), table=TableStats(7, 65536, 0, 0, 0, 1, True),
-                               endpoints=2)
-
-    def watch(self) -> None:
-        self.events.append("watch")
-
-    def attached(self) -> tuple[str, ...]:
-        return ("p1", "p2")
-
-    def close(self) -> None:
-        self.events.append("close")
 
 
 def d(kind: FlowKind, local: str, remote: str, port: int, nbytes: int) -> FlowDelta:
@@ -91,7 +55,7 @@ EXPECTED = (Path(__file__).parents[1] / "agent_expected.txt")
 
 
 def make_loop(node: str = "nb") -> tuple[AgentLoop, FakeDatapath, Exporter, ClusterMetadata]:
-    c = cluster()
+    c = two_zone_cluster()
     cache = ClusterMetadata()
     cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
                                  endpointslices=c["endpointslices"], pods=c["pods"]))
@@ -118,7 +82,7 @@ def test_counters_are_cumulative_and_endpoints_follow_slices() -> None:
     dp.pending = list(DELTAS)
     loop.tick()
     # web-b leaves the slice: the kernel's endpoint set shrinks, web is re-evaluated alone
-    c = cluster()
+    c = two_zone_cluster()
     web = c["endpointslices"][0]
     web["endpoints"] = web["endpoints"][:1]
     cache.apply("endpointslices", "MODIFIED", web)

@@ -17,7 +17,7 @@ import pytest
 import agent.datapath
 from agent import cli
 from agent.errors import RuntimeFailure
-from tests.unit.agent_cluster import write_snapshot
+from tests.fixtures.topologies import write_snapshot
 
 
 @pytest.fixture()
@@ -144,12 +144,12 @@ def test_a_node_name_the_cluster_does_not_know_is_warned_about(caplog: pytest.Lo
 
     from agent.cli.agent import warn_unknown_node
     from agent.k8s.cache import ClusterMetadata
-    from tests.unit.agent_cluster import cluster
+    from tests.fixtures.topologies import two_zone_cluster
 
     cache = ClusterMetadata()
     with caplog.at_level(logging.WARNING, logger="agent.cli.agent"):
         assert not warn_unknown_node(cache, "na.ec2.internal")  # not listed yet: no verdict
-        cache.replace("nodes", cluster()["nodes"])
+        cache.replace("nodes", two_zone_cluster()["nodes"])
         cache.set_synced("nodes", True)
         assert not warn_unknown_node(cache, "na")
         assert warn_unknown_node(cache, "na.ec2.internal")
@@ -162,14 +162,14 @@ def test_endpoints_are_not_overwritten_before_the_slices_were_ever_listed() -> N
     agent attached and wrote the cache's endpoint set, which is empty (or the first page
     of a list that failed), over the previous agent's set still in the pinned map. Until
     the API came back, this node's Service bytes were counted as workload bytes."""
-    from agent.hints import HintModel
     from agent.exporter import Exporter
+    from agent.hints import HintModel
     from agent.k8s.cache import ClusterMetadata
     from agent.loop import AgentLoop
-    from tests.unit.agent_cluster import cluster
-    from tests.unit.cli.test_agent import FakeDatapath
+    from tests.fixtures.fakes import FakeDatapath
+    from tests.fixtures.topologies import two_zone_cluster
 
-    c = cluster()
+    c = two_zone_cluster()
     cache = ClusterMetadata()
     cache.replace("nodes", c["nodes"])
     cache.set_synced("nodes", True)

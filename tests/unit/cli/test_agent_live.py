@@ -23,7 +23,7 @@ import pytest
 from agent import cli
 from agent.cli.agent import _run
 from agent.records import FlowKind
-from tests.unit.agent_cluster import cluster
+from tests.fixtures.topologies import two_zone_cluster
 from tests.unit.cli.test_agent import FakeDatapath, _free_port, d
 
 pytestmark = pytest.mark.asyncio
@@ -75,7 +75,7 @@ async def test_live_metadata_drives_endpoints_and_attribution(
         kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import agent.datapath
 
-    c = cluster()
+    c = two_zone_cluster()
     web_slice = c["endpointslices"][0]
     web_slice["endpoints"] = web_slice["endpoints"][:1]  # only web-a (na) at first
     for kind, res in RESOURCES.items():
@@ -108,13 +108,13 @@ async def test_live_metadata_drives_endpoints_and_attribution(
         assert dp.events[0] == "watch"
 
         # a second web pod on na joins the slice: the kernel's endpoint set follows
-        new_pod = cluster()["pods"][2]
+        new_pod = two_zone_cluster()["pods"][2]
         new_pod["metadata"]["name"] = "web-a2"
         new_pod["metadata"]["uid"] = "uid-web-a2"
         new_pod["status"]["podIP"] = "10.244.1.21"
         new_pod["status"]["podIPs"] = [{"ip": "10.244.1.21"}]
         await kmock.post("/api/v1/namespaces/shop/pods", json=new_pod)
-        eps = cluster()["endpointslices"][0]["endpoints"]
+        eps = two_zone_cluster()["endpointslices"][0]["endpoints"]
         eps[1] = {**eps[0], "addresses": ["10.244.1.21"]}
         await kmock.patch("/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices/web-abcde",
                           json={"endpoints": eps})

@@ -26,8 +26,8 @@ from agent.k8s.source import open_metadata
 from agent.k8s.watch import WatchSettings
 from agent.loop import AgentLoop
 from agent.records import FlowDelta, FlowKind
+from tests.fixtures import k8s
 from tests.unit.cli.test_agent import FakeDatapath
-from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
 
 pytestmark = pytest.mark.asyncio
 ip = ipaddress.ip_address
@@ -45,17 +45,18 @@ HOLD = 60.0
 def seed(km: Any) -> None:
     for res in ("v1/pods", "v1/nodes", "v1/services", "discovery.k8s.io/v1/endpointslices"):
         km.resources[res] = {}
-    km.objects[NODES, None, "n1"] = node("n1", "zone-a", internal="192.168.0.1",
-                                         pod_cidrs=["10.0.1.0/24"])
-    km.objects[NODES, None, "n2"] = node("n2", "zone-b", internal="192.168.0.2",
-                                         pod_cidrs=["10.0.2.0/24"])
-    km.objects[PODS, "shop", "web-1"] = pod("shop", "web-1", "10.0.1.5", "n1")
-    km.objects[PODS, "shop", "client-1"] = pod("shop", "client-1", "10.0.2.9", "n2")
-    km.objects[SERVICES, "shop", "web"] = service(
-        "shop", "web", "10.96.0.10", [{"name": "http", "port": 80, "targetPort": 8080}])
-    km.objects[SLICES, "shop", "web-abc"] = endpointslice(
-        "shop", "web-abc", "web", [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        [endpoint("10.0.1.5", "n1")])
+    km.objects[NODES, None, "n1"] = k8s.node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"],
+                                             region="region-1", noise=True)
+    km.objects[NODES, None, "n2"] = k8s.node("n2", "zone-b", internal="192.168.0.2", pod_cidrs=["10.0.2.0/24"],
+                                             region="region-1", noise=True)
+    km.objects[PODS, "shop", "web-1"] = k8s.pod("web-1", "10.0.1.5", "n1", noise=True)
+    km.objects[PODS, "shop", "client-1"] = k8s.pod("client-1", "10.0.2.9", "n2", noise=True)
+    km.objects[SERVICES, "shop", "web"] = k8s.service("web", "shop", cluster_ip="10.96.0.10",
+                                                      ports=[{"name": "http", "port": 80,
+                                                              "targetPort": 8080}], selector={}, noise=True)
+    km.objects[SLICES, "shop", "web-abc"] = k8s.endpointslice(
+        "web-abc", "web", [k8s.endpoint("10.0.1.5", "zone-a", "n1", target="x", target_namespace="y")],
+        ports=[{"name": "http", "port": 8080, "protocol": "TCP"}], noise=True)
 
 
 def req(client: str, nbytes: int) -> FlowDelta:
@@ -108,7 +109,7 @@ async def test_api_outage_keeps_counting_holds_unknown_pods_and_recovers(kmock: 
         # --- the API goes away; a pod is created meanwhile (the agent cannot see it)
         await server.__aexit__(None, None, None)
         running = False
-        kmock.objects[PODS, "shop", "late-1"] = pod("shop", "late-1", "10.0.2.50", "n2")
+        kmock.objects[PODS, "shop", "late-1"] = k8s.pod("late-1", "10.0.2.50", "n2", noise=True)
         # each resource's watch notices on its own: wait for the one asserted on
         await until(lambda: not cache.synced()["pods"])
         ok, why = ready()

@@ -15,7 +15,7 @@ import pytest
 
 from agent import cli
 from agent.cli.agent import _run, pin_path_for
-from tests.unit.agent_cluster import write_snapshot
+from tests.fixtures.topologies import write_snapshot
 from tests.unit.cli.test_agent import FakeDatapath, _free_port
 from tests.unit.cli.test_agent_live import ThreadStopper
 

@@ -21,14 +21,16 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent import cli
-from agent.hints import HintModel
 from agent.cli.agent import _run
 from agent.exporter import Exporter
+from agent.hints import HintModel
 from agent.k8s.source import open_metadata
 from agent.loop import AgentLoop
 from agent.records import FlowKind
-from tests.unit.agent_cluster import cluster, endpoint, endpointslice, pod, service
-from tests.unit.cli.test_agent import FakeDatapath, _free_port, d
+from tests.fixtures import k8s
+from tests.fixtures.fakes import FakeDatapath
+from tests.fixtures.topologies import two_zone_cluster
+from tests.unit.cli.test_agent import _free_port, d
 from tests.unit.cli.test_agent_live import ThreadStopper
 
 ip = ipaddress.ip_address
@@ -50,15 +52,16 @@ def churned() -> dict[str, list[dict[str, Any]]]:
     """web-b (10.244.2.20, Service web) is gone; cache-b of a new Service ``cache`` (port
     9090) took its address; client-b (10.244.2.10, Deployment client) was replaced by
     client-b2 of Deployment batch, same address."""
-    c = cluster()
+    c = two_zone_cluster()
     c["pods"] = [p for p in c["pods"] if p["metadata"]["name"] not in ("web-b", "client-b")]
-    c["pods"] += [pod("cache-b", "nb", "10.244.2.20", "cache"),
-                  pod("client-b2", "nb", "10.244.2.10", "batch", "77aa11")]
-    c["services"].append(service("cache", "10.96.0.30", 80, 9090))
+    c["pods"] += [k8s.pod("cache-b", "10.244.2.20", "nb", app="cache"),
+                  k8s.pod("client-b2", "10.244.2.10", "nb", app="batch", template_hash="77aa11",
+                          owner=("ReplicaSet", "batch-77aa11"))]
+    c["services"].append(k8s.service("cache", cluster_ip="10.96.0.30", ports=[k8s.http_port(80, 9090)]))
     web = c["endpointslices"][0]
     web["endpoints"] = web["endpoints"][:1]
-    c["endpointslices"].append(endpointslice("cache", [endpoint("10.244.2.20", "nb", "zone-b",
-                                                                False)], 9090))
+    c["endpointslices"].append(k8s.endpointslice("cache-abcde", "cache", [k8s.endpoint("10.244.2.20", "zone-b", "nb")],
+                                                 ports=[{"name": "http", "port": 9090, "protocol": "TCP"}]))
     return c
 
 
@@ -76,7 +79,7 @@ def _workload(text: str, workload: str) -> float:
 
 def test_rewrite_drains_with_old_metadata_then_applies_a_diff(tmp_path: Path) -> None:
     path = tmp_path / "snap.json"
-    write_atomic(path, cluster())
+    write_atomic(path, two_zone_cluster())
     source = open_metadata(snapshot=path)
     cache = source.cache
     dp = FakeDatapath()
@@ -127,7 +130,7 @@ def test_rewrite_drains_with_old_metadata_then_applies_a_diff(tmp_path: Path) ->
 def test_a_malformed_rewrite_keeps_the_old_metadata(tmp_path: Path,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "snap.json"
-    write_atomic(path, cluster())
+    write_atomic(path, two_zone_cluster())
     source = open_metadata(snapshot=path)
     loop = AgentLoop("nb", FakeDatapath(), source.cache, HintModel(source.cache), Exporter(),
                      interval=10)
@@ -152,7 +155,7 @@ def test_the_running_agent_picks_up_a_rewrite_between_ticks(
     import agent.datapath
 
     path = tmp_path / "snap.json"
-    write_atomic(path, cluster())
+    write_atomic(path, two_zone_cluster())
     made: list[FakeDatapath] = []
     monkeypatch.setattr(agent.datapath, "Datapath",
                         lambda config: made.append(FakeDatapath(config)) or made[-1])  # type: ignore[func-returns-value]
@@ -194,7 +197,7 @@ def test_live_cache_drains_when_a_pod_gives_up_its_address() -> None:
     from agent.k8s.snapshot import Snapshot
 
     def run(drain_on_release: bool) -> str:
-        c = cluster()
+        c = two_zone_cluster()
         cache = ClusterMetadata()
         cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
                                      endpointslices=c["endpointslices"], pods=c["pods"]))
@@ -211,7 +214,8 @@ def test_live_cache_drains_when_a_pod_gives_up_its_address() -> None:
         if drain_on_release:
             assert loop.poll_metadata(poll) is True
         time.sleep(0.01)
-        cache.apply("pods", "ADDED", pod("client-b2", "nb", "10.244.2.10", "batch", "77aa11"))
+        cache.apply("pods", "ADDED", k8s.pod("client-b2", "10.244.2.10", "nb", app="batch", template_hash="77aa11",
+                                             owner=("ReplicaSet", "batch-77aa11")))
         loop.tick()
         dp.pending = [d(FlowKind.EGRESS, "10.244.2.10", "10.1.0.1", 22, 40)]  # client-b2
         loop.tick()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent import cli, hints
-from tests.unit import k8s_objects as k
+from tests.fixtures import k8s
+from tests.fixtures.topologies import own_zone_endpoints, three_zone_nodes
 
 
 def dump(path: Path, items: list[dict]) -> Path:
@@ -17,8 +18,8 @@ def dump(path: Path, items: list[dict]) -> Path:
 
 
 def cluster(tmp_path: Path, extra: list[dict] | None = None) -> Path:
-    items = [*k.three_zones(), k.service(auto=True),
-             k.endpointslice("web-1", "web", k.own_zone_eps({"a": 2, "b": 2, "c": 2}, hinted=False)),
+    items = [*three_zone_nodes(), k8s.service(auto=True),
+             k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 2, "b": 2, "c": 2}, hinted=False)),
              *(extra or [])]
     return dump(tmp_path / "dump.json", items)
 
@@ -96,8 +97,8 @@ def test_unknown_kinds_ignored(tmp_path: Path, capsys) -> None:  # type: ignore[
 def test_yaml_multi_document_dump(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     import yaml
 
-    items = [*k.three_zones(), k.service(td="PreferClose"),
-             k.endpointslice("web-1", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))]
+    items = [*three_zone_nodes(), k8s.service(traffic_distribution="PreferClose"),
+             k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))]
     p = tmp_path / "dump.yaml"
     p.write_text(yaml.safe_dump_all(items))
     code, out, _ = run(["explain", "--snapshot", str(p), "-o", "json"], capsys)
@@ -129,7 +130,7 @@ def test_empty_snapshot_is_bad_input(tmp_path: Path, content: str, capsys) -> No
 
 
 def test_snapshot_with_nodes_but_no_services_says_so(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    p = dump(tmp_path / "nodes.json", k.three_zones())
+    p = dump(tmp_path / "nodes.json", three_zone_nodes())
     code, out, _ = run(["explain", "--snapshot", str(p)], capsys)
     assert code == 0 and "0 Service entries" in out and "no Services in the input" in out
     code, out, _ = run(["explain", "--snapshot", str(p), "-o", "json"], capsys)
@@ -137,13 +138,13 @@ def test_snapshot_with_nodes_but_no_services_says_so(tmp_path: Path, capsys) -> 
 
 
 def test_bad_cpu_quantity_names_node_and_field(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    p = cluster(tmp_path, [k.node("n-x", "a", cpu="4 cores")])
+    p = cluster(tmp_path, [k8s.node("n-x", "a", cpu="4 cores")])
     assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "Node n-x",
                           "status.allocatable.cpu", "bad quantity")
 
 
 def test_endpointslice_missing_field(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    sl = k.endpointslice("web-2", "web", [k.ep("10.0.0.9", "a", "n-a")])
+    sl = k8s.endpointslice("web-2", "web", [k8s.endpoint("10.0.0.9", "a", "n-a")])
     del sl["addressType"]
     p = cluster(tmp_path, [sl])
     assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p),
@@ -151,14 +152,14 @@ def test_endpointslice_missing_field(tmp_path: Path, capsys) -> None:  # type: i
 
 
 def test_endpoint_without_addresses(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    sl = k.endpointslice("web-2", "web", [{"conditions": {"ready": True}}])
+    sl = k8s.endpointslice("web-2", "web", [{"conditions": {"ready": True}}])
     p = cluster(tmp_path, [sl])
     assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), "EndpointSlice shop/web-2",
                           "endpoints[0].addresses")
 
 
 def test_bad_condition_type(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    sl = k.endpointslice("web-2", "web", [k.ep("10.0.0.9", "a", "n-a")])
+    sl = k8s.endpointslice("web-2", "web", [k8s.endpoint("10.0.0.9", "a", "n-a")])
     sl["endpoints"][0]["conditions"]["ready"] = "yes"
     p = cluster(tmp_path, [sl])
     assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), "endpoints[0].conditions.ready")
@@ -170,13 +171,13 @@ def test_object_without_name(tmp_path: Path, capsys) -> None:  # type: ignore[no
 
 
 def test_service_without_slices(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    p = cluster(tmp_path, [k.service(name="api")])
+    p = cluster(tmp_path, [k8s.service(name="api")])
     assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "Service shop/api",
                           "no EndpointSlice labelled kubernetes.io/service-name=api")
 
 
 def test_selectorless_service_without_slices_is_fine(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    svc = k.service(name="ext")
+    svc = k8s.service(name="ext")
     del svc["spec"]["selector"]
     code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path, [svc])), "--service", "shop/ext",
                         "-o", "json"], capsys)

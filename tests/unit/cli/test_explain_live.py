@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from agent import cli
-from tests.unit import k8s_objects as k
+from tests.fixtures import k8s
+from tests.fixtures.topologies import own_zone_endpoints, three_zone_nodes
 
 ITEMS = {
-    "/api/v1/nodes": ("NodeList", k.three_zones()),
-    "/api/v1/services": ("ServiceList", [k.service(td="PreferClose")]),
+    "/api/v1/nodes": ("NodeList", three_zone_nodes()),
+    "/api/v1/services": ("ServiceList", [k8s.service(traffic_distribution="PreferClose")]),
     "/apis/discovery.k8s.io/v1/endpointslices": (
-        "EndpointSliceList", [k.endpointslice("web-1", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))]),
+        "EndpointSliceList", [k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))]),
 }
 
 

@@ -21,15 +21,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from agent.hints import HintModel
 from agent.exporter import Exporter
+from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.loop import AgentLoop
 from agent.records import FlowDelta, FlowKind
-from tests.unit.agent_cluster import cluster
+from tests.fixtures.mutation import mutate_once
+from tests.fixtures.topologies import two_zone_cluster
 from tests.unit.cli.test_agent import FakeDatapath
-from tests.unit.mutation import mutate_once
 
 ip = ipaddress.ip_address
 
@@ -44,7 +44,7 @@ PORTS = [0, 80, 443, 5432, 8080]
 
 @st.composite
 def mutated(draw: Any) -> dict[str, list[dict[str, Any]]]:
-    c = cluster(hinted=draw(st.booleans()))
+    c = two_zone_cluster(hinted=draw(st.booleans()))
     # churn: pods replaced by new pods that take their addresses (a rolling update), or
     # two pods swapping addresses
     for i in draw(st.lists(st.integers(0, len(c["pods"]) - 1), max_size=2)):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import agent.cli.top as top
 from agent import cli
 from agent.errors import ZonemeterError
-from tests.unit.mutation import mutate_once
+from tests.fixtures.mutation import mutate_once
 
 GOOD: dict[str, Any] = {
     "generated_at": 100.0, "interval_seconds": 2.0,

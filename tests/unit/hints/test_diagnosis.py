@@ -7,7 +7,8 @@ import pytest
 from agent import hints
 from agent.errors import InputError
 from agent.records import ProxyView
-from tests.unit import k8s_objects as k
+from tests.fixtures import k8s
+from tests.fixtures.topologies import own_zone_endpoints, three_zone_nodes
 
 
 def diag(nodes, svc, slices, version="1.35", gates=None, populated=None):  # type: ignore[no-untyped-def]
@@ -25,8 +26,8 @@ def codes(d: hints.ServiceDiagnosis) -> set[str]:
 
 
 def test_reason_none_auto_in_effect_everywhere() -> None:
-    d = diag(k.three_zones(), k.service(auto=True),
-             [k.endpointslice("web-1", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
+    d = diag(three_zone_nodes(), k8s.service(auto=True),
+             [k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))])
     assert (d.reason, d.mode, d.mechanism) == ("none", "topology-mode", "topology-mode-annotation")
     assert d.locality_in_effect == {"a": True, "b": True, "c": True}
     assert d.proxy["n-a"].cluster_endpoints == ("10.0.0.1:8080",)
@@ -36,15 +37,17 @@ def test_reason_none_auto_in_effect_everywhere() -> None:
 
 
 def test_reason_not_requested() -> None:
-    d = diag(k.three_zones(), k.service(), [k.endpointslice("web-1", "web", k.own_zone_eps({"a": 1, "b": 1}, False))])
+    d = diag(three_zone_nodes(), k8s.service(),
+             [k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 1, "b": 1}, False))])
     assert (d.reason, d.mode, d.mechanism) == ("not-requested", "none", "none")
     assert d.locality_in_effect == {"a": False, "b": False, "c": False}
     assert d.proxy["n-a"].topology_mode == ""
 
 
 def test_reason_insufficient_node_info_and_bad_node_warning() -> None:
-    nodes = k.three_zones() + [k.node("n-x", None)]
-    d = diag(nodes, k.service(auto=True), [k.endpointslice("web-1", "web", k.own_zone_eps({"a": 2, "b": 2, "c": 2}))])
+    nodes = three_zone_nodes() + [k8s.node("n-x", None)]
+    d = diag(nodes, k8s.service(auto=True),
+             [k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 2, "b": 2, "c": 2}))])
     assert d.reason == "insufficient-node-info"
     assert d.mechanism == "topology-mode-annotation (refused)"
     w = [w for w in d.warnings if w.code == "node-info-disables-auto"]
@@ -53,17 +56,18 @@ def test_reason_insufficient_node_info_and_bad_node_warning() -> None:
 
 
 def test_zero_cpu_worker_poisons_but_control_plane_and_unready_do_not() -> None:
-    nodes = k.three_zones() + [k.node("cp", None, control_plane=True), k.node("down", None, ready=False)]
+    nodes = three_zone_nodes() + [k8s.node("cp", None, control_plane=True), k8s.node("down", None, ready=False)]
     nodes[3]["metadata"]["labels"][hints.LABEL_ZONE] = "a"  # control plane: labelled, still excluded
-    eps = k.own_zone_eps({"a": 1, "b": 1, "c": 1})
-    assert diag(nodes, k.service(auto=True), [k.endpointslice("s", "web", eps)]).reason == "none"
-    d = diag(nodes + [k.node("zero", "a", cpu="0")], k.service(auto=True), [k.endpointslice("s", "web", eps)])
+    eps = own_zone_endpoints({"a": 1, "b": 1, "c": 1})
+    assert diag(nodes, k8s.service(auto=True), [k8s.endpointslice("s", "web", eps)]).reason == "none"
+    d = diag(nodes + [k8s.node("zero", "a", cpu="0")], k8s.service(auto=True), [k8s.endpointslice("s", "web", eps)])
     assert d.reason == "insufficient-node-info"
     assert "zero allocatable CPU" in next(w.message for w in d.warnings if w.code == "node-info-disables-auto")
 
 
 def test_reason_insufficient_number_of_endpoints_with_minimum_hint() -> None:
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1}))])
+    d = diag(three_zone_nodes(), k8s.service(auto=True),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1}))])
     assert d.reason == "insufficient-number-of-endpoints"
     assert d.controller.events[0].message == (
         "Insufficient number of endpoints (2 endpoints, 3 zones), addressType: IPv4")
@@ -72,8 +76,8 @@ def test_reason_insufficient_number_of_endpoints_with_minimum_hint() -> None:
 
 
 def test_reason_min_allocation_and_next_accepted_count() -> None:
-    d = diag(k.three_zones(), k.service(auto=True),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 1, "c": 1}))])
+    d = diag(three_zone_nodes(), k8s.service(auto=True),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 2, "b": 1, "c": 1}))])
     assert d.reason == "min-allocation-exceeds-overload-threshold"
     assert dict(d.controller.minimums or {}) == {"a": 2, "b": 2, "c": 2}
     assert "accepts is 6" in next(w.message for w in d.warnings if w.code == "auto-minimum-endpoints")
@@ -82,8 +86,8 @@ def test_reason_min_allocation_and_next_accepted_count() -> None:
 
 
 def test_reason_endpoint_without_zone() -> None:
-    eps = k.own_zone_eps({"a": 2, "b": 2, "c": 1}, hinted=False) + [k.ep("10.0.0.9", None, "n-a")]
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", eps)])
+    eps = own_zone_endpoints({"a": 2, "b": 2, "c": 1}, hinted=False) + [k8s.endpoint("10.0.0.9", None, "n-a")]
+    d = diag(three_zone_nodes(), k8s.service(auto=True), [k8s.endpointslice("s", "web", eps)])
     assert d.reason == "endpoint-without-zone"
     assert [e.message for e in d.controller.events] == [
         "One or more endpoints do not have a zone specified, addressType: IPv4"]
@@ -91,40 +95,42 @@ def test_reason_endpoint_without_zone() -> None:
 
 
 def test_reason_annotation_value_not_accepted() -> None:
-    svc = k.service(annotations={hints.ANNOTATION_TOPOLOGY_MODE: "PreferZone"})
-    d = diag(k.three_zones(), svc, [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}, False))])
+    svc = k8s.service(annotations={hints.ANNOTATION_TOPOLOGY_MODE: "PreferZone"})
+    d = diag(three_zone_nodes(), svc,
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}, False))])
     assert d.reason == "annotation-value-not-accepted"
     assert "annotation-value-not-accepted" in codes(d)
     # kube-proxy <= 1.32 accepts any non-disabled value: the warning says so
-    d32 = diag(k.three_zones(), svc, [k.endpointslice("s", "web", k.own_zone_eps({"a": 1}, False))], version="1.32")
+    d32 = diag(three_zone_nodes(), svc,
+               [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1}, False))], version="1.32")
     assert "kube-proxy <= 1.32" in next(w.message for w in d32.warnings if w.code == "annotation-value-not-accepted")
 
 
 def test_reason_feature_gate_disabled_prefer_same_node_1_33() -> None:
-    eps = k.own_zone_eps({"a": 1, "b": 1, "c": 1}, hinted=False)
-    svc = k.service(td="PreferSameNode")
-    d = diag(k.three_zones(), svc, [k.endpointslice("s", "web", eps)], version="1.33")
+    eps = own_zone_endpoints({"a": 1, "b": 1, "c": 1}, hinted=False)
+    svc = k8s.service(traffic_distribution="PreferSameNode")
+    d = diag(three_zone_nodes(), svc, [k8s.endpointslice("s", "web", eps)], version="1.33")
     assert d.reason == "feature-gate-disabled" and d.mode == "PreferSameNode" and d.mechanism == "none"
     assert "PreferSameTrafficDistribution gate is off" in next(
         w.message for w in d.warnings if w.code == "traffic-distribution-not-accepted")
-    on = diag(k.three_zones(), svc, [k.endpointslice("s", "web", eps)], version="1.33",
+    on = diag(three_zone_nodes(), svc, [k8s.endpointslice("s", "web", eps)], version="1.33",
               gates={"PreferSameTrafficDistribution": True})
     assert on.mechanism == "trafficDistribution"
     assert on.controller.hints["10.0.0.1"] == hints.Hints(("a",), ("n-a",))
 
 
 def test_reason_feature_gate_disabled_auto_without_topology_cache() -> None:
-    d = diag(k.three_zones(), k.service(auto=True),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}, False))],
+    d = diag(three_zone_nodes(), k8s.service(auto=True),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}, False))],
              version="1.32", gates={"TopologyAwareHints": False})
     assert d.reason == "feature-gate-disabled" and d.mechanism == "none"
     assert d.controller.events == ()
 
 
 def test_reason_partial_hints_foreign_slice() -> None:
-    slices = [k.endpointslice("web-1", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1})),
-              k.endpointslice("web-mirror", "web", [k.ep("10.9.9.9", "a", "n-a")], managed=False)]
-    d = diag(k.three_zones(), k.service(td="PreferClose"), slices)
+    slices = [k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1})),
+              k8s.endpointslice("web-mirror", "web", [k8s.endpoint("10.9.9.9", "a", "n-a")], managed=False)]
+    d = diag(three_zone_nodes(), k8s.service(traffic_distribution="PreferClose"), slices)
     assert d.reason == "partial-hints"
     w = next(w for w in d.warnings if w.code == "ready-endpoints-without-hints")
     assert "10.9.9.9 (EndpointSlice web-mirror)" in w.message
@@ -133,16 +139,16 @@ def test_reason_partial_hints_foreign_slice() -> None:
 
 
 def test_reason_no_hints_for_zone() -> None:
-    d = diag(k.three_zones(), k.service(td="PreferClose"),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 2}))])
+    d = diag(three_zone_nodes(), k8s.service(traffic_distribution="PreferClose"),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 2, "b": 2}))])
     assert d.reason == "no-hints-for-zone"
     assert d.locality_in_effect == {"a": True, "b": True, "c": False}
     assert d.mechanism == "trafficDistribution" and d.mode == "PreferClose"
 
 
 def test_reason_internal_traffic_policy_local_and_drop_warning() -> None:
-    d = diag(k.three_zones(), k.service(td="PreferClose", itp="Local"),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1}))])
+    d = diag(three_zone_nodes(), k8s.service(traffic_distribution="PreferClose", internal_traffic_policy="Local"),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1}))])
     assert d.reason == "internal-traffic-policy-local" and d.mode == "internalTrafficPolicy-Local"
     assert d.proxy["n-b"].internal_traffic == "DROP"
     view = d.proxy_view("n-b")
@@ -153,7 +159,7 @@ def test_reason_internal_traffic_policy_local_and_drop_warning() -> None:
 
 
 def test_reason_no_endpoints_reject() -> None:
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", [])])
+    d = diag(three_zone_nodes(), k8s.service(auto=True), [k8s.endpointslice("s", "web", [])])
     assert d.reason == "no-endpoints"
     assert d.proxy["n-a"].internal_traffic == "REJECT"
     assert d.proxy_view("n-a") == ProxyView("", frozenset(), "REJECT")
@@ -172,27 +178,29 @@ def test_every_reason_in_vocabulary_is_covered_above() -> None:
 
 
 def test_auto_shadows_traffic_distribution_and_refusal_means_no_hints() -> None:
-    eps = k.own_zone_eps({"a": 2, "b": 1, "c": 1})
-    d = diag(k.three_zones(), k.service(auto=True, td="PreferClose"), [k.endpointslice("s", "web", eps)])
+    eps = own_zone_endpoints({"a": 2, "b": 1, "c": 1})
+    d = diag(three_zone_nodes(), k8s.service(auto=True, traffic_distribution="PreferClose"),
+             [k8s.endpointslice("s", "web", eps)])
     w = next(w for w in d.warnings if w.code == "auto-shadows-traffic-distribution")
     assert "no hints at all" in w.message
     assert all(h is None for h in d.controller.hints.values())
-    ok = diag(k.three_zones(), k.service(auto=True, td="PreferClose"),
-              [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
+    ok = diag(three_zone_nodes(), k8s.service(auto=True, traffic_distribution="PreferClose"),
+              [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))])
     assert "no hints at all" not in next(w.message for w in ok.warnings
                                          if w.code == "auto-shadows-traffic-distribution")
 
 
 def test_deprecated_annotation_shadows_topology_mode() -> None:
-    svc = k.service(annotations={hints.ANNOTATION_DEPRECATED: "Disabled", hints.ANNOTATION_TOPOLOGY_MODE: "Auto"})
-    d = diag(k.three_zones(), svc, [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}, False))])
+    svc = k8s.service(annotations={hints.ANNOTATION_DEPRECATED: "Disabled", hints.ANNOTATION_TOPOLOGY_MODE: "Auto"})
+    d = diag(three_zone_nodes(), svc,
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}, False))])
     assert "deprecated-annotation-shadows-topology-mode" in codes(d)
     assert d.mode == "none" and d.reason == "not-requested"
 
 
 def test_stale_hints_warning_names_endpoints() -> None:
-    eps = k.own_zone_eps({"a": 1, "b": 1, "c": 1}, hinted=False)
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", eps)], populated=[])
+    eps = own_zone_endpoints({"a": 1, "b": 1, "c": 1}, hinted=False)
+    d = diag(three_zone_nodes(), k8s.service(auto=True), [k8s.endpointslice("s", "web", eps)], populated=[])
     w = next(w for w in d.warnings if w.code == "stale-hints")
     assert "3 endpoint(s)" in w.message and "10.0.0.1" in w.message
     assert d.controller.rewritten == ("s",)
@@ -201,11 +209,11 @@ def test_stale_hints_warning_names_endpoints() -> None:
 
 
 def test_prefer_same_node_skew() -> None:
-    nodes = k.three_zones() + [k.node("n-a2", "a")]
-    eps = [k.ep("10.0.0.1", "a", "n-a", zones=["a"], nodes=["n-a"]),
-           k.ep("10.0.0.2", "b", "n-b", zones=["b"], nodes=["n-b"]),
-           k.ep("10.0.0.3", "c", "n-c", zones=["c"], nodes=["n-c"])]
-    d = diag(nodes, k.service(td="PreferSameNode"), [k.endpointslice("s", "web", eps)])
+    nodes = three_zone_nodes() + [k8s.node("n-a2", "a")]
+    eps = [k8s.endpoint("10.0.0.1", "a", "n-a", for_zones=["a"], for_nodes=["n-a"]),
+           k8s.endpoint("10.0.0.2", "b", "n-b", for_zones=["b"], for_nodes=["n-b"]),
+           k8s.endpoint("10.0.0.3", "c", "n-c", for_zones=["c"], for_nodes=["n-c"])]
+    d = diag(nodes, k8s.service(traffic_distribution="PreferSameNode"), [k8s.endpointslice("s", "web", eps)])
     assert "prefer-same-node-skew" in codes(d)
     assert d.proxy["n-a"].topology_mode == "PreferSameNode"
     assert d.proxy["n-a2"].topology_mode == "PreferSameZone"
@@ -214,23 +222,23 @@ def test_prefer_same_node_skew() -> None:
 
 
 def test_single_endpoint_zone() -> None:
-    d = diag(k.three_zones()[:2], k.service(td="PreferClose"),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 3}))])
+    d = diag(three_zone_nodes()[:2], k8s.service(traffic_distribution="PreferClose"),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 3}))])
     w = next(w for w in d.warnings if w.code == "single-endpoint-zone")
     assert "a -> 10.0.0.1:8080" in w.message and "b ->" not in w.message
 
 
 def test_node_without_zone_warning_and_unknown_client_zone() -> None:
-    nodes = k.three_zones() + [k.node("bare", None)]
-    d = diag(nodes, k.service(td="PreferClose"),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
+    nodes = three_zone_nodes() + [k8s.node("bare", None)]
+    d = diag(nodes, k8s.service(traffic_distribution="PreferClose"),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))])
     assert "node-without-zone" in codes(d)
     assert d.locality_in_effect["unknown"] is False
     assert d.reason == "no-hints-for-zone"
 
 
 def test_no_endpointslices_warning_in_model() -> None:
-    d = diag(k.three_zones(), k.service(), [])
+    d = diag(three_zone_nodes(), k8s.service(), [])
     assert "no-endpointslices" in codes(d) and d.reason == "no-endpoints"
 
 
@@ -244,8 +252,8 @@ def test_every_warning_code_is_covered() -> None:
 
 
 def test_traffic_distribution_not_accepted_before_1_30() -> None:
-    d = diag(k.three_zones(), k.service(td="PreferClose"),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))], version="1.29")
+    d = diag(three_zone_nodes(), k8s.service(traffic_distribution="PreferClose"),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))], version="1.29")
     assert "needs Kubernetes 1.30+" in next(w.message for w in d.warnings
                                             if w.code == "traffic-distribution-not-accepted")
     assert all(h is None for h in d.controller.hints.values())
@@ -256,12 +264,12 @@ def test_traffic_distribution_not_accepted_before_1_30() -> None:
 
 
 def test_dual_stack_populated_mark_is_per_service() -> None:
-    eps4 = k.own_zone_eps({"a": 1, "b": 1, "c": 1}, hinted=False)
-    eps6 = [k.ep(f"fd00::{i}", z, f"n-{z}") for i, z in enumerate("abc", 1)]
-    svc = k.service(auto=True, families=("IPv4", "IPv6"))
-    out = hints.evaluate_cluster(k.three_zones(), [svc],
-                                 [k.endpointslice("s4", "web", eps4),
-                                  k.endpointslice("s6", "web", eps6, family="IPv6")],
+    eps4 = own_zone_endpoints({"a": 1, "b": 1, "c": 1}, hinted=False)
+    eps6 = [k8s.endpoint(f"fd00::{i}", z, f"n-{z}") for i, z in enumerate("abc", 1)]
+    svc = k8s.service(auto=True, families=("IPv4", "IPv6"))
+    out = hints.evaluate_cluster(three_zone_nodes(), [svc],
+                                 [k8s.endpointslice("s4", "web", eps4),
+                                  k8s.endpointslice("s6", "web", eps6, address_type="IPv6")],
                                  hints_populated=[], strict=True)
     assert [d.address_type for d in out] == ["IPv4", "IPv6"]
     assert [e.message for e in out[0].controller.events] == [
@@ -272,7 +280,8 @@ def test_dual_stack_populated_mark_is_per_service() -> None:
 
 
 def test_topology_disabled_event_when_annotation_removed() -> None:
-    d = diag(k.three_zones(), k.service(), [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}))])
+    d = diag(three_zone_nodes(), k8s.service(),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))])
     assert [(e.type, e.message) for e in d.controller.events] == [
         ("Warning", "Topology Aware Hints has been disabled, addressType: IPv4")]
     assert all(h is None for h in d.controller.hints.values())
@@ -307,11 +316,11 @@ def test_versions_and_gates() -> None:
 
 
 def test_proxy_map_is_lazy_and_complete() -> None:
-    nodes = [k.node(f"w{i}", "abc"[i % 3]) for i in range(300)]
-    d = diag(nodes, k.service(td="PreferClose"),
-             [k.endpointslice("s", "web", [k.ep("10.0.0.1", "a", "w0", zones=["a"]),
-                                           k.ep("10.0.0.2", "b", "w1", zones=["b"]),
-                                           k.ep("10.0.0.3", "c", "w2", zones=["c"])])])
+    nodes = [k8s.node(f"w{i}", "abc"[i % 3]) for i in range(300)]
+    d = diag(nodes, k8s.service(traffic_distribution="PreferClose"),
+             [k8s.endpointslice("s", "web", [k8s.endpoint("10.0.0.1", "a", "w0", for_zones=["a"]),
+                                           k8s.endpoint("10.0.0.2", "b", "w1", for_zones=["b"]),
+                                           k8s.endpoint("10.0.0.3", "c", "w2", for_zones=["c"])])])
     assert len(d.proxy) == 300 and set(d.proxy) == {f"w{i}" for i in range(300)}
     assert d.proxy["w3"] is d.proxy["w6"]  # same zone, no endpoint: one shared decision
     assert d.proxy["w4"].cluster_endpoints == ("10.0.0.2:8080",)
@@ -319,16 +328,17 @@ def test_proxy_map_is_lazy_and_complete() -> None:
 
 
 def test_headless_service_has_no_proxy_view() -> None:
-    d = diag(k.three_zones(), k.service(td="PreferClose", headless=True),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1}))])
+    d = diag(three_zone_nodes(), k8s.service(traffic_distribution="PreferClose", headless=True),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1}))])
     assert d.proxy_view("n-a") is None and dict(d.proxy) == {}
 
 
 def test_non_strict_skips_bad_objects_and_reports_them() -> None:
     errors: list[InputError] = []
-    bad_node = k.node("bad", "a", cpu="lots")
-    out = hints.evaluate_cluster([bad_node, *k.three_zones()], [k.service(td="PreferClose"), {"kind": "Service"}],
-                                 [k.endpointslice("s", "web", k.own_zone_eps({"a": 1}))], errors=errors)
+    bad_node = k8s.node("bad", "a", cpu="lots")
+    out = hints.evaluate_cluster([bad_node, *three_zone_nodes()],
+                                 [k8s.service(traffic_distribution="PreferClose"), {"kind": "Service"}],
+                                 [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1}))], errors=errors)
     assert len(out) == 1 and len(errors) == 2
     assert "Node bad" in str(errors[0]) and "status.allocatable.cpu" in str(errors[0])
     with pytest.raises(InputError):
@@ -336,25 +346,25 @@ def test_non_strict_skips_bad_objects_and_reports_them() -> None:
 
 
 def test_controller_hints_for_the_lab() -> None:
-    svc = k.service(auto=True)
+    svc = k8s.service(auto=True)
     # a3 b2 c1 (+1 unready): desired 2 each, the first zone-a endpoint is donated to zone c
-    sl = k.endpointslice("web-1", "web", k.own_zone_eps({"a": 3, "b": 2, "c": 1}, hinted=False)
-                         + [k.ep("10.0.0.7", "a", "n-a", ready=False, zones=["x"])])
-    other = k.endpointslice("other", "api", [k.ep("10.1.0.1", "a", "n-a")])
-    new, events = hints.controller_hints(svc, [sl, other], k.three_zones())
+    sl = k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 3, "b": 2, "c": 1}, hinted=False)
+                         + [k8s.endpoint("10.0.0.7", "a", "n-a", ready=False, for_zones=["x"])])
+    other = k8s.endpointslice("other", "api", [k8s.endpoint("10.1.0.1", "a", "n-a")])
+    new, events = hints.controller_hints(svc, [sl, other], three_zone_nodes())
     got = [e.get("hints") for e in new[0]["endpoints"]]
     assert got[:6] == [{"forZones": [{"name": z}]} for z in "caabbc"]
     assert got[6] == {"forZones": [{"name": "x"}]}  # unready: left as it was (Go copies the value)
     assert new[1] == other and "hints" not in sl["endpoints"][0]
     assert [e.reason for e in events] == ["TopologyAwareHintsEnabled"]
-    assert hints.compute_slice_hints(svc, [sl], k.three_zones()) == [new[0]]
+    assert hints.compute_slice_hints(svc, [sl], three_zone_nodes()) == [new[0]]
 
 
 def test_donation_uses_first_endpoints_and_sorted_receiver() -> None:
     # 6 endpoints a4 b1 c1 in 3 equal zones: a gives 2, b and c each receive 1; the first two
     # zone-a endpoints donate, the first to b (sorted zone order), the second to c.
-    eps = [k.ep(f"10.0.0.{i}", z, f"n-{z}") for i, z in enumerate("aaaabc", 1)]
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", eps)])
+    eps = [k8s.endpoint(f"10.0.0.{i}", z, f"n-{z}") for i, z in enumerate("aaaabc", 1)]
+    d = diag(three_zone_nodes(), k8s.service(auto=True), [k8s.endpointslice("s", "web", eps)])
     z = {a: h.for_zones for a, h in d.controller.hints.items() if h}
     assert z == {"10.0.0.1": ("b",), "10.0.0.2": ("c",), "10.0.0.3": ("a",), "10.0.0.4": ("a",),
                  "10.0.0.5": ("b",), "10.0.0.6": ("c",)}
@@ -362,28 +372,28 @@ def test_donation_uses_first_endpoints_and_sorted_receiver() -> None:
 
 def test_kube_proxy_1_29_ignores_third_party_hints_without_annotation() -> None:
     # hints written by another controller: kube-proxy <= 1.29 needs the annotation
-    foreign = [k.endpointslice("web-x", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}), managed=False)]
-    d = diag(k.three_zones(), k.service(), foreign, version="1.29")
+    foreign = [k8s.endpointslice("web-x", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}), managed=False)]
+    d = diag(three_zone_nodes(), k8s.service(), foreign, version="1.29")
     assert d.reason == "not-requested" and d.proxy["n-a"].topology_mode == ""
-    on = diag(k.three_zones(), k.service(annotations={hints.ANNOTATION_TOPOLOGY_MODE: "PreferZone"}),
+    on = diag(three_zone_nodes(), k8s.service(annotations={hints.ANNOTATION_TOPOLOGY_MODE: "PreferZone"}),
               foreign, version="1.29")
     assert on.proxy["n-a"].topology_mode == "PreferSameZone"  # any non-disabled value enables it
-    assert diag(k.three_zones(), k.service(), foreign, version="1.31").reason == "none"
+    assert diag(three_zone_nodes(), k8s.service(), foreign, version="1.31").reason == "none"
 
 
 def test_prefer_close_zoneless_endpoint_1_32_vs_1_33() -> None:
     # 1.30-1.32 write forZones [""] for a zoneless endpoint (filtering stays on in zone a);
     # 1.33+ write no zone hint, so kube-proxy stops filtering everywhere.
-    nodes = [k.node("n-a", "a"), k.node("n-x", None)]
-    eps = [k.ep("10.0.0.1", "a", "n-a"), k.ep("10.0.0.2", None, "n-x")]
-    svc = k.service(td="PreferClose")
-    d32 = diag(nodes, svc, [k.endpointslice("s", "web", eps)], version="1.32")
+    nodes = [k8s.node("n-a", "a"), k8s.node("n-x", None)]
+    eps = [k8s.endpoint("10.0.0.1", "a", "n-a"), k8s.endpoint("10.0.0.2", None, "n-x")]
+    svc = k8s.service(traffic_distribution="PreferClose")
+    d32 = diag(nodes, svc, [k8s.endpointslice("s", "web", eps)], version="1.32")
     assert d32.controller.hints["10.0.0.2"] == hints.Hints(("",), ())
-    d33 = diag(nodes, svc, [k.endpointslice("s", "web", eps)], version="1.33")
+    d33 = diag(nodes, svc, [k8s.endpointslice("s", "web", eps)], version="1.33")
     assert d33.controller.hints["10.0.0.2"] is None
     assert d33.controller.hints["10.0.0.1"] == hints.Hints(("a",), ())
     # apply what 1.33 writes, then ask kube-proxy
-    new, _ = hints.controller_hints(svc, [k.endpointslice("s", "web", eps)], nodes, version="1.33")
+    new, _ = hints.controller_hints(svc, [k8s.endpointslice("s", "web", eps)], nodes, version="1.33")
     after = diag(nodes, svc, new, version="1.33")
     assert after.reason == "partial-hints" and after.proxy["n-a"].topology_mode == ""
     w = next(w for w in after.warnings if w.code == "ready-endpoints-without-hints")

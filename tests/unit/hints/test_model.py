@@ -11,11 +11,11 @@ from agent.hints import HintModel, merge_locality, merge_views
 from agent.k8s import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.records import Locality, ProxyView, ServiceRef
-from tests.unit.agent_cluster import cluster
+from tests.fixtures.topologies import two_zone_cluster
 
 
 def loaded(hinted: bool = True) -> ClusterMetadata:
-    c = cluster(hinted)
+    c = two_zone_cluster(hinted)
     cache = ClusterMetadata()
     cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
                                  endpointslices=c["endpointslices"], pods=c["pods"]))
@@ -42,7 +42,7 @@ def test_hint_model_reevaluates_only_dirty_services() -> None:
     h.refresh(None, at=100.0)
     cache.take_dirty()
     db_before = h.locality("shop", "db")
-    sl = cluster(hinted=False)["endpointslices"][0]  # web's slice, one hint removed
+    sl = two_zone_cluster(hinted=False)["endpointslices"][0]  # web's slice, one hint removed
     sl["endpoints"][0]["hints"] = {"forZones": [{"name": "zone-a"}]}
     cache.apply("endpointslices", "MODIFIED", sl)
     dirty = cache.take_dirty()
@@ -62,7 +62,7 @@ def test_node_change_reevaluates_everything_and_deletes_drop_services() -> None:
     h.refresh(None)
     cache.take_dirty()
     db_before = h.locality("shop", "db")
-    nb = cluster()["nodes"][1]
+    nb = two_zone_cluster()["nodes"][1]
     nb["metadata"]["labels"]["topology.kubernetes.io/zone"] = "zone-c"
     cache.apply("nodes", "MODIFIED", nb)
     dirty = cache.take_dirty()
@@ -70,7 +70,7 @@ def test_node_change_reevaluates_everything_and_deletes_drop_services() -> None:
     assert h.refresh(dirty) == 2
     assert h.locality("shop", "db") is not db_before
     assert set(h.locality("shop", "db").in_effect) == {"zone-a", "zone-c"}  # type: ignore[union-attr]
-    cache.apply("services", "DELETED", cluster()["services"][1])
+    cache.apply("services", "DELETED", two_zone_cluster()["services"][1])
     assert h.refresh(cache.take_dirty()) == 1
     assert list(h.services()) == [("shop", "web")]
 
@@ -99,7 +99,7 @@ def test_several_dirty_services_in_one_refresh() -> None:
     h = HintModel(cache)
     h.refresh(None)
     cache.take_dirty()
-    c = cluster()
+    c = two_zone_cluster()
     web = c["services"][0]
     web["spec"].pop("trafficDistribution")  # locality no longer requested
     cache.apply("services", "MODIFIED", web)
@@ -122,14 +122,14 @@ def test_locality_last_change_moves_only_when_the_state_changes() -> None:
     web = h.locality("shop", "web")
     assert web is not None and web.last_change == 100.0
     # a relist re-evaluates every Service; nothing changed, so nothing is re-stamped
-    cache.replace("services", cluster()["services"])
+    cache.replace("services", two_zone_cluster()["services"])
     dirty = cache.take_dirty()
     assert dirty.all
     assert h.refresh(dirty, at=150.0) == 2
     assert h.locality("shop", "web") is web
     assert h.localities()[ServiceRef("shop", "db")].last_change == 100.0
     # web loses a hint: its state changes at 200, db's does not
-    sl = cluster(hinted=False)["endpointslices"][0]
+    sl = two_zone_cluster(hinted=False)["endpointslices"][0]
     sl["endpoints"][0]["hints"] = {"forZones": [{"name": "zone-a"}]}
     cache.apply("endpointslices", "MODIFIED", sl)
     h.refresh(cache.take_dirty(), at=200.0)
@@ -147,7 +147,7 @@ def test_localities_is_read_only_and_keeps_its_refresh_state() -> None:
     assert before[ServiceRef("shop", "web")] == h.locality("shop", "web")
     with pytest.raises(TypeError):
         before[ServiceRef("shop", "x")] = before[ServiceRef("shop", "web")]  # type: ignore[index]
-    cache.apply("services", "DELETED", cluster()["services"][1])  # db
+    cache.apply("services", "DELETED", two_zone_cluster()["services"][1])  # db
     h.refresh(cache.take_dirty(), at=200.0)
     assert set(h.localities()) == {ServiceRef("shop", "web")}
     assert set(before) == {ServiceRef("shop", "db"), ServiceRef("shop", "web")}  # unchanged

@@ -12,14 +12,14 @@ from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
 from agent.k8s.snapshot import Snapshot
 from agent.records import ServiceRef
-from tests.unit.agent_cluster import cluster
+from tests.fixtures.topologies import two_zone_cluster
 
 T0 = 1_764_470_000.0
 WEB, DB = ServiceRef("shop", "web"), ServiceRef("shop", "db")
 
 
 def loaded() -> ClusterMetadata:
-    c = cluster()
+    c = two_zone_cluster()
     cache = ClusterMetadata()
     cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
                                  endpointslices=c["endpointslices"], pods=c["pods"]))
@@ -37,7 +37,7 @@ def test_locality_last_change_moves_only_on_change() -> None:
     h.refresh(None, at=T0 + 10)
     assert h.localities()[WEB].last_change == T0
     # web's slice loses a hint: locality off, the change is stamped with this refresh
-    sl = cluster(hinted=False)["endpointslices"][0]
+    sl = two_zone_cluster(hinted=False)["endpointslices"][0]
     sl["endpoints"][0]["hints"] = {"forZones": [{"name": "zone-a"}]}
     cache.apply("endpointslices", "MODIFIED", sl)
     h.refresh(cache.take_dirty(), at=T0 + 20)
@@ -46,7 +46,7 @@ def test_locality_last_change_moves_only_on_change() -> None:
     assert dict(loc.in_effect) == {"zone-a": False, "zone-b": False}
     assert h.localities()[DB].last_change == T0  # not re-evaluated, not changed
     # Service deleted: its record (and so its gauges) goes away
-    cache.apply("services", "DELETED", cluster()["services"][1])
+    cache.apply("services", "DELETED", two_zone_cluster()["services"][1])
     h.refresh(cache.take_dirty(), at=T0 + 30)
     assert DB not in h.localities()
     assert WEB in h.localities()

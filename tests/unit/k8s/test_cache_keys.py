@@ -22,17 +22,10 @@ from hypothesis import strategies as st
 from agent.k8s import snapshot as snapshot_mod
 from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.records import PeerKind
-from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
+from tests.fixtures import k8s
+from tests.fixtures.fakes import Clock
 
 ip = ipaddress.ip_address
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _no_ns(obj: dict[str, Any]) -> dict[str, Any]:
@@ -44,11 +37,15 @@ def _no_ns(obj: dict[str, Any]) -> dict[str, Any]:
 def _cluster(drop_namespace: bool) -> list[dict[str, Any]]:
     strip = _no_ns if drop_namespace else (lambda o: o)
     return [
-        node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"]),
-        strip(pod("default", "web-1", "10.0.1.5", "n1")),
-        strip(service("default", "web", "10.96.0.10", [{"name": "http", "port": 80, "targetPort": 8080}])),
-        strip(endpointslice("default", "web-abc", "web", [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                            [endpoint("10.0.1.5", "n1")])),
+        k8s.node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"], region="region-1", noise=True),
+        strip(k8s.pod("web-1", "10.0.1.5", "n1", namespace="default", noise=True)),
+        strip(k8s.service("web", "default", cluster_ip="10.96.0.10",
+                          ports=[{"name": "http", "port": 80, "targetPort": 8080}], selector={}, noise=True)),
+        strip(k8s.endpointslice("web-abc", "web",
+                                [k8s.endpoint("10.0.1.5", "zone-a", "n1", target="x",
+                                              target_namespace="y")],
+                                namespace="default", ports=[{"name": "http", "port": 8080, "protocol": "TCP"}],
+                                noise=True)),
     ]
 
 
@@ -88,8 +85,8 @@ def test_diff_reload_of_an_unchanged_namespaceless_snapshot_changes_nothing() ->
 def test_deleted_event_without_namespace_deletes_the_pod() -> None:
     clock = Clock()
     cache = ClusterMetadata(MetadataSettings(grace_seconds=60), clock=clock)
-    cache.apply("nodes", "ADDED", node("n1", "zone-a", pod_cidrs=["10.0.1.0/24"]))
-    p = _no_ns(pod("default", "web-1", "10.0.1.5", "n1"))
+    cache.apply("nodes", "ADDED", k8s.node("n1", "zone-a", pod_cidrs=["10.0.1.0/24"], region="region-1", noise=True))
+    p = _no_ns(k8s.pod("web-1", "10.0.1.5", "n1", namespace="default", noise=True))
     cache.apply("pods", "ADDED", p)
     cache.apply("pods", "DELETED", p)
     assert cache.counts()["pods"] == 0
@@ -98,7 +95,7 @@ def test_deleted_event_without_namespace_deletes_the_pod() -> None:
 
 
 def test_a_node_with_a_namespace_field_survives_a_relist() -> None:
-    n = node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"])
+    n = k8s.node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"], region="region-1", noise=True)
     n["metadata"]["namespace"] = "kube-system"  # meaningless on a Node, still a Node
     cache = ClusterMetadata()
     cache.replace("nodes", [n])
@@ -119,7 +116,7 @@ def test_every_listed_pod_is_in_the_cache_after_a_list(pods: list[tuple[str | No
     missing or empty namespace is ``default``), each resolvable at its address."""
     objs, want = [], {}
     for i, (ns, name, last) in enumerate(pods):
-        p = pod(ns or "default", name, f"10.0.{i}.{last}", "n1")
+        p = k8s.pod(name, f"10.0.{i}.{last}", "n1", namespace=ns or "default", noise=True)
         if ns is None:
             p["metadata"].pop("namespace")
         elif ns == "":
@@ -127,7 +124,7 @@ def test_every_listed_pod_is_in_the_cache_after_a_list(pods: list[tuple[str | No
         objs.append(p)
         want[(ns or "default", name)] = f"10.0.{i}.{last}"  # a later duplicate wins
     cache = ClusterMetadata()
-    cache.replace("nodes", [node("n1", "zone-a", pod_cidrs=["10.0.0.0/16"])])
+    cache.replace("nodes", [k8s.node("n1", "zone-a", pod_cidrs=["10.0.0.0/16"], region="region-1", noise=True)])
     cache.replace("pods", objs)
     assert cache.counts()["pods"] == len(want)
     for (ns, name), addr in want.items():
@@ -147,7 +144,7 @@ def _json(doc: Any) -> str:
 def _reuse_cache() -> tuple[ClusterMetadata, Clock]:
     clock = Clock()
     cache = ClusterMetadata(MetadataSettings(grace_seconds=60), clock=clock)
-    cache.apply("nodes", "ADDED", node("n1", "zone-a", pod_cidrs=["10.0.1.0/24"]))
+    cache.apply("nodes", "ADDED", k8s.node("n1", "zone-a", pod_cidrs=["10.0.1.0/24"], region="region-1", noise=True))
     return cache, clock
 
 
@@ -166,8 +163,8 @@ def test_late_update_of_the_previous_holder_does_not_take_the_address_back() -> 
     web-old was deleted and the grace ran out web-new's bytes went to unknown
     (``no_pod_for_ip``) until web-new's next update, which may be hours away."""
     cache, clock = _reuse_cache()
-    old = pod("shop", "web-old", "10.0.1.5", "n1")
-    new = pod("shop", "web-new", "10.0.1.5", "n1")
+    old = k8s.pod("web-old", "10.0.1.5", "n1", noise=True)
+    new = k8s.pod("web-new", "10.0.1.5", "n1", noise=True)
     cache.apply("pods", "ADDED", old)
     clock.t = 1010.0
     cache.apply("pods", "ADDED", new)
@@ -189,8 +186,8 @@ def test_relist_with_both_claimants_keeps_the_newer_one(order: str) -> None:
     """A relist that still carries the terminating holder next to the new one (list order
     is by name, not by time) keeps the pod that claimed the address last."""
     cache, clock = _reuse_cache()
-    old = pod("shop", "web-old", "10.0.1.5", "n1")
-    new = pod("shop", "web-new", "10.0.1.5", "n1")
+    old = k8s.pod("web-old", "10.0.1.5", "n1", noise=True)
+    new = k8s.pod("web-new", "10.0.1.5", "n1", noise=True)
     cache.apply("pods", "ADDED", old)
     clock.t = 1010.0
     cache.apply("pods", "ADDED", new)
@@ -208,8 +205,8 @@ def test_once_the_new_pod_claimed_the_address_updates_never_move_it_back(
     """Property: after web-new's ADDED, any sequence of MODIFIED events of either pod (and
     web-old's deletion) leaves the address with web-new, now and after the grace."""
     cache, clock = _reuse_cache()
-    old = pod("shop", "web-old", "10.0.1.5", "n1")
-    new = pod("shop", "web-new", "10.0.1.5", "n1")
+    old = k8s.pod("web-old", "10.0.1.5", "n1", noise=True)
+    new = k8s.pod("web-new", "10.0.1.5", "n1", noise=True)
     cache.apply("pods", "ADDED", old)
     clock.t += 10
     cache.apply("pods", "ADDED", new)

@@ -18,7 +18,7 @@ from agent.errors import InputError
 from agent.k8s.cache import RESOURCES, ClusterMetadata
 from agent.k8s.cidrs import parse_zone_cidrs
 from agent.k8s.parse import NodeInfo, ServiceInfo, Slice
-from tests.unit.test_k8s_objects import endpoint, endpointslice, service
+from tests.fixtures import k8s
 
 
 def _records_only(c: ClusterMetadata) -> None:
@@ -87,16 +87,21 @@ def test_any_event_sequence_is_absorbed(events: list[tuple[str, str, Any]]) -> N
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from([
-    endpoint("10.0.1.5"), endpoint(["10.0.1.5", "10.0.1.5"]), endpoint("db.example.com"),
-    endpoint("fd00::5", ready=None), endpoint("10.0.1.6", ready=False, serving=False),
+    k8s.endpoint("10.0.1.5", "zone-a", "n1", target="x", target_namespace="y"),
+    k8s.endpoint(["10.0.1.5", "10.0.1.5"], "zone-a", "n1", target="x", target_namespace="y"),
+    k8s.endpoint("db.example.com", "zone-a", "n1", target="x", target_namespace="y"),
+    k8s.endpoint("fd00::5", "zone-a", "n1", conditions={}, target="x", target_namespace="y"),
+    k8s.endpoint("10.0.1.6", "zone-a", "n1", ready=False, serving=False, target="x", target_namespace="y"),
     {"addresses": []}, {"conditions": {}}, {}]), max_size=6),
     st.lists(st.sampled_from([{"port": 8080}, {"port": 8080, "protocol": "UDP"}, {"name": "x"},
                               {"port": 0}, {"port": 99999}, {"port": "8080"}, {"port": 53, "protocol": "SCTP"}]),
              max_size=4))
 def test_odd_endpointslices_index_only_valid_entries(eps: list[dict[str, Any]], ports: list[dict[str, Any]]) -> None:
     c = ClusterMetadata()
-    c.apply("services", "ADDED", service("shop", "web", "10.96.0.1", [{"port": 80, "targetPort": 8080}]))
-    c.apply("endpointslices", "ADDED", endpointslice("shop", "web-1", "web", ports, eps))
+    c.apply("services", "ADDED",
+            k8s.service("web", "shop", cluster_ip="10.96.0.1", ports=[{"port": 80, "targetPort": 8080}], selector={},
+                        noise=True))
+    c.apply("endpointslices", "ADDED", k8s.endpointslice("web-1", "web", eps, ports=ports, noise=True))
     assert c.bad_objects()["endpointslices"] == 0
     valid_ports = {(p["port"], {"UDP": 17, "SCTP": 132}.get(p.get("protocol", "TCP"), 6)) for p in ports
                    if isinstance(p.get("port"), int) and 0 < p["port"] <= 65535}
@@ -104,7 +109,8 @@ def test_odd_endpointslices_index_only_valid_entries(eps: list[dict[str, Any]], 
     for port, proto in {(8080, 6), (8080, 17), (53, 132), (99999 & 0xFFFF, 6)}:
         got = c.endpoint_services(ipaddress.ip_address("10.0.1.5"), port, proto)
         assert bool(got) == (has_ip and (port, proto) in valid_ports)
-    c.apply("endpointslices", "DELETED", endpointslice("shop", "web-1", "web", None, None))
+    c.apply("endpointslices", "DELETED",
+            k8s.endpointslice("web-1", "web", None, omit=("ports", "endpoints"), noise=True))
     assert c.endpoint_services(ipaddress.ip_address("10.0.1.5"), 8080, 6) == ()
 
 

@@ -7,13 +7,13 @@ import ipaddress
 from agent.k8s import ClusterMetadata, MetadataAdapter
 from agent.k8s.snapshot import Snapshot
 from agent.records import PeerKind
-from tests.unit.agent_cluster import cluster
+from tests.fixtures.topologies import two_zone_cluster
 
 ip = ipaddress.ip_address
 
 
 def loaded(hinted: bool = True) -> ClusterMetadata:
-    c = cluster(hinted)
+    c = two_zone_cluster(hinted)
     cache = ClusterMetadata()
     cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
                                  endpointslices=c["endpointslices"], pods=c["pods"]))

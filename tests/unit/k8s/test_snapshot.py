@@ -8,6 +8,7 @@ import pytest
 
 from agent.errors import InputError
 from agent.k8s import snapshot
+from tests.fixtures import k8s
 
 
 def _node(name: str) -> dict:
@@ -51,3 +52,15 @@ def test_bad_input_is_one_line_naming_the_field(text: str, needle: str) -> None:
 def test_unreadable_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InputError, match="cannot read"):
         snapshot.load(tmp_path / "missing.json")
+
+
+def test_builders_produce_objects_the_snapshot_loader_accepts() -> None:
+    """The fixture builders, with the fields a real object carries (noise), load as one of each kind."""
+    items = [k8s.node("n1", "zone-a", internal="10.1.0.1", region="region-1", noise=True),
+             k8s.pod("p", "10.0.0.1", "n1", namespace="ns", noise=True),
+             k8s.service("s", "ns", cluster_ip="10.96.0.1", ports=[{"port": 80}], selector={}, noise=True),
+             k8s.endpointslice("s-1", "s", [k8s.endpoint("10.0.0.1", "zone-a", "n1", conditions={"ready": True},
+                                                          target="x", target_namespace="y")],
+                               namespace="ns", ports=[{"port": 8080}], noise=True)]
+    snap = snapshot.load_text(json.dumps({"kind": "List", "items": items}), "built")
+    assert (len(snap.nodes), len(snap.pods), len(snap.services), len(snap.endpointslices)) == (1, 1, 1, 1)

@@ -10,13 +10,14 @@ import pytest
 from agent.errors import InputError
 from agent.k8s.source import open_metadata
 from agent.records import PeerKind
-from tests.unit.test_k8s_objects import node, pod
+from tests.fixtures import k8s
 
 
 def test_snapshot_with_zone_cidrs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     dump = tmp_path / "lab.json"
     dump.write_text(json.dumps({"kind": "List", "items": [
-        node("n1", "zone-a", internal="192.168.0.1"), pod("ns", "p", "10.0.1.5", "n1")]}))
+        k8s.node("n1", "zone-a", internal="192.168.0.1", region="region-1", noise=True),
+        k8s.pod("p", "10.0.1.5", "n1", namespace="ns", noise=True)]}))
     cidrs = tmp_path / "zones.csv"
     cidrs.write_text("172.16.0.0/12,zone-b,r\n")
     src = open_metadata(snapshot=dump, zone_cidrs=cidrs)

@@ -22,7 +22,8 @@ from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.k8s.client import build_api_client
 from agent.k8s.watch import MetadataWatcher, WatchSettings
 from agent.records import PeerKind
-from tests.unit.test_k8s_objects import endpoint, endpointslice, node, pod, service
+from tests.fixtures import k8s
+from tests.fixtures.fakes import Clock
 
 ip = ipaddress.ip_address
 PODS = kmock_lib.resource("v1/pods")
@@ -35,14 +36,6 @@ pytestmark = pytest.mark.asyncio
 FAST = WatchSettings(timeout_seconds=1, read_margin_seconds=0.5, connect_timeout_seconds=1,
                      backoff_initial_seconds=0.05, backoff_max_seconds=0.2,
                      unsynced_after_seconds=0.3)
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 async def until(cond: Callable[[], bool], timeout: float = 8.0) -> None:
@@ -60,16 +53,19 @@ def seed(km: Any) -> None:
     km.resources["v1/nodes"] = {}
     km.resources["v1/services"] = {}
     km.resources["discovery.k8s.io/v1/endpointslices"] = {}
-    km.objects[NODES, None, "n1"] = node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"])
-    km.objects[NODES, None, "n2"] = node("n2", "zone-b", internal="192.168.0.2", pod_cidrs=["10.0.2.0/24"])
-    km.objects[PODS, "shop", "web-1"] = pod("shop", "web-1", "10.0.1.5", "n1",
-                                            owner=("ReplicaSet", "web-5f7c9"), template_hash="5f7c9")
-    km.objects[PODS, "shop", "stale"] = pod("shop", "stale", "10.0.2.9", "n2")
-    km.objects[SERVICES, "shop", "web"] = service("shop", "web", "10.96.0.10",
-                                                  [{"name": "http", "port": 80, "targetPort": 8080}])
-    km.objects[SLICES, "shop", "web-abc"] = endpointslice(
-        "shop", "web-abc", "web", [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        [endpoint("10.0.1.5", "n1")])
+    km.objects[NODES, None, "n1"] = k8s.node("n1", "zone-a", internal="192.168.0.1", pod_cidrs=["10.0.1.0/24"],
+                                             region="region-1", noise=True)
+    km.objects[NODES, None, "n2"] = k8s.node("n2", "zone-b", internal="192.168.0.2", pod_cidrs=["10.0.2.0/24"],
+                                             region="region-1", noise=True)
+    km.objects[PODS, "shop", "web-1"] = k8s.pod("web-1", "10.0.1.5", "n1", owner=("ReplicaSet", "web-5f7c9"),
+                                                template_hash="5f7c9", noise=True)
+    km.objects[PODS, "shop", "stale"] = k8s.pod("stale", "10.0.2.9", "n2", noise=True)
+    km.objects[SERVICES, "shop", "web"] = k8s.service("web", "shop", cluster_ip="10.96.0.10",
+                                                      ports=[{"name": "http", "port": 80,
+                                                              "targetPort": 8080}], selector={}, noise=True)
+    km.objects[SLICES, "shop", "web-abc"] = k8s.endpointslice(
+        "web-abc", "web", [k8s.endpoint("10.0.1.5", "zone-a", "n1", target="x", target_namespace="y")],
+        ports=[{"name": "http", "port": 8080, "protocol": "TCP"}], noise=True)
 
 
 class Rig:
@@ -126,13 +122,14 @@ async def test_initial_list_then_watch_from_its_resource_version(rig: Rig) -> No
 async def test_added_modified_deleted_events_update_the_cache(rig: Rig) -> None:
     await start(rig)
     km = rig.km
-    await km.post("/api/v1/namespaces/shop/pods", json=pod("shop", "api-1", "10.0.2.20", "n2",
-                                                            owner=("StatefulSet", "api")))
+    await km.post("/api/v1/namespaces/shop/pods",
+                  json=k8s.pod("api-1", "10.0.2.20", "n2", owner=("StatefulSet", "api"), noise=True))
     await until(lambda: rig.cache.resolve(ip("10.0.2.20")).kind is PeerKind.POD)
     assert rig.cache.resolve(ip("10.0.2.20")).workload_kind == "StatefulSet"
 
     await km.patch("/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices/web-abc",
-                   json={"endpoints": [endpoint("10.0.1.5", "n1"), endpoint("10.0.2.20", "n2", "zone-b")]})
+                   json={"endpoints": [k8s.endpoint("10.0.1.5", "zone-a", "n1", target="x", target_namespace="y"),
+                                       k8s.endpoint("10.0.2.20", "zone-b", "n2", target="x", target_namespace="y")]})
     await until(lambda: rig.cache.endpoint_services(ip("10.0.2.20"), 8080, 6) != ())
     assert rig.cache.local_endpoints("n2") == frozenset({(ip("10.0.2.20"), 8080, 6)})
 
@@ -152,13 +149,14 @@ async def test_deleted_pod_ip_reused_within_grace_resolves_by_time(rig: Rig) -> 
     await start(rig)
     km = rig.km
     rig.clock.t = 2000
-    await km.post("/api/v1/namespaces/shop/pods", json=pod("shop", "old", "10.0.1.50", "n1"))
+    await km.post("/api/v1/namespaces/shop/pods", json=k8s.pod("old", "10.0.1.50", "n1", noise=True))
     await until(lambda: rig.cache.resolve(ip("10.0.1.50")).name == "old")
     rig.clock.t = 2010
     await km.delete("/api/v1/namespaces/shop/pods/old")
     await until(lambda: rig.cache.counts()["deleted_ips"] == 1)
     rig.clock.t = 2012
-    await km.post("/api/v1/namespaces/other/pods", json=pod("other", "new", "10.0.1.50", "n1"))
+    await km.post("/api/v1/namespaces/other/pods",
+                  json=k8s.pod("new", "10.0.1.50", "n1", namespace="other", noise=True))
     await until(lambda: rig.cache.resolve(ip("10.0.1.50")).name == "new")
     assert rig.cache.resolve(ip("10.0.1.50"), at=2005).namespace == "shop"
     assert rig.cache.resolve(ip("10.0.1.50"), at=2011).name == "old"
@@ -208,7 +206,7 @@ async def test_410_status_on_watch_request_lists_again(rig: Rig) -> None:
 async def test_dropped_watch_resumes_from_last_version_without_listing(rig: Rig) -> None:
     km = rig.km
     fired: list[int] = []
-    added = pod("shop", "late", "10.0.1.77", "n1")
+    added = k8s.pod("late", "10.0.1.77", "n1", noise=True)
     added["metadata"]["resourceVersion"] = "42"
 
     def one_event_then_eof(request: Any) -> Any:
@@ -235,9 +233,9 @@ async def test_unknown_event_types_are_skipped(rig: Rig) -> None:
         if fired:
             return NotImplemented
         fired.append(1)
-        return ({"type": "SURPRISE", "object": pod("shop", "weird", "10.0.1.66", "n1")},
+        return ({"type": "SURPRISE", "object": k8s.pod("weird", "10.0.1.66", "n1", noise=True)},
                 "not json at all",
-                {"type": "ADDED", "object": pod("shop", "fine", "10.0.1.67", "n1")})
+                {"type": "ADDED", "object": k8s.pod("fine", "10.0.1.67", "n1", noise=True)})
 
     km[kmock_lib.action.WATCH, PODS] << weird_then_added
     await start(rig)
@@ -311,9 +309,9 @@ async def test_paged_list_follows_continue_and_watches_from_the_first_page_versi
     km = rig.km
     page1 = {"kind": "PodList", "apiVersion": "v1",
              "metadata": {"resourceVersion": "77", "continue": "tok-1"},
-             "items": [pod("shop", "p1", "10.0.1.101", "n1")]}
+             "items": [k8s.pod("p1", "10.0.1.101", "n1", noise=True)]}
     page2 = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "77"},
-             "items": [pod("shop", "p2", "10.0.1.102", "n1")]}
+             "items": [k8s.pod("p2", "10.0.1.102", "n1", noise=True)]}
     km[kmock_lib.action.LIST, PODS][lambda request: "continue" not in request.params] << page1
     km[kmock_lib.action.LIST, PODS][lambda request: request.params.get("continue") == "tok-1"] << page2
     await start(rig)
@@ -334,7 +332,7 @@ async def test_bookmark_advances_version_and_error_event_backs_off(rig: Rig, eve
                                                                     errors: int) -> None:
     km = rig.km
     fired: list[int] = []
-    added = pod("shop", "v", "10.0.1.88", "n1")
+    added = k8s.pod("v", "10.0.1.88", "n1", noise=True)
     added["metadata"]["resourceVersion"] = "50"
 
     def stream_once(request: Any) -> Any:
@@ -395,7 +393,7 @@ async def test_quiet_watches_that_time_out_are_closed_not_pooled(kmock: Any) -> 
     try:
         await until(lambda: watcher.watchers["pods"].stats.watches >= 3)
         await until(lambda: _server_side_connections(kmock.servers[0].port) == 1)
-        await kmock.post("/api/v1/namespaces/shop/pods", json=pod("shop", "after", "10.0.1.99", "n1"))
+        await kmock.post("/api/v1/namespaces/shop/pods", json=k8s.pod("after", "10.0.1.99", "n1", noise=True))
         await until(lambda: cache.resolve(ip("10.0.1.99")).name == "after")
         assert watcher.watchers["pods"].stats.errors == 0
         assert watcher.watchers["pods"].stats.lists == 1

@@ -21,8 +21,8 @@ from agent.k8s.cache import ClusterMetadata
 from agent.k8s.client import build_api_client
 from agent.k8s.watch import ResourceWatcher, WatchSettings
 from agent.records import PeerKind
+from tests.fixtures import k8s
 from tests.unit.k8s.test_watch import PODS, Clock, Rig, ip, seed, start, until
-from tests.unit.test_k8s_objects import pod
 
 
 @pytest.fixture()
@@ -105,7 +105,7 @@ async def test_an_event_whose_metadata_is_not_an_object_is_skipped_not_fatal(rig
     to end the watch with an AttributeError, resumed from before that event."""
     km = rig.km
     fired: list[int] = []
-    good = pod("shop", "fine", "10.0.1.67", "n1")
+    good = k8s.pod("fine", "10.0.1.67", "n1", noise=True)
     good["metadata"]["resourceVersion"] = "60"
 
     def odd_then_good(request: Any) -> Any:
@@ -217,9 +217,9 @@ async def test_a_paged_relist_that_fails_on_page_two_deletes_nothing(rig: Rig, p
     state = {"relist": False, "fail": True}
     page1 = {"kind": "PodList", "apiVersion": "v1",
              "metadata": {"resourceVersion": "90", "continue": "tok-2"},
-             "items": [pod("shop", "web-1", "10.0.1.5", "n1")]}
+             "items": [k8s.pod("web-1", "10.0.1.5", "n1", noise=True)]}
     page2_ok = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "90"},
-                "items": [pod("shop", "stale", "10.0.2.9", "n2"), pod("shop", "p3", "10.0.1.30", "n1")]}
+                "items": [k8s.pod("stale", "10.0.2.9", "n2", noise=True), k8s.pod("p3", "10.0.1.30", "n1", noise=True)]}
 
     def tok2(request: Any) -> bool:
         return state["relist"] and request.params.get("continue") == "tok-2"
