@@ -1,0 +1,1 @@
+"""Hint oracle: upstream Kubernetes code behind a JSON-lines pipe (see README.md here)."""
