@@ -61,8 +61,8 @@ def test_prefer_same_locked_wording(version: str) -> None:
 @pytest.mark.parametrize("version", ["1.35", "1.36", "1.37"])
 def test_auto_and_traffic_distribution_still_write_hints(version: str) -> None:
     """The topology cache always exists from 1.36 (endpointslice_controller.go NewController)."""
-    d = diag(k.three_zones(), k.service(auto=True), [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 2, "c": 2}))],
-             version)
+    slices = [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 2, "c": 2}))]
+    d = diag(k.three_zones(), k.service(auto=True), slices, version)
     assert d.mechanism == "topology-mode-annotation" and d.controller.hints_enabled
     assert d.reason == "none"
     d = diag(k.three_zones(), k.service(td="PreferSameZone"),
