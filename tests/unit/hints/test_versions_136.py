@@ -9,6 +9,8 @@ ServiceTrafficDistribution in 1.36), ``k8s.io/component-base/featuregate unsafeS
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from agent import hints
@@ -17,7 +19,8 @@ from agent.hints.proxy import normalise_ip
 from tests.unit import k8s_objects as k
 
 
-def diag(nodes, svc, slices, version, gates=None):  # type: ignore[no-untyped-def]
+def diag(nodes: list[dict[str, Any]], svc: dict[str, Any], slices: list[dict[str, Any]],
+         version: str, gates: dict[str, bool] | None = None) -> hints.ServiceDiagnosis:
     (d,) = hints.evaluate_cluster(nodes, [svc], slices, version=version, feature_gates=gates, strict=True)
     return d
 
@@ -71,7 +74,7 @@ def test_auto_and_traffic_distribution_still_write_hints(version: str) -> None:
     assert not any(w.code == "traffic-distribution-not-accepted" for w in d.warnings)
 
 
-def _ghost(order: str):  # type: ignore[no-untyped-def]
+def _ghost(order: str) -> list[dict[str, Any]]:
     """Issue kubernetes#135266 shrunk: a Terminating pod's IP reused by a running pod on another node."""
     ghost = k.endpointslice("s-old", "web", [k.ep("10.0.0.1", "a", "n-a", ready=False, terminating=True)])
     ghost["endpoints"][0]["conditions"]["serving"] = False
