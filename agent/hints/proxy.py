@@ -237,7 +237,8 @@ class ProxyIndex:
     Endpoints of every slice labelled for the Service (any manager) are merged for the
     Service's first port (:func:`merge_endpoints`, ``pkg/proxy/endpointslicecache.go``):
     ready = Ready unset or true, serving = Serving unset or true, terminating = Terminating
-    true; node hints are read only with the PreferSameTrafficDistribution gate. Each decision
+    true; node hints are read only with the PreferSameTrafficDistribution gate, zone hints
+    before 1.33 only with the TopologyAwareHints gate. Each decision
     then costs O(result size).
 
     Args:
@@ -283,6 +284,9 @@ class ProxyIndex:
         self.dup_nodes = frozenset() if local_node is not None else local_override_nodes(svc, slices, kv)
         self._subs: dict[str, ProxyIndex] = {}
         self._slices = slices if self.dup_nodes else ()
+        # <= 1.32 addEndpoints reads zone hints only with the TopologyAwareHints gate (with
+        # ServiceTrafficDistribution alone, canUseTopology then finds no hints)
+        read_zones = kv.minor >= 33 or kv.gate("TopologyAwareHints")
         for i, (key, e) in enumerate(merge_endpoints(svc, slices, kv, local_node)):
             eps.append(e)
             keys.append(key)
@@ -290,7 +294,7 @@ class ProxyIndex:
             st = e.serving is not False and e.terminating is True
             if e.ready is not False:
                 ready.append(i)
-                if h is None or not h.for_zones:
+                if h is None or not h.for_zones or not read_zones:
                     all_zone = False
                 elif all_zone:
                     for z in h.for_zones:

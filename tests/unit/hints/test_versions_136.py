@@ -140,3 +140,21 @@ def test_ipv6_spellings_collide_like_upstream() -> None:
     s2 = k.endpointslice("s2", "web", [k.ep("fd00::1", "b", "n-b")], family="IPv6")
     d = diag(k.three_zones(), k.service(families=("IPv6",)), [s1, s2], "1.37")
     assert d.proxy["n-c"].cluster_endpoints == ("[fd00::1]:8080",)
+
+
+@pytest.mark.parametrize("version", ["1.31", "1.32"])
+def test_proxy_before_1_33_reads_zone_hints_only_with_topology_aware_hints(version: str) -> None:
+    """Shrunk from the differential test (tests/unit/hints/test_oracle_diff.py), seed 5, 1.31.
+
+    ``pkg/proxy/endpointslicecache.go addEndpoints`` <= 1.32 copies ``hints.forZones`` only when
+    the TopologyAwareHints gate is on; with ServiceTrafficDistribution on and TopologyAwareHints
+    off, ``canUseTopology`` sees no hints and every node uses all endpoints.
+    """
+    nodes = [k.node("n0", "za"), k.node("n1", "zb")]
+    slices = [k.endpointslice("s0", "web", [k.ep("10.1.0.1", "za", "n0", zones=["za"])]),
+              k.endpointslice("s1", "web", [k.ep("10.1.0.2", "zb", "n1", zones=["zb"])])]
+    d = diag(nodes, k.service(td="PreferClose"), slices, version, {"TopologyAwareHints": False})
+    assert d.proxy["n1"].cluster_endpoints == ("10.1.0.1:8080", "10.1.0.2:8080")
+    assert d.proxy["n1"].topology_mode == ""
+    d = diag(nodes, k.service(td="PreferClose"), slices, version)
+    assert d.proxy["n1"].cluster_endpoints == ("10.1.0.2:8080",)
