@@ -34,7 +34,7 @@ The same input goes to the oracle of each built minor the model covers and to
 The topology cache's populated mark is set the same on both sides (``hints_populated`` /
 ``topology_cache.populated``).
 
-Examples per minor: ``ZONEMETER_ORACLE_EXAMPLES`` (default 60, which keeps the test under a
+Examples per minor: ``ZONEMETER_ORACLE_EXAMPLES`` (default 400, which keeps the test under a
 minute on a 2-core machine), or ``--hypothesis-profile oracle-long`` (1000 per minor). Runs are
 derandomized (the same examples each time) unless ``ZONEMETER_ORACLE_SEED`` is set. Oracle
 binaries: ``bash tools/oracle/build.sh MINOR``; the newest (1.37) and oldest (1.31) must be
@@ -75,7 +75,7 @@ def _examples() -> int:
     if _EXAMPLES:
         return _EXAMPLES
     prof = settings.get_profile(settings._current_profile or "default")
-    return 1000 if prof.max_examples == 1000 else 60
+    return 1000 if prof.max_examples == 1000 else 400
 
 
 # ------------------------------------------------------------------------------ the generator
@@ -304,12 +304,14 @@ def test_model_agrees_with_upstream(minor: str) -> None:
         pytest.skip(f"oracle for {minor} not built (bash tools/oracle/build.sh {minor}); "
                     f"only {', '.join(REQUIRED)} are required")
     m = int(minor.split(".")[1])
+    count = [0]
 
     @settings(max_examples=_examples(), deadline=None, database=None, derandomize=_SEED is None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @seed(int(_SEED or 0))
     @given(clusters(m))
     def check(c: dict[str, Any]) -> None:
+        count[0] += 1
         note("request: " + json.dumps(request(c), sort_keys=True))
         o = _ORACLES.get(minor) or _ORACLES.setdefault(minor, oc.Oracle(minor))
         ans = o.ask_raw(request(c))
@@ -321,3 +323,4 @@ def test_model_agrees_with_upstream(minor: str) -> None:
         compare(c, m, ans)
 
     check()
+    print(f"oracle diff {minor}: {count[0]} examples agree")  # shown with pytest -s
