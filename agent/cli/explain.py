@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "explain", help="explain topology-aware routing per Service",
         description="Explain, per Service, whether topology-aware routing keeps ClusterIP traffic "
-        "in its zone, reproducing the EndpointSlice controller and kube-proxy (1.27-1.35).",
+        "in its zone, reproducing the EndpointSlice controller and kube-proxy (1.27-1.37).",
         epilog=_EPILOG_EXPLAIN, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--snapshot", metavar="FILE", help="kubectl JSON/YAML dump to read")
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--service", metavar="NS/NAME", help="only this Service")
     p.add_argument("--node", metavar="NODE", help="only this node in the proxy view")
     p.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="X.Y",
-                   help="version to model, 1.27 to 1.35 (default %(default)s)")
+                   help="version to model, 1.27 to 1.37 (default %(default)s)")
     p.add_argument("--feature-gates", default="", metavar="NAME=BOOL,...",
                    help="feature gate overrides, e.g. PreferSameTrafficDistribution=false")
     p.add_argument("--hints-populated", metavar="NS/NAME,...", default=None,

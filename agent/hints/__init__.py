@@ -10,7 +10,7 @@ the two questions that decide whether ClusterIP traffic stays in its zone:
 
 :mod:`agent.hints.diagnosis` combines both into one reason per Service
 (:func:`evaluate_cluster`); :mod:`agent.hints.model` keeps it incrementally per Service
-and owns each Service's locality (:class:`HintModel`). Versions 1.27 to 1.35 are modelled (default 1.35) with each
+and owns each Service's locality (:class:`HintModel`). Versions 1.27 to 1.37 are modelled (default 1.37) with each
 version's feature-gate defaults (:mod:`agent.hints.versions`); the vocabulary is in
 :mod:`agent.hints.vocabulary` and docs/hints.md. The objects are parsed by
 :mod:`agent.k8s.parse`.

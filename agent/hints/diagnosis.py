@@ -378,7 +378,7 @@ def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
         nodes, services, endpointslices: API-shaped dicts (``kubectl get -o json`` items).
         pods: accepted for API stability; the model reads endpoint state from the slices
             (the controller's own output), so pods are currently not consulted.
-        version: ``"1.27"`` .. ``"1.35"``.
+        version: ``"1.27"`` .. ``"1.37"``.
         feature_gates: gate overrides (name -> bool), validated per version.
         hints_populated: ``namespace/name`` keys the controller's topology cache marks as
             having Auto hints (controls the Enabled/Disabled events). None: inferred, a

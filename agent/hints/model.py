@@ -86,7 +86,7 @@ class HintModel:
     Args:
         cache: the metadata cache whose parsed records (:meth:`ClusterMetadata.model_inputs`)
             feed the model.
-        version: Kubernetes minor version the model reproduces (``"1.27"`` .. ``"1.35"``).
+        version: Kubernetes minor version the model reproduces (``"1.27"`` .. ``"1.37"``).
         feature_gates: gate overrides for that version.
 
     Raises:

@@ -9,6 +9,7 @@ that hosts or is hinted by an endpoint, then shared (see :class:`ProxyMap`).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,13 +115,137 @@ def _proxy_hints_allowed(svc: ServiceInfo, kv: KubeVersion) -> bool:
     return kv.gate("TopologyAwareHints") and _proxy_annotation_on(svc.annotations)
 
 
+def normalise_ip(address: str) -> str:
+    """The address as kube-proxy prints it in an endpoint's ``ip:port`` key.
+
+    ``pkg/proxy/endpoint.go newBaseEndpointInfo`` keys an endpoint by
+    ``net.JoinHostPort(netutils.ParseIPSloppy(addresses[0]).String(), port)``: IPv4 octets
+    with leading zeros are read as decimal (``010.0.0.1`` is ``10.0.0.1``), IPv6 is printed in
+    its canonical form (``fd00::01`` is ``fd00::1``), an IPv4-mapped IPv6 address prints as
+    IPv4. An address that does not parse is kept as written.
+
+    Args:
+        address: ``endpoints[].addresses[0]`` as written in the slice.
+    Returns:
+        The canonical text, without brackets.
+    """
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        parts = address.split(".")
+        if len(parts) == 4 and all(p.isdigit() and 0 < len(p) <= 3 for p in parts) \
+                and all(int(p) <= 255 for p in parts):
+            return ".".join(str(int(p)) for p in parts)  # ParseIPSloppy: leading zeros are decimal
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return ip.compressed
+
+
+def slice_port(svc: ServiceInfo, s: Slice) -> tuple[bool, int | None]:
+    """Whether slice ``s`` serves the Service's first port, and the endpoint port number.
+
+    ``pkg/proxy/endpointslicecache.go updatePending`` keys each slice port by its name; a
+    slice without ports serves no named port.
+    """
+    if svc.first_port_name is not None:
+        for pname, pnum in s.ports:
+            if pname == svc.first_port_name:
+                return True, pnum
+        if s.ports:
+            return False, None
+    return True, None
+
+
+def first_port(svc: ServiceInfo, slices: Sequence[Slice]) -> int | None:
+    """The endpoint port of the first slice that serves the Service's first port."""
+    for s in slices:
+        serves, port = slice_port(svc, s)
+        if serves:
+            return port
+    return None
+
+
+def _copies(svc: ServiceInfo, slices: Sequence[Slice]) -> Iterator[tuple[str, Endpoint]]:
+    for s in slices:
+        serves, port = slice_port(svc, s)
+        if not serves:
+            continue
+        suffix = "" if port is None else f":{port}"
+        for e in s.endpoints:
+            a = normalise_ip(e.address)
+            yield (f"[{a}]" if ":" in a else a) + suffix, e
+
+
+def merge_endpoints(svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion,
+                    local_node: str | None = None) -> list[tuple[str, Endpoint]]:
+    """The endpoints kube-proxy keeps for the Service's first port, one per ``ip:port``.
+
+    ``pkg/proxy/endpointslicecache.go (*EndpointSliceCache).addEndpoints`` visits slices and
+    keeps, for each key, the first copy unless a later one replaces it:
+
+    * 1.36+ (kubernetes PR #135593): ``!exists || !terminating``: any copy that is not
+      terminating replaces; a terminating copy only fills an empty key;
+    * 1.31-1.35: ``!exists || isLocal``: a copy whose ``nodeName`` is this kube-proxy's node
+      (``local_node``) replaces, so the kept copy can differ per node. Versions before 1.31
+      are read the same way (the rule is older than the model's range).
+
+    Upstream visits slices in Go map order (``endpointSliceDataByName``), so which of two
+    replacing copies in different slices wins is random there; the model visits slices in
+    input order. The result is order-independent when at most one copy can replace (one
+    non-terminating copy at 1.36+; one copy on ``local_node``, or none and all copies alike,
+    at 1.35 and before): the ghost-pod case (a Terminating pod's address reused by a running
+    pod) is of this kind. Within one slice upstream's order is the slice order, as here.
+
+    Args:
+        svc, slices, kv: the Service, its slices of one family in input order, the version.
+        local_node: the kube-proxy node (only read before 1.36).
+    Returns:
+        ``(ip:port, endpoint)`` in order of first appearance of each key.
+    """
+    kept: dict[str, Endpoint] = {}
+    new_rule = kv.minor >= 36
+    for key, e in _copies(svc, slices):
+        if key not in kept or (e.terminating is not True if new_rule
+                               else (local_node is not None and e.node == local_node)):
+            kept[key] = e
+    return list(kept.items())
+
+
+def local_override_nodes(svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion) -> frozenset[str]:
+    """Nodes whose kube-proxy keeps another copy of a duplicated ``ip:port`` than the first.
+
+    Only before 1.36 (``!exists || isLocal`` in ``addEndpoints``): the nodes named by a
+    non-first copy. Empty at 1.36+ and without duplicates.
+    """
+    if kv.minor >= 36:
+        return frozenset()
+    seen: set[str] = set()
+    nodes: set[str] = set()
+    for key, e in _copies(svc, slices):
+        if key in seen:
+            if e.node is not None:
+                nodes.add(e.node)
+        else:
+            seen.add(key)
+    return frozenset(nodes)
+
+
 class ProxyIndex:
     """One Service's endpoints as kube-proxy merges them, indexed once for per-node decisions.
 
     Endpoints of every slice labelled for the Service (any manager) are merged for the
-    Service's first port (``pkg/proxy/endpointslicecache.go``): ready = Ready unset or true,
-    serving = Serving unset or true, terminating = Terminating true; node hints are read only
-    with the PreferSameTrafficDistribution gate. Each decision then costs O(result size).
+    Service's first port (:func:`merge_endpoints`, ``pkg/proxy/endpointslicecache.go``):
+    ready = Ready unset or true, serving = Serving unset or true, terminating = Terminating
+    true; node hints are read only with the PreferSameTrafficDistribution gate, zone hints
+    before 1.33 only with the TopologyAwareHints gate. Each decision
+    then costs O(result size).
+
+    Args:
+        svc, slices, kv: the Service, its slices of one address family, the version.
+        local_node: the kube-proxy node the merge is for, when it matters (<= 1.35 with a
+            duplicated ``ip:port``); None builds the view every other node shares and
+            delegates the nodes in ``dup_nodes`` to their own index.
 
     Attributes:
         keys: ``ip:port`` per endpoint (IPv6 in brackets), parallel to ``eps``.
@@ -131,16 +256,17 @@ class ProxyIndex:
 
     __slots__ = ("svc", "kv", "eps", "keys", "port", "ready", "fallback", "all_zone", "all_node",
                  "by_zone", "by_node", "local_ready", "local_st", "allowed", "uses_cluster",
-                 "uses_local", "ext_local", "any_usable", "special_nodes", "_sorted", "_addrs")
+                 "uses_local", "ext_local", "any_usable", "special_nodes", "local_node", "dup_nodes",
+                 "_subs", "_slices", "_sorted", "_addrs")
 
-    def __init__(self, svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion) -> None:
+    def __init__(self, svc: ServiceInfo, slices: Sequence[Slice], kv: KubeVersion,
+                 local_node: str | None = None) -> None:
         self.svc, self.kv = svc, kv
         read_nodes = kv.gate("PreferSameTrafficDistribution")
         self.uses_cluster = not svc.internal_local or svc.externally_accessible
         self.ext_local = svc.external_local and svc.externally_accessible
         self.uses_local = uses_local = svc.internal_local or self.ext_local
         self.allowed = _proxy_hints_allowed(svc, kv)
-        seen: set[str] = set()
         eps: list[Endpoint] = []
         keys: list[str] = []
         ready: list[int] = []
@@ -151,53 +277,43 @@ class ProxyIndex:
         local_st: dict[str, list[int]] = {}
         all_zone = True
         all_node = read_nodes
-        self.port: int | None = None
-        first_port_set = False
-        for s in slices:
-            port: int | None = None
-            if svc.first_port_name is not None:
-                for pname, pnum in s.ports:
-                    if pname == svc.first_port_name:
-                        port = pnum
-                        break
-                if port is None and s.ports:
-                    continue  # this slice does not serve the Service's first port
-            if not first_port_set:
-                self.port, first_port_set = port, True
-            suffix = "" if port is None else f":{port}"
-            for e in s.endpoints:
-                a = e.address
-                key = (f"[{a}]" if ":" in a else a) + suffix
-                if key in seen:
-                    continue
-                seen.add(key)
-                i = len(eps)
-                eps.append(e)
-                keys.append(key)
-                h = e.hints
-                st = e.serving is not False and e.terminating is True
-                if e.ready is not False:
-                    ready.append(i)
-                    if h is None or not h.for_zones:
-                        all_zone = False
-                    elif all_zone:
-                        for z in h.for_zones:
-                            if z in by_zone:
-                                by_zone[z].append(i)
-                            else:
-                                by_zone[z] = [i]
-                    if all_node:
-                        if h is None or not h.for_nodes:
-                            all_node = False
+        self.port = first_port(svc, slices)
+        self.local_node = local_node
+        # <= 1.35 a later copy of an ip:port on this kube-proxy's node replaces the first
+        # copy, so nodes hosting such a copy see their own merge (built lazily).
+        self.dup_nodes = frozenset() if local_node is not None else local_override_nodes(svc, slices, kv)
+        self._subs: dict[str, ProxyIndex] = {}
+        self._slices = slices if self.dup_nodes else ()
+        # <= 1.32 addEndpoints reads zone hints only with the TopologyAwareHints gate (with
+        # ServiceTrafficDistribution alone, canUseTopology then finds no hints)
+        read_zones = kv.minor >= 33 or kv.gate("TopologyAwareHints")
+        for i, (key, e) in enumerate(merge_endpoints(svc, slices, kv, local_node)):
+            eps.append(e)
+            keys.append(key)
+            h = e.hints
+            st = e.serving is not False and e.terminating is True
+            if e.ready is not False:
+                ready.append(i)
+                if h is None or not h.for_zones or not read_zones:
+                    all_zone = False
+                elif all_zone:
+                    for z in h.for_zones:
+                        if z in by_zone:
+                            by_zone[z].append(i)
                         else:
-                            for n in h.for_nodes:
-                                by_node.setdefault(n, []).append(i)
-                    if uses_local and e.node is not None:
-                        local_ready.setdefault(e.node, []).append(i)
-                elif uses_local and st and e.node is not None:
-                    local_st.setdefault(e.node, []).append(i)
-                if st:
-                    fallback.append(i)
+                            by_zone[z] = [i]
+                if all_node:
+                    if h is None or not h.for_nodes:
+                        all_node = False
+                    else:
+                        for n in h.for_nodes:
+                            by_node.setdefault(n, []).append(i)
+                if uses_local and e.node is not None:
+                    local_ready.setdefault(e.node, []).append(i)
+            elif uses_local and st and e.node is not None:
+                local_st.setdefault(e.node, []).append(i)
+            if st:
+                fallback.append(i)
         self.eps, self.keys = eps, keys
         if not all_zone:
             by_zone = {}  # zone hints are ignored as a whole
@@ -208,7 +324,7 @@ class ProxyIndex:
         self.by_zone, self.by_node = by_zone, by_node
         self.local_ready, self.local_st = local_ready, local_st
         self.any_usable = bool(ready) or bool(fallback)
-        special: set[str] = set()
+        special: set[str] = set(self.dup_nodes)
         if self.uses_local:
             special.update(local_ready, local_st)
         if self.all_node and self.uses_cluster:
@@ -249,6 +365,11 @@ class ProxyIndex:
             node: the node name, or None for "a node of ``zone`` without endpoints or hints".
             zone: the node's ``topology.kubernetes.io/zone`` label ("" when absent).
         """
+        if node is not None and node in self.dup_nodes:
+            sub = self._subs.get(node)
+            if sub is None:
+                sub = self._subs[node] = ProxyIndex(self.svc, self._slices, self.kv, node)
+            return sub.decide(node, zone)
         svc = self.svc
         mode: str | None = None
         ctag: Any = None

@@ -1,7 +1,8 @@
-"""Kubernetes versions 1.27 to 1.35 and their feature-gate defaults, as the hint model reads them.
+"""Kubernetes versions 1.27 to 1.37 and their feature-gate defaults, as the hint model reads them.
 
 Gate defaults and lock state come from ``pkg/features/kube_features.go`` of each release
-(see docs/hints.md, Versions and feature gates).
+(see docs/hints.md, Versions and feature gates). Refusals use the wording of
+``k8s.io/component-base/featuregate`` ``(*featureGate).unsafeSetFromMap``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ from dataclasses import dataclass
 from agent.errors import InputError
 
 GATES = ("TopologyAwareHints", "ServiceTrafficDistribution", "PreferSameTrafficDistribution")
-MIN_MINOR, MAX_MINOR = 27, 35
-DEFAULT_VERSION = "1.35"
+MIN_MINOR, MAX_MINOR = 27, 37
+DEFAULT_VERSION = "1.37"
+
+#: gates removed after graduating to GA, with the first minor that no longer has them
+#: (kubernetes PR #136112 removed both from ``pkg/features/kube_features.go`` in 1.36; the
+#: code they guarded now always runs, e.g. ``endpointslice_controller.go NewController``
+#: always builds the topology cache).
+REMOVED_GA_GATES = {"TopologyAwareHints": 36, "ServiceTrafficDistribution": 36}
 
 
 def _gate_default(gate: str, minor: int) -> tuple[bool, bool] | None:
@@ -22,6 +29,9 @@ def _gate_default(gate: str, minor: int) -> tuple[bool, bool] | None:
 
     Source: ``pkg/features/kube_features.go`` of each release (docs/hints.md).
     """
+    removed = REMOVED_GA_GATES.get(gate)
+    if removed is not None and minor >= removed:
+        return None
     if gate == "TopologyAwareHints":
         return (True, minor >= 33)
     if gate == "ServiceTrafficDistribution":
@@ -40,7 +50,7 @@ class KubeVersion:
     """A Kubernetes minor version with its effective feature gates.
 
     Attributes:
-        minor: the minor version (27..35 for 1.27..1.35).
+        minor: the minor version (27..37 for 1.27..1.37).
         gates: effective value of each gate that exists in that version (defaults from
             ``pkg/features/kube_features.go``, overridden by the caller).
     """
@@ -54,12 +64,14 @@ class KubeVersion:
         """Build from ``"1.X"`` (``"v1.X.Y"`` accepted) and gate overrides.
 
         Raises:
-            InputError: unsupported version, unknown gate for that version, or a locked gate
-                set against its locked value.
+            InputError: unsupported version, unknown gate for that version
+                (``unrecognized feature gate: NAME``, as ``featuregate.unsafeSetFromMap``), or a
+                locked gate set against its locked value (``cannot set feature gate NAME to
+                false, feature is locked to true``).
         """
         m = re.fullmatch(r"v?1\.(\d+)(?:\.\d+)?", str(version).strip())
         if not m or not MIN_MINOR <= int(m.group(1)) <= MAX_MINOR:
-            raise InputError(f"unsupported Kubernetes version {version!r} (supported: 1.27 to 1.35)",
+            raise InputError(f"unsupported Kubernetes version {version!r} (supported: 1.27 to 1.37)",
                              field="--kubernetes-version")
         minor = int(m.group(1))
         gates: dict[str, bool] = {}
@@ -70,17 +82,27 @@ class KubeVersion:
         for name, value in (feature_gates or {}).items():
             d = _gate_default(name, minor)
             if d is None:
-                raise InputError(f"feature gate {name!r} does not exist in 1.{minor}",
+                raise InputError(f"unrecognized feature gate: {name} (1.{minor})",
                                  field="--feature-gates")
             if d[1] and bool(value) != d[0]:
-                raise InputError(f"feature gate {name} is locked to {str(d[0]).lower()} in 1.{minor}",
+                raise InputError(f"cannot set feature gate {name} to {str(bool(value)).lower()}, "
+                                 f"feature is locked to {str(d[0]).lower()} (1.{minor})",
                                  field="--feature-gates")
             gates[name] = bool(value)
         return cls(minor, gates)
 
     def gate(self, name: str) -> bool:
-        """Effective value of a gate (False when the gate does not exist in this version)."""
-        return self.gates.get(name, False)
+        """Effective value of a gate.
+
+        A gate removed after GA (:data:`REMOVED_GA_GATES`) is on from the minor that removed
+        it: its code path became unconditional. Any other gate the version does not have
+        (not yet added) is off.
+        """
+        got = self.gates.get(name)
+        if got is not None:
+            return got
+        removed = REMOVED_GA_GATES.get(name)
+        return removed is not None and self.minor >= removed
 
     def __str__(self) -> str:
         return f"1.{self.minor}"

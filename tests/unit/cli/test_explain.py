@@ -50,7 +50,7 @@ def test_explain_json_schema_exactly(tmp_path: Path, capsys) -> None:  # type: i
     code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path)), "-o", "json"], capsys)
     assert code == 0
     doc = json.loads(out)
-    assert set(doc) == {"kubernetes_version", "services"} and doc["kubernetes_version"] == "1.35"
+    assert set(doc) == {"kubernetes_version", "services"} and doc["kubernetes_version"] == "1.37"
     (s,) = doc["services"]
     assert set(s) == {"namespace", "name", "address_type", "mechanism", "controller", "observed_hints",
                       "proxy", "locality_in_effect", "reason", "warnings"}
@@ -70,7 +70,7 @@ def test_explain_table_and_node_filter(tmp_path: Path, capsys) -> None:  # type:
                         "--service", "shop/web"], capsys)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "Kubernetes 1.35: 1 Service entry"
+    assert lines[0] == "Kubernetes 1.37: 1 Service entry"
     assert lines[1].split() == ["SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL", "ZONES"]
     assert lines[2].split()[:3] == ["shop/web", "IPv4", "topology-mode-annotation"]
     assert "partial-hints" in lines[2] and "0/3" in lines[2]

@@ -304,12 +304,13 @@ def test_quantities_round_up_to_milli_cpu() -> None:
 
 
 def test_versions_and_gates() -> None:
-    assert hints.KubeVersion.parse().gates == {
+    assert hints.KubeVersion.parse().gates == {"PreferSameTrafficDistribution": True}
+    assert hints.KubeVersion.parse("1.35").gates == {
         "TopologyAwareHints": True, "ServiceTrafficDistribution": True, "PreferSameTrafficDistribution": True}
     assert hints.KubeVersion.parse("1.30").gates == {"TopologyAwareHints": True, "ServiceTrafficDistribution": False}
     assert hints.KubeVersion.parse("v1.34.2").gate("PreferSameTrafficDistribution") is True
     assert hints.KubeVersion.parse("1.27").gates == {"TopologyAwareHints": True}
-    for bad, gates in (("1.26", None), ("1.36", None), ("2.0", None), ("1.27", {"ServiceTrafficDistribution": True}),
+    for bad, gates in (("1.26", None), ("1.38", None), ("2.0", None), ("1.27", {"ServiceTrafficDistribution": True}),
                        ("1.35", {"PreferSameTrafficDistribution": False}), ("1.33", {"TopologyAwareHints": False})):
         with pytest.raises(InputError):
             hints.KubeVersion.parse(bad, gates)
