@@ -87,6 +87,9 @@ def fresh_pairs(fresh_lab: Lab) -> PairTruth:
 
 
 def _config(lab: Lab, node: str, **kw: Any) -> DatapathConfig:
+    """The node's config; these tests inspect tc filters, so attach defaults to clsact
+    (TCX attachment: tests/kernel/test_datapath_tcx.py)."""
+    kw.setdefault("attach", "clsact")
     return datapath_config(lab, node, **kw)
 
 
@@ -239,7 +242,7 @@ def _agent(lab: Lab, node: str) -> subprocess.Popen[str]:
     ns, uplink = lab.uplink(node)
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent.datapath", "--netns", ns, "--interval", "0.5",
-         "--exclude", uplink],
+         "--exclude", uplink, "--attach", "clsact"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout is not None
