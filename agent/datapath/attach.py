@@ -60,6 +60,8 @@ PARENT_EGRESS = 0xFFFFFFF3
 #: tc filter protocol: every frame (include/uapi/linux/if_ether.h)
 ETH_P_ALL = 0x0003
 _PROGRAMS = ((PARENT_INGRESS, "zm_tc_from_pod"), (PARENT_EGRESS, "zm_tc_to_pod"))
+#: the TCX programs, in the order of agent.datapath.tcx.SIDES (ingress, egress)
+_TCX_PROGRAMS = ("zm_tcx_from_pod", "zm_tcx_to_pod")
 _TC_NAME_PREFIX = "zm_tc_"
 #: pin file of a TCX link of ours: zm_link_<ifindex>_<ingress|egress> under pin_path
 _LINK_PIN_PREFIX = "zm_link_"
@@ -68,6 +70,18 @@ _LINK_PIN_PREFIX = "zm_link_"
 def link_pin_name(ifindex: int, side: str) -> str:
     """Return the pin file name of our TCX link on ifindex, side ``"ingress"``/``"egress"``."""
     return f"{_LINK_PIN_PREFIX}{ifindex}_{side}"
+
+
+def _detach_and_close(fd: int) -> None:
+    """Detach the TCX link behind fd at once (a link already defunct is no error) and
+    close fd."""
+    try:
+        tcx.link_detach(fd)
+    except OSError as err:
+        if err.errno not in (errno.ENOLINK, errno.ENOENT, errno.EINVAL):
+            log.warning("cannot detach TCX link: %s", err)
+    finally:
+        os.close(fd)
 
 
 def _link_pin_ifindex(name: str) -> int | None:
@@ -240,7 +254,7 @@ class Datapath:
             try:
                 self._bpf = BPF(src_file=str(TC_SOURCE).encode(), cflags=self.cflags())
                 self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
-                             for _, name in _PROGRAMS}
+                             for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS)}
             except Exception as err:
                 raise RuntimeFailure(f"cannot load {TC_SOURCE}: {err}") from err
         except BaseException:
@@ -360,16 +374,55 @@ class Datapath:
         os.unlink(path)
         return None
 
+    def _replace_filters(self, index: int) -> None:
+        """Put our clsact programs on link index with ``replace`` (same priority and
+        handle: a filter of ours already there is swapped atomically, never doubled).
+
+        Raises:
+            Exception: the pyroute2 NetlinkError of a refusal.
+        """
+        ipr = self._ipr()
+        for parent, prog in _PROGRAMS:
+            fn = self._fns[prog]
+            # replace: a filter left by a previous run of ours (same prio and handle)
+            # is swapped for this one instead of running twice; others are untouched
+            ipr.tc("replace-filter", "bpf", index, self.config.tc_handle, fd=fn.fd,
+                   name=prog, parent=parent, classid=1, direct_action=True,
+                   prio=self.config.tc_priority, protocol=ETH_P_ALL)
+
+    def _has_our_filter(self, index: int) -> bool:
+        """Whether a clsact filter of ours (priority, handle, ``zm_tc_`` name) is on index."""
+        ipr = self._ipr()
+        for parent, _ in _PROGRAMS:
+            try:
+                filters = ipr.get_filters(index=index, parent=parent)
+            except Exception:  # noqa: BLE001 - no clsact on this link
+                return False
+            for f in filters:
+                opts = f.get_attr("TCA_OPTIONS")
+                if (f["handle"] == self.config.tc_handle
+                        and f["info"] >> 16 == self.config.tc_priority and opts is not None
+                        and (opts.get_attr("TCA_BPF_NAME") or "").startswith(_TC_NAME_PREFIX)):
+                    return True
+        return False
+
     def _attach_tcx(self, index: int, name: str) -> None:
         """Attach both programs to link index as TCX links at the head of its lists (or
         take over the pinned links of a previous agent with ``BPF_LINK_UPDATE``), pin new
         links with pin_path, then delete any clsact filter of ours left on the link by a
         clsact agent (else the bytes would be counted twice). On an error the links made
-        here are closed and the OSError re-raised."""
+        here are closed and the OSError re-raised.
+
+        Switching a link from clsact: the old filter first gets this agent's clsact
+        program (``replace``), which skips every packet this agent's TCX program counted
+        (``zm_tcx_ran``, bpf/maps.h); then the links are created; then the filter is
+        deleted. Every packet is counted once throughout (docs/datapath.md)."""
+        if self._has_our_filter(index):
+            self._replace_filters(index)
         fds: list[int] = []
         made: list[str] = []
         try:
-            for (attach_type, side), (_, prog) in zip(tcx.SIDES, _PROGRAMS, strict=True):
+            for (attach_type, side), prog in zip(tcx.SIDES, _TCX_PROGRAMS, strict=True):
                 prog_fd = self._fns[prog].fd
                 fd = self._take_over(index, attach_type, side)
                 if fd is not None:
@@ -406,10 +459,10 @@ class Datapath:
             log.warning("cannot remove our old clsact filter from %s: %s", name, err)
 
     def _forget_links(self, index: int) -> None:
-        """Close our TCX link fds of index and unlink their pins: the kernel detaches
-        the links (a link whose device is gone is already defunct)."""
+        """Detach and close our TCX links of index and unlink their pins (a link whose
+        device is gone is already defunct)."""
         for fd in self._links.pop(index, []):
-            os.close(fd)
+            _detach_and_close(fd)
         for _, side in tcx.SIDES:
             path = self._link_pin(index, side)
             if path is not None:
@@ -438,8 +491,13 @@ class Datapath:
             if index in present and index not in self._attached:
                 continue  # clsact attach failed here: the old link still counts
             log.info("removing TCX link pin %s", pin)
+            path = os.path.join(self.config.pin_path, pin)
             try:
-                os.unlink(os.path.join(self.config.pin_path, pin))
+                _detach_and_close(tcx.obj_get(path))
+            except OSError:
+                pass
+            try:
+                os.unlink(path)
             except FileNotFoundError:
                 pass
 
@@ -451,21 +509,31 @@ class Datapath:
             self._attach_tcx(index, name)
             return
         ipr = self._ipr()
+        # tcx -> clsact: pinned links of a previous agent first get this agent's TCX
+        # programs, so that the clsact programs below skip what they count; the links
+        # are dropped once the filters are in (docs/datapath.md)
+        old: list[int] = []
+        for (attach_type, side), prog in zip(tcx.SIDES, _TCX_PROGRAMS, strict=True):
+            fd = self._take_over(index, attach_type, side)
+            if fd is not None:
+                old.append(fd)
+                try:
+                    tcx.link_update(fd, self._fns[prog].fd)
+                except OSError as err:
+                    log.warning("cannot update the old TCX link on %s: %s", name, err)
         try:
             ipr.tc("add", "clsact", index)
             self._created_qdisc.add(index)
         except Exception as err:  # NetlinkError
             if _nl_code(err) != errno.EEXIST:
+                for fd in old:
+                    os.close(fd)
                 raise
         try:
-            for parent, prog in _PROGRAMS:
-                fn = self._fns[prog]
-                # replace: a filter left by a previous run of ours (same prio and handle)
-                # is swapped for this one instead of running twice; others are untouched
-                ipr.tc("replace-filter", "bpf", index, self.config.tc_handle, fd=fn.fd,
-                       name=prog, parent=parent, classid=1, direct_action=True,
-                       prio=self.config.tc_priority, protocol=ETH_P_ALL)
+            self._replace_filters(index)
         except Exception:
+            for fd in old:
+                os.close(fd)
             self._attached[index] = name
             try:  # never leave half an attachment behind (ingress without egress)
                 self._detach_link(index)
@@ -473,6 +541,14 @@ class Datapath:
                 log.warning("cannot roll back %s: %s", name, err)
             raise
         self._attached[index] = name
+        if old:
+            for fd in old:
+                _detach_and_close(fd)
+            for _, side in tcx.SIDES:
+                path = self._link_pin(index, side)
+                if path is not None and os.path.exists(path):
+                    os.unlink(path)  # the last reference: the kernel detaches the link
+            log.info("replaced the TCX links of a previous agent on %s", name)
         log.info("attached to %s (ifindex %d)", name, index)
 
     def _detach_link(self, index: int) -> None:
@@ -775,6 +851,12 @@ class Datapath:
             for pin in sorted(os.listdir(pin_path)) if os.path.isdir(pin_path) else ():
                 if _link_pin_ifindex(pin) is None:
                     continue
+                try:
+                    fd = tcx.obj_get(os.path.join(pin_path, pin))
+                except OSError:
+                    pass
+                else:
+                    _detach_and_close(fd)
                 try:
                     os.unlink(os.path.join(pin_path, pin))
                     links.append(pin)

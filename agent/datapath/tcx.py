@@ -40,6 +40,7 @@ BPF_LINK_CREATE = 28
 BPF_LINK_UPDATE = 29
 BPF_LINK_GET_FD_BY_ID = 30
 BPF_LINK_GET_NEXT_ID = 31
+BPF_LINK_DETACH = 34
 # enum bpf_attach_type
 BPF_TCX_INGRESS = 46
 BPF_TCX_EGRESS = 47
@@ -127,6 +128,21 @@ def link_update(link_fd: int, prog_fd: int) -> None:
     attr = _attr()
     struct.pack_into("=III", attr, 0, link_fd, prog_fd, 0)  # link_fd, new_prog_fd, flags
     sys_bpf(BPF_LINK_UPDATE, attr)
+
+
+def link_detach(link_fd: int) -> None:
+    """Detach link link_fd from its device now (``BPF_LINK_DETACH``).
+
+    Closing the last fd and pin also detaches, but from a deferred work item
+    (``bpf_link_put`` in kernel/bpf/syscall.c), i.e. some time later; this is
+    synchronous. The link object stays (defunct) until its last reference goes.
+
+    Raises:
+        OSError: the kernel refused (ENOLINK: already detached, its device is gone).
+    """
+    attr = _attr()
+    struct.pack_into("=I", attr, 0, link_fd)
+    sys_bpf(BPF_LINK_DETACH, attr)
 
 
 def obj_pin(fd: int, path: str) -> None:

@@ -158,8 +158,10 @@ def test_existing_filter_still_sees_every_packet(fresh_lab: Lab, fresh_pairs: Pa
         [(PARENT_INGRESS, 1, "cni_ingress"), (PARENT_EGRESS, 1, "cni_egress")])
 
 
+@pytest.mark.parametrize("attach", ["clsact", "tcx"])
 def test_pod_created_after_start_is_counted_within_one_second(fresh_lab: Lab,
-                                                               fresh_pairs: PairTruth) -> None:
+                                                               fresh_pairs: PairTruth,
+                                                               attach: str) -> None:
     """Attached within a second of the pod's creation starting. The lab creates the veth
     early in add_pod and then goes on (offloads, proxy rules), so the wait runs while
     add_pod does, from the moment it is called."""
@@ -175,7 +177,8 @@ def test_pod_created_after_start_is_counted_within_one_second(fresh_lab: Lab,
         except BaseException as err:  # noqa: BLE001 - re-raised below
             added.append(err)
 
-    with Datapath(_config(fresh_lab, "b")) as dp:
+    with Datapath(_config(fresh_lab, "b", attach=attach)) as dp:
+        assert dp.stats().attach_mode == attach
         dp.watch()
         adder = threading.Thread(target=add)
         t0 = time.monotonic()

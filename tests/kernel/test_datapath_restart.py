@@ -216,8 +216,8 @@ def _exactly_one_filter_per_hook(lab: Lab, attach: str = "clsact") -> None:
     if attach == "tcx":
         assert _ours(ns) == []
         assert chains == {(h, side): [prog] for h in hosts
-                          for side, prog in (("ingress", "zm_tc_from_pod"),
-                                             ("egress", "zm_tc_to_pod"))}
+                          for side, prog in (("ingress", "zm_tcx_from_pod"),
+                                             ("egress", "zm_tcx_to_pod"))}
         return
     assert chains == {key: [] for key in chains}
     hooks = sorted((h, parent) for h in hosts for parent in (PARENT_INGRESS, PARENT_EGRESS))
