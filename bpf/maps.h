@@ -70,4 +70,10 @@ ZM_MAP("array", int, __u32, zm_layout, 1);
  * between clsact and TCX"). Not pinned: it only pairs programs of one agent. */
 BPF_PERCPU_ARRAY(zm_tcx_ran, __u32, 1);
 
+/* Never read by the programs: the agent writes its slot 0 (with zm_tcx_ran) to wait for
+ * a grace period. A bpf() update of an array-of-maps returns only after every program
+ * running at that moment finished (maybe_wait_bpf_programs in kernel/bpf/syscall.c),
+ * which a TCX link update does not wait for (tcx_link_update in kernel/bpf/tcx.c). */
+BPF_TABLE("array_of_maps$zm_tcx_ran", int, int, zm_grace, 1);
+
 #endif /* ZONEMETER_MAPS_H */

@@ -120,6 +120,18 @@ int zm_tcx_to_pod(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+/* TCX, last step of a switch to clsact (docs/datapath.md): counts nothing and clears
+ * this CPU's mark, so that the clsact program after it counts the packet and a mark left
+ * from before the clsact filter existed never outlives the link. Returns TCX_NEXT. */
+int zm_tcx_handoff(struct __sk_buff *skb)
+{
+	int zero = 0;
+	__u32 *ran = zm_tcx_ran.lookup(&zero);
+	if (ran)
+		*ran = 0;
+	return TC_ACT_UNSPEC;
+}
+
 /* clsact ingress of the host-side veth: packets leaving the pod. Returns TC_ACT_UNSPEC. */
 int zm_tc_from_pod(struct __sk_buff *skb)
 {

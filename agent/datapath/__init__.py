@@ -23,6 +23,7 @@ from agent.datapath.attach import (
     CleanupResult,
     Datapath,
     DatapathStats,
+    InterfaceBytes,
     link_pin_name,
 )
 from agent.datapath.config import BPF_DIR, TC_SOURCE, DatapathConfig, check_pin_path, flags_for
@@ -42,6 +43,7 @@ __all__ = [
     "DatapathConfig",
     "DatapathStats",
     "FlowTables",
+    "InterfaceBytes",
     "MapInfo",
     "TableStats",
     "check_pin_path",

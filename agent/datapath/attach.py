@@ -62,6 +62,8 @@ ETH_P_ALL = 0x0003
 _PROGRAMS = ((PARENT_INGRESS, "zm_tc_from_pod"), (PARENT_EGRESS, "zm_tc_to_pod"))
 #: the TCX programs, in the order of agent.datapath.tcx.SIDES (ingress, egress)
 _TCX_PROGRAMS = ("zm_tcx_from_pod", "zm_tcx_to_pod")
+#: the TCX program of the last step of a switch to clsact (bpf/tc.c)
+_TCX_HANDOFF = "zm_tcx_handoff"
 _TC_NAME_PREFIX = "zm_tc_"
 #: pin file of a TCX link of ours: zm_link_<ifindex>_<ingress|egress> under pin_path
 _LINK_PIN_PREFIX = "zm_link_"
@@ -125,6 +127,31 @@ class DatapathStats:
     table: TableStats
     endpoints: int
     attach_mode: str = "clsact"
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceBytes:
+    """What one attached host-side veth carried between two drains, by the device's own
+    counters (netlink ``IFLA_STATS64``): L2 bytes (``skb->len`` with the 14-byte
+    Ethernet header) and packets, every frame (ARP included).
+
+    The host side *receives* what the pod sends (the ingress hook sees it) and
+    *transmits* what the pod receives (the egress hook). With one skb per wire packet,
+    ``rx_bytes - 14 * rx_packets`` is the L3 bytes our ingress program should have
+    counted, less non-IP frames; far less counted means something starves the hook
+    (docs/datapath.md, "Interface counters").
+
+    Attributes:
+        name: interface name.
+        rx_bytes, rx_packets: received by the host side (leaving the pod).
+        tx_bytes, tx_packets: transmitted by the host side (entering the pod).
+    """
+
+    name: str
+    rx_bytes: int
+    rx_packets: int
+    tx_bytes: int
+    tx_packets: int
 
 
 def _drain_events(fd: int) -> int:
@@ -231,6 +258,10 @@ class Datapath:
         self._attached: dict[int, str] = {}  # ifindex -> name
         self._created_qdisc: set[int] = set()
         self._links: dict[int, list[int]] = {}  # ifindex -> TCX link fds (ingress, egress)
+        # ifindex -> (name, rx_bytes, rx_packets, tx_bytes, tx_packets): the counters read
+        # at the last drain, and what they gained between the last two drains
+        self._if_counters: dict[int, tuple[str, int, int, int, int]] = {}
+        self._if_gained: dict[int, InterfaceBytes] = {}
         self._endpoints: set[tuple[IPAddress, int, int]] = set()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -254,7 +285,8 @@ class Datapath:
             try:
                 self._bpf = BPF(src_file=str(TC_SOURCE).encode(), cflags=self.cflags())
                 self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
-                             for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS)}
+                             for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS,
+                                          _TCX_HANDOFF)}
             except Exception as err:
                 raise RuntimeFailure(f"cannot load {TC_SOURCE}: {err}") from err
         except BaseException:
@@ -458,6 +490,40 @@ class Datapath:
         except Exception as err:  # noqa: BLE001 - retried at the next scan
             log.warning("cannot remove our old clsact filter from %s: %s", name, err)
 
+    def _hand_off(self, links: list[int]) -> None:
+        """Last step before detaching TCX links of ours whose device now has our clsact
+        filters: swap ``zm_tcx_handoff`` in (counts nothing, clears the mark: the
+        filters count every packet from now on), wait until no older program of ours
+        runs any more, and clear every CPU's mark, which nothing but zeros is written to
+        now. Without the clearing, a mark left on a CPU from before the filters existed
+        would make the clsact program skip that CPU's next packet on the hook once the
+        links are gone (docs/datapath.md, "Switching between clsact and TCX").
+
+        Raises:
+            RuntimeFailure: a bpf() call failed (the caller's links still count).
+        """
+        from agent.datapath.pins import call_errno, libbcc
+
+        handoff = self._fns[_TCX_HANDOFF].fd
+        try:
+            for fd in links:
+                tcx.link_update(fd, handoff)
+        except OSError as err:
+            raise RuntimeFailure(f"cannot hand the TCX links over to clsact: {err}") from err
+        ran = self._bpf[b"zm_tcx_ran"]
+        zero_key = ctypes.c_int(0)
+        inner = ctypes.c_int(ran.get_fd())
+        res = libbcc().bpf_update_elem(self._bpf[b"zm_grace"].get_fd(), ctypes.byref(zero_key),
+                                       ctypes.byref(inner), 0)
+        if res < 0:  # the grace period is what makes the clearing below exact
+            raise RuntimeFailure(f"cannot wait for a grace period: errno {call_errno(res)}")
+        from bcc.utils import get_possible_cpus
+
+        zeros = (ctypes.c_uint64 * len(get_possible_cpus()))()  # a value is 8-byte aligned per CPU
+        res = libbcc().bpf_update_elem(ran.get_fd(), ctypes.byref(zero_key), ctypes.byref(zeros), 0)
+        if res < 0:
+            raise RuntimeFailure(f"cannot clear zm_tcx_ran: errno {call_errno(res)}")
+
     def _forget_links(self, index: int) -> None:
         """Detach and close our TCX links of index and unlink their pins (a link whose
         device is gone is already defunct)."""
@@ -542,6 +608,10 @@ class Datapath:
             raise
         self._attached[index] = name
         if old:
+            try:
+                self._hand_off(old)
+            except RuntimeFailure as err:  # detached anyway: at worst a packet per CPU skipped
+                log.warning("%s", err)
             for fd in old:
                 _detach_and_close(fd)
             for _, side in tcx.SIDES:
@@ -747,9 +817,50 @@ class Datapath:
                 self._endpoint_ports[ctypes.c_int(port)] = ctypes.c_uint32(0)
             self._endpoints = wanted
 
+    def _read_counters(self) -> dict[int, tuple[str, int, int, int, int]]:
+        """The ``IFLA_STATS64`` counters of every attached interface now (one link dump)."""
+        out: dict[int, tuple[str, int, int, int, int]] = {}
+        with self._lock:
+            attached = dict(self._attached)
+        if not attached:
+            return out
+        for link in self._ipr().get_links():
+            index = link["index"]
+            st = link.get_attr("IFLA_STATS64")
+            if index in attached and st is not None:
+                out[index] = (link.get_attr("IFLA_IFNAME"), int(st["rx_bytes"]),
+                              int(st["rx_packets"]), int(st["tx_bytes"]), int(st["tx_packets"]))
+        return out
+
     def drain(self) -> list[FlowDelta]:
-        """Return the flow deltas counted since the previous drain (see :mod:`agent.datapath.drain`)."""
-        return self.tables.drain()
+        """Return the flow deltas counted since the previous drain (see
+        :mod:`agent.datapath.drain`). The attached interfaces' own counters are read
+        just before the table switch, so :meth:`interface_bytes` covers the same interval."""
+        now = self._read_counters()
+        gained: dict[int, InterfaceBytes] = {}
+        for index, (name, rxb, rxp, txb, txp) in now.items():
+            old = self._if_counters.get(index)
+            if old is not None and old[0] == name:
+                gained[index] = InterfaceBytes(name, rxb - old[1], rxp - old[2],
+                                               txb - old[3], txp - old[4])
+        deltas = self.tables.drain()
+        with self._lock:
+            self._if_counters = now
+            self._if_gained = gained
+        return deltas
+
+    def interface_bytes(self) -> dict[int, InterfaceBytes]:
+        """Return what each attached host-side veth carried between the two latest
+        drains, by its own counters: ``{ifindex: InterfaceBytes}``. An interface
+        attached since the previous drain is absent until the next one (its counters
+        have no start inside the interval); so is one renamed or gone.
+
+        For the coverage comparison: the bytes our programs counted on it in the same
+        interval should be ``rx_bytes - 14 * rx_packets`` (ingress) and ``tx_bytes - 14 *
+        tx_packets`` (egress), less non-IP frames, with offloads off (docs/datapath.md).
+        """
+        with self._lock:
+            return dict(self._if_gained)
 
     def stats(self) -> DatapathStats:
         """Return :class:`DatapathStats` (attached interfaces, table entries and capacity)."""
