@@ -290,31 +290,3 @@ def tcx_supported(netns: str | None = None) -> bool:
             return False
         raise
     return True
-
-
-def link_ids() -> list[int]:
-    """Return the id of every BPF link in the kernel (``BPF_LINK_GET_NEXT_ID``)."""
-    out: list[int] = []
-    start = 0
-    while True:
-        attr = _attr()
-        struct.pack_into("=I", attr, 0, start)
-        try:
-            sys_bpf(BPF_LINK_GET_NEXT_ID, attr)
-        except OSError as err:
-            if err.errno == errno.ENOENT:
-                return out
-            raise
-        start = struct.unpack_from("=I", attr, 4)[0]
-        out.append(start)
-
-
-def link_fd_by_id(lid: int) -> int:
-    """Return a new fd of link id lid (``BPF_LINK_GET_FD_BY_ID``); caller closes it.
-
-    Raises:
-        OSError: no such link, or the kernel refused.
-    """
-    attr = _attr()
-    struct.pack_into("=I", attr, 0, lid)
-    return sys_bpf(BPF_LINK_GET_FD_BY_ID, attr)
