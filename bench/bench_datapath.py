@@ -23,12 +23,20 @@ alternated round by round (medians, with min..max spread):
    of ``tick``), the previous drain's records are freed before the next drain starts;
    the time that freeing takes is reported on its own line.
 
+With ``--hooks`` the run instead compares the two ways of attaching (docs/datapath.md,
+"Hooks"): per-packet cost (bpf_stats, as in 1.) of the empty program and of ours, each
+attached as clsact filters and as TCX links (``zm_tc_*`` / ``zm_tcx_*``), the four
+configurations alternated round by round; and the UDP rate (as in 2., A-B-B-A rounds)
+of ours as clsact filters against ours as TCX links, which also weighs what bpf_stats
+does not see: the dispatch of each hook (cls_bpf under the clsact qdisc vs the TCX
+program array). Only one kind of attachment is on the hooks at a time.
+
 The 1-minute load average is sampled every 5 s during the run and reported (min..max):
 the machine's other jobs share its cores.
 
 Usage (as root, from the repository root):
     .venv/bin/python -m bench.bench_datapath [--rounds 7] [--packets 200000] [--rate-rounds N]
-        [--drain-rounds N] [--flows N]... [--json]
+        [--drain-rounds N] [--flows N]... [--hooks] [--json]
 
 It builds its own namespaces (``zm<hex>`` prefix, removed at exit) with the lab of
 ``tools/lab`` (docs/lab.md): one node ``a``, a client pod ``a1`` and a server pod ``a2`` on it,
@@ -54,7 +62,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns
+from agent.datapath import (
+    ETH_P_ALL,
+    PARENT_EGRESS,
+    PARENT_INGRESS,
+    Datapath,
+    DatapathConfig,
+    run_in_netns,
+    tcx,
+)
 from agent.datapath.abi import FlowKey, FlowValue
 from tools.lab import Lab, Topology
 
@@ -154,7 +170,9 @@ class Bench:
         subprocess.run(["gcc", "-O2", "-o", str(self.sender), str(src)], check=True)
         self.empty_bpf = BPF(text=EMPTY_C)
         self.empty_fn = self.empty_bpf.load_func(b"empty_prog", BPF.SCHED_CLS)
-        self.dp = Datapath(DatapathConfig(netns=node_ns, exclude_patterns=(self.lab.uplink("a")[1],)))
+        # clsact: use() puts each configuration's programs on the hooks itself
+        self.dp = Datapath(DatapathConfig(netns=node_ns, exclude_patterns=(self.lab.uplink("a")[1],),
+                                          attach="clsact"))
         self.dp.attach()
         self.dp.set_local_endpoints([(pod_ip(self.lab, "a2", f), PORT, p) for f in (4, 6) for p in (6, 17)])
         from pyroute2 import IPRoute
@@ -163,14 +181,45 @@ class Bench:
         self.client_if = self.ipr.link_lookup(ifname=self.lab.host_veth("a1")[1])[0]
         self.server_if = self.ipr.link_lookup(ifname=self.lab.host_veth("a2")[1])[0]
         self.ours = (self.dp._fns["zm_tc_from_pod"], self.dp._fns["zm_tc_to_pod"])
+        self.ours_tcx = (self.dp._fns["zm_tcx_from_pod"], self.dp._fns["zm_tcx_to_pod"])
+        # the datapath's own filters are replaced by use(); the empty program gets a second
+        # load for TCX so that its bpf_stats are its TCX runs only
+        self.empty_tcx_fn = self.empty_bpf.load_func(b"empty_prog", BPF.SCHED_CLS)
+        self.links: list[int] = []  # TCX link fds (client ingress, server egress) while in use
 
     def use(self, config: str) -> tuple[int, int]:
         """Put config's programs on the client's ingress and the server's egress hook;
-        returns their fds (ingress, egress)."""
-        fin, feg = (self.empty_fn, self.empty_fn) if config == "empty" else self.ours
+        returns their fds (ingress, egress). Configs: ``empty``, ``zonemeter`` (clsact
+        filters), ``empty_tcx``, ``zonemeter_tcx`` (TCX links, no filter of ours)."""
         cfg = self.dp.config
-        for idx, parent, fn in ((self.client_if, PARENT_INGRESS, fin),
-                                (self.server_if, PARENT_EGRESS, feg)):
+        hooks = ((self.client_if, PARENT_INGRESS, tcx.BPF_TCX_INGRESS),
+                 (self.server_if, PARENT_EGRESS, tcx.BPF_TCX_EGRESS))
+        if config.endswith("_tcx"):
+            fns = ((self.empty_tcx_fn, self.empty_tcx_fn) if config == "empty_tcx"
+                   else self.ours_tcx)
+            for idx, parent, _ in hooks:  # only the TCX program on the hook
+                try:
+                    self.ipr.tc("del-filter", "bpf", idx, cfg.tc_handle, parent=parent,
+                                prio=cfg.tc_priority, protocol=ETH_P_ALL)
+                except Exception:  # noqa: BLE001 - not there
+                    pass
+            if self.links:
+                for fd, fn in zip(self.links, fns, strict=True):
+                    tcx.link_update(fd, fn.fd)
+            else:
+                ns = self.lab.node_netns("a")
+                for (idx, _, typ), fn in zip(hooks, fns, strict=True):
+                    def create(i: int = idx, t: int = typ, f: int = fn.fd) -> int:
+                        return tcx.link_create(f, i, t)
+
+                    self.links.append(run_in_netns(ns, create))
+            return fns[0].fd, fns[1].fd
+        for fd in self.links:  # only the clsact filter on the hook
+            tcx.link_detach(fd)
+            os.close(fd)
+        self.links = []
+        fin, feg = (self.empty_fn, self.empty_fn) if config == "empty" else self.ours
+        for (idx, parent, _), fn in zip(hooks, (fin, feg), strict=True):
             self.ipr.tc("replace-filter", "bpf", idx, cfg.tc_handle, fd=fn.fd, name="bench",
                         parent=parent, classid=1, direct_action=True, prio=cfg.tc_priority,
                         protocol=ETH_P_ALL)
@@ -281,6 +330,8 @@ class Bench:
         return sum((a[0] - b[0]) / (a[1] - b[1]) for a, b in zip(after, before, strict=True))
 
     def close(self) -> None:
+        for fd in self.links:
+            os.close(fd)
         shutil.rmtree(self.sender.parent, ignore_errors=True)
         self.ipr.close()
         self.dp.close()
@@ -372,6 +423,71 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
     return out
 
 
+HOOK_CONFIGS = ("empty", "zonemeter", "empty_tcx", "zonemeter_tcx")
+
+
+def bench_hooks(args: argparse.Namespace) -> int:
+    """The ``--hooks`` run: clsact filters against TCX links (module docstring)."""
+    old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
+    results: dict[str, Any] = {"rounds": args.rounds, "packets": args.packets,
+                               "kernel": os.uname().release}
+    load = LoadSampler()
+    bench = Bench(args.packets)
+    traffics = ("udp4", "udp6", "tcp4")
+    try:
+        set_stats(True)
+        for traffic in traffics:
+            samples: dict[str, list[float]] = {c: [] for c in HOOK_CONFIGS}
+            for r in range(args.rounds):
+                shift = r % len(HOOK_CONFIGS)  # each configuration in every position
+                for config in HOOK_CONFIGS[shift:] + HOOK_CONFIGS[:shift]:
+                    samples[config].append(bench.per_packet_ns(config, traffic))
+            row = {c: summary(v) for c, v in samples.items()}
+            for kind in ("", "_tcx"):
+                row[f"extra{kind}"] = summary([z - e for z, e in zip(
+                    samples[f"zonemeter{kind}"], samples[f"empty{kind}"], strict=True)])
+            results[f"ns_{traffic}"] = row
+        set_stats(False)
+        ratios: list[float] = []
+        rates: dict[str, list[float]] = {"zonemeter": [], "zonemeter_tcx": []}
+        for r in range(args.rate_rounds or 3 * args.rounds):
+            a, b = ("zonemeter", "zonemeter_tcx") if r % 2 == 0 else ("zonemeter_tcx", "zonemeter")
+            elapsed = {"zonemeter": 0.0, "zonemeter_tcx": 0.0}
+            for config in (a, b, b, a):
+                bench.use(config)
+                seconds = bench.udp_burst(4, args.packets)
+                elapsed[config] += seconds
+                rates[config].append(args.packets / seconds)
+            ratios.append(elapsed["zonemeter"] / elapsed["zonemeter_tcx"])  # rate tcx / clsact
+        results["udp_rate_pps"] = {c: summary(v) for c, v in rates.items()}
+        results["udp_rate_ratio_tcx_over_clsact"] = summary(ratios)
+    finally:
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)
+        bench.close()
+    results["load_average_1m"] = load.stop()
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    def fmt(s: dict[str, float]) -> str:
+        return f"{s['median']:.1f} ({s['min']:.1f}..{s['max']:.1f})"
+
+    la = results["load_average_1m"]
+    print(f"kernel {results['kernel']}, {args.rounds} rounds alternated, {args.packets} frames each, "
+          f"load average (1 min) {la['min']:.2f}..{la['max']:.2f} (median {la['median']:.2f})\n")
+    print("| traffic | empty clsact | zonemeter clsact | extra clsact | empty tcx | "
+          "zonemeter tcx | extra tcx |")
+    print("|---|---|---|---|---|---|---|")
+    for traffic in traffics:
+        row = results[f"ns_{traffic}"]
+        print(f"| {traffic} | {fmt(row['empty'])} | {fmt(row['zonemeter'])} | {fmt(row['extra'])} | "
+              f"{fmt(row['empty_tcx'])} | {fmt(row['zonemeter_tcx'])} | {fmt(row['extra_tcx'])} |")
+    rr, rp = results["udp_rate_ratio_tcx_over_clsact"], results["udp_rate_pps"]
+    print(f"\nUDP 64-byte rate ({args.rate_rounds or 3 * args.rounds} A-B-B-A rounds): zonemeter "
+          f"clsact {fmt(rp['zonemeter'])} pps, zonemeter tcx {fmt(rp['zonemeter_tcx'])} pps, "
+          f"ratio tcx / clsact {rr['median']:.3f} ({rr['min']:.3f}..{rr['max']:.3f})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -386,11 +502,15 @@ def main() -> int:
                          "per-CPU flow cache has 256 slots); repeatable")
     ap.add_argument("--drain-rounds", type=int, default=0,
                     help="drains per address layout (default: --rounds, at least 3)")
+    ap.add_argument("--hooks", action="store_true",
+                    help="compare clsact filters with TCX links instead (see the module docstring)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_datapath: run as root", file=sys.stderr)
         return 1
+    if args.hooks:
+        return bench_hooks(args)
     old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     results: dict[str, object] = {"rounds": args.rounds, "packets": args.packets,
                                   "kernel": os.uname().release}

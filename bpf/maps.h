@@ -60,4 +60,20 @@ ZM_MAP("array", int, struct zm_flow_value, zm_lost, 1);
  * programs; it tells a restarted agent whether pinned maps have the layout it expects. */
 ZM_MAP("array", int, __u32, zm_layout, 1);
 
+/* Index 0, per CPU: the hook (ifindex * 2 + direction + 1) whose TCX program of ours
+ * last ran on this CPU, cleared by the clsact program of ours on the same hook, which
+ * then counts nothing: on a device switching between clsact and TCX (an agent upgrade)
+ * both of our programs run for a moment, and each packet must be counted once. The two
+ * run back to back for one packet on one CPU (sch_handle_ingress/sch_handle_egress in
+ * net/core/dev.c: TCX first, then legacy tc when TCX returned TCX_NEXT; softirqs off),
+ * so the mark never meets another packet's clsact run (docs/datapath.md, "Switching
+ * between clsact and TCX"). Not pinned: it only pairs programs of one agent. */
+BPF_PERCPU_ARRAY(zm_tcx_ran, __u32, 1);
+
+/* Never read by the programs: the agent writes its slot 0 (with zm_tcx_ran) to wait for
+ * a grace period. A bpf() update of an array-of-maps returns only after every program
+ * running at that moment finished (maybe_wait_bpf_programs in kernel/bpf/syscall.c),
+ * which a TCX link update does not wait for (tcx_link_update in kernel/bpf/tcx.c). */
+BPF_TABLE("array_of_maps$zm_tcx_ran", int, int, zm_grace, 1);
+
 #endif /* ZONEMETER_MAPS_H */

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * tc.c - clsact programs for the host side of pod veths, loaded by agent/datapath/attach.py.
+ * tc.c - the programs for the host side of pod veths, loaded by agent/datapath/attach.py:
+ * zm_tcx_* attached as TCX links (Linux 6.6+), zm_tc_* as clsact filters.
  *
- * On the host-side veth, clsact ingress sees packets LEAVING the pod and clsact egress
- * sees packets ENTERING it. Both programs only count: they return TC_ACT_UNSPEC (-1),
- * which in direct-action mode means "continue with the next filter", so any other
- * filter on the hook (a CNI program) still runs and decides the packet's fate.
+ * On the host-side veth, ingress sees packets LEAVING the pod and egress sees packets
+ * ENTERING it. The programs only count: they return TC_ACT_UNSPEC (-1), which is
+ * TCX_NEXT for TCX (the next program in the device's list runs, then legacy tc) and
+ * "continue with the next filter" for a clsact filter in direct-action mode, so any
+ * other program on the hook (a CNI's) still runs and decides the packet's fate.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -65,20 +67,83 @@ static __always_inline int zm_tc_family(struct __sk_buff *skb)
 	return 0;
 }
 
-/* clsact ingress of the host-side veth: packets leaving the pod. Returns TC_ACT_UNSPEC. */
-int zm_tc_from_pod(struct __sk_buff *skb)
+/* The zm_tcx_ran mark of this hook: direction 0 = ingress (from the pod), 1 = egress. */
+static __always_inline __u32 zm_hook_mark(struct __sk_buff *skb, int to_pod)
+{
+	return skb->ifindex * 2 + to_pod + 1;
+}
+
+/* TCX program of ours: note that this packet was counted here for a clsact program of
+ * ours that may run after it on the same hook (zm_tcx_ran, maps.h). */
+static __always_inline void zm_tcx_note(struct __sk_buff *skb, int to_pod)
+{
+	int zero = 0;
+	__u32 *ran = zm_tcx_ran.lookup(&zero);
+	if (ran)
+		*ran = zm_hook_mark(skb, to_pod);
+}
+
+/* clsact program of ours: returns 1 (and clears the mark) when the TCX program of ours
+ * on this hook already counted this packet, else 0. */
+static __always_inline int zm_tcx_counted(struct __sk_buff *skb, int to_pod)
+{
+	int zero = 0;
+	__u32 *ran = zm_tcx_ran.lookup(&zero);
+	if (ran && *ran == zm_hook_mark(skb, to_pod)) {
+		*ran = 0;
+		return 1;
+	}
+	return 0;
+}
+
+/* Counts one packet of the host-side veth; to_pod: 0 ingress (leaving the pod), 1 egress. */
+static __always_inline void zm_tc_count(struct __sk_buff *skb, int to_pod)
 {
 	int family = zm_tc_family(skb);
 	if (family)
-		zm_classify_and_count(skb, ETH_HLEN, 0, family);
+		zm_classify_and_count(skb, ETH_HLEN, to_pod, family);
+}
+
+/* TCX ingress of the host-side veth: packets leaving the pod. Returns TCX_NEXT. */
+int zm_tcx_from_pod(struct __sk_buff *skb)
+{
+	zm_tcx_note(skb, 0);
+	zm_tc_count(skb, 0);
+	return TC_ACT_UNSPEC;
+}
+
+/* TCX egress of the host-side veth: packets entering the pod. Returns TCX_NEXT. */
+int zm_tcx_to_pod(struct __sk_buff *skb)
+{
+	zm_tcx_note(skb, 1);
+	zm_tc_count(skb, 1);
+	return TC_ACT_UNSPEC;
+}
+
+/* TCX, last step of a switch to clsact (docs/datapath.md): counts nothing and clears
+ * this CPU's mark, so that the clsact program after it counts the packet and a mark left
+ * from before the clsact filter existed never outlives the link. Returns TCX_NEXT. */
+int zm_tcx_handoff(struct __sk_buff *skb)
+{
+	int zero = 0;
+	__u32 *ran = zm_tcx_ran.lookup(&zero);
+	if (ran)
+		*ran = 0;
+	return TC_ACT_UNSPEC;
+}
+
+/* clsact ingress of the host-side veth: packets leaving the pod. Returns TC_ACT_UNSPEC. */
+int zm_tc_from_pod(struct __sk_buff *skb)
+{
+	if (!zm_tcx_counted(skb, 0))
+		zm_tc_count(skb, 0);
 	return TC_ACT_UNSPEC;
 }
 
 /* clsact egress of the host-side veth: packets entering the pod. Returns TC_ACT_UNSPEC. */
 int zm_tc_to_pod(struct __sk_buff *skb)
 {
-	int family = zm_tc_family(skb);
-	if (family)
-		zm_classify_and_count(skb, ETH_HLEN, 1, family);
+	if (!zm_tcx_counted(skb, 1))
+		zm_tc_count(skb, 1);
 	return TC_ACT_UNSPEC;
 }

@@ -6,6 +6,7 @@ Modules, one concern each (docs/datapath.md):
 * :mod:`~agent.datapath.abi`: the one Python mirror of ``bpf/zonemeter.h``;
 * :mod:`~agent.datapath.netns`: run code in a node's network namespace;
 * :mod:`~agent.datapath.pins`: BPF object syscalls, pinned maps, the pin lock;
+* :mod:`~agent.datapath.tcx`: TCX links through ``bpf(2)`` (create, update, pin, query);
 * :mod:`~agent.datapath.attach`: :class:`Datapath` (load, attach, link watch);
 * :mod:`~agent.datapath.drain`: :class:`FlowTables` (switch and drain the tables);
 * :mod:`~agent.datapath.debug`: the ``python -m agent.datapath`` debug command.
@@ -22,6 +23,8 @@ from agent.datapath.attach import (
     CleanupResult,
     Datapath,
     DatapathStats,
+    InterfaceBytes,
+    link_pin_name,
 )
 from agent.datapath.config import BPF_DIR, TC_SOURCE, DatapathConfig, check_pin_path, flags_for
 from agent.datapath.drain import FlowTables, TableStats
@@ -40,10 +43,12 @@ __all__ = [
     "DatapathConfig",
     "DatapathStats",
     "FlowTables",
+    "InterfaceBytes",
     "MapInfo",
     "TableStats",
     "check_pin_path",
     "flags_for",
+    "link_pin_name",
     "lock_pins",
     "map_info",
     "obj_get",

@@ -1,9 +1,11 @@
-"""Load the zonemeter BPF programs with BCC and attach them to pod veths with pyroute2.
+"""Load the zonemeter BPF programs with BCC and attach them to pod veths.
 
 One :class:`Datapath` per node: it compiles ``bpf/tc.c`` once (BCC, ``-D`` options from
-:class:`agent.datapath.config.DatapathConfig`), attaches ``zm_tc_from_pod`` to clsact
-ingress and ``zm_tc_to_pod`` to clsact egress of every pod veth (host side) in the
-node's network namespace, follows links appearing and disappearing
+:class:`agent.datapath.config.DatapathConfig`), attaches ``zm_tc_from_pod`` to the
+ingress and ``zm_tc_to_pod`` to the egress of every pod veth (host side) in the node's
+network namespace, as TCX links at the head of the device's list
+(:mod:`agent.datapath.tcx`, Linux 6.6+) or as clsact filters (pyroute2) on kernels
+without TCX (``DatapathConfig.attach``), follows links appearing and disappearing
 (RTM_NEWLINK/RTM_DELLINK), writes the node's local Service endpoints into the kernel,
 and hands out :class:`agent.records.FlowDelta` records (:meth:`Datapath.drain`, through
 :class:`agent.datapath.drain.FlowTables`). BCC and pyroute2 objects never leave
@@ -11,7 +13,8 @@ and hands out :class:`agent.records.FlowDelta` records (:meth:`Datapath.drain`, 
 
 Restart without loss: with ``DatapathConfig.pin_path`` every map is pinned on a BPF
 filesystem (:mod:`agent.datapath.pins`). The kernel keeps counting while no agent runs;
-a restarted agent reuses the pins, atomically replaces its tc filters (same priority and
+a restarted agent reuses the pins, atomically swaps its programs in (``BPF_LINK_UPDATE``
+on the pinned TCX links, or ``replace`` of the tc filters at the same priority and
 handle: never a second attachment, never a gap) and drains what accumulated.
 :meth:`Datapath.release` leaves filters and pins in place for the next agent;
 :meth:`Datapath.cleanup` removes both (docs/datapath.md).
@@ -33,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.datapath import tcx
 from agent.datapath.abi import LAYOUT_VERSION, addr_from_bytes, endpoint_key
 from agent.datapath.config import (
     DEFAULT_TC_HANDLE,
@@ -43,7 +47,7 @@ from agent.datapath.config import (
     flags_for,
 )
 from agent.datapath.drain import FlowTables, TableStats
-from agent.datapath.netns import read_ephemeral_range
+from agent.datapath.netns import read_ephemeral_range, run_in_netns
 from agent.datapath.pins import PINNED_MAPS, lock_pins, make_pin_dir, on_bpf_fs, prepare_pins
 from agent.errors import InputError, RuntimeFailure
 from agent.records import FlowDelta, IPAddress
@@ -56,7 +60,38 @@ PARENT_EGRESS = 0xFFFFFFF3
 #: tc filter protocol: every frame (include/uapi/linux/if_ether.h)
 ETH_P_ALL = 0x0003
 _PROGRAMS = ((PARENT_INGRESS, "zm_tc_from_pod"), (PARENT_EGRESS, "zm_tc_to_pod"))
+#: the TCX programs, in the order of agent.datapath.tcx.SIDES (ingress, egress)
+_TCX_PROGRAMS = ("zm_tcx_from_pod", "zm_tcx_to_pod")
+#: the TCX program of the last step of a switch to clsact (bpf/tc.c)
+_TCX_HANDOFF = "zm_tcx_handoff"
 _TC_NAME_PREFIX = "zm_tc_"
+#: pin file of a TCX link of ours: zm_link_<ifindex>_<ingress|egress> under pin_path
+_LINK_PIN_PREFIX = "zm_link_"
+
+
+def link_pin_name(ifindex: int, side: str) -> str:
+    """Return the pin file name of our TCX link on ifindex, side ``"ingress"``/``"egress"``."""
+    return f"{_LINK_PIN_PREFIX}{ifindex}_{side}"
+
+
+def _detach_and_close(fd: int) -> None:
+    """Detach the TCX link behind fd at once (a link already defunct is no error) and
+    close fd."""
+    try:
+        tcx.link_detach(fd)
+    except OSError as err:
+        if err.errno not in (errno.ENOLINK, errno.ENOENT, errno.EINVAL):
+            log.warning("cannot detach TCX link: %s", err)
+    finally:
+        os.close(fd)
+
+
+def _link_pin_ifindex(name: str) -> int | None:
+    """The ifindex in a link pin name (see :func:`link_pin_name`), None for other files."""
+    if not name.startswith(_LINK_PIN_PREFIX):
+        return None
+    head, _, side = name[len(_LINK_PIN_PREFIX):].partition("_")
+    return int(head) if head.isdigit() and side in ("ingress", "egress") else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +101,13 @@ class CleanupResult:
     Attributes:
         filters: ``(interface name, "ingress" | "egress")`` of each filter of ours deleted.
         pins: names of the pinned maps unlinked (see :data:`PINNED_MAPS`).
+        links: names of the TCX link pins unlinked (``zm_link_<ifindex>_<side>``); the
+            kernel detaches a link when its last pin and fd are gone.
     """
 
     filters: tuple[tuple[str, str], ...]
     pins: tuple[str, ...]
+    links: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +119,39 @@ class DatapathStats:
         attached: host-side interface names our filters are on.
         table: flow table health (:class:`agent.datapath.drain.TableStats`).
         endpoints: local endpoints currently written to the kernel.
+        attach_mode: ``"tcx"`` or ``"clsact"``: how the programs are attached
+            (``DatapathConfig.attach`` resolved against the kernel).
     """
 
     attached: tuple[str, ...]
     table: TableStats
     endpoints: int
+    attach_mode: str = "clsact"
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceBytes:
+    """What one attached host-side veth carried between two drains, by the device's own
+    counters (netlink ``IFLA_STATS64``): L2 bytes (``skb->len`` with the 14-byte
+    Ethernet header) and packets, every frame (ARP included).
+
+    The host side *receives* what the pod sends (the ingress hook sees it) and
+    *transmits* what the pod receives (the egress hook). With one skb per wire packet,
+    ``rx_bytes - 14 * rx_packets`` is the L3 bytes our ingress program should have
+    counted, less non-IP frames; far less counted means something starves the hook
+    (docs/datapath.md, "Interface counters").
+
+    Attributes:
+        name: interface name.
+        rx_bytes, rx_packets: received by the host side (leaving the pod).
+        tx_bytes, tx_packets: transmitted by the host side (entering the pod).
+    """
+
+    name: str
+    rx_bytes: int
+    rx_packets: int
+    tx_bytes: int
+    tx_packets: int
 
 
 def _drain_events(fd: int) -> int:
@@ -123,6 +189,50 @@ def _nl_code(err: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
+def _err_code(err: BaseException) -> int | None:
+    """The errno of a pyroute2 NetlinkError or of an OSError (bpf(2)), else None."""
+    code = _nl_code(err)
+    if code is None and isinstance(err, OSError):
+        code = err.errno
+    return code
+
+
+def _delete_our_filters(ipr: Any, index: int, tc_priority: int, tc_handle: int) -> list[str]:
+    """Delete the bpf filters of ours on link index (both clsact sides); return the sides
+    (``"ingress"``/``"egress"``) where one was deleted.
+
+    A filter is ours when it has our priority and handle and its program name starts with
+    ``zm_tc_``; others are never touched. A link without clsact has none.
+
+    Raises:
+        Exception: the pyroute2 NetlinkError of a refused delete (other than ENOENT/ENODEV).
+    """
+    removed: list[str] = []
+    for parent, side in ((PARENT_INGRESS, "ingress"), (PARENT_EGRESS, "egress")):
+        try:
+            filters = ipr.get_filters(index=index, parent=parent)
+        except Exception:  # noqa: BLE001 - no clsact on this link
+            continue
+        mine = False
+        for f in filters:
+            opts = f.get_attr("TCA_OPTIONS")
+            if (f["handle"] == tc_handle and f["info"] >> 16 == tc_priority
+                    and opts is not None and (opts.get_attr("TCA_BPF_NAME") or "")
+                    .startswith(_TC_NAME_PREFIX)):
+                mine = True
+        if not mine:
+            continue
+        try:
+            ipr.tc("del-filter", "bpf", index, tc_handle, parent=parent,
+                   prio=tc_priority, protocol=ETH_P_ALL)
+        except Exception as err:
+            if _nl_code(err) not in (errno.ENOENT, errno.ENODEV):
+                raise
+            continue
+        removed.append(side)
+    return removed
+
+
 class Datapath:
     """The BPF programs of one node, attached to its pod veths.
 
@@ -147,10 +257,17 @@ class Datapath:
         self._sockets: list[object] = []
         self._attached: dict[int, str] = {}  # ifindex -> name
         self._created_qdisc: set[int] = set()
+        self._links: dict[int, list[int]] = {}  # ifindex -> TCX link fds (ingress, egress)
+        # ifindex -> (name, rx_bytes, rx_packets, tx_bytes, tx_packets): the counters read
+        # at the last drain, and what they gained between the last two drains
+        self._if_counters: dict[int, tuple[str, int, int, int, int]] = {}
+        self._if_gained: dict[int, InterfaceBytes] = {}
         self._endpoints: set[tuple[IPAddress, int, int]] = set()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._closed = False
+        #: "tcx" or "clsact": DatapathConfig.attach resolved against this kernel
+        self.attach_mode = self._resolve_attach_mode()
         try:
             from bcc import BPF
         except ImportError as err:  # pragma: no cover - depends on the machine
@@ -168,7 +285,8 @@ class Datapath:
             try:
                 self._bpf = BPF(src_file=str(TC_SOURCE).encode(), cflags=self.cflags())
                 self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
-                             for _, name in _PROGRAMS}
+                             for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS,
+                                          _TCX_HANDOFF)}
             except Exception as err:
                 raise RuntimeFailure(f"cannot load {TC_SOURCE}: {err}") from err
         except BaseException:
@@ -191,6 +309,28 @@ class Datapath:
             b[b"zm_layout"][ctypes.c_int(0)] = ctypes.c_uint32(LAYOUT_VERSION)
         if self.reused:
             log.info("reusing pinned maps in %s", self.config.pin_path)
+
+    def _resolve_attach_mode(self) -> str:
+        """Return ``"tcx"`` or ``"clsact"`` for ``config.attach``: auto takes tcx when
+        :func:`agent.datapath.tcx.tcx_supported` says the kernel has it.
+
+        Raises:
+            RuntimeFailure: tcx was asked for and the kernel has none, or the probe failed.
+        """
+        want = self.config.attach
+        if want == "clsact":
+            return "clsact"
+        try:
+            has = tcx.tcx_supported(self.config.netns)
+        except OSError as err:
+            raise RuntimeFailure(f"cannot probe the kernel for TCX: {err}") from err
+        if has:
+            return "tcx"
+        if want == "tcx":
+            raise RuntimeFailure("attach 'tcx' asked for, but this kernel has no TCX "
+                                 "(Linux 6.6+): use attach 'auto' or 'clsact'")
+        log.info("no TCX in this kernel: attaching clsact filters")
+        return "clsact"
 
     def _kernel_endpoints(self) -> set[tuple[IPAddress, int, int]]:
         """The endpoint set held by the (pinned) kernel map, as set_local_endpoints keeps it."""
@@ -236,25 +376,230 @@ class Datapath:
 
     # -- attach / detach ----------------------------------------------------------------
 
-    def _attach_link(self, index: int, name: str) -> None:
-        """Put both programs on link ``index`` (clsact created when missing); on any error
-        remove what was added and re-raise the pyroute2 NetlinkError."""
+    def _link_pin(self, index: int, side: str) -> str | None:
+        """Path of the pin of our TCX link on index/side, None without pin_path."""
+        if not self.config.pin_path:
+            return None
+        return os.path.join(self.config.pin_path, link_pin_name(index, side))
+
+    def _take_over(self, index: int, attach_type: int, side: str) -> int | None:
+        """Return an fd of the pinned TCX link a previous agent left on index/side, or
+        None when there is none. A pin that is no live TCX link of that device and side
+        (its device was deleted, the ifindex reused) is unlinked: it counts nothing."""
+        path = self._link_pin(index, side)
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            fd = tcx.obj_get(path)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                info = tcx.link_info(fd)
+                if (info.type, info.ifindex, info.attach_type) == (
+                        tcx.BPF_LINK_TYPE_TCX, index, attach_type):
+                    return fd
+            except OSError:
+                pass
+            os.close(fd)
+        log.info("removing stale link pin %s", path)
+        os.unlink(path)
+        return None
+
+    def _replace_filters(self, index: int) -> None:
+        """Put our clsact programs on link index with ``replace`` (same priority and
+        handle: a filter of ours already there is swapped atomically, never doubled).
+
+        Raises:
+            Exception: the pyroute2 NetlinkError of a refusal.
+        """
         ipr = self._ipr()
+        for parent, prog in _PROGRAMS:
+            fn = self._fns[prog]
+            # replace: a filter left by a previous run of ours (same prio and handle)
+            # is swapped for this one instead of running twice; others are untouched
+            ipr.tc("replace-filter", "bpf", index, self.config.tc_handle, fd=fn.fd,
+                   name=prog, parent=parent, classid=1, direct_action=True,
+                   prio=self.config.tc_priority, protocol=ETH_P_ALL)
+
+    def _has_our_filter(self, index: int) -> bool:
+        """Whether a clsact filter of ours (priority, handle, ``zm_tc_`` name) is on index."""
+        ipr = self._ipr()
+        for parent, _ in _PROGRAMS:
+            try:
+                filters = ipr.get_filters(index=index, parent=parent)
+            except Exception:  # noqa: BLE001 - no clsact on this link
+                return False
+            for f in filters:
+                opts = f.get_attr("TCA_OPTIONS")
+                if (f["handle"] == self.config.tc_handle
+                        and f["info"] >> 16 == self.config.tc_priority and opts is not None
+                        and (opts.get_attr("TCA_BPF_NAME") or "").startswith(_TC_NAME_PREFIX)):
+                    return True
+        return False
+
+    def _attach_tcx(self, index: int, name: str) -> None:
+        """Attach both programs to link index as TCX links at the head of its lists (or
+        take over the pinned links of a previous agent with ``BPF_LINK_UPDATE``), pin new
+        links with pin_path, then delete any clsact filter of ours left on the link by a
+        clsact agent (else the bytes would be counted twice). On an error the links made
+        here are closed and the OSError re-raised.
+
+        Switching a link from clsact: the old filter first gets this agent's clsact
+        program (``replace``), which skips every packet this agent's TCX program counted
+        (``zm_tcx_ran``, bpf/maps.h); then the links are created; then the filter is
+        deleted. Every packet is counted once throughout (docs/datapath.md)."""
+        if self._has_our_filter(index):
+            self._replace_filters(index)
+        fds: list[int] = []
+        made: list[str] = []
+        try:
+            for (attach_type, side), prog in zip(tcx.SIDES, _TCX_PROGRAMS, strict=True):
+                prog_fd = self._fns[prog].fd
+                fd = self._take_over(index, attach_type, side)
+                if fd is not None:
+                    fds.append(fd)
+                    tcx.link_update(fd, prog_fd)  # atomic swap, the link keeps its place
+                    continue
+
+                def create(prog_fd: int = prog_fd, attach_type: int = attach_type) -> int:
+                    return tcx.link_create(prog_fd, index, attach_type, tcx.BPF_F_BEFORE)
+
+                fd = run_in_netns(self.config.netns, create)
+                fds.append(fd)
+                path = self._link_pin(index, side)
+                if path is not None:
+                    tcx.obj_pin(fd, path)
+                    made.append(path)
+        except BaseException:
+            for path in made:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            for fd in fds:
+                os.close(fd)
+            raise
+        self._links[index] = fds
+        self._attached[index] = name
+        log.info("attached TCX links to %s (ifindex %d)", name, index)
+        try:  # clsact -> tcx upgrade: the old filter would count every packet again
+            for side in _delete_our_filters(self._ipr(), index, self.config.tc_priority,
+                                            self.config.tc_handle):
+                log.info("removed the clsact %s filter of a previous agent from %s", side, name)
+        except Exception as err:  # noqa: BLE001 - retried at the next scan
+            log.warning("cannot remove our old clsact filter from %s: %s", name, err)
+
+    def _hand_off(self, links: list[int]) -> None:
+        """Last step before detaching TCX links of ours whose device now has our clsact
+        filters: swap ``zm_tcx_handoff`` in (counts nothing, clears the mark: the
+        filters count every packet from now on), wait until no older program of ours
+        runs any more, and clear every CPU's mark, which nothing but zeros is written to
+        now. Without the clearing, a mark left on a CPU from before the filters existed
+        would make the clsact program skip that CPU's next packet on the hook once the
+        links are gone (docs/datapath.md, "Switching between clsact and TCX").
+
+        Raises:
+            RuntimeFailure: a bpf() call failed (the caller's links still count).
+        """
+        from agent.datapath.pins import call_errno, libbcc
+
+        handoff = self._fns[_TCX_HANDOFF].fd
+        try:
+            for fd in links:
+                tcx.link_update(fd, handoff)
+        except OSError as err:
+            raise RuntimeFailure(f"cannot hand the TCX links over to clsact: {err}") from err
+        ran = self._bpf[b"zm_tcx_ran"]
+        zero_key = ctypes.c_int(0)
+        inner = ctypes.c_int(ran.get_fd())
+        res = libbcc().bpf_update_elem(self._bpf[b"zm_grace"].get_fd(), ctypes.byref(zero_key),
+                                       ctypes.byref(inner), 0)
+        if res < 0:  # the grace period is what makes the clearing below exact
+            raise RuntimeFailure(f"cannot wait for a grace period: errno {call_errno(res)}")
+        from bcc.utils import get_possible_cpus
+
+        zeros = (ctypes.c_uint64 * len(get_possible_cpus()))()  # a value is 8-byte aligned per CPU
+        res = libbcc().bpf_update_elem(ran.get_fd(), ctypes.byref(zero_key), ctypes.byref(zeros), 0)
+        if res < 0:
+            raise RuntimeFailure(f"cannot clear zm_tcx_ran: errno {call_errno(res)}")
+
+    def _forget_links(self, index: int) -> None:
+        """Detach and close our TCX links of index and unlink their pins (a link whose
+        device is gone is already defunct)."""
+        for fd in self._links.pop(index, []):
+            _detach_and_close(fd)
+        for _, side in tcx.SIDES:
+            path = self._link_pin(index, side)
+            if path is not None:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+    def _prune_link_pins(self, present: Iterable[int]) -> None:
+        """Unlink TCX link pins no attachment of ours needs any more: of devices gone
+        (present: the ifindexes in the namespace now), and in clsact mode of devices our
+        clsact filters now count (a tcx -> clsact switch)."""
+        if not self.config.pin_path:
+            return
+        present = set(present)
+        try:
+            names = os.listdir(self.config.pin_path)
+        except OSError:
+            return
+        for pin in names:
+            index = _link_pin_ifindex(pin)
+            if index is None or index in self._links:
+                continue
+            if index in present and self.attach_mode == "tcx":
+                continue  # not attached this scan (an error): keep what still counts
+            if index in present and index not in self._attached:
+                continue  # clsact attach failed here: the old link still counts
+            log.info("removing TCX link pin %s", pin)
+            path = os.path.join(self.config.pin_path, pin)
+            try:
+                _detach_and_close(tcx.obj_get(path))
+            except OSError:
+                pass
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def _attach_link(self, index: int, name: str) -> None:
+        """Put both programs on link ``index`` (TCX links, or clsact filters with clsact
+        created when missing); on any error remove what was added and re-raise the
+        pyroute2 NetlinkError or the OSError of bpf(2)."""
+        if self.attach_mode == "tcx":
+            self._attach_tcx(index, name)
+            return
+        ipr = self._ipr()
+        # tcx -> clsact: pinned links of a previous agent first get this agent's TCX
+        # programs, so that the clsact programs below skip what they count; the links
+        # are dropped once the filters are in (docs/datapath.md)
+        old: list[int] = []
+        for (attach_type, side), prog in zip(tcx.SIDES, _TCX_PROGRAMS, strict=True):
+            fd = self._take_over(index, attach_type, side)
+            if fd is not None:
+                old.append(fd)
+                try:
+                    tcx.link_update(fd, self._fns[prog].fd)
+                except OSError as err:
+                    log.warning("cannot update the old TCX link on %s: %s", name, err)
         try:
             ipr.tc("add", "clsact", index)
             self._created_qdisc.add(index)
         except Exception as err:  # NetlinkError
             if _nl_code(err) != errno.EEXIST:
+                for fd in old:
+                    os.close(fd)
                 raise
         try:
-            for parent, prog in _PROGRAMS:
-                fn = self._fns[prog]
-                # replace: a filter left by a previous run of ours (same prio and handle)
-                # is swapped for this one instead of running twice; others are untouched
-                ipr.tc("replace-filter", "bpf", index, self.config.tc_handle, fd=fn.fd,
-                       name=prog, parent=parent, classid=1, direct_action=True,
-                       prio=self.config.tc_priority, protocol=ETH_P_ALL)
+            self._replace_filters(index)
         except Exception:
+            for fd in old:
+                os.close(fd)
             self._attached[index] = name
             try:  # never leave half an attachment behind (ingress without egress)
                 self._detach_link(index)
@@ -262,11 +607,28 @@ class Datapath:
                 log.warning("cannot roll back %s: %s", name, err)
             raise
         self._attached[index] = name
+        if old:
+            try:
+                self._hand_off(old)
+            except RuntimeFailure as err:  # detached anyway: at worst a packet per CPU skipped
+                log.warning("%s", err)
+            for fd in old:
+                _detach_and_close(fd)
+            for _, side in tcx.SIDES:
+                path = self._link_pin(index, side)
+                if path is not None and os.path.exists(path):
+                    os.unlink(path)  # the last reference: the kernel detaches the link
+            log.info("replaced the TCX links of a previous agent on %s", name)
         log.info("attached to %s (ifindex %d)", name, index)
 
     def _detach_link(self, index: int) -> None:
-        """Remove our filters from link ``index`` (and the clsact qdisc we created, when
-        nothing else is left on it); a link already gone is no error."""
+        """Remove our TCX links or filters from link ``index`` (and the clsact qdisc we
+        created, when nothing else is left on it); a link already gone is no error."""
+        if index in self._links:
+            self._forget_links(index)
+            name = self._attached.pop(index, None)
+            log.info("detached from %s (ifindex %d)", name, index)
+            return
         ipr = self._ipr()
         for parent, _ in _PROGRAMS:
             try:
@@ -292,7 +654,8 @@ class Datapath:
         """Attach to every wanted link now present; forget links that are gone.
 
         Idempotent: links already attached are left alone; a filter of ours left by a
-        crashed previous run is replaced, never duplicated.
+        crashed previous run is replaced, never duplicated; a pinned TCX link of a
+        previous agent is taken over. TCX link pins of devices gone are unlinked.
 
         Returns:
             names of the interfaces attached after the scan.
@@ -309,6 +672,7 @@ class Datapath:
                 if index not in links:
                     self._attached.pop(index, None)
                     self._created_qdisc.discard(index)
+                    self._forget_links(index)
             for index, link in links.items():
                 name = link.get_attr("IFLA_IFNAME")
                 if index in self._attached:
@@ -319,19 +683,21 @@ class Datapath:
                     try:
                         self._attach_link(index, name)
                     except Exception as err:
-                        code = _nl_code(err)
+                        code = _err_code(err)
                         if code in (errno.ENODEV, errno.ENOENT):  # vanished meanwhile
                             continue
                         failures.append(f"{name}: {err}")
+            self._prune_link_pins(links)
             attached = tuple(sorted(self._attached.values()))
         if failures:
-            raise RuntimeFailure(
-                f"cannot attach to {'; '.join(failures)} (tc priority "
-                f"{self.config.tc_priority}, handle {self.config.tc_handle:#x})")
+            how = ("TCX" if self.attach_mode == "tcx" else
+                   f"tc priority {self.config.tc_priority}, handle {self.config.tc_handle:#x}")
+            raise RuntimeFailure(f"cannot attach to {'; '.join(failures)} ({how})")
         return attached
 
     def detach(self) -> None:
-        """Remove every filter this datapath added (and clsact qdiscs it created, when empty)."""
+        """Remove every TCX link and filter this datapath added (and clsact qdiscs it
+        created, when empty)."""
         with self._lock:
             for index in list(self._attached):
                 try:
@@ -451,15 +817,56 @@ class Datapath:
                 self._endpoint_ports[ctypes.c_int(port)] = ctypes.c_uint32(0)
             self._endpoints = wanted
 
+    def _read_counters(self) -> dict[int, tuple[str, int, int, int, int]]:
+        """The ``IFLA_STATS64`` counters of every attached interface now (one link dump)."""
+        out: dict[int, tuple[str, int, int, int, int]] = {}
+        with self._lock:
+            attached = dict(self._attached)
+        if not attached:
+            return out
+        for link in self._ipr().get_links():
+            index = link["index"]
+            st = link.get_attr("IFLA_STATS64")
+            if index in attached and st is not None:
+                out[index] = (link.get_attr("IFLA_IFNAME"), int(st["rx_bytes"]),
+                              int(st["rx_packets"]), int(st["tx_bytes"]), int(st["tx_packets"]))
+        return out
+
     def drain(self) -> list[FlowDelta]:
-        """Return the flow deltas counted since the previous drain (see :mod:`agent.datapath.drain`)."""
-        return self.tables.drain()
+        """Return the flow deltas counted since the previous drain (see
+        :mod:`agent.datapath.drain`). The attached interfaces' own counters are read
+        just before the table switch, so :meth:`interface_bytes` covers the same interval."""
+        now = self._read_counters()
+        gained: dict[int, InterfaceBytes] = {}
+        for index, (name, rxb, rxp, txb, txp) in now.items():
+            old = self._if_counters.get(index)
+            if old is not None and old[0] == name:
+                gained[index] = InterfaceBytes(name, rxb - old[1], rxp - old[2],
+                                               txb - old[3], txp - old[4])
+        deltas = self.tables.drain()
+        with self._lock:
+            self._if_counters = now
+            self._if_gained = gained
+        return deltas
+
+    def interface_bytes(self) -> dict[int, InterfaceBytes]:
+        """Return what each attached host-side veth carried between the two latest
+        drains, by its own counters: ``{ifindex: InterfaceBytes}``. An interface
+        attached since the previous drain is absent until the next one (its counters
+        have no start inside the interval); so is one renamed or gone.
+
+        For the coverage comparison: the bytes our programs counted on it in the same
+        interval should be ``rx_bytes - 14 * rx_packets`` (ingress) and ``tx_bytes - 14 *
+        tx_packets`` (egress), less non-IP frames, with offloads off (docs/datapath.md).
+        """
+        with self._lock:
+            return dict(self._if_gained)
 
     def stats(self) -> DatapathStats:
         """Return :class:`DatapathStats` (attached interfaces, table entries and capacity)."""
         with self._lock:
             return DatapathStats(tuple(sorted(self._attached.values())), self.tables.stats(),
-                                 len(self._endpoints))
+                                 len(self._endpoints), self.attach_mode)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -484,6 +891,11 @@ class Datapath:
         if keep_attached and self.config.pin_path:
             log.info("leaving %d interfaces attached, maps pinned in %s",
                      len(self._attached), self.config.pin_path)
+            with self._lock:
+                for fds in self._links.values():  # the pins hold the links
+                    for fd in fds:
+                        os.close(fd)
+                self._links.clear()
         else:
             self.detach()
         if self._pin_lock is not None:
@@ -509,11 +921,13 @@ class Datapath:
     def cleanup(cls, pin_path: str | None, netns: str | None = None, *,
                 tc_priority: int = DEFAULT_TC_PRIORITY,
                 tc_handle: int = DEFAULT_TC_HANDLE) -> CleanupResult:
-        """Remove what released agents left: our tc filters in netns and the pins.
+        """Remove what released agents left: our tc filters in netns, the pinned TCX
+        links (unlinking the last pin detaches a link) and the map pins.
 
         A filter is ours when it is a bpf filter with our priority and handle whose
         program name starts with ``zm_tc_``; others are never touched. Clsact qdiscs are
-        left in place (a CNI may own them). Needs no BCC and no running datapath.
+        left in place (a CNI may own them). Needs no BCC and no running datapath; TCX
+        links of an agent still running stay until it exits (its fds hold them).
 
         Args:
             pin_path: the directory given as ``DatapathConfig.pin_path``, or None.
@@ -533,34 +947,34 @@ class Datapath:
         with (IPRoute(netns=netns) if netns else IPRoute()) as ipr:
             for link in ipr.get_links():
                 name = link.get_attr("IFLA_IFNAME")
-                for parent, side in ((PARENT_INGRESS, "ingress"), (PARENT_EGRESS, "egress")):
-                    try:
-                        filters = ipr.get_filters(index=link["index"], parent=parent)
-                    except Exception:  # noqa: BLE001 - no clsact on this link
-                        continue
-                    mine = False
-                    for f in filters:
-                        opts = f.get_attr("TCA_OPTIONS")
-                        if (f["handle"] == tc_handle and f["info"] >> 16 == tc_priority
-                                and opts is not None and (opts.get_attr("TCA_BPF_NAME") or "")
-                                .startswith(_TC_NAME_PREFIX)):
-                            mine = True
-                    if not mine:
-                        continue
-                    try:
-                        ipr.tc("del-filter", "bpf", link["index"], tc_handle, parent=parent,
-                               prio=tc_priority, protocol=ETH_P_ALL)
-                    except Exception as err:
-                        if _nl_code(err) not in (errno.ENOENT, errno.ENODEV):
-                            raise RuntimeFailure(f"cannot remove our filter from {name}: {err}") from err
-                        continue
-                    removed.append((name, side))
+                try:
+                    sides = _delete_our_filters(ipr, link["index"], tc_priority, tc_handle)
+                except Exception as err:
+                    raise RuntimeFailure(f"cannot remove our filter from {name}: {err}") from err
+                removed.extend((name, side) for side in sides)
         pins: list[str] = []
+        links: list[str] = []
         if pin_path is not None:
             check_pin_path(pin_path)
             if os.path.exists(pin_path) and not on_bpf_fs(pin_path):
                 raise InputError(f"{pin_path} is not on a BPF filesystem: nothing of ours there",
                                  source="datapath", field="pin_path")
+            for pin in sorted(os.listdir(pin_path)) if os.path.isdir(pin_path) else ():
+                if _link_pin_ifindex(pin) is None:
+                    continue
+                try:
+                    fd = tcx.obj_get(os.path.join(pin_path, pin))
+                except OSError:
+                    pass
+                else:
+                    _detach_and_close(fd)
+                try:
+                    os.unlink(os.path.join(pin_path, pin))
+                    links.append(pin)
+                except FileNotFoundError:
+                    pass
+                except OSError as err:
+                    raise RuntimeFailure(f"cannot remove link pin {pin_path}/{pin}: {err}") from err
             for pin in PINNED_MAPS:
                 try:
                     os.unlink(os.path.join(pin_path, pin))
@@ -573,7 +987,7 @@ class Datapath:
                 os.rmdir(pin_path)
             except OSError:
                 pass  # not empty (not ours to remove) or already gone
-        return CleanupResult(tuple(removed), tuple(pins))
+        return CleanupResult(tuple(removed), tuple(pins), tuple(links))
 
     def __enter__(self) -> Datapath:
         return self

@@ -21,6 +21,8 @@ TC_SOURCE = BPF_DIR / "tc.c"
 DEFAULT_EPHEMERAL = (32768, 60999)  # Linux default net.ipv4.ip_local_port_range
 DEFAULT_TC_PRIORITY = 1
 DEFAULT_TC_HANDLE = 0x7A6D  # "zm"
+#: values of DatapathConfig.attach
+ATTACH_MODES = ("auto", "tcx", "clsact")
 _PIN_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
@@ -31,8 +33,11 @@ class DatapathConfig:
     Attributes:
         netns: name of the network namespace (``/run/netns/NAME``) whose pod veths are
             attached; None for the agent's own namespace (a real node).
-        hook: ``"tc"`` (clsact on host-side pod veths). ``"cgroup_skb"`` is reserved for
+        hook: ``"tc"`` (programs on host-side pod veths). ``"cgroup_skb"`` is reserved for
             data planes that bypass the veth (docs/datapath.md) and not implemented yet.
+        attach: how the ``"tc"`` hook attaches: ``"tcx"`` (TCX links at the head of the
+            device's list, Linux 6.6+), ``"clsact"`` (tc filters on a clsact qdisc), or
+            ``"auto"`` (tcx when the kernel has it, else clsact; docs/datapath.md, "Hooks").
         interface_patterns: extra fnmatch patterns (``"cali*"``, ``"lxc*"``): a link whose
             name matches is attached whatever its kind.
         require_peer_netns: the default rule: attach every veth whose peer lives in another
@@ -62,6 +67,7 @@ class DatapathConfig:
 
     netns: str | None = None
     hook: str = "tc"
+    attach: str = "auto"
     interface_patterns: tuple[str, ...] = ()
     require_peer_netns: bool = True
     exclude_patterns: tuple[str, ...] = ()
@@ -79,6 +85,9 @@ class DatapathConfig:
         if self.hook != "tc":
             raise InputError(f"hook {self.hook!r} is not supported (supported: tc)",
                              source="datapath", field="hook")
+        if self.attach not in ATTACH_MODES:
+            raise InputError(f"attach {self.attach!r} is not one of {', '.join(ATTACH_MODES)}",
+                             source="datapath", field="attach")
         # every number below becomes a -D flag of the BPF compile: only true ints may pass
         ints = {"flow_capacity": self.flow_capacity, "endpoint_capacity": self.endpoint_capacity,
                 "tc_priority": self.tc_priority, "tc_handle": self.tc_handle}

@@ -71,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="pin the maps in this directory on a BPF filesystem "
                              "(e.g. /sys/fs/bpf/zonemeter/NODE): SIGTERM then leaves the "
                              "filters counting for the next run, which reuses the pins")
+    parser.add_argument("--attach", choices=("auto", "tcx", "clsact"), default="auto",
+                        help="TCX links (Linux 6.6+), clsact filters, or auto (tcx when the "
+                             "kernel has it); docs/datapath.md")
     parser.add_argument("--cleanup", action="store_true",
-                        help="remove our filters (in --netns) and the pins (--pin-path), then exit")
+                        help="remove our filters (in --netns), the pinned TCX links and the "
+                             "pins (--pin-path), then exit")
     parser.add_argument("--print-c", action="store_true",
                         help="print the effective BPF C and cflags, then exit")
     args = parser.parse_args(argv)
@@ -101,14 +105,16 @@ def _main(args: argparse.Namespace) -> int:
     """Run the debug command for parsed ``args``; returns the exit code (0)."""
     config = DatapathConfig(netns=args.netns, flow_capacity=args.capacity,
                             interface_patterns=tuple(args.interface),
-                            exclude_patterns=tuple(args.exclude), pin_path=args.pin_path)
+                            exclude_patterns=tuple(args.exclude), pin_path=args.pin_path,
+                            attach=args.attach)
     config.validate()
     eps = [_parse_endpoint(text) for text in args.endpoint]
     if args.cleanup:
         res = Datapath.cleanup(config.pin_path, config.netns, tc_priority=config.tc_priority,
                                tc_handle=config.tc_handle)
         print(json.dumps({"removed_filters": [list(f) for f in res.filters],
-                          "removed_pins": list(res.pins)}), flush=True)
+                          "removed_pins": list(res.pins),
+                          "removed_links": list(res.links)}), flush=True)
         return 0
     if args.print_c:
         eph = config.ephemeral_ports or read_ephemeral_range(config.netns)
@@ -123,7 +129,8 @@ def _main(args: argparse.Namespace) -> int:
     try:
         dp.set_local_endpoints(eps)
         dp.watch()
-        print(json.dumps({"attached": list(dp.attached()), "reused": dp.reused}), flush=True)
+        print(json.dumps({"attached": list(dp.attached()), "reused": dp.reused,
+                          "attach_mode": dp.attach_mode}), flush=True)
         while True:
             stopping = stop.wait(args.interval)
             deltas = dp.drain()  # a last one on exit: nothing counted so far is lost

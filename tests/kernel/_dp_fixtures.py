@@ -246,3 +246,18 @@ def exchange(lab: Lab, flow: Flow, request_bytes: int, response_bytes: int,
     if errors:
         raise errors[0]
     time.sleep(0.3)  # last ACKs, TIME_WAIT ACK
+
+
+def ifindex(netns: str, ifname: str) -> int:
+    """Return the index of link ``ifname`` in ``netns``."""
+    return run_in_netns(netns, lambda: socket.if_nametoindex(ifname))
+
+
+def tcx_chain(netns: str, ifname: str, side: str) -> list[str]:
+    """Return the names of the TCX programs on ``ifname`` in ``netns``, side
+    ``"ingress"``/``"egress"``, in the order they run (BPF_PROG_QUERY)."""
+    from agent.datapath import tcx
+
+    attach_type = tcx.BPF_TCX_INGRESS if side == "ingress" else tcx.BPF_TCX_EGRESS
+    chain = tcx.query(ifindex(netns, ifname), attach_type, netns)
+    return [tcx.prog_name(pid) for pid in chain.prog_ids]

@@ -7,7 +7,8 @@ endpoints; traffic goes through the ClusterIP (TCP and UDP, random endpoint per
 connection, so same-node and cross-node), directly to pod IPs, and to a port that is no
 Service's. For IPv4 and IPv6, flat and VXLAN: the bytes kept by all agents after
 :func:`agent.attribution.counted_here` equal the lab's ground truth per (client pod, server
-pod, direction).
+pod, direction). The same with the programs attached as TCX links (VXLAN) as with
+clsact filters.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _target_port(pod, sp) -> int:  # type: ignore[no-untyped-def]
 
 
 class LabEnv:
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, attach: str) -> None:
         from tools.lab import Lab, Topology
 
         self.topo = Topology.from_yaml(TOPOLOGY.replace("MODE", mode))
@@ -98,7 +99,8 @@ class LabEnv:
                               for p in self.topo.pods if not p.host_network for fam in (4, 6)}
             for node in self.topo.nodes:
                 ns, uplink = self.lab.uplink(node.name)
-                dp = Datapath(DatapathConfig(netns=ns, exclude_patterns=(uplink,)))
+                dp = Datapath(DatapathConfig(netns=ns, exclude_patterns=(uplink,), attach=attach))
+                assert dp.attach_mode == attach
                 dp.attach()
                 dp.set_local_endpoints(endpoints[node.name])
                 self.dps[node.name] = dp
@@ -136,9 +138,11 @@ class LabEnv:
         self.lab.down()
 
 
-@pytest.fixture(scope="module", params=["flat", "vxlan"])
+@pytest.fixture(scope="module", params=[("flat", "clsact"), ("vxlan", "clsact"), ("vxlan", "tcx")],
+                ids=lambda p: "-".join(p))
 def env(request: pytest.FixtureRequest) -> Iterator[LabEnv]:
-    e = LabEnv(request.param)
+    """The lab in one routing mode, every node's datapath attached one way (TCX or clsact)."""
+    e = LabEnv(*request.param)
     yield e
     e.close()
 

@@ -87,6 +87,9 @@ def fresh_pairs(fresh_lab: Lab) -> PairTruth:
 
 
 def _config(lab: Lab, node: str, **kw: Any) -> DatapathConfig:
+    """The node's config; these tests inspect tc filters, so attach defaults to clsact
+    (TCX attachment: tests/kernel/test_datapath_tcx.py)."""
+    kw.setdefault("attach", "clsact")
     return datapath_config(lab, node, **kw)
 
 
@@ -155,8 +158,10 @@ def test_existing_filter_still_sees_every_packet(fresh_lab: Lab, fresh_pairs: Pa
         [(PARENT_INGRESS, 1, "cni_ingress"), (PARENT_EGRESS, 1, "cni_egress")])
 
 
+@pytest.mark.parametrize("attach", ["clsact", "tcx"])
 def test_pod_created_after_start_is_counted_within_one_second(fresh_lab: Lab,
-                                                               fresh_pairs: PairTruth) -> None:
+                                                               fresh_pairs: PairTruth,
+                                                               attach: str) -> None:
     """Attached within a second of the pod's creation starting. The lab creates the veth
     early in add_pod and then goes on (offloads, proxy rules), so the wait runs while
     add_pod does, from the moment it is called."""
@@ -172,7 +177,8 @@ def test_pod_created_after_start_is_counted_within_one_second(fresh_lab: Lab,
         except BaseException as err:  # noqa: BLE001 - re-raised below
             added.append(err)
 
-    with Datapath(_config(fresh_lab, "b")) as dp:
+    with Datapath(_config(fresh_lab, "b", attach=attach)) as dp:
+        assert dp.stats().attach_mode == attach
         dp.watch()
         adder = threading.Thread(target=add)
         t0 = time.monotonic()
@@ -239,7 +245,7 @@ def _agent(lab: Lab, node: str) -> subprocess.Popen[str]:
     ns, uplink = lab.uplink(node)
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent.datapath", "--netns", ns, "--interval", "0.5",
-         "--exclude", uplink],
+         "--exclude", uplink, "--attach", "clsact"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout is not None

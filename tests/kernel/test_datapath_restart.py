@@ -37,13 +37,22 @@ from agent.datapath import (
     PINNED_MAPS,
     Datapath,
     DatapathConfig,
+    link_pin_name,
     map_info,
     obj_get,
     on_bpf_fs,
     run_in_netns,
 )
 from agent.errors import InputError
-from tests.kernel._dp_fixtures import PairTruth, datapath_config, pod_ip, sh, two_node_lab
+from tests.kernel._dp_fixtures import (
+    PairTruth,
+    datapath_config,
+    ifindex,
+    pod_ip,
+    sh,
+    tcx_chain,
+    two_node_lab,
+)
 from tests.kernel.test_datapath_lifecycle import _filters, _ours
 from tools.lab import Lab
 
@@ -159,11 +168,11 @@ class Traffic:
 class Agent:
     """``python -m agent.datapath`` as a subprocess, its drained deltas collected."""
 
-    def __init__(self, lab: Lab, pin: str) -> None:
+    def __init__(self, lab: Lab, pin: str, attach: str = "clsact") -> None:
         ns, uplink = lab.uplink("a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent.datapath", "--netns", ns, "--interval",
-             "0.2", "--exclude", uplink, "--pin-path", pin],
+             "0.2", "--exclude", uplink, "--pin-path", pin, "--attach", attach],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert self.proc.stdout is not None
@@ -199,19 +208,35 @@ def _pair_bytes(lab: Lab, deltas: list[dict]) -> int:
     return sum(d["bytes"] for d in deltas if {d["local"], d["remote"]} == pair)
 
 
-def _exactly_one_filter_per_hook(lab: Lab) -> None:
+def _exactly_one_filter_per_hook(lab: Lab, attach: str = "clsact") -> None:
+    """One attachment of ours per pod veth and side, of the kind ``attach``, none of the other."""
     ns = lab.node_netns("a")
-    hooks = sorted((lab.host_veth(p)[1], parent) for p in ("a1", "a2")
-                   for parent in (PARENT_INGRESS, PARENT_EGRESS))
+    hosts = [lab.host_veth(p)[1] for p in ("a1", "a2")]
+    chains = {(h, side): tcx_chain(ns, h, side) for h in hosts for side in ("ingress", "egress")}
+    if attach == "tcx":
+        assert _ours(ns) == []
+        assert chains == {(h, side): [prog] for h in hosts
+                          for side, prog in (("ingress", "zm_tcx_from_pod"),
+                                             ("egress", "zm_tcx_to_pod"))}
+        return
+    assert chains == {key: [] for key in chains}
+    hooks = sorted((h, parent) for h in hosts for parent in (PARENT_INGRESS, PARENT_EGRESS))
     assert sorted(_ours(ns)) == hooks
     # and no other filter besides ours (a second attachment would show up here)
     every = _filters(ns)
     assert sum(len(every[lab.host_veth(p)[1]]) for p in ("a1", "a2")) == 4
 
 
-def test_kill_9_and_restart_lose_nothing(lab: Lab, pairs: PairTruth, pin_dir: str) -> None:
+def _link_pins(lab: Lab) -> list[str]:
+    return sorted(link_pin_name(ifindex(*lab.host_veth(p)), side) for p in ("a1", "a2")
+                  for side in ("ingress", "egress"))
+
+
+@pytest.mark.parametrize("attach", ["clsact", "tcx"])
+def test_kill_9_and_restart_lose_nothing(lab: Lab, pairs: PairTruth, pin_dir: str,
+                                         attach: str) -> None:
     pairs.read()
-    first = Agent(lab, pin_dir)
+    first = Agent(lab, pin_dir, attach)
     traffic: Traffic | None = None
     second: Agent | None = None
     try:
@@ -227,11 +252,12 @@ def test_kill_9_and_restart_lose_nothing(lab: Lab, pairs: PairTruth, pin_dir: st
         sent_at_kill = traffic.sent
         time.sleep(1.0)  # nobody drains: the kernel keeps counting into the pinned maps
         assert traffic.sent > sent_at_kill + 100
-        _exactly_one_filter_per_hook(lab)
+        _exactly_one_filter_per_hook(lab, attach)
 
-        second = Agent(lab, pin_dir)
+        second = Agent(lab, pin_dir, attach)
         assert second.start["reused"] is True
-        _exactly_one_filter_per_hook(lab)  # replaced, not added
+        assert second.start["attach_mode"] == attach
+        _exactly_one_filter_per_hook(lab, attach)  # replaced, not added
         second.read_drains(2)
         traffic.stop()
         traffic = None
@@ -252,19 +278,24 @@ def test_kill_9_and_restart_lose_nothing(lab: Lab, pairs: PairTruth, pin_dir: st
     # every packet crosses a1's and a2's veth, both on node a
     assert before + after == 2 * expected
     assert after > 0
-    # SIGTERM with pins released: filters and pins stay for the next agent
-    _exactly_one_filter_per_hook(lab)
-    assert sorted(os.listdir(pin_dir)) == sorted(PINNED_MAPS)
+    # SIGTERM with pins released: filters (or links) and pins stay for the next agent
+    _exactly_one_filter_per_hook(lab, attach)
+    links = _link_pins(lab) if attach == "tcx" else []
+    assert sorted(os.listdir(pin_dir)) == sorted([*PINNED_MAPS, *links])
 
     out = subprocess.run(
         [sys.executable, "-m", "agent.datapath", "--netns", lab.node_netns("a"), "--pin-path",
          pin_dir, "--cleanup"], cwd=ROOT, capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     removed = json.loads(out)
-    assert sorted(map(tuple, removed["removed_filters"])) == sorted(
-        (lab.host_veth(p)[1], side) for p in ("a1", "a2") for side in ("ingress", "egress"))
+    filters = sorted((lab.host_veth(p)[1], side) for p in ("a1", "a2")
+                     for side in ("ingress", "egress"))
+    assert sorted(map(tuple, removed["removed_filters"])) == (filters if attach == "clsact" else [])
     assert sorted(removed["removed_pins"]) == sorted(PINNED_MAPS)
+    assert removed["removed_links"] == links
     assert _ours(lab.node_netns("a")) == []
+    ns = lab.node_netns("a")
+    assert all(tcx_chain(ns, h, side) == [] for h, side in filters)  # unpinned: detached
     assert not os.path.exists(pin_dir)
 
 

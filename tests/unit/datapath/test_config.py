@@ -12,7 +12,8 @@ from agent.errors import InputError
     ("hook", "cgroup_skb"), ("flow_capacity", 4), ("endpoint_capacity", 0),
     ("ephemeral_ports", (60000, 1000)), ("tc_priority", 0), ("tc_handle", 0),
     ("pin_path", "relative/dir"), ("pin_path", '/sys/fs/bpf/a"b'), ("pin_path", "/sys/fs/bpf/../x"),
-    ("pin_path", "/sys/fs/bpf/a b"), ("pin_lock_seconds", -1.0),
+    ("pin_path", "/sys/fs/bpf/a b"), ("pin_lock_seconds", -1.0), ("attach", "tc"),
+    ("attach", "TCX"),
 ])
 def test_bad_setting_names_its_field(field: str, value: object) -> None:
     with pytest.raises(InputError) as err:
@@ -32,3 +33,9 @@ def test_pin_path_becomes_a_c_string_define_and_nothing_else_without_it() -> Non
     flags = flags_for(DatapathConfig(pin_path="/sys/fs/bpf/zonemeter/node-a/"), (1, 2))
     assert '-DZM_PIN_DIR="/sys/fs/bpf/zonemeter/node-a"' in flags
     assert not any("ZM_PIN_DIR" in f for f in flags_for(DatapathConfig(), (1, 2)))
+
+
+@pytest.mark.parametrize("mode", ["auto", "tcx", "clsact"])
+def test_every_attach_mode_is_accepted_and_auto_is_the_default(mode: str) -> None:
+    DatapathConfig(attach=mode).validate()
+    assert DatapathConfig().attach == "auto"
