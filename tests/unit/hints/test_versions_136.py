@@ -16,7 +16,9 @@ import pytest
 from agent import hints
 from agent.errors import InputError
 from agent.hints.proxy import normalise_ip
-from tests.unit import k8s_objects as k
+from tests.fixtures import k8s as k
+from tests.fixtures.topologies import own_zone_endpoints as own_zone
+from tests.fixtures.topologies import three_zone_nodes as zones3
 
 
 def diag(nodes: list[dict[str, Any]], svc: dict[str, Any], slices: list[dict[str, Any]],
@@ -64,66 +66,68 @@ def test_prefer_same_locked_wording(version: str) -> None:
 @pytest.mark.parametrize("version", ["1.35", "1.36", "1.37"])
 def test_auto_and_traffic_distribution_still_write_hints(version: str) -> None:
     """The topology cache always exists from 1.36 (endpointslice_controller.go NewController)."""
-    slices = [k.endpointslice("s", "web", k.own_zone_eps({"a": 2, "b": 2, "c": 2}))]
-    d = diag(k.three_zones(), k.service(auto=True), slices, version)
+    slices = [k.endpointslice("s", "web", own_zone({"a": 2, "b": 2, "c": 2}))]
+    d = diag(zones3(), k.service(auto=True), slices, version)
     assert d.mechanism == "topology-mode-annotation" and d.controller.hints_enabled
     assert d.reason == "none"
-    d = diag(k.three_zones(), k.service(td="PreferSameZone"),
-             [k.endpointslice("s", "web", k.own_zone_eps({"a": 1, "b": 1, "c": 1}, hinted=False))], version)
+    d = diag(zones3(), k.service(traffic_distribution="PreferSameZone"),
+             [k.endpointslice("s", "web", own_zone({"a": 1, "b": 1, "c": 1}, hinted=False))], version)
     assert d.mechanism == "trafficDistribution"
     assert not any(w.code == "traffic-distribution-not-accepted" for w in d.warnings)
 
 
 def _ghost(order: str) -> list[dict[str, Any]]:
     """Issue kubernetes#135266 shrunk: a Terminating pod's IP reused by a running pod on another node."""
-    ghost = k.endpointslice("s-old", "web", [k.ep("10.0.0.1", "a", "n-a", ready=False, terminating=True)])
+    ghost = k.endpointslice("s-old", "web",
+                            [k.endpoint("10.0.0.1", "a", "n-a", ready=False, serving=True, terminating=True)])
     ghost["endpoints"][0]["conditions"]["serving"] = False
-    live = k.endpointslice("s-new", "web", [k.ep("10.0.0.1", "b", "n-b")])
+    live = k.endpointslice("s-new", "web", [k.endpoint("10.0.0.1", "b", "n-b")])
     return [ghost, live] if order == "ghost-first" else [live, ghost]
 
 
 @pytest.mark.parametrize("order", ["ghost-first", "live-first"])
 @pytest.mark.parametrize("version", ["1.36", "1.37"])
 def test_1_36_keeps_the_non_terminating_copy_on_every_node(order: str, version: str) -> None:
-    d = diag(k.three_zones(), k.service(), _ghost(order), version)
+    d = diag(zones3(), k.service(), _ghost(order), version)
     for n in ("n-a", "n-b", "n-c"):
         assert d.proxy[n].cluster_endpoints == ("10.0.0.1:8080",) and d.proxy[n].internal_traffic == "cluster"
 
 
 @pytest.mark.parametrize("version", ["1.31", "1.35"])
 def test_1_35_first_copy_wins_except_on_the_node_of_a_later_copy(version: str) -> None:
-    d = diag(k.three_zones(), k.service(), _ghost("ghost-first"), version)
+    d = diag(zones3(), k.service(), _ghost("ghost-first"), version)
     # n-a and n-c keep the first (terminating, not serving) copy: nothing usable -> REJECT
     for n in ("n-a", "n-c"):
         assert d.proxy[n].internal_traffic == "REJECT" and d.proxy[n].cluster_endpoints == ()
     # n-b's kube-proxy lets its local copy replace the first one
     assert d.proxy["n-b"].cluster_endpoints == ("10.0.0.1:8080",)
     # live copy first: the later ghost copy is local to n-a, so only n-a loses the endpoint
-    d = diag(k.three_zones(), k.service(), _ghost("live-first"), version)
+    d = diag(zones3(), k.service(), _ghost("live-first"), version)
     assert d.proxy["n-a"].internal_traffic == "REJECT"
     assert d.proxy["n-b"].cluster_endpoints == d.proxy["n-c"].cluster_endpoints == ("10.0.0.1:8080",)
 
 
 def test_1_35_local_copy_carries_its_hints() -> None:
     """A later local copy brings its own zone hints: n-b sees hints, the others do not."""
-    first = k.endpointslice("s1", "web", [k.ep("10.0.0.1", "a", "n-a"), k.ep("10.0.0.2", "b", "n-b", zones=["b"])])
-    later = k.endpointslice("s2", "web", [k.ep("10.0.0.1", "a", "n-b", zones=["b"])])
-    d = diag(k.three_zones(), k.service(), [first, later], "1.35")
+    first = k.endpointslice("s1", "web", [k.endpoint("10.0.0.1", "a", "n-a"),
+                                          k.endpoint("10.0.0.2", "b", "n-b", for_zones=["b"])])
+    later = k.endpointslice("s2", "web", [k.endpoint("10.0.0.1", "a", "n-b", for_zones=["b"])])
+    d = diag(zones3(), k.service(), [first, later], "1.35")
     assert d.proxy["n-b"].topology_mode == "PreferSameZone"
     assert d.proxy["n-b"].cluster_endpoints == ("10.0.0.1:8080", "10.0.0.2:8080")
     assert d.proxy["n-c"].topology_mode == "" and d.proxy["n-a"].topology_mode == ""
-    d = diag(k.three_zones(), k.service(), [first, later], "1.36")  # later non-terminating copy wins everywhere
+    d = diag(zones3(), k.service(), [first, later], "1.36")  # later non-terminating copy wins
     assert all(d.proxy[n].topology_mode == "PreferSameZone" for n in ("n-b",))
     assert d.proxy["n-c"].cluster_endpoints == ("10.0.0.1:8080", "10.0.0.2:8080")
 
 
 def test_1_36_two_terminating_copies_first_wins() -> None:
-    a = k.ep("10.0.0.1", "a", "n-a", ready=False, terminating=True)
-    b = k.ep("10.0.0.1", "b", "n-b", ready=False, terminating=True)
+    a = k.endpoint("10.0.0.1", "a", "n-a", ready=False, serving=True, terminating=True)
+    b = k.endpoint("10.0.0.1", "b", "n-b", ready=False, serving=True, terminating=True)
     b["conditions"]["serving"] = False
-    d = diag(k.three_zones(), k.service(), [k.endpointslice("s", "web", [a, b])], "1.36")
+    d = diag(zones3(), k.service(), [k.endpointslice("s", "web", [a, b])], "1.36")
     assert d.proxy["n-c"].cluster_endpoints == ("10.0.0.1:8080",)  # the serving-terminating fallback
-    d = diag(k.three_zones(), k.service(), [k.endpointslice("s", "web", [b, a])], "1.36")
+    d = diag(zones3(), k.service(), [k.endpointslice("s", "web", [b, a])], "1.36")
     assert d.proxy["n-c"].internal_traffic == "REJECT"
 
 
@@ -136,9 +140,9 @@ def test_normalise_ip_like_parse_ip_sloppy(raw: str, key: str) -> None:
 
 
 def test_ipv6_spellings_collide_like_upstream() -> None:
-    s1 = k.endpointslice("s1", "web", [k.ep("fd00::01", "a", "n-a")], family="IPv6")
-    s2 = k.endpointslice("s2", "web", [k.ep("fd00::1", "b", "n-b")], family="IPv6")
-    d = diag(k.three_zones(), k.service(families=("IPv6",)), [s1, s2], "1.37")
+    s1 = k.endpointslice("s1", "web", [k.endpoint("fd00::01", "a", "n-a")], address_type="IPv6")
+    s2 = k.endpointslice("s2", "web", [k.endpoint("fd00::1", "b", "n-b")], address_type="IPv6")
+    d = diag(zones3(), k.service(families=("IPv6",)), [s1, s2], "1.37")
     assert d.proxy["n-c"].cluster_endpoints == ("[fd00::1]:8080",)
 
 
@@ -151,10 +155,10 @@ def test_proxy_before_1_33_reads_zone_hints_only_with_topology_aware_hints(versi
     off, ``canUseTopology`` sees no hints and every node uses all endpoints.
     """
     nodes = [k.node("n0", "za"), k.node("n1", "zb")]
-    slices = [k.endpointslice("s0", "web", [k.ep("10.1.0.1", "za", "n0", zones=["za"])]),
-              k.endpointslice("s1", "web", [k.ep("10.1.0.2", "zb", "n1", zones=["zb"])])]
-    d = diag(nodes, k.service(td="PreferClose"), slices, version, {"TopologyAwareHints": False})
+    slices = [k.endpointslice("s0", "web", [k.endpoint("10.1.0.1", "za", "n0", for_zones=["za"])]),
+              k.endpointslice("s1", "web", [k.endpoint("10.1.0.2", "zb", "n1", for_zones=["zb"])])]
+    d = diag(nodes, k.service(traffic_distribution="PreferClose"), slices, version, {"TopologyAwareHints": False})
     assert d.proxy["n1"].cluster_endpoints == ("10.1.0.1:8080", "10.1.0.2:8080")
     assert d.proxy["n1"].topology_mode == ""
-    d = diag(nodes, k.service(td="PreferClose"), slices, version)
+    d = diag(nodes, k.service(traffic_distribution="PreferClose"), slices, version)
     assert d.proxy["n1"].cluster_endpoints == ("10.1.0.2:8080",)
