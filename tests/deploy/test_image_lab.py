@@ -47,6 +47,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.datapath import tcx
+
 pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -434,7 +436,8 @@ def traffic(lab: Any) -> None:
 
 
 def our_filters(lab: Any) -> list[str]:
-    """``dev/hook`` of every zonemeter tc filter in node a1's namespace."""
+    """``dev/hook`` of every zonemeter tc filter and TCX link (the agent's default hook on
+    kernels with TCX, docs/datapath.md) in node a1's namespace."""
     ns = lab.node_netns(NODE)
     links = subprocess.run(["ip", "netns", "exec", ns, "ip", "-o", "link", "show"],
                            capture_output=True, text=True, check=True).stdout
@@ -445,6 +448,11 @@ def our_filters(lab: Any) -> list[str]:
             out = subprocess.run(["ip", "netns", "exec", ns, "tc", "filter", "show", "dev", dev, hook],
                                  capture_output=True, text=True).stdout
             if "zm_tc" in out:
+                left.append(f"{dev}/{hook}")
+        ifindex = int(line.split(":")[0])
+        for hook, side in (("tcx-ingress", tcx.BPF_TCX_INGRESS), ("tcx-egress", tcx.BPF_TCX_EGRESS)):
+            chain = tcx.query(ifindex, side, netns=ns)
+            if any(tcx.prog_name(pid).startswith("zm_") for pid in chain.prog_ids):
                 left.append(f"{dev}/{hook}")
     return left
 
