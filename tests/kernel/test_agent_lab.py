@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.datapath import tcx
+
 pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,6 +182,7 @@ def traffic(lab, rounds: int = 1) -> None:  # type: ignore[no-untyped-def]
 
 
 def _filters_left(lab) -> list[str]:  # type: ignore[no-untyped-def]
+    """``node/dev/hook`` of every zonemeter tc filter and TCX program left in the agent nodes."""
     left = []
     for node in AGENT_NODES:
         ns = lab.node_netns(node)
@@ -191,6 +194,12 @@ def _filters_left(lab) -> list[str]:  # type: ignore[no-untyped-def]
                 out = subprocess.run(["ip", "netns", "exec", ns, "tc", "filter", "show", "dev", dev,
                                       hook], capture_output=True, text=True).stdout
                 if "zm_tc" in out:
+                    left.append(f"{node}/{dev}/{hook}")
+            # TCX links: the agent's hook on kernels with TCX (attach=auto, docs/datapath.md)
+            ifindex = int(line.split(":")[0])
+            for hook, side in (("tcx-ingress", tcx.BPF_TCX_INGRESS), ("tcx-egress", tcx.BPF_TCX_EGRESS)):
+                chain = tcx.query(ifindex, side, netns=ns)
+                if any(tcx.prog_name(pid).startswith("zm_") for pid in chain.prog_ids):
                     left.append(f"{node}/{dev}/{hook}")
     return left
 
