@@ -47,7 +47,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.datapath import tcx
+from tests.fixtures.hooks import zonemeter_hooks
 
 pytestmark = pytest.mark.kernel
 
@@ -56,6 +56,7 @@ DEPLOY = ROOT / "deploy" / "daemonset"
 #: podman's default seccomp profile (containers/common), the base of RuntimeDefault here
 PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
 
+#: the agent lab topology with web only on a1, so one node's agent sees every Service byte
 TOPOLOGY = """\
 options: {mode: flat, ipv6: false}
 zones:
@@ -436,25 +437,8 @@ def traffic(lab: Any) -> None:
 
 
 def our_filters(lab: Any) -> list[str]:
-    """``dev/hook`` of every zonemeter tc filter and TCX link (the agent's default hook on
-    kernels with TCX, docs/datapath.md) in node a1's namespace."""
-    ns = lab.node_netns(NODE)
-    links = subprocess.run(["ip", "netns", "exec", ns, "ip", "-o", "link", "show"],
-                           capture_output=True, text=True, check=True).stdout
-    left = []
-    for line in links.splitlines():
-        dev = line.split(":")[1].strip().split("@")[0]
-        for hook in ("ingress", "egress"):
-            out = subprocess.run(["ip", "netns", "exec", ns, "tc", "filter", "show", "dev", dev, hook],
-                                 capture_output=True, text=True).stdout
-            if "zm_tc" in out:
-                left.append(f"{dev}/{hook}")
-        ifindex = int(line.split(":")[0])
-        for hook, side in (("tcx-ingress", tcx.BPF_TCX_INGRESS), ("tcx-egress", tcx.BPF_TCX_EGRESS)):
-            chain = tcx.query(ifindex, side, netns=ns)
-            if any(tcx.prog_name(pid).startswith("zm_") for pid in chain.prog_ids):
-                left.append(f"{dev}/{hook}")
-    return left
+    """``dev/hook`` of every zonemeter hook (tc filter or TCX program) in node a1's namespace."""
+    return zonemeter_hooks(lab.node_netns(NODE))
 
 
 # ------------------------------------------------------------------ the tests

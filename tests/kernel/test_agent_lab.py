@@ -29,43 +29,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.datapath import tcx
+from tests.fixtures.hooks import zonemeter_hooks
+from tests.fixtures.topologies import AGENT_LAB_TOPOLOGY
 
 pytestmark = pytest.mark.kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TOPOLOGY = """\
-options: {mode: flat, ipv6: false}
-zones:
-  - {name: zone-a, region: region-1}
-  - {name: zone-b, region: region-1}
-nodes:
-  - {name: a1, zone: zone-a, cpu: 4}
-  - {name: a2, zone: zone-a, cpu: 4}
-  - {name: b1, zone: zone-b, cpu: 4}
-pods:
-  - {name: client-a1, namespace: shop, node: a1, app: client}
-  - {name: client-a2, namespace: shop, node: a2, app: client}
-  - {name: client-b1, namespace: shop, node: b1, app: client}
-  - name: web-a1
-    namespace: shop
-    node: a1
-    app: web
-    ports: [{port: 8080, name: http}, {port: 5353, protocol: UDP, name: dns}]
-  - name: web-b1
-    namespace: shop
-    node: b1
-    app: web
-    ports: [{port: 8080, name: http}, {port: 5353, protocol: UDP, name: dns}]
-services:
-  - name: web
-    namespace: shop
-    selector: {app: web}
-    ports:
-      - {name: http, port: 80, targetPort: http}
-      - {name: dns, port: 53, targetPort: dns, protocol: UDP}
-"""
+TOPOLOGY = AGENT_LAB_TOPOLOGY
 
 AGENT_NODES = ("a1", "b1")
 INTERVAL = 2.0
@@ -182,26 +153,8 @@ def traffic(lab, rounds: int = 1) -> None:  # type: ignore[no-untyped-def]
 
 
 def _filters_left(lab) -> list[str]:  # type: ignore[no-untyped-def]
-    """``node/dev/hook`` of every zonemeter tc filter and TCX program left in the agent nodes."""
-    left = []
-    for node in AGENT_NODES:
-        ns = lab.node_netns(node)
-        links = subprocess.run(["ip", "netns", "exec", ns, "ip", "-o", "link", "show"],
-                               capture_output=True, text=True, check=True).stdout
-        for line in links.splitlines():
-            dev = line.split(":")[1].strip().split("@")[0]
-            for hook in ("ingress", "egress"):
-                out = subprocess.run(["ip", "netns", "exec", ns, "tc", "filter", "show", "dev", dev,
-                                      hook], capture_output=True, text=True).stdout
-                if "zm_tc" in out:
-                    left.append(f"{node}/{dev}/{hook}")
-            # TCX links: the agent's hook on kernels with TCX (attach=auto, docs/datapath.md)
-            ifindex = int(line.split(":")[0])
-            for hook, side in (("tcx-ingress", tcx.BPF_TCX_INGRESS), ("tcx-egress", tcx.BPF_TCX_EGRESS)):
-                chain = tcx.query(ifindex, side, netns=ns)
-                if any(tcx.prog_name(pid).startswith("zm_") for pid in chain.prog_ids):
-                    left.append(f"{node}/{dev}/{hook}")
-    return left
+    """``node/dev/hook`` of every zonemeter hook left on the agent nodes."""
+    return [f"{node}/{hook}" for node in AGENT_NODES for hook in zonemeter_hooks(lab.node_netns(node))]
 
 
 @pytest.fixture(scope="module")
