@@ -1,6 +1,6 @@
 """``zonemeter top``: a live terminal view of one running agent.
 
-Reads the agent's ``/flows`` JSON (agent/exporter.py ``Exporter.flows``) every
+Reads the agent's ``/flows`` JSON (agent/exporter/collector.py ``Exporter.flows``) every
 ``--interval`` seconds and redraws, like ``top``: per-Service bytes/s by crossing
 (from the difference of two reads of cumulative counters), locality state, and the
 heaviest client -> server pod pairs of the agent's last interval. On a terminal: plain

@@ -77,7 +77,7 @@ def merge_views(views: Iterable[ProxyView | None]) -> ProxyView | None:
 
 
 class HintModel:
-    """``HintView`` (agent/attribution.py) over the cache's parsed records; owns locality.
+    """``HintView`` (agent/attribution/join.py) over the cache's parsed records; owns locality.
 
     Call :meth:`refresh` once per interval, from the agent loop; the Attributor and the
     exporter then read :meth:`proxy_view`, :meth:`services`, :meth:`localities` (and

@@ -16,7 +16,7 @@ from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
 
 class MetadataAdapter:
-    """``MetadataView`` and ``ObjectView`` (agent/attribution.py) over a
+    """``MetadataView`` and ``ObjectView`` (agent/attribution/join.py, agent/attribution/expiry.py) over a
     :class:`ClusterMetadata` cache.
 
     Args:

@@ -122,7 +122,7 @@ traffic:
 """
 
 #: the smallest three-zone demo: one web client and one ``app/api`` endpoint per zone, no
-#: locality settings (the tests flip them: tests/unit/test_demo_flip.py,
+#: locality settings (the tests flip them: tests/unit/demo/test_flip.py,
 #: tests/e2e/test_report_live.py)
 THREE_ZONE_API_TOPOLOGY = """\
 zones: [{name: za}, {name: zb}, {name: zc}]

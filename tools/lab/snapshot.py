@@ -10,7 +10,7 @@ EndpointSlice per Service and address family (``<service>-ipv4``/``-ipv6``,
 ``endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io``) with every
 endpoint's ``nodeName``, ``zone``, ``conditions`` and, when the caller supplies them,
 ``hints`` (the lab does not decide hints itself: the EndpointSlice controller model in
-``agent/hints.py`` does, and passes them through ``hints``).
+``agent/hints/`` does, and passes them through ``hints``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 The PrometheusRule is the source of truth; rules.yml holds its `spec` (the rule
 groups) so `promtool check rules rules.yml` and `promtool test rules rules_test*.yml`
-check exactly what the Operator loads. tests/unit/test_deploy_rules.py fails when
+check exactly what the Operator loads. tests/unit/deploy/test_rules.py fails when
 the two files differ.
 
 Usage: python deploy/daemonset/monitoring/sync_rules.py [--check]

@@ -51,7 +51,7 @@ DELTAS = [
     d(FlowKind.INGRESS, "10.244.2.10", "10.244.1.10", 0, 30),         # client-a's egress
 ]
 
-EXPECTED = (Path(__file__).parents[1] / "agent_expected.txt")
+EXPECTED = (Path(__file__).parent / "agent_expected.txt")
 
 
 def make_loop(node: str = "nb") -> tuple[AgentLoop, FakeDatapath, Exporter, ClusterMetadata]:

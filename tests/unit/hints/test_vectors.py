@@ -13,7 +13,7 @@ import json
 import pytest
 
 from agent import cli, hints
-from tests.unit import vectors_adapter as va
+from tests.unit.hints import vectors_adapter as va
 
 VECTORS = va.load_vectors()
 PARAMS = [pytest.param(v, ver, gates, id=f"{v['name']}@{ver}{'+' + ','.join(gates) if gates else ''}")

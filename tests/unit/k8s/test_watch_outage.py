@@ -141,7 +141,7 @@ def test_deeply_nested_watch_line_is_skipped() -> None:
 def test_default_api_client_detects_a_dead_peer_within_30_seconds() -> None:
     """The default client's connections carry TCP keepalive whose give-up time fits the
     30 s after which the watch marks metadata unsynced (the partition itself is injected
-    in tests/kernel/test_break_partition.py)."""
+    in tests/kernel/test_watch_partition.py)."""
     import socket
 
     from agent.k8s.client import KEEPALIVE

@@ -104,7 +104,7 @@ def test_lab_up_teardown_hint_runs_as_printed(tmp_path: Path) -> None:
     # under pytest argv[0] is not a zonemeter script: the running interpreter with -m agent
     assert argv[:3] == [sys.executable, "-m", "agent"]
     assert argv[3:] == ["lab", "down", "--prefix", prefix, "--state-dir", str(tmp_path)]
-    done = subprocess.run(argv, cwd=Path(__file__).resolve().parents[2], capture_output=True,
+    done = subprocess.run(argv, cwd=Path(__file__).resolve().parents[3], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"lab {prefix}: removed 0 network namespaces"

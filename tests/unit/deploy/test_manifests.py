@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy" / "daemonset"
 K8S_VERSIONS = ("1.33", "1.34", "1.35")
 KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "images", "configMapGenerator", "patches"}

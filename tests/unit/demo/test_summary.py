@@ -130,7 +130,7 @@ def test_workload_bytes_count_as_double_over_both_directions() -> None:
 
 
 def test_demo_reads_only_metrics_the_agent_exports() -> None:
-    """A rename in agent/exporter.py must fail here, not silently read 0 in the demo."""
+    """A rename in agent/exporter/families.py must fail here, not silently read 0 in the demo."""
     exported = set()
     for fam in Exporter().describe():
         exported.add(fam.name + ("_total" if fam.type == "counter" else ""))

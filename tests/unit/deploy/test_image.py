@@ -22,7 +22,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy" / "daemonset"
 ENTRYPOINT = DEPLOY / "entrypoint.sh"
 BUILD_TOOLS = re.compile(

@@ -108,7 +108,7 @@ def test_topology_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_docs_example_parses() -> None:
-    text = (Path(__file__).resolve().parents[2] / "docs" / "demo.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "demo.md").read_text()
     block = text.split("A complete small example", 1)[1].split("```yaml\n", 1)[1].split("```")[0]
     spec = parse_demo(block, "docs/demo.md")
     assert spec.traffic.families == (4, 6) and spec.topology.options.mode == "vxlan"

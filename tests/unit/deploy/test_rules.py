@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MON = ROOT / "deploy" / "daemonset" / "monitoring"
 README = ROOT / "deploy" / "daemonset" / "README.md"
 TEST_FILES = ("rules_test.yml", "rules_test_weekly.yml")

@@ -34,7 +34,7 @@ def test_kubernetes_service_ip_rejects_a_malformed_range(cidr: str) -> None:
 
 def test_pinned_kube_version_reads_go_mod_and_honours_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZONEMETER_KUBE_VERSION", raising=False)
-    gomod = (Path(__file__).parents[2] / "tools" / "kube" / "go.mod").read_text()
+    gomod = (Path(__file__).parents[3] / "tools" / "kube" / "go.mod").read_text()
     v = pinned_kube_version()
     assert f"\tk8s.io/kubernetes {v} " in gomod or f"require k8s.io/kubernetes {v}\n" in gomod
     assert v.startswith("v1.")

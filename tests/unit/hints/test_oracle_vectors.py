@@ -38,7 +38,7 @@ import pytest
 
 from tools.oracle import client as oc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _vectors_path() -> Path:
