@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent import exporter as ex
+from agent.datapath import ATTACH_MODES
 from agent.errors import InputError, RuntimeFailure
 from agent.hints import DEFAULT_VERSION, HintModel
 from agent.k8s import ClusterMetadata
@@ -101,6 +102,10 @@ def register(subparsers: Any) -> None:
                    help="interfaces never attached (fnmatch), e.g. an uplink veth")
     p.add_argument("--interface-patterns", metavar="GLOB,...",
                    help="extra interfaces attached whatever their kind (cali*, lxc*, eni*)")
+    p.add_argument("--attach", choices=ATTACH_MODES, default="auto",
+                   help="how programs attach to pod veths: tcx (TCX links, Linux 6.6+, first in the "
+                   "device's list), clsact (tc filters) or auto (tcx when the kernel has it; "
+                   "default %(default)s; docs/datapath.md, Hooks)")
     p.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="X.Y",
                    help="Kubernetes version the hint model reproduces (default %(default)s)")
     p.add_argument("--feature-gates", default="", metavar="A=true,...",
@@ -328,7 +333,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         if not on_bpf_fs(pin_path):  # default only: an explicit path must be on bpffs
             no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
-                            flow_capacity=args.flow_capacity, pin_path=pin_path)
+                            flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name
@@ -369,7 +374,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 loop.sync_endpoints()
                 dp.watch()
                 attached.set()
-                log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached())}})
+                log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached()),
+                                                                 "attach_mode": dp.attach_mode}})
                 poll = (source.poll_snapshot if source.snapshot_path is not None
                         else release_poll(source.cache))
                 _serve(loop, stop, args.interval, poll)

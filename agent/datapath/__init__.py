@@ -26,12 +26,13 @@ from agent.datapath.attach import (
     InterfaceBytes,
     link_pin_name,
 )
-from agent.datapath.config import BPF_DIR, TC_SOURCE, DatapathConfig, check_pin_path, flags_for
+from agent.datapath.config import ATTACH_MODES, BPF_DIR, TC_SOURCE, DatapathConfig, check_pin_path, flags_for
 from agent.datapath.drain import FlowTables, TableStats
 from agent.datapath.netns import read_ephemeral_range, run_in_netns
 from agent.datapath.pins import PINNED_MAPS, MapInfo, lock_pins, map_info, obj_get, on_bpf_fs
 
 __all__ = [
+    "ATTACH_MODES",
     "BPF_DIR",
     "ETH_P_ALL",
     "PARENT_EGRESS",

@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = AGENT_LAB_TOPOLOGY
 
 AGENT_NODES = ("a1", "b1")
+#: ``--attach`` per agent node: one legacy clsact agent beside one TCX agent, both exact
+ATTACH = {"a1": "clsact", "b1": "auto"}
 INTERVAL = 2.0
 LINGER = 4.0
 
@@ -73,7 +75,7 @@ class Agents:
                     "--snapshot", str(snapshot), "--netns", lab.node_netns(node),
                     "--metrics-address", f"127.0.0.1:{port}", "--interval", f"{INTERVAL:g}",
                     "--exclude-interfaces", f"{lab.prefix}u*",
-                    "--final-linger-seconds", f"{LINGER:g}"]
+                    "--final-linger-seconds", f"{LINGER:g}", "--attach", ATTACH[node]]
             with open(self.logs[node], "wb") as log:
                 self.procs[node] = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log,
                                                     stdin=subprocess.DEVNULL)
@@ -185,6 +187,9 @@ def test_agents_export_ground_truth_and_stop_cleanly(lab, tmp_path: Path) -> Non
         assert ('zonemeter_service_locality_info{mode="none",namespace="shop",reason="not-requested",service="web"} 1.0'
                 in text)
         assert "zonemeter_attached_interfaces 2.0" in text  # client-a1 and web-a1
+        # --attach reached the datapath: a1's hooks are tc filters, b1's TCX links (kernel 6.6+)
+        hooks = {n: {h.split("/")[1] for h in zonemeter_hooks(lab.node_netns(n))} for n in AGENT_NODES}
+        assert hooks == {"a1": {"ingress", "egress"}, "b1": {"tcx-ingress", "tcx-egress"}}, hooks
 
         # more traffic, then SIGTERM at once: the final export carries it
         traffic(lab)
