@@ -187,12 +187,13 @@ def test_sigterm_detaches_then_drains_and_exports_the_last_bytes(
     started = time.monotonic()
     rc = cli.main(["agent", "--node-name", "nb", "--snapshot", str(snap), "--metrics-address",
                    f"127.0.0.1:{port}", "--interval", "60", "--final-linger-seconds", "3",
-                   "--exclude-interfaces", "zmu*,zmx*", "--flow-capacity", "1024"])
+                   "--exclude-interfaces", "zmu*,zmx*", "--flow-capacity", "1024", "--attach", "clsact"])
     th.join()
     assert rc == 0
     assert time.monotonic() - started < 30  # woke on the signal, not after the interval
     dp = made[0]
     assert dp.config.exclude_patterns == ("zmu*", "zmx*") and dp.config.flow_capacity == 1024
+    assert dp.config.attach == "clsact"
     assert dp.events[:3] == ["watch", "drain", "close"] and dp.events[3] == "drain"
     text = seen["text"]
     assert ('zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",direction="response",'
