@@ -5,6 +5,7 @@ Per interval (docs/agent.md)::
     metadata changed?  -> local endpoints -> Datapath.set_local_endpoints
     dirty Services     -> HintModel.refresh (evaluate_cluster on those only; all on node changes)
     Datapath.drain()   -> Attributor.attribute(deltas, at) -> close_interval(at)
+                       -> HookCoverage.add(counted bytes, Datapath.interface_bytes())
     AttributionTotals + HintModel.localities() + datapath stats + synced state -> ExportSnapshot
     Exporter.update(snapshot)                                  (served on /metrics, /flows)
 
@@ -23,13 +24,14 @@ from typing import Any, Protocol
 
 from agent.attribution import Attributor
 from agent.datapath import TableStats
+from agent.datapath.coverage import STARVED_RATIO, WINDOW_SECONDS, HookCoverage, InterfaceCounters
 from agent.errors import InputError
 from agent.exporter import Exporter, ExportSnapshot
 from agent.hints import HintModel
 from agent.k8s import MetadataAdapter
 from agent.k8s.cache import ClusterMetadata
 from agent.logs import LogOnce
-from agent.records import AttributionTotals, FlowDelta, IPAddress, Locality, ServiceRef
+from agent.records import AttributionTotals, CoverageState, FlowDelta, IPAddress, Locality, ServiceRef
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ class DatapathLike(Protocol):
 
     def stats(self) -> Any:
         """``DatapathStats``: ``attached`` names, ``table`` (TableStats), ``endpoints``."""
+        ...
+
+    def interface_bytes(self) -> Mapping[int, InterfaceCounters]:
+        """What each hooked interface carried between the two latest drains."""
         ...
 
 
@@ -113,6 +119,7 @@ class AgentLoop:
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
         self._first = True
         self._once = LogOnce(log)
+        self.coverage = HookCoverage()
         self.ticks = 0
 
     def log_once(self, key: str, msg: str, *args: object, exc: BaseException | None = None) -> None:
@@ -187,6 +194,8 @@ class AgentLoop:
             deltas = self.datapath.drain()
         except Exception as err:  # noqa: BLE001
             self.log_once("drain:" + type(err).__name__, "drain failed", exc=err)
+        else:
+            self._measure_coverage(at, deltas)
         try:
             self.attributor.attribute(deltas, at)
             self.attributor.close_interval(at)
@@ -198,6 +207,24 @@ class AgentLoop:
         self.ticks += 1
         nbytes = sum(d.bytes for d in deltas)
         return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
+
+    def _measure_coverage(self, at: float, deltas: list[FlowDelta]) -> None:
+        """Fold the drain into the hook coverage; log when the hook starts and stops being
+        starved (docs/datapath.md, "Interface counters")."""
+        was = self.coverage.state().starved
+        try:
+            st = self.coverage.add(at, sum(d.bytes for d in deltas), self.datapath.interface_bytes())
+        except Exception as err:  # noqa: BLE001 - coverage is health, never worth an interval
+            self.log_once("coverage:" + type(err).__name__, "interface counters failed", exc=err)
+            return
+        if st.starved and not was:
+            log.warning("hook coverage low: our programs counted %.0f%% of the L3 bytes the "
+                        "hooked interfaces carried in the last %.0f s; a data plane is moving "
+                        "packets past the hook (try --attach tcx; docs/datapath.md, Hooks)",
+                        100 * st.ratio, WINDOW_SECONDS,
+                        extra={"fields": {"ratio": round(st.ratio, 4), "threshold": STARVED_RATIO}})
+        elif was and not st.starved and st.ratio == st.ratio:  # recovered (not NaN: idle)
+            log.info("hook coverage recovered", extra={"fields": {"ratio": round(st.ratio, 4)}})
 
     def flush_held(self) -> int:
         """Count every held delta now, as it resolves now (``unknown`` with its reason if
@@ -254,12 +281,13 @@ class AgentLoop:
             table, attached = None, 0
         return build_snapshot(totals, locality=self.hints.localities(), table=table, attached=attached,
                               synced=self.cache.synced(), duration=duration, at=at,
-                              interval=self.interval)
+                              interval=self.interval, coverage=self.coverage.state())
 
 
 def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, Locality] | None = None,
                    table: TableStats | None, attached: int, synced: Mapping[str, bool],
-                   duration: float, at: float, interval: float) -> ExportSnapshot:
+                   duration: float, at: float, interval: float,
+                   coverage: CoverageState | None = None) -> ExportSnapshot:
     """The :class:`ExportSnapshot` of one interval: the totals and locality as their stages
     produced them, plus self-health (docs/metrics.md says where each byte goes).
 
@@ -272,6 +300,7 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         duration: seconds the interval's work took.
         at: Unix seconds of the drain.
         interval: configured interval, seconds.
+        coverage: hook coverage (:class:`agent.datapath.coverage.HookCoverage`).
     """
     return ExportSnapshot(
         totals=totals,
@@ -283,4 +312,5 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         metadata_synced=synced,
         generated_at=at,
         interval_seconds=interval,
+        coverage=coverage or CoverageState(),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import math
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -266,6 +267,32 @@ class PairRow:
 
 def _read_only(value: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return value if isinstance(value, types.MappingProxyType) else types.MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageState:
+    """Hook coverage (:class:`agent.datapath.coverage.HookCoverage`): cumulative counters and
+    the window ratio, for the exporter.
+
+    Attributes:
+        counted_bytes: L3 bytes our programs counted on the hooked interfaces, in the
+            intervals that had interface counters (cumulative).
+        carried_bytes: L3 bytes the same interfaces carried in those intervals by their own
+            counters (cumulative).
+        unseen_bytes: per interval ``max(0, carried - counted)``, summed (cumulative): bytes
+            the interfaces carried that no program of ours counted.
+        ratio: counted / carried over the last ``WINDOW_SECONDS`` (300 s), NaN when the
+            window carried fewer than ``MIN_CARRIED_BYTES`` (64 KiB; both in
+            :mod:`agent.datapath.coverage`). Above 1 with GSO (we count each wire segment's
+            headers, the device one super-packet).
+        starved: ``ratio`` below ``STARVED_RATIO`` (0.5).
+    """
+
+    counted_bytes: int = 0
+    carried_bytes: int = 0
+    unseen_bytes: int = 0
+    ratio: float = math.nan
+    starved: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,26 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "Interfaces the datapath is attached to.",
         (), lambda s, _: _scalar(s.attached_interfaces)),
     MetricFamily(
+        "zonemeter_hook_counted_bytes_total", COUNTER,
+        "L3 bytes our programs counted on the hooked interfaces (intervals with interface "
+        "counters only).",
+        (), lambda s, _: _scalar(s.coverage.counted_bytes)),
+    MetricFamily(
+        "zonemeter_interface_bytes_total", COUNTER,
+        "L3 bytes the hooked interfaces carried in the same intervals by their own counters "
+        "(non-IP frames included).",
+        (), lambda s, _: _scalar(s.coverage.carried_bytes)),
+    MetricFamily(
+        "zonemeter_hook_unseen_bytes_total", COUNTER,
+        "L3 bytes the hooked interfaces carried beyond what our programs counted, summed per "
+        "interval: a data plane moving packets past the hook.",
+        (), lambda s, _: _scalar(s.coverage.unseen_bytes)),
+    MetricFamily(
+        "zonemeter_hook_coverage_ratio", GAUGE,
+        "Bytes our programs counted over bytes the hooked interfaces carried in the last 5 "
+        "minutes; NaN below 64 KiB carried.",
+        (), lambda s, _: _scalar(s.coverage.ratio)),
+    MetricFamily(
         "zonemeter_collector_duration_seconds", GAUGE,
         "Wall time of the last drain and attribution.",
         (), lambda s, _: _scalar(s.collector_duration_seconds)),

@@ -6,7 +6,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.records import AttributionTotals, Locality, ServiceRef
+from agent.records import AttributionTotals, CoverageState, Locality, ServiceRef
 
 __all__ = ["ExportSnapshot"]
 
@@ -29,6 +29,7 @@ class ExportSnapshot:
         metadata_synced: ``{resource: synced}``.
         generated_at: when this snapshot was built (seconds since the epoch).
         interval_seconds: the agent's interval.
+        coverage: hook coverage: counted against carried bytes (docs/datapath.md).
     """
 
     totals: AttributionTotals = field(default_factory=AttributionTotals)
@@ -40,6 +41,7 @@ class ExportSnapshot:
     metadata_synced: Mapping[str, bool] = field(default_factory=dict)
     generated_at: float = 0.0
     interval_seconds: float = 0.0
+    coverage: CoverageState = field(default_factory=CoverageState)
 
     def __post_init__(self) -> None:
         for name in ("locality", "metadata_synced"):

@@ -23,6 +23,7 @@ docs/lab.md). Tests shell out to nft; the agent never does.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.datapath import DatapathConfig, run_in_netns
+from agent.datapath import DatapathConfig, run_in_netns, tcx
 from tools.lab import Lab, Topology
 
 #: two nodes in two zones; pods without ports (servers are the tests' own sockets)
@@ -261,3 +262,54 @@ def tcx_chain(netns: str, ifname: str, side: str) -> list[str]:
     attach_type = tcx.BPF_TCX_INGRESS if side == "ingress" else tcx.BPF_TCX_EGRESS
     chain = tcx.query(ifindex(netns, ifname), attach_type, netns)
     return [tcx.prog_name(pid) for pid in chain.prog_ids]
+
+
+FOREIGN_C = b"""
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+BPF_ARRAY(seen, u64, 1);   /* IPv4 UDP packets this program saw */
+int foreign(struct __sk_buff *skb) {
+    __u8 proto = 0;
+    int zero = 0;
+    if (skb->protocol != bpf_htons(ETH_P_IP))
+        return -1; /* TCX_NEXT */
+    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, protocol), &proto, 1);
+    if (proto != 17)
+        return -1;
+    u64 *v = seen.lookup(&zero);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+#ifdef REDIRECT_IFINDEX
+    return bpf_redirect(REDIRECT_IFINDEX, 0);
+#else
+    return VERDICT;
+#endif
+}
+"""
+
+
+class Foreign:
+    """A foreign TCX program on one device and side, placed with ``flags`` (it stands for a
+    CNI's: Cilium attaches with TCX): it counts the IPv4 UDP packets it sees in its own map
+    and returns ``verdict`` for them (or redirects to ``redirect``), ``TCX_NEXT`` for the rest."""
+
+    def __init__(self, netns: str, ifname: str, attach_type: int, flags: int,
+                 verdict: int = 0, redirect: int | None = None) -> None:
+        from bcc import BPF
+
+        cflags = [f"-DVERDICT={verdict}"]
+        if redirect is not None:
+            cflags.append(f"-DREDIRECT_IFINDEX={redirect}")
+        self.bpf = BPF(text=FOREIGN_C, cflags=cflags)
+        fn = self.bpf.load_func(b"foreign", BPF.SCHED_CLS)
+        index = ifindex(netns, ifname)
+        self.fd = run_in_netns(netns, lambda: tcx.link_create(fn.fd, index, attach_type, flags))
+
+    def seen(self) -> int:
+        return int(self.bpf[b"seen"][0].value)
+
+    def close(self) -> None:
+        os.close(self.fd)  # the link's only reference: detached
+        self.bpf.cleanup()

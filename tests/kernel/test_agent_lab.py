@@ -29,8 +29,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.datapath import tcx
 from tests.fixtures.hooks import zonemeter_hooks
 from tests.fixtures.topologies import AGENT_LAB_TOPOLOGY
+from tests.kernel._dp_fixtures import Foreign
 
 pytestmark = pytest.mark.kernel
 
@@ -63,7 +65,8 @@ def _get(url: str) -> tuple[int, str]:
 
 
 class Agents:
-    def __init__(self, lab, snapshot: Path, logdir: Path) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, lab, snapshot: Path, logdir: Path,  # type: ignore[no-untyped-def]
+                 attach: dict[str, str] | None = None) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.urls: dict[str, str] = {}
         self.logs: dict[str, Path] = {}
@@ -75,7 +78,8 @@ class Agents:
                     "--snapshot", str(snapshot), "--netns", lab.node_netns(node),
                     "--metrics-address", f"127.0.0.1:{port}", "--interval", f"{INTERVAL:g}",
                     "--exclude-interfaces", f"{lab.prefix}u*",
-                    "--final-linger-seconds", f"{LINGER:g}", "--attach", ATTACH[node]]
+                    "--final-linger-seconds", f"{LINGER:g}",
+                    "--attach", (attach or ATTACH)[node]]
             with open(self.logs[node], "wb") as log:
                 self.procs[node] = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log,
                                                     stdin=subprocess.DEVNULL)
@@ -203,6 +207,54 @@ def test_agents_export_ground_truth_and_stop_cleanly(lab, tmp_path: Path) -> Non
         assert _filters_left(lab) == []
     finally:
         agents.kill()
+
+
+def coverage(text: str) -> dict[str, float]:
+    """The hook coverage samples of one agent's exposition."""
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith(("zonemeter_hook_", "zonemeter_interface_bytes"))}
+
+
+def test_a_starved_hook_is_alarmed_and_a_tcx_hook_is_not_starved(lab, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A foreign TCX program (a CNI's, as Cilium's) in front of a1's pod veths ends the
+    chain for IPv4 UDP: the clsact agent's programs never see it while the veths carry it,
+    and the agent says so (ratio, unseen bytes, one log line). An agent attached with TCX
+    puts its links first, before the foreign ones, and counts everything."""
+    snapshot = lab.write_snapshot(tmp_path / "lab.json")
+    foreign = []
+    for pod in ("client-a1", "web-a1"):
+        ns, host = lab.host_veth(pod)
+        foreign += [Foreign(ns, host, side, tcx.BPF_F_BEFORE, tcx.TCX_PASS) for side, _ in tcx.SIDES]
+    try:
+        for mode in ("clsact", "tcx"):
+            logdir = tmp_path / mode
+            logdir.mkdir()
+            agents = Agents(lab, snapshot, logdir, attach={"a1": mode, "b1": "auto"})
+            try:
+                agents.wait_ready()
+                before = sum(f.seen() for f in foreign)
+                # 200 exchanges of 1,200 + 1,400 UDP bytes between two pods of a1: ~1 MB
+                # over each of the two veths, in both directions
+                lab.run_flow("client-a1", lab.pod_ip("web-a1"), 5353, "udp", 1200, 1400, count=200)
+                time.sleep(INTERVAL * 2.5)
+                got = coverage(agents.scrape("a1"))
+                assert sum(f.seen() for f in foreign) - before >= 4 * 200  # the foreign programs ran
+                log = agents.logs["a1"]
+                if mode == "clsact":
+                    assert got["zonemeter_hook_coverage_ratio"] < 0.1, got
+                    assert got["zonemeter_hook_unseen_bytes_total"] > 4 * 200 * 1200, got
+                    assert log.read_text().count("hook coverage low") == 1
+                else:
+                    assert 0.98 < got["zonemeter_hook_coverage_ratio"] <= 1.05, got
+                    # the odd ARP frame, nothing more
+                    assert got["zonemeter_hook_unseen_bytes_total"] < 50 * 28, got
+                    assert "hook coverage low" not in log.read_text()
+                assert agents.stop() == {"a1": 0, "b1": 0}
+            finally:
+                agents.kill()
+    finally:
+        for f in foreign:
+            f.close()
 
 
 HINTED = (TOPOLOGY

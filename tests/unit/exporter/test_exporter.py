@@ -31,6 +31,7 @@ from agent.exporter import (
     start_server,
 )
 from agent.exporter.families import KEYED_LABELS
+from agent.records import CoverageState
 
 
 def full_snapshot() -> ExportSnapshot:
@@ -59,6 +60,7 @@ def full_snapshot() -> ExportSnapshot:
         collector_duration_seconds=0.25,
         metadata_synced={"pods": True, "nodes": False},
         generated_at=1700000001.0, interval_seconds=10.0,
+        coverage=CoverageState(counted_bytes=90000, carried_bytes=120000, unseen_bytes=30000, ratio=0.75),
     )
 
 
@@ -109,6 +111,18 @@ zonemeter_flow_table_capacity 65536.0
 # HELP zonemeter_attached_interfaces Interfaces the datapath is attached to.
 # TYPE zonemeter_attached_interfaces gauge
 zonemeter_attached_interfaces 3.0
+# HELP zonemeter_hook_counted_bytes_total L3 bytes our programs counted on the hooked interfaces (intervals with interface counters only).
+# TYPE zonemeter_hook_counted_bytes_total counter
+zonemeter_hook_counted_bytes_total 90000.0
+# HELP zonemeter_interface_bytes_total L3 bytes the hooked interfaces carried in the same intervals by their own counters (non-IP frames included).
+# TYPE zonemeter_interface_bytes_total counter
+zonemeter_interface_bytes_total 120000.0
+# HELP zonemeter_hook_unseen_bytes_total L3 bytes the hooked interfaces carried beyond what our programs counted, summed per interval: a data plane moving packets past the hook.
+# TYPE zonemeter_hook_unseen_bytes_total counter
+zonemeter_hook_unseen_bytes_total 30000.0
+# HELP zonemeter_hook_coverage_ratio Bytes our programs counted over bytes the hooked interfaces carried in the last 5 minutes; NaN below 64 KiB carried.
+# TYPE zonemeter_hook_coverage_ratio gauge
+zonemeter_hook_coverage_ratio 0.75
 # HELP zonemeter_collector_duration_seconds Wall time of the last drain and attribution.
 # TYPE zonemeter_collector_duration_seconds gauge
 zonemeter_collector_duration_seconds 0.25
@@ -144,6 +158,10 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_skipped_bytes": "counter",
         "zonemeter_diagnostic_bytes": "counter",
         "zonemeter_series_expired": "counter",
+        "zonemeter_hook_counted_bytes": "counter",
+        "zonemeter_interface_bytes": "counter",
+        "zonemeter_hook_unseen_bytes": "counter",
+        "zonemeter_hook_coverage_ratio": "gauge",
         "zonemeter_flow_table_entries": "gauge",
         "zonemeter_flow_table_capacity": "gauge",
         "zonemeter_attached_interfaces": "gauge",
@@ -187,7 +205,7 @@ def test_keyed_families_label_the_fields_of_their_key_record_in_order() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 17 and all(not m.samples for m in described)
+    assert len(described) == 21 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:

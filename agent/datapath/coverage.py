@@ -1,0 +1,102 @@
+"""Hook coverage: what our programs counted against what the hooked interfaces carried.
+
+A data plane that moves packets past our hook (a TCX program in front of a clsact filter
+that returns a verdict, ``bpf_redirect_peer`` skipping the host veth) leaves the devices'
+own counters growing while ours stand still. Comparing the two per drain interval turns
+that silent zero into a number and an alarm (docs/datapath.md, "Interface counters";
+the alert ``ZonemeterHookStarved`` in deploy/daemonset/monitoring).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from agent.records import CoverageState
+
+#: Ethernet header bytes the device counts per frame and our L3 counting does not
+ETH_HLEN = 14
+#: the window of :attr:`CoverageState.ratio`, seconds
+WINDOW_SECONDS = 300.0
+#: below this many carried L3 bytes in the window the ratio is not judged (NaN): a few
+#: ARP frames on an idle node are no evidence either way
+MIN_CARRIED_BYTES = 64 * 1024
+#: a window ratio below this is "starved" (logged once per episode; the alert reads the
+#: counters with its own threshold)
+STARVED_RATIO = 0.5
+
+
+class InterfaceCounters(Protocol):
+    """One interface's counters between two drains (:class:`agent.datapath.InterfaceBytes`)."""
+
+    @property
+    def rx_bytes(self) -> int: ...
+    @property
+    def rx_packets(self) -> int: ...
+    @property
+    def tx_bytes(self) -> int: ...
+    @property
+    def tx_packets(self) -> int: ...
+
+
+def carried_l3(counters: Iterable[InterfaceCounters]) -> int:
+    """L3 bytes the interfaces carried in both directions: ``bytes - 14 * packets`` per
+    direction and device (floored at 0), non-IP frames (ARP) included.
+
+    Args:
+        counters: per-device L2 byte and frame counts of one interval (``IFLA_STATS64``).
+    """
+    total = 0
+    for c in counters:
+        total += max(0, c.rx_bytes - ETH_HLEN * c.rx_packets)
+        total += max(0, c.tx_bytes - ETH_HLEN * c.tx_packets)
+    return total
+
+
+class HookCoverage:
+    """Accumulates :class:`CoverageState` over drain intervals.
+
+    Node-wide, not per device: a delta carries addresses, not the device it was counted
+    on. An interface attached during an interval has no counters for it yet, so its bytes
+    raise ``counted`` only: that errs towards "covered", never towards a false alarm.
+    Not thread-safe (the agent loop owns it).
+    """
+
+    def __init__(self, window_seconds: float = WINDOW_SECONDS) -> None:
+        self.window_seconds = window_seconds
+        self._window: deque[tuple[float, int, int]] = deque()
+        self._state = CoverageState()
+
+    def add(self, at: float, counted: int, interfaces: Mapping[int, InterfaceCounters]) -> CoverageState:
+        """Fold one drain interval in.
+
+        Args:
+            at: the drain's time, seconds (any monotonic origin).
+            counted: L3 bytes of every delta the drain returned.
+            interfaces: ``{ifindex: counters}`` for the same interval
+                (``Datapath.interface_bytes()``); empty after the first drain and whenever
+                the devices could not be read, and then the interval is left out.
+
+        Returns:
+            the new state.
+        """
+        if not interfaces:
+            return self._state
+        carried = carried_l3(interfaces.values())
+        self._window.append((at, counted, carried))
+        while self._window and self._window[0][0] <= at - self.window_seconds:
+            self._window.popleft()
+        w_counted = sum(c for _, c, _ in self._window)
+        w_carried = sum(c for _, _, c in self._window)
+        ratio = w_counted / w_carried if w_carried >= MIN_CARRIED_BYTES else math.nan
+        s = self._state
+        self._state = CoverageState(s.counted_bytes + counted, s.carried_bytes + carried,
+                                    s.unseen_bytes + max(0, carried - counted), ratio,
+                                    ratio < STARVED_RATIO)
+        return self._state
+
+    def state(self) -> CoverageState:
+        """The latest :class:`CoverageState`."""
+        return self._state

@@ -1,0 +1,103 @@
+"""agent.datapath.coverage: counted against carried bytes, the window ratio, and the loop's
+log lines when a hook starts and stops being starved."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.datapath import InterfaceBytes
+from agent.datapath.coverage import MIN_CARRIED_BYTES, HookCoverage, carried_l3
+from agent.exporter import Exporter
+from agent.hints import HintModel
+from agent.k8s.cache import ClusterMetadata
+from agent.loop import AgentLoop
+from agent.records import FlowDelta, FlowKind
+from tests.fixtures.fakes import FakeDatapath
+from tests.unit.cli.test_agent import ip
+
+
+def dev(rx: int, rxp: int, tx: int, txp: int) -> InterfaceBytes:
+    return InterfaceBytes("zmveth", rx, rxp, tx, txp)
+
+
+def test_carried_is_l3_bytes_of_both_directions() -> None:
+    # 10 frames of 1014 L2 bytes each way: 10 * 1000 L3 bytes each way
+    assert carried_l3([dev(10140, 10, 10140, 10)]) == 20000
+    # counters that wrapped or were reset never make a negative
+    assert carried_l3([dev(0, 3, 50, 1)]) == 36
+
+
+def test_ratio_is_judged_only_above_the_minimum_and_unseen_sums_the_gaps() -> None:
+    cov = HookCoverage(window_seconds=30)
+    st = cov.add(0.0, 0, {})
+    assert math.isnan(st.ratio) and st.counted_bytes == 0  # no interface counters yet
+    st = cov.add(10.0, 500, {1: dev(1014 * 5, 5, 0, 0)})  # 5000 carried, below the minimum
+    assert math.isnan(st.ratio) and not st.starved
+    assert (st.counted_bytes, st.carried_bytes, st.unseen_bytes) == (500, 5000, 4500)
+    big = MIN_CARRIED_BYTES
+    st = cov.add(20.0, big, {1: dev(big + 14, 1, 0, 0)})
+    assert st.ratio == pytest.approx((500 + big) / (5000 + big))
+    assert not st.starved and st.unseen_bytes == 4500
+    # the hook starves: the devices go on carrying, ours count nothing
+    st = cov.add(30.0, 0, {1: dev(4 * big + 14, 1, 0, 0)})
+    st = cov.add(40.0, 0, {1: dev(4 * big + 14, 1, 0, 0)})
+    assert st.starved and st.ratio == pytest.approx(big / (9 * big))  # t=10 left the window
+    assert st.unseen_bytes == 4500 + 8 * big
+    # GSO: ours above the device's own count is covered, not unseen
+    st = cov.add(80.0, 2 * big, {1: dev(big + 14, 1, 0, 0)})
+    assert st.ratio == 2.0 and not st.starved and st.unseen_bytes == 4500 + 8 * big
+    assert st.counted_bytes == 500 + 3 * big
+
+
+def _loop() -> tuple[AgentLoop, FakeDatapath, Exporter]:
+    cache = ClusterMetadata()
+    dp = FakeDatapath()
+    exp = Exporter(version="t")
+    clock = iter(float(t) for t in range(1000, 2000, 10))
+    return AgentLoop("nb", dp, cache, HintModel(cache), exp, interval=10,
+                     clock=lambda: next(clock)), dp, exp
+
+
+def _delta(nbytes: int) -> FlowDelta:
+    return FlowDelta(FlowKind.EGRESS, ip("10.244.2.20"), ip("10.244.1.10"), 80, 6, nbytes, 1)
+
+
+def test_the_loop_logs_starvation_once_and_exports_the_gap(caplog: pytest.LogCaptureFixture) -> None:
+    loop, dp, exp = _loop()
+    big = MIN_CARRIED_BYTES
+    dp.pending = [_delta(big)]
+    dp.interfaces = {7: dev(big + 14, 1, 0, 0)}
+    with caplog.at_level(logging.INFO, logger="agent.loop"):
+        loop.tick()
+        for _ in range(3):  # the devices carry, nothing reaches our programs
+            dp.interfaces = {7: dev(4 * big + 14, 1, 0, 0)}
+            loop.tick()
+        dp.pending = [_delta(40 * big)]
+        dp.interfaces = {7: dev(40 * big + 14, 1, 0, 0)}
+        loop.tick()
+    low = [r for r in caplog.records if r.getMessage().startswith("hook coverage low")]
+    assert len(low) == 1 and "counted 20% " in low[0].getMessage()
+    assert [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()] == [
+        "hook coverage recovered"]
+    got = {s.name: s.value for f in text_string_to_metric_families(generate_latest(exp.registry()).decode())
+           for s in f.samples if s.name.startswith(("zonemeter_hook_", "zonemeter_interface_"))}
+    assert got == {"zonemeter_hook_unseen_bytes_total": 12 * big, "zonemeter_interface_bytes_total": 53 * big,
+                   "zonemeter_hook_counted_bytes_total": 41 * big, "zonemeter_hook_coverage_ratio": 41 / 53}
+
+
+def test_interface_counter_errors_never_cost_an_interval(caplog: pytest.LogCaptureFixture) -> None:
+    loop, dp, _ = _loop()
+
+    def broken() -> dict[int, InterfaceBytes]:
+        raise OSError("netlink gone")
+
+    dp.interface_bytes = broken  # type: ignore[method-assign]
+    dp.pending = [_delta(100)]
+    res = loop.tick()
+    assert res.bytes == 100 and loop.attributor.totals().workload_bytes
+    assert any("interface counters failed" in r.getMessage() for r in caplog.records)
