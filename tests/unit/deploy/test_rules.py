@@ -44,6 +44,10 @@ CONTRACT_METRICS = {
     "zonemeter_metadata_synced",
     "zonemeter_diagnostic_bytes_total",
     "zonemeter_series_expired_total",
+    "zonemeter_hook_counted_bytes_total",
+    "zonemeter_interface_bytes_total",
+    "zonemeter_hook_unseen_bytes_total",
+    "zonemeter_hook_coverage_ratio",
 }
 OTHER_METRICS = {"up", "kube_daemonset_status_number_ready", "kube_daemonset_status_desired_number_scheduled"}
 # Grafana variables and the values substituted before promtool parses a query.
