@@ -123,7 +123,7 @@ class Change:
         normalized_saved: cross-zone bytes/s saved at the after window's traffic volume,
             ``fraction_before * total_after - cross_after``; ``None`` when the before window
             had no traffic.
-        usd_per_month_saved: ``normalized_saved`` priced over 30 days; ``None`` with it.
+        usd_per_month_saved: ``normalized_saved`` priced over a month of 30.44 days; ``None`` with it.
         warnings: one line each.
         change_time: the change instant (Unix seconds) when known.
         series: cross-zone bytes/s over both windows for the chart, ``[(t, v)]``.
@@ -728,7 +728,7 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
 def assumptions(price: Price) -> tuple[str, ...]:
     """The lines the report prints to state how it computed its numbers."""
     return (
-        f"price: {price.describe()}; GB = 10^9 bytes; month = 30 days",
+        f"price: {price.describe()}; GB = 10^9 bytes; month = 30.44 days",
         "bytes are L3 (IP header included) as counted by zonemeter; cross-zone means "
         "crossing=\"cross_zone\" (cross_region and external bytes are priced differently and "
         "left out)",

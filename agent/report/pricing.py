@@ -19,8 +19,9 @@ from agent.errors import InputError
 
 #: named prices, USD per GB (1e9 bytes) crossing a zone boundary
 NAMED_PRICES: dict[str, float] = {"aws": 0.02, "gcp": 0.01, "azure": 0.0}
-#: seconds in the report's month (30 days)
-SECONDS_PER_MONTH = 30 * 86400
+#: seconds in a month, the same everywhere (report, demo, recording rules, dashboard): the mean
+#: Gregorian month, 365.2425 / 12 days = 30.44 days = 2,629,746 s
+SECONDS_PER_MONTH = 2_629_746
 #: bytes in the report's GB
 BYTES_PER_GB = 1e9
 
@@ -38,7 +39,8 @@ class Price:
     usd_per_gb_crossing: float
 
     def usd_per_month(self, bytes_per_second: float) -> float:
-        """USD a month (30 days) for a steady ``bytes_per_second`` of cross-zone traffic."""
+        """USD a month (30.44 days: :data:`SECONDS_PER_MONTH`) for a steady ``bytes_per_second``
+        of cross-zone traffic."""
         return bytes_per_second * SECONDS_PER_MONTH / BYTES_PER_GB * self.usd_per_gb_crossing
 
     def describe(self) -> str:

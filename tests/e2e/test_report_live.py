@@ -60,7 +60,7 @@ GAP = 4.0          # between a window edge and the flip instant T
 SETTLE = 1.5       # set_locality: narrowing -> snapshot -> final programming
 RATE_TOLERANCE = 0.08
 AWS_USD_PER_GB = 0.02
-MONTH_SECONDS = 30 * 86400
+MONTH_SECONDS = 2_629_746  # 30.44 days, as the recording rules
 
 
 @pytest.fixture()

@@ -2,7 +2,7 @@
 
 Every expected number below is worked out by hand from the rates in ``conftest.py``:
 before = [T0, CHANGE), after = [CHANGE, END), each 3600 s, GB = 1e9 bytes,
-month = 2,592,000 s, aws = $0.02 per GB crossing.
+month = 2,629,746 s (30.44 days), aws = $0.02 per GB crossing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from agent.report.prom import PromClient
 from agent.report.timespec import Window, format_time
 from tests.fixtures.promdata import CHANGE, END, T0, WITHDRAWN
 
-MONTH = 30 * 86400
+MONTH = 2_629_746  # 30.44 days (agent.report.pricing, the recording rules)
 approx = lambda v: pytest.approx(v, rel=1e-9, abs=1e-9)  # noqa: E731
 
 
@@ -66,8 +66,8 @@ def test_windows_report_matches_hand_arithmetic(prometheus_url: str,
     assert cart["cross_zone_bytes_per_second_saved"] == approx(2_700_000)
     # 0.75 x 1.3 MB/s - 0.3 MB/s
     assert cart["normalized_cross_zone_bytes_per_second_saved"] == approx(675_000)
-    # 675,000 B/s x 2,592,000 s = 1,749.6 GB x $0.02
-    assert cart["usd_per_month_saved"] == approx(34.992)
+    # 675,000 B/s x 2,629,746 s = 1,775.08 GB x $0.02
+    assert cart["usd_per_month_saved"] == approx(35.501571)
     assert cart["warnings"] == []
 
     search = svc(doc, "search")
@@ -99,8 +99,8 @@ def test_windows_report_matches_hand_arithmetic(prometheus_url: str,
     assert total["after"]["hint_ignored_bytes_per_second"] == approx(100_000)
     assert total["cross_zone_bytes_per_second_saved"] == approx(2_850_000)
     assert total["normalized_cross_zone_bytes_per_second_saved"] == approx(1_100_000)
-    # 1.1 MB/s x 2,592,000 s = 2,851.2 GB x $0.02
-    assert total["usd_per_month_saved"] == approx(57.024)
+    # 1.1 MB/s x 2,629,746 s = 2,892.72 GB x $0.02
+    assert total["usd_per_month_saved"] == approx(57.854412)
     # bytes-weighted: (1.3 MB/s x 1 + 2 MB/s x 0 + 1.55 MB/s x 0.5) / 4.85 MB/s
     assert total["after"]["locality_in_effect_share"] == approx(2_075_000 / 4_850_000)
     assert total["before"]["locality_in_effect_share"] == 0
@@ -192,7 +192,7 @@ def test_chart_and_html(prometheus_url: str, tmp_path: Path,
     text = page.read_text()
     assert "data:image/png;base64," in text and "shop/cart" in text and "TOTAL" in text
     out = capsys.readouterr().out
-    assert "shop/cart" in out and "$57.02" in out
+    assert "shop/cart" in out and "$57.85" in out
 
 
 def test_scrape_interval_is_measured(prometheus_url: str) -> None:

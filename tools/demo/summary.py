@@ -10,7 +10,7 @@ JSON (``zonemeter demo -o json``), exactly the schema of docs/demo.md::
      "double_counted_bytes": int}
 
 (``usd_per_month_at_aws_price`` is an extra key beyond the founders' schema (docs/demo.md): the measured
-window's cross-zone bytes/s, warm-up left out, held for a 30-day month at AWS's $0.02 per GB
+window's cross-zone bytes/s, warm-up left out, held for a 30.44-day month at AWS's $0.02 per GB
 crossing; an extrapolation of the lab's traffic rate.)
 
 ``bytes``, ``cross_zone_bytes``, ``hint_ignored_bytes``, ``locality_in_effect`` and
@@ -102,7 +102,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
 
 
 def usd_per_month_at_aws_price(cross_zone_bytes: int, seconds: float) -> float:
-    """Extrapolate cross-zone bytes sent in ``seconds`` to USD per 30-day month at AWS's
+    """Extrapolate cross-zone bytes sent in ``seconds`` to USD per 30.44-day month at AWS's
     price ($0.01/GB on each side = $0.02 per GB crossing, GB = 1e9 bytes;
     ``agent.report.pricing``), rounded to cents. 0.0 when nothing crossed or no time passed.
 
@@ -166,7 +166,7 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
     lines.append(f"LOCAL: locality in effect per client zone ({', '.join(zones)}): Y yes, n no. "
                  f"Bytes are L3 bytes (IP header included), both directions.")
     lines.append("* extrapolation: this run's cross-zone bytes/s (measured traffic, warm-up "
-                 "left out) held for a 30-day month at AWS's $0.01/GB each side = $0.02 per GB "
+                 "left out) held for a 30.44-day month at AWS's $0.01/GB each side = $0.02 per GB "
                  "crossing; the lab's rate, not your bill.")
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
     lines += findings(summary, warning_messages)

@@ -140,19 +140,19 @@ def test_demo_reads_only_metrics_the_agent_exports() -> None:
 
 
 def test_cost_extrapolates_the_measured_rate_at_aws_price() -> None:
-    # 6,000 cross-zone bytes in 1 s -> 6,000 B/s * 2,592,000 s / 1e9 B/GB * $0.02 = $0.31104
+    # 6,000 cross-zone bytes in 1 s -> 6,000 B/s * 2,629,746 s / 1e9 B/GB * $0.02 = $0.3156
     s = build_summary(1.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
                       _model())
-    assert s["services"][0]["usd_per_month_at_aws_price"] == 0.31
+    assert s["services"][0]["usd_per_month_at_aws_price"] == 0.32
     # warm-up bytes (the baseline) are left out; the clients' own time is the divisor
     base = parse_metrics(NODE_B1.replace("} 1000.0", "} 0.0"))  # 5,000 cross-zone before
     s = build_summary(9.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
                       _model(), baseline=base, traffic_seconds=0.5)
-    assert s["services"][0]["usd_per_month_at_aws_price"] == round(1000 / 0.5 * 2_592_000 / 1e9 * 0.02, 2)
-    assert usd_per_month_at_aws_price(10**9, 30 * 86400) == 0.02  # one GB a month
+    assert s["services"][0]["usd_per_month_at_aws_price"] == round(1000 / 0.5 * 2_629_746 / 1e9 * 0.02, 2)
+    assert usd_per_month_at_aws_price(10**9, 2_629_746) == 0.02  # one GB a month
     assert usd_per_month_at_aws_price(0, 10.0) == 0.0
     text = render_table(s, ["zone-a", "zone-b", "zone-c"])
-    assert "$/MONTH AT AWS*" in text and "$0.10" in text
+    assert "$/MONTH AT AWS*" in text and "$0.11" in text
     assert "* extrapolation:" in text and "not your bill" in text
 
 

@@ -61,7 +61,7 @@ def test_change_observed_normalised_and_dollars() -> None:
     assert c.saved == pytest.approx(2.7e6)
     assert c.normalized_saved == pytest.approx(0.75 * 1.3e6 - 3e5)
     # 675,000 B/s x 2,592,000 s / 1e9 x $0.02
-    assert c.usd_per_month_saved == pytest.approx(34.992)
+    assert c.usd_per_month_saved == pytest.approx(35.501571)
     assert c.warnings == ()
 
 

@@ -23,8 +23,23 @@ def test_bad_prices(text: str) -> None:
 
 
 def test_usd_per_month() -> None:
-    # 1 MB/s for 30 days = 2,592 GB; x $0.02 (aws, both sides)
-    assert parse_price("aws").usd_per_month(1_000_000) == pytest.approx(51.84)
-    assert parse_price("gcp").usd_per_month(1_000_000) == pytest.approx(25.92)
+    # 1 MB/s for 30.44 days (2,629,746 s) = 2,629.746 GB; x $0.02 (aws, both sides)
+    assert parse_price("aws").usd_per_month(1_000_000) == pytest.approx(52.59492)
+    assert parse_price("gcp").usd_per_month(1_000_000) == pytest.approx(26.29746)
     assert parse_price("azure").usd_per_month(1_000_000) == 0
     assert "0.01/GB on each side" in parse_price("aws").describe()
+
+
+def test_one_month_length_everywhere() -> None:
+    """The report, the demo (through this module), the recording rules and the dashboard
+    price a month of the same length."""
+    from pathlib import Path
+
+    from agent.report.pricing import SECONDS_PER_MONTH
+
+    mon = Path(__file__).resolve().parents[3] / "deploy" / "daemonset" / "monitoring"
+    assert SECONDS_PER_MONTH == 2_629_746
+    for f in ("prometheusrule.yaml", "rules.yml", "grafana-dashboard.json"):
+        text = (mon / f).read_text()
+        assert str(SECONDS_PER_MONTH) in text, f
+        assert "2592000" not in text and "30 * 86400" not in text, f

@@ -60,14 +60,14 @@ def test_json_follows_the_issue_schema() -> None:
     assert cart["before"]["cross_zone_fraction"] == 0.75
     assert cart["after"]["hint_ignored_bytes_per_second"] == 1e5
     assert cart["normalized_cross_zone_bytes_per_second_saved"] == pytest.approx(675_000)
-    assert cart["usd_per_month_saved"] == pytest.approx(34.992)
+    assert cart["usd_per_month_saved"] == pytest.approx(35.501571)
     assert cart["warnings"] == []
     # an undefined figure is null, never a made-up 0
     assert new["before"]["cross_zone_fraction"] is None
     assert new["normalized_cross_zone_bytes_per_second_saved"] is None
     assert new["usd_per_month_saved"] is None
     assert new["warnings"][0].startswith("no traffic in the before window")
-    assert doc["total"]["usd_per_month_saved"] == pytest.approx(34.992)
+    assert doc["total"]["usd_per_month_saved"] == pytest.approx(35.501571)
     assert any("GB = 10^9 bytes" in a for a in doc["assumptions"])
 
 
@@ -80,7 +80,7 @@ def test_csv_rows() -> None:
     assert float(cart["before_cross_zone_bytes_per_second"]) == 3e6
     assert float(cart["after_locality_in_effect_share"]) == 1.0
     assert float(cart["before_start"]) == B.start
-    assert float(cart["usd_per_month_saved"]) == pytest.approx(34.992)
+    assert float(cart["usd_per_month_saved"]) == pytest.approx(35.501571)
     assert rows[1]["normalized_cross_zone_bytes_per_second_saved"] == ""
     assert rows[1]["warnings"].startswith("no traffic in the before window")
 
@@ -91,9 +91,9 @@ def test_table() -> None:
     assert lines[0] == ("before: 2025-01-06T00:00:00Z .. 2025-01-06T01:00:00Z   "
                         "after: 2025-01-06T01:00:00Z .. 2025-01-06T02:00:00Z")
     (cart,) = [ln for ln in lines if ln.startswith("shop/cart ")]
-    assert "3 MB/s > 300 kB/s" in cart and "75% > 23%" in cart and cart.endswith("$34.99")
+    assert "3 MB/s > 300 kB/s" in cart and "75% > 23%" in cart and cart.endswith("$35.50")
     (total,) = [ln for ln in lines if ln.startswith("TOTAL")]
-    assert total.endswith("$34.99")
+    assert total.endswith("$35.50")
     assert "    request  a -> b: 2 MB/s > 200 kB/s" in lines
     assert "  ! shop/new: no traffic in the before window: the normalised saving is undefined" \
         in lines
