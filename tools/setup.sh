@@ -42,7 +42,10 @@ if [ ! -e "/lib/modules/$k/build/include" ]; then
   ln -sfn "$common" "/lib/modules/$k/source"
 fi
 
-py="${PYTHON:-python3}"
+# The distribution's Python (the one python3-bpfcc is built for, readable by every user),
+# not whichever python3 is first on PATH (pyenv and the like live under one user's home).
+py="${PYTHON:-/usr/bin/python3}"
+[ -x "$py" ] || py=python3
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
