@@ -20,12 +20,16 @@ import argparse
 import http.client
 import json
 import math
+import os
+import select
+import shutil
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from agent.errors import InputError, RuntimeFailure
 
@@ -213,38 +217,72 @@ def _locality(s: Mapping[str, Any]) -> str:
     return f"{s.get('mode', 'unknown')} {state}" + ("" if reason == "none" else f" ({reason})")
 
 
-def render(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, url: str, pairs: int = 10) -> str:
-    """Return the text screen for one refresh (no ANSI codes).
+#: crossing columns shown at every width; the others only when some Service has bytes there
+#: or the terminal fits the full table
+ALWAYS_SHOWN = ("cross_zone", "same_zone", "same_node")
+#: width of the full table (every column at its natural width)
+FULL_WIDTH = 136
+
+
+def _fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` columns, a cut marked with a trailing ``~``."""
+    return text if len(text) <= width else text[:max(0, width - 1)] + "~"
+
+
+def render(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, url: str, pairs: int = 10,
+           width: int = 80, keys: bool = False) -> str:
+    """Return the text screen for one refresh (no ANSI codes), every line at most ``width``
+    columns (at least 60 are used).
 
     With ``prev`` the Service columns are bytes/s; without it they are cumulative bytes.
-    Pair rows are the bytes of the agent's last interval, shown as bytes/s over it.
+    Pair rows are the bytes of the agent's last interval, shown as bytes/s over it. Below
+    :data:`FULL_WIDTH` columns the crossing columns without bytes (other than
+    :data:`ALWAYS_SHOWN`) are left out, names are cut (marked ``~``) and the locality text
+    wraps inside its column. ``keys``: say that
+    ``q`` quits (the terminal is read for keys).
     """
+    width = max(60, width)
     r = rates(prev, cur)
     per_s = prev is not None
     unit = "B/s" if per_s else "B"
     lines = [f"zonemeter top - {url} - agent interval {cur.get('interval_seconds', 0):g}s - "
-             f"{'rates' if per_s else 'totals since start'}", ""]
-    head = f"{'SERVICE':<32} " + " ".join(f"{c.upper():>12}" for c in CROSSING_COLUMNS) + "  LOCALITY"
-    lines.append(head)
+             f"{'rates' if per_s else 'totals since start'}" + (" - q quits" if keys else ""), ""]
+    rows = []
     for s in cur["services"]:
         key = (s["namespace"], s["service"])
-        vals = r.get(key, {}) if per_s else s.get("by_crossing", {})
-        cells = " ".join(f"{_human(vals.get(c, 0), unit):>12}" for c in CROSSING_COLUMNS)
-        name = f"{key[0]}/{key[1]}"
-        lines.append(f"{name[:32]:<32} {cells}  {_locality(s)}")
+        rows.append((f"{key[0]}/{key[1]}", r.get(key, {}) if per_s else s.get("by_crossing", {}), s))
+    full = width >= FULL_WIDTH
+    cols = [c for c in CROSSING_COLUMNS
+            if full or c in ALWAYS_SHOWN or any(vals.get(c, 0) for _, vals, _ in rows)]
+    cell = 12
+    cells_w = cell * len(cols)
+    name_w = min(32, max(12, width - cells_w - 2 - 24))
+    loc_w = max(8, width - name_w - cells_w - 2)
+    lines.append(f"{'SERVICE':<{name_w}}" + "".join(f"{c.upper():>{cell}}" for c in cols) + "  LOCALITY")
+    for name, vals, s in rows:
+        cells = "".join(f"{_human(vals.get(c, 0), unit):>{cell}}" for c in cols)
+        # the locality text wraps inside its column rather than being cut: its reason matters
+        loc = textwrap.wrap(_locality(s), loc_w, break_on_hyphens=False) or [""]
+        lines.append(f"{_fit(name, name_w - 1):<{name_w}}{cells}  {loc[0]}")
+        lines.extend(" " * (name_w + cells_w + 2) + more for more in loc[1:])
     if not cur["services"]:
         lines.append("(no Services)")
     lines.append("")
     span = cur.get("pairs_interval")
     dur = (span[1] - span[0]) if span and span[1] > span[0] else 0.0
-    lines.append(f"{'CLIENT':<28} {'SERVER':<28} {'SERVICE':<24} {'CROSSING':<12} "
-                 f"{'ZONES':<21} {'B/s' if dur else 'BYTES':>10}")
+    cross_w, zones_w, val_w = (13, 22, 10) if full else (11, 14, 9)
+    rest = width - cross_w - zones_w - val_w
+    client_w = server_w = min(29, max(10, rest * 2 // 5))
+    svc_w = min(25, max(8, rest - client_w - server_w))
+    lines.append(f"{'CLIENT':<{client_w}}{'SERVER':<{server_w}}{'SERVICE':<{svc_w}}{'CROSSING':<{cross_w}}"
+                 f"{'ZONES':<{zones_w}}{'B/s' if dur else 'BYTES':>{val_w}}")
     for p in cur.get("pairs", [])[:pairs]:
         svc = f"{p['namespace']}/{p['service']}" if p.get("service") else "-"
         zones = f"{p['client_zone']}>{p['server_zone']}"
         val = p["bytes"] / dur if dur else p["bytes"]
-        lines.append(f"{p['client'][:28]:<28} {p['server'][:28]:<28} {svc[:24]:<24} "
-                     f"{p['crossing']:<12} {zones[:21]:<21} {_human(val, ''):>10}")
+        lines.append(f"{_fit(p['client'], client_w - 1):<{client_w}}{_fit(p['server'], server_w - 1):<{server_w}}"
+                     f"{_fit(svc, svc_w - 1):<{svc_w}}{_fit(p['crossing'], cross_w - 1):<{cross_w}}"
+                     f"{_fit(zones, zones_w - 1):<{zones_w}}{_human(val, ''):>{val_w}}")
     if not cur.get("pairs"):
         lines.append("(no traffic in the last interval)")
     other = {f"unattributed:{k}": v for k, v in (cur.get("unattributed_bytes") or {}).items()}
@@ -252,10 +290,11 @@ def render(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, url: str, pai
     lines.append("")
     lines.append(f"flow table {me.get('flow_table_entries', 0)}/{me.get('flow_table_capacity', 0)}, "
                  f"{me.get('attached_interfaces', 0)} interfaces, last interval "
-                 f"{me.get('collector_duration_seconds', 0):.3f}s, metadata synced: "
+                 f"{me.get('collector_duration_seconds', 0):.3f}s")
+    lines.append("metadata synced: "
                  + (",".join(k for k, v in (me.get("metadata_synced") or {}).items() if v) or "none")
                  + ("" if not other else "; " + ", ".join(f"{k}={_human(v)}" for k, v in other.items())))
-    return "\n".join(lines) + "\n"
+    return "\n".join(_fit(line, width).rstrip() for line in lines).rstrip("\n") + "\n"
 
 
 def register(subparsers: Any) -> None:
@@ -275,13 +314,62 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+class _Keys:
+    """Single keys from a terminal (cbreak mode while open, restored on close).
+
+    :meth:`wait` sleeps up to ``timeout`` seconds and returns True as soon as ``q`` is pressed.
+    """
+
+    def __init__(self, stream: IO[Any]) -> None:
+        import termios
+        import tty
+
+        self._fd = stream.fileno()
+        self._saved = termios.tcgetattr(self._fd)
+        tty.setcbreak(self._fd, termios.TCSANOW)  # keep keys pressed while starting
+        self._eof = False
+
+    def wait(self, timeout: float, sleep: Callable[[float], None]) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if ready:
+                data = os.read(self._fd, 64)
+                if not data:
+                    self._eof = True  # a closed terminal: no more keys, plain sleeps
+                elif b"q" in data or b"Q" in data:
+                    return True
+        sleep(max(0.0, deadline - time.monotonic()))
+        return False
+
+    def close(self) -> None:
+        import termios
+
+        termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+
+
+def _keys_of(stream: IO[Any] | None) -> _Keys | None:
+    if stream is None or not _isatty(stream):
+        return None
+    try:
+        return _Keys(stream)
+    except (OSError, ValueError):  # not a real terminal after all (termios refuses)
+        return None
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None,
-        sleep: Callable[[float], None] = time.sleep, max_frames: int | None = None) -> int:
-    """Run ``zonemeter top``; returns 0 (ends on Ctrl-C with 0 too).
+        sleep: Callable[[float], None] = time.sleep, max_frames: int | None = None,
+        keys: IO[Any] | None = None, width: int | None = None) -> int:
+    """Run ``zonemeter top``; returns 0 (ends on ``q`` or Ctrl-C with 0 too).
 
     Redraws the screen (ANSI clear) only when ``out`` is a terminal (``isatty()``);
     otherwise each refresh is a plain snapshot after a blank line, so
-    ``zonemeter top | tail`` gets no escape codes.
+    ``zonemeter top | tail`` gets no escape codes. When ``keys`` (default: stdin) is a
+    terminal, ``q`` quits. Lines fit ``width`` columns (default: the terminal's, else
+    ``$COLUMNS``, else 80).
 
     Raises:
         InputError: bad ``--interval``/``--pairs``/``--url`` (exit 2).
@@ -303,10 +391,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None,
     prev: dict[str, Any] | None = None
     frames = 0
     redraw = _isatty(out)
+    cols = width or shutil.get_terminal_size((80, 24)).columns
+    reader = None if args.once else _keys_of(sys.stdin if keys is None else keys)
     try:
         while True:
             cur = fetch(args.url, top)
-            screen = render(cur, prev, args.url, args.pairs)
+            screen = render(cur, prev, args.url, args.pairs, width=cols, keys=reader is not None)
             if not screen.endswith("\n"):
                 screen += "\n"
             if args.once:
@@ -320,12 +410,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None,
             if args.once or (max_frames is not None and frames >= max_frames):
                 return 0
             prev = cur
-            sleep(args.interval)
+            if reader is None:
+                sleep(args.interval)
+            elif reader.wait(args.interval, sleep):
+                return 0
     except KeyboardInterrupt:
         return 0
+    finally:
+        if reader is not None:
+            reader.close()
 
 
-def _isatty(out: TextIO) -> bool:
+def _isatty(out: IO[Any]) -> bool:
     try:
         return bool(out.isatty())
     except (AttributeError, ValueError):

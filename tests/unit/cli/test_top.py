@@ -65,9 +65,19 @@ def test_render_shows_rates_locality_and_pairs() -> None:
     e.update(snap(1000, 500, 100.0))
     a = e.flows()
     e.update(snap(1000 + 4096 * 4, 500, 104.0))
-    screen = render(e.flows(), a, "http://x")
-    row = next(ln for ln in screen.splitlines() if ln.startswith("shop/web"))
+    wide = render(e.flows(), a, "http://x", width=160)
+    row = next(ln for ln in wide.splitlines() if ln.startswith("shop/web"))
     assert "4.0KiB/s" in row and "PreferClose on in zone-b (no-hints-for-zone)" in row
+    assert "CROSS_REGION" in wide and "EXTERNAL" in wide  # the full table fits 160 columns
+    screen = render(e.flows(), a, "http://x")  # 80 columns
+    assert max(len(ln) for ln in screen.splitlines()) <= 80
+    assert "CROSS_REGION" not in screen and "CROSS_ZONE" in screen  # empty columns left out
+    lines = screen.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("shop/web"))
+    assert "4.0KiB/s" in lines[i]
+    # the locality text wraps inside its column, nothing cut
+    assert " ".join(ln.strip() for ln in lines[i:i + 2])[-len("PreferClose on in zone-b (no-hints-for-zone)"):] \
+        == "PreferClose on in zone-b (no-hints-for-zone)"
     pair = next(ln for ln in screen.splitlines() if ln.startswith("shop/client-a"))
     assert "shop/web-b" in pair and "cross_zone" in pair and pair.rstrip().endswith("2.0Ki")  # 4000 B / 2 s
     first = render(a, None, "http://x")
@@ -179,3 +189,34 @@ def test_http_error_passes_on_what_the_agent_said(capsys: pytest.CaptureFixture[
 def test_bad_flags_exit_2(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["top", *argv]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_q_on_the_terminal_quits_and_restores_it(server: tuple[MetricsServer, Exporter]) -> None:
+    import os
+    import termios
+
+    srv, _ = server
+    master, slave = os.openpty()
+    keys = os.fdopen(slave, "rb", buffering=0)
+    try:
+        before = termios.tcgetattr(slave)
+        args = cli.build_parser().parse_args(["top", "--url", srv.url, "--interval", "0.2"])
+        os.write(master, b"xq")  # another key first: only q quits
+        out = io.StringIO()
+        assert run(args, out=out, max_frames=5, keys=keys, width=100) == 0
+        frames = [f for f in out.getvalue().split("\n\n") if f.startswith("zonemeter top")]
+        assert len(frames) == 1 and "q quits" in frames[0]  # without q: five frames
+        assert termios.tcgetattr(slave) == before  # cbreak undone
+    finally:
+        keys.close()
+        os.close(master)
+
+
+def test_lines_fit_the_width_given(server: tuple[MetricsServer, Exporter]) -> None:
+    srv, _ = server
+    args = cli.build_parser().parse_args(["top", "--url", srv.url, "--once"])
+    for width in (60, 80, 120, 200):
+        out = io.StringIO()
+        assert run(args, out=out, width=width) == 0
+        assert max(len(ln) for ln in out.getvalue().splitlines()) <= width
+        assert "shop/web" in out.getvalue() and "q quits" not in out.getvalue()
