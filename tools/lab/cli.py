@@ -20,6 +20,7 @@ from typing import Any
 from agent.errors import InputError
 from tools.lab.examples import DEFAULT_TOPOLOGY
 from tools.lab.lab import DEFAULT_STATE_DIR, Lab, list_prefixes
+from tools.lab.state import started_by
 from tools.lab.topology import Topology
 
 
@@ -34,7 +35,11 @@ def register(subparsers: Any) -> None:
                         help=f"where lab state files live (default {DEFAULT_STATE_DIR})")
     sub = parser.add_subparsers(dest="lab_verb", metavar="ACTION",
                                 parser_class=type(parser))
-    up = sub.add_parser("up", help="build a lab (leaves it running)", parents=[common])
+    raw = argparse.RawDescriptionHelpFormatter
+    up = sub.add_parser("up", help="build a lab (leaves it running)", parents=[common], formatter_class=raw,
+                        epilog="examples:\n  zonemeter lab up\n"
+                        "  zonemeter lab up --topology lab.yaml --prefix zmdemo --mode vxlan --ipv6\n"
+                        "  zonemeter lab up -o json            # status as JSON once built")
     up.add_argument("--topology", help="topology YAML file (default: built-in 2 zones, 3 nodes)")
     up.add_argument("--prefix", help="name prefix (default zm + 4 random hex digits)")
     up.add_argument("--mode", choices=("flat", "vxlan"), help="override options.mode")
@@ -42,16 +47,29 @@ def register(subparsers: Any) -> None:
     up.add_argument("--server-seconds", type=float, default=86400.0,
                     help="lifetime of the pod servers in seconds (default 86400)")
     up.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    down = sub.add_parser("down", parents=[common], help="remove a lab, its namespaces, links, rules, processes")
-    down.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
-    status = sub.add_parser("status", parents=[common], help="show a running lab")
+    down = sub.add_parser("down", parents=[common], help="remove a lab, its namespaces, links, rules, processes",
+                          formatter_class=raw,
+                          epilog="examples:\n  zonemeter lab down --prefix zmdemo    # also cleans a half-built lab\n"
+                          "  zonemeter lab down                   # the one lab `lab up` built, if it is the only one")
+    down.add_argument("--prefix", help="lab prefix (default: the only lab there is, if "
+                      "`zonemeter lab up` built it)")
+    status = sub.add_parser("status", parents=[common], help="show a running lab", formatter_class=raw,
+                            epilog="examples:\n  zonemeter lab status\n  zonemeter lab status --prefix zmdemo -o json")
     status.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
     status.add_argument("-o", "--output", choices=("table", "json"), default="table")
     snap = sub.add_parser("snapshot", parents=[common],
-                          help="write the lab's Nodes, Pods, Services, EndpointSlices as JSON")
+                          help="write the lab's Nodes, Pods, Services, EndpointSlices as JSON", formatter_class=raw,
+                          epilog="examples:\n  zonemeter lab snapshot --prefix zmdemo --out lab.json\n"
+                          "  zonemeter explain --snapshot lab.json   # what the hint model says about it")
     snap.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
     snap.add_argument("--out", help="file to write (default: standard output)")
-    traffic = sub.add_parser("traffic", parents=[common], help="run request/response traffic from a pod")
+    traffic = sub.add_parser("traffic", parents=[common], help="run request/response traffic from a pod",
+                             formatter_class=raw,
+                             epilog="examples:\n"
+                             "  zonemeter lab traffic --from client-a1 --to shop/web --port 80 --count 50\n"
+                             "  zonemeter lab traffic --from client-a1 --to shop/web --port 53 --proto udp\n"
+                             "  zonemeter lab traffic --from client-a1 --to web-b1 --port 8080  # a pod\n"
+                             "  zonemeter lab traffic --from client-a1 --to shop/web --port 80 --family 6  # --ipv6")
     traffic.add_argument("--prefix", help="lab prefix (default: the only lab there is)")
     traffic.add_argument("--from", dest="client", required=True, help="client pod name")
     traffic.add_argument("--to", dest="target", required=True,
@@ -87,6 +105,23 @@ def _pick_prefix(args: argparse.Namespace) -> str:
     raise InputError(f"several labs exist ({', '.join(found)}); choose one", field="--prefix")
 
 
+def _pick_down_prefix(args: argparse.Namespace) -> str:
+    """``lab down`` without ``--prefix`` removes a lab only when it is the one lab there is
+    and ``zonemeter lab up`` built it: a demo's or a test run's lab is not taken down by a
+    guess."""
+    if args.prefix:
+        return str(args.prefix)
+    found = list_prefixes(args.state_dir, include_orphans=True)
+    mine = [p for p in found if started_by(p, args.state_dir) == "lab up"]
+    if len(found) == 1 and mine:
+        return mine[0]
+    if not found:
+        raise InputError("no lab is running", field="--prefix")
+    others = [f"{p} ({started_by(p, args.state_dir).replace('python', 'demo or tests')})"
+              for p in found if p not in mine]
+    raise InputError("name the lab to remove: " + ", ".join(mine + others), field="--prefix")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``zonemeter lab ACTION``; returns the exit code."""
     verb = getattr(args, "lab_verb", None)
@@ -95,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if verb == "up":
         return _up(args)
     if verb == "down":
-        prefix = _pick_prefix(args)
+        prefix = _pick_down_prefix(args)
         removed = Lab.down_prefix(prefix, args.state_dir)
         print(f"lab {prefix}: removed {len(removed)} network namespaces")
         return 0
@@ -134,6 +169,7 @@ def _up(args: argparse.Namespace) -> int:
         topo = Topology.from_dict(data, source=args.topology or "<default topology>")
     lab = Lab(topo, prefix=args.prefix, state_dir=args.state_dir,
               server_max_seconds=args.server_seconds)
+    lab.started_by = "lab up"
     lab.up()
     _print_status(lab.status(), args.output)
     if args.output == "table":

@@ -79,6 +79,9 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
                              obj="lab", field=f"prefix {self.prefix!r}")
         self.state_dir = Path(state_dir)
         self.server_max_seconds = server_max_seconds
+        #: who built the lab, kept in its state file: ``"lab up"`` for ``zonemeter lab up``,
+        #: ``"python"`` for the demo, tests and other callers of this class
+        self.started_by = "python"
         #: (service key, node) -> endpoint strings (pod names or addresses); absent = default
         self._overrides: dict[tuple[str, str], tuple[str, ...]] = {}
         self._addr_owner = self._address_index()

@@ -37,6 +37,16 @@ def list_prefixes(state_dir: Path | str = DEFAULT_STATE_DIR, include_orphans: bo
     return sorted(found)
 
 
+def started_by(prefix: str, state_dir: Path | str = DEFAULT_STATE_DIR) -> str:
+    """Who built the lab ``prefix``: ``"lab up"`` (``zonemeter lab up``), ``"python"`` (the
+    demo, tests, other callers of :class:`tools.lab.Lab`), or ``"unknown"`` (no readable state)."""
+    try:
+        value = json.loads((Path(state_dir) / f"{prefix}.json").read_text()).get("started_by")
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+    return value if value in ("lab up", "python") else "unknown"
+
+
 class LabState(LabNamespaces):
     """The state file of a lab (part of :class:`tools.lab.Lab`)."""
 
@@ -56,6 +66,7 @@ class LabState(LabNamespaces):
         data = {
             "prefix": self.prefix,
             "server_max_seconds": self.server_max_seconds,
+            "started_by": getattr(self, "started_by", "python"),
             "topology": self.topology.to_dict(),
             "servers": self._servers,
             "endpoint_overrides": [{"service": s, "node": n, "endpoints": list(e)}

@@ -108,3 +108,32 @@ def test_lab_up_teardown_hint_runs_as_printed(tmp_path: Path) -> None:
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"lab {prefix}: removed 0 network namespaces"
+
+
+def test_lab_down_without_prefix_takes_only_a_lab_that_lab_up_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import json
+
+    from agent.errors import InputError
+    from tools.lab import cli as lab_cli
+    from tools.lab.state import list_prefixes
+
+    orphans: list[str] = []
+    # the state directory plus the namespaces a test pretends exist (no real netns read)
+    monkeypatch.setattr(lab_cli, "list_prefixes", lambda d, include_orphans=True: sorted(
+        set(list_prefixes(d, include_orphans=False)) | set(orphans)))
+    args = argparse.Namespace(prefix=None, state_dir=tmp_path)
+    (tmp_path / "zmaa.json").write_text(json.dumps({"prefix": "zmaa", "started_by": "lab up"}))
+    assert lab_cli._pick_down_prefix(args) == "zmaa"
+    (tmp_path / "zmbb.json").write_text(json.dumps({"prefix": "zmbb", "started_by": "python"}))
+    with pytest.raises(InputError, match=r"name the lab to remove: zmaa, zmbb \(demo or tests\)"):
+        lab_cli._pick_down_prefix(args)
+    (tmp_path / "zmaa.json").unlink()
+    with pytest.raises(InputError, match=r"zmbb \(demo or tests\)"):
+        lab_cli._pick_down_prefix(args)  # the demo's lab alone is not taken by a guess
+    (tmp_path / "zmbb.json").unlink()
+    orphans.append("zmcc")  # namespaces without a state file (a killed test run)
+    with pytest.raises(InputError, match=r"zmcc \(unknown\)"):
+        lab_cli._pick_down_prefix(args)
+    assert lab_cli._pick_down_prefix(argparse.Namespace(prefix="zmcc", state_dir=tmp_path)) == "zmcc"
