@@ -85,7 +85,8 @@ def register(subparsers: Any) -> None:
     src.add_argument("--snapshot", metavar="FILE",
                      help="read Nodes, Pods, Services, EndpointSlices from a kubectl dump")
     src.add_argument("--kubeconfig", metavar="FILE",
-                     help="list+watch a cluster with this kubeconfig (default: in-cluster)")
+                     help="list+watch a cluster with this kubeconfig (default, as kubectl: $KUBECONFIG, "
+                     "then ~/.kube/config, then in-cluster config)")
     p.add_argument("--netns", metavar="NODE_NETNS",
                    help="attach to pod veths inside this network namespace (/run/netns/NAME); "
                    "metrics still listen in the agent's own namespace")

@@ -44,8 +44,9 @@ def register(subparsers: Any) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--snapshot", metavar="FILE", help="kubectl JSON/YAML dump to read")
     src.add_argument("--kubeconfig", metavar="FILE",
-                     help="list a live cluster with this kubeconfig (default: in-cluster config)")
-    p.add_argument("--context", help="kubeconfig context (with --kubeconfig)")
+                     help="list a live cluster with this kubeconfig (default, as kubectl: $KUBECONFIG, "
+                     "then ~/.kube/config, then in-cluster config)")
+    p.add_argument("--context", help="kubeconfig context (default: the kubeconfig's current context)")
     p.add_argument("--service", metavar="NS/NAME", help="only this Service")
     p.add_argument("--node", metavar="NODE", help="only this node in the proxy view")
     p.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="X.Y",
@@ -70,10 +71,11 @@ def _load(args: argparse.Namespace) -> tuple[str, dict[str, list[dict[str, Any]]
                              "> dump.json", source=args.snapshot)
         return args.snapshot, {"nodes": snap.nodes, "services": snap.services,
                                "endpointslices": snap.endpointslices, "pods": snap.pods}
-    from agent.k8s.client import build_api_client, list_cluster
+    from agent.k8s.client import build_api_client, kubeconfig_source, list_cluster
 
     api = build_api_client(args.kubeconfig, context=args.context)
-    return (args.kubeconfig or "in-cluster"), list_cluster(api)
+    found = kubeconfig_source(args.kubeconfig)
+    return (found[1] if found else "in-cluster"), list_cluster(api)
 
 
 #: above this many Service entries the JSON is printed compact (the indenting encoder is slow)
@@ -92,8 +94,11 @@ def run_explain(args: argparse.Namespace) -> int:
             if not (sep and ns and name) or "/" in name:
                 raise InputError(f"expected NAMESPACE/NAME[,...], got {entry!r}",
                                  source="--hints-populated")
-    if args.context is not None and args.kubeconfig is None:
-        raise InputError("only with --kubeconfig", source="--context")
+    from agent.k8s.client import kubeconfig_source
+
+    if args.context is not None and (args.snapshot or kubeconfig_source(args.kubeconfig) is None):
+        raise InputError("needs a kubeconfig (--kubeconfig, KUBECONFIG or ~/.kube/config), not "
+                         + ("--snapshot" if args.snapshot else "in-cluster configuration"), source="--context")
     # Acyclic data freed by refcounting: the cyclic collector's repeated full scans of a large
     # cluster (while parsing the dump and building the model) cost more than the model itself,
     # so it is paused for the run (and restored, as tests call this in-process).

@@ -51,16 +51,55 @@ def keepalive_socket_options(idle: int, interval: int, count: int) -> list[tuple
     return opts
 
 
+def kubeconfig_source(kubeconfig: str | Path | None = None) -> tuple[str, str] | None:
+    """The kubeconfig to use, found as kubectl finds it (client-go ``clientcmd``
+    ``NewDefaultClientConfigLoadingRules``): ``--kubeconfig``, else ``$KUBECONFIG`` (a
+    ``:``-separated list, merged), else ``~/.kube/config`` when it exists; None means
+    in-cluster configuration.
+
+    Returns:
+        ``(path or path list, how it was found for messages)``, e.g.
+        ``("/root/.kube/config", "~/.kube/config")``, or None.
+    """
+    if kubeconfig is not None:
+        return str(kubeconfig), str(kubeconfig)
+    env = os.environ.get("KUBECONFIG", "")
+    if any(env.split(os.pathsep)):
+        return env, f"KUBECONFIG={env}"
+    home = os.path.expanduser("~/.kube/config")
+    if os.path.isfile(home):
+        return home, "~/.kube/config"
+    return None
+
+
+def _first_current_context(paths: list[str]) -> str | None:
+    """``current-context`` of the first of ``paths`` that sets one: kubectl's rule for a
+    merged ``$KUBECONFIG`` (client-go ``clientcmd`` ``ClientConfigLoadingRules.Load``: the
+    first file to set a value wins), where the Python client's merger keeps the last."""
+    import yaml
+
+    for p in paths:
+        try:
+            with open(p) as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue  # missing or unreadable here: the client's own load reports it
+        if isinstance(doc, dict) and doc.get("current-context"):
+            return str(doc["current-context"])
+    return None
+
+
 def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None = None,
                      context: str | None = None, pool_maxsize: int = 8,
                      keepalive: tuple[int, int, int] = KEEPALIVE) -> client.ApiClient:
     """Return a configured :class:`kubernetes.client.ApiClient`.
 
     Args:
-        kubeconfig: path of a kubeconfig file; None with no ``host`` means in-cluster.
+        kubeconfig: path of a kubeconfig file; None: ``$KUBECONFIG``, then
+            ``~/.kube/config``, then in-cluster (:func:`kubeconfig_source`).
         host: API server URL (``http://127.0.0.1:8001``) used as is, without credentials;
             for tests and ``kubectl proxy``.
-        context: kubeconfig context (default: the file's current context).
+        context: kubeconfig context (default: the file's current context); ignored in-cluster.
         pool_maxsize: HTTP connections kept per host; the watcher holds one per watched
             resource, so at least 5.
         keepalive: (idle s, interval s, probes) of TCP keepalive, see :data:`KEEPALIVE`.
@@ -70,17 +109,22 @@ def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None =
         RuntimeFailure: no kubeconfig given and not running inside a cluster.
     """
     cfg = client.Configuration()
+    found = None if host is not None else kubeconfig_source(kubeconfig)
     if host is not None:
         cfg.host = host
-    elif kubeconfig is not None:
-        path = str(kubeconfig)
-        if not os.path.exists(path):
-            raise InputError("cannot read: no such file", source=path)
+    elif found is not None:
+        path, where = found
+        paths = [p for p in path.split(os.pathsep) if p]
+        if not any(os.path.exists(p) for p in paths):
+            raise InputError("cannot read: no such file", source=where)
+        if context is None and len(paths) > 1:
+            context = _first_current_context(paths)
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, context=context, client_configuration=cfg)
+                # a ":"-separated list: the client's KubeConfigMerger merges it as kubectl does
+                config_file=os.pathsep.join(paths), context=context, client_configuration=cfg)
         except (ConfigException, ValueError, TypeError, OSError) as err:
-            raise InputError(f"invalid kubeconfig: {' '.join(str(err).split())}", source=path) from None
+            raise InputError(f"invalid kubeconfig: {' '.join(str(err).split())}", source=where) from None
     else:
         try:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
@@ -91,8 +135,9 @@ def build_api_client(kubeconfig: str | Path | None = None, *, host: str | None =
             why = (str(err) if os.environ.get("KUBERNETES_SERVICE_HOST")
                    else "KUBERNETES_SERVICE_HOST unset")
             raise RuntimeFailure(
-                f"not running in a cluster ({' '.join(why.split())}) and no --kubeconfig "
-                "given: give --kubeconfig FILE, or --snapshot FILE with a kubectl dump"
+                f"not running in a cluster ({' '.join(why.split())}) and no kubeconfig (no "
+                "--kubeconfig, KUBECONFIG unset, no ~/.kube/config): give --kubeconfig FILE, "
+                "or --snapshot FILE with a kubectl dump"
             ) from None
     cfg.connection_pool_maxsize = max(pool_maxsize, 5)
     # no urllib3-level retries: the watch loop retries with its own bounded backoff and

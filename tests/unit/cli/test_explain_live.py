@@ -78,6 +78,22 @@ def test_explain_live_cluster(api_server: str, tmp_path: Path, capsys) -> None: 
     assert set(_Handler.seen) == set(ITEMS)  # list calls only
 
 
+def test_explain_reads_kubeconfig_from_the_environment_as_kubectl(  # type: ignore[no-untyped-def]
+        api_server: str, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    kc = tmp_path / "kc.yaml"
+    kc.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: off\n"
+        f"clusters: [{{name: t, cluster: {{server: '{api_server}'}}}}, "
+        "{name: gone, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: t, user: {token: not-a-secret}}]\n"
+        "contexts: [{name: t, context: {cluster: t, user: t}}, {name: off, context: {cluster: gone, user: t}}]\n")
+    monkeypatch.setenv("KUBECONFIG", str(kc))
+    assert cli.main(["explain", "--context", "t", "-o", "json"]) == 0  # KUBECONFIG=kc.yaml, as kubectl
+    assert json.loads(capsys.readouterr().out)["services"][0]["name"] == "web"
+    assert cli.main(["explain", "--context", "t", "--snapshot", str(kc)]) == 2
+    assert "--context: needs a kubeconfig" in capsys.readouterr().err
+
+
 def test_explain_live_api_down(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     port = srv.server_address[1]
