@@ -85,14 +85,19 @@ def _rule_tests() -> Iterator[tuple[str, dict[str, Any]]]:
                 yield name, test
 
 
+def _sync_rules() -> Any:
+    spec = importlib.util.spec_from_file_location("sync_rules", MON / "sync_rules.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # ---------------------------------------------------------------- rule files
 
 
 def test_rules_yml_is_generated_from_the_prometheusrule() -> None:
-    spec = importlib.util.spec_from_file_location("sync_rules", MON / "sync_rules.py")
-    assert spec and spec.loader
-    sync_rules = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sync_rules)
+    sync_rules = _sync_rules()
     assert (MON / "rules.yml").read_text() == sync_rules.render(), (
         "rules.yml is stale: python deploy/daemonset/monitoring/sync_rules.py"
     )
@@ -151,9 +156,9 @@ def test_alerts_carry_severity_summary_and_runbook() -> None:
         assert alert["labels"]["severity"] in {"info", "warning", "critical"}, name
         ann = alert["annotations"]
         assert ann["summary"] and ann["description"], name
-        runbook = ann["runbook"]
-        assert "\n" not in runbook, f"{name}: runbook must be one line"
-        assert runbook.startswith(f"deploy/daemonset/README.md#{name.lower()}: "), name
+        assert "runbook" not in ann, f"{name}: the annotation is runbook_url (a URL), as Prometheus mixins use"
+        assert ann["runbook_url"] == f"{_sync_rules().RUNBOOK_BASE}#{name.lower()}", name
+        assert "First step: " in ann["description"], f"{name}: the description ends with a first step"
         assert name.lower() in anchors, f"README.md has no section for {name}"
 
 
@@ -294,3 +299,16 @@ def test_metric_name_extraction_finds_what_it_must() -> None:
     )
     assert _metric_names(expr) == {"zonemeter_servce_bytes_total", "zonemeter:price", "up"}
     assert "zonemeter_servce_bytes_total" not in CONTRACT_METRICS
+
+
+def test_runbook_base_rewrites_every_runbook_url(tmp_path: Path) -> None:
+    sync_rules = _sync_rules()
+    sync_rules.SOURCE = tmp_path / "prometheusrule.yaml"
+    sync_rules.TARGET = tmp_path / "rules.yml"
+    sync_rules.SOURCE.write_text((MON / "prometheusrule.yaml").read_text())
+    assert sync_rules.main(["--runbook-base", "https://wiki.example/ops/zonemeter"]) == 0
+    rules = yaml.safe_load(sync_rules.TARGET.read_text())["groups"]
+    urls = [r["annotations"]["runbook_url"] for g in rules for r in g["rules"] if "alert" in r]
+    assert len(urls) == len(_alerts()) > 5
+    assert all(re.fullmatch(r"https://wiki\.example/ops/zonemeter#zonemeter[a-z]+", u) for u in urls), urls
+    assert sync_rules.main(["--runbook-base", "not a url"]) == 2
