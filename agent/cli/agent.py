@@ -8,7 +8,7 @@ Examples::
 
     zonemeter agent --node-name node-a --snapshot cluster.json
     zonemeter agent --node-name a1 --snapshot lab.json --netns zm1a2b-node-a1 \\
-        --metrics-address 127.0.0.1:9808 --interval 2 --exclude-interfaces 'zm1a2bu*'
+        --metrics-address 127.0.0.1:11808 --interval 2 --exclude-interfaces 'zm1a2bu*'
     NODE_NAME=node-a zonemeter agent            # in-cluster (DaemonSet)
 """
 
@@ -35,7 +35,7 @@ from agent.loop import DEFAULT_INTERVAL, AgentLoop
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METRICS_ADDRESS = "0.0.0.0:9808"
+DEFAULT_METRICS_ADDRESS = "0.0.0.0:11808"
 #: production default of ``--hold-unresolved-seconds``: covers watch latency for new pods
 #: and an API outage up to a minute, delays only the bytes of unknown pod addresses
 DEFAULT_HOLD_UNRESOLVED_SECONDS = 60.0
@@ -52,7 +52,7 @@ _EPILOG = """\
 examples:
   zonemeter agent --node-name node-a --snapshot cluster.json
   zonemeter agent --node-name a1 --snapshot lab.json --netns zm1a2b-node-a1 \\
-      --metrics-address 127.0.0.1:9808 --interval 2 --exclude-interfaces 'zm1a2bu*'
+      --metrics-address 127.0.0.1:11808 --interval 2 --exclude-interfaces 'zm1a2bu*'
   NODE_NAME=node-a zonemeter agent                 # in-cluster (DaemonSet)
 
 Serves /metrics, /healthz, /readyz and /flows (read by `zonemeter top`).

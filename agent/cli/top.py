@@ -9,7 +9,7 @@ separated by a blank line (no escape codes).
 
 Examples::
 
-    zonemeter top                                   # http://127.0.0.1:9808
+    zonemeter top                                   # http://127.0.0.1:11808
     zonemeter top --url http://127.0.0.1:19900 --interval 2
     zonemeter top -o json                           # one snapshot, then exit
 """
@@ -33,7 +33,7 @@ from typing import IO, Any, TextIO
 
 from agent.errors import InputError, RuntimeFailure
 
-DEFAULT_URL = "http://127.0.0.1:9808"
+DEFAULT_URL = "http://127.0.0.1:11808"
 CROSSING_COLUMNS = ("cross_zone", "cross_region", "same_zone", "same_node", "external", "unknown")
 CLEAR = "\x1b[H\x1b[2J"
 #: largest ``--interval`` (one day): ``time.sleep`` refuses far larger values

@@ -151,7 +151,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:9808``."""
+        """Base URL, e.g. ``http://127.0.0.1:11808``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
@@ -162,14 +162,14 @@ class MetricsServer:
         self._thread.join(5)
 
 
-def start_server(exporter: Exporter, address: str = "0.0.0.0:9808",
+def start_server(exporter: Exporter, address: str = "0.0.0.0:11808",
                  readiness: Readiness | None = None, *,
                  flows_remote: bool = False) -> MetricsServer:
     """Serve ``/metrics``, ``/healthz``, ``/readyz``, ``/flows`` on ``address`` in a thread.
 
     Args:
         exporter: the collector to expose.
-        address: ``HOST:PORT`` (``[::]:9808`` for IPv6; port 0 picks a free one).
+        address: ``HOST:PORT`` (``[::]:11808`` for IPv6; port 0 picks a free one).
         readiness: see :func:`make_readiness`; default: always ready.
         flows_remote: let non-loopback peers read ``/flows`` (see :func:`make_app`).
 

@@ -332,7 +332,7 @@ def _get(netns: str, path: str) -> tuple[int, str]:
     """HTTP GET on the agent's port inside the node's namespace (where it listens)."""
     code = ("import sys, urllib.request, urllib.error\n"
             "try:\n"
-            f"    r = urllib.request.urlopen('http://127.0.0.1:9808{path}', timeout=3)\n"
+            f"    r = urllib.request.urlopen('http://127.0.0.1:11808{path}', timeout=3)\n"
             "    print(r.status); sys.stdout.write(r.read().decode())\n"
             "except urllib.error.HTTPError as e:\n"
             "    print(e.code)\n"

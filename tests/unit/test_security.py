@@ -281,5 +281,5 @@ def test_documented_listener_is_the_default() -> None:
     default = inspect.signature(start_server).parameters["address"].default
     doc = (ROOT / "docs/security.md").read_text()
     ds = (ROOT / "deploy/daemonset/agent/daemonset.yaml").read_text()
-    assert default == "0.0.0.0:9808"
+    assert default == "0.0.0.0:11808"
     assert f"`{default}`" in doc and f"--metrics-address={default}" in ds

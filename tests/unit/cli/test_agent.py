@@ -219,7 +219,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
     for flag in ("--node-name", "--snapshot", "--kubeconfig", "--netns", "--metrics-address",
                  "--interval", "--zone-cidrs", "--exclude-interfaces", "--interface-patterns",
                  "--kubernetes-version", "--feature-gates", "--flow-capacity", "--log-level",
-                 "--final-linger-seconds", "0.0.0.0:9808"):
+                 "--final-linger-seconds", "0.0.0.0:11808"):
         assert flag in out
 
 
@@ -258,7 +258,7 @@ def test_node_name_defaults_to_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODE_NAME", "from-env")
     args = cli.build_parser().parse_args(["agent"])
     assert isinstance(args, argparse.Namespace) and args.node_name == "from-env"
-    assert (args.metrics_address, args.interval, args.final_linger_seconds) == ("0.0.0.0:9808", 10.0, 0.0)
+    assert (args.metrics_address, args.interval, args.final_linger_seconds) == ("0.0.0.0:11808", 10.0, 0.0)
 
 
 def test_metrics_port_in_use_is_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

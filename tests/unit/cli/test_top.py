@@ -184,7 +184,7 @@ def test_http_error_passes_on_what_the_agent_said(capsys: pytest.CaptureFixture[
 
 @pytest.mark.parametrize("argv, msg", [
     (["--interval", "0"], "--interval: must be > 0"),
-    (["--url", "127.0.0.1:9808"], "--url: expected http://HOST:PORT"),
+    (["--url", "127.0.0.1:11808"], "--url: expected http://HOST:PORT"),
 ])
 def test_bad_flags_exit_2(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["top", *argv]) == 2

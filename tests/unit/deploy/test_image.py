@@ -119,7 +119,7 @@ def test_entrypoint_and_cmd_match_the_daemonset(dockerfile: DockerfileParser) ->
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     assert "command" not in container, "the DaemonSet must keep the image entrypoint"
     assert json.loads(by["CMD"]) == container["args"]
-    assert by["EXPOSE"] == "9808"
+    assert by["EXPOSE"] == "11808"
 
 
 def test_requirements_pin_every_dependency() -> None:
@@ -217,7 +217,7 @@ def _links(modules: Path) -> dict[str, str]:
 
 def test_entrypoint_links_debian_headers_and_execs_the_agent(tmp_path: Path) -> None:
     env = _fake_node(tmp_path, "debian")
-    result = _run(env, "--metrics-address=0.0.0.0:9808", "--interval=10")
+    result = _run(env, "--metrics-address=0.0.0.0:11808", "--interval=10")
     assert result.returncode == 0, result.stderr
     usr_src = tmp_path / "usr-src"
     assert _links(tmp_path / "modules") == {
@@ -227,7 +227,7 @@ def test_entrypoint_links_debian_headers_and_execs_the_agent(tmp_path: Path) -> 
     assert (tmp_path / "modules" / RELEASE / "build" / "include").is_dir()
     assert (tmp_path / "agent-args").read_text().split() == [
         "agent",
-        "--metrics-address=0.0.0.0:9808",
+        "--metrics-address=0.0.0.0:11808",
         "--interval=10",
     ]
     for line in result.stderr.splitlines():

@@ -225,7 +225,7 @@ def test_validator_catches_a_wrong_field(objects: list[dict[str, Any]]) -> None:
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(ds, "1.35", strict=True)
     ds = copy.deepcopy(_one(objects, "DaemonSet"))
-    ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "9808"
+    ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "11808"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(ds, "1.33", strict=True)
 
@@ -298,8 +298,8 @@ def test_daemonset_network_identity_and_probes(objects: list[dict[str, Any]]) ->
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     (port,) = container["ports"]
-    assert (port["name"], port["containerPort"]) == ("metrics", 9808)
-    assert "--metrics-address=0.0.0.0:9808" in container["args"]
+    assert (port["name"], port["containerPort"]) == ("metrics", 11808)
+    assert "--metrics-address=0.0.0.0:11808" in container["args"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
@@ -354,7 +354,7 @@ def test_namespace_admits_the_agent_under_pod_security(objects: list[dict[str, A
 
 def test_prometheus_annotations_match_the_port(objects: list[dict[str, Any]]) -> None:
     ann = _one(objects, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
-    assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": "9808", "prometheus.io/path": "/metrics"}
+    assert ann == {"prometheus.io/scrape": "true", "prometheus.io/port": "11808", "prometheus.io/path": "/metrics"}
 
 
 # ---------------------------------------------------------------- CRD objects
@@ -582,3 +582,21 @@ def test_component_render_equals_kubectl_kustomize(tmp_path: Path) -> None:
     )
     want = render(DEPLOY, components=(DEPLOY / "components" / "legacy-kernel",))
     assert _by_key(_kubectl_kustomize(overlay)) == _by_key(want)
+
+
+#: ports that node-level agents commonly bind with hostNetwork (deploy/daemonset/README.md,
+#: Configuration): kubelet, kube-proxy, node-exporter, CSI livenessprobe, Calico Felix,
+#: Cilium agent/operator/Envoy/Hubble, NodeLocal DNSCache
+NODE_AGENT_PORTS = {10248, 10249, 10250, 10255, 10256, 9100, 9808, 9091, 9962, 9963, 9964, 9965, 9253}
+
+
+def test_the_metrics_port_is_clear_of_common_node_agents(objects: list[dict[str, Any]]) -> None:
+    from agent.cli.agent import DEFAULT_METRICS_ADDRESS
+
+    (port_spec,) = _agent_container(objects)["ports"]
+    port = port_spec["containerPort"]
+    assert DEFAULT_METRICS_ADDRESS.endswith(f":{port}")  # the manifest and the agent agree
+    assert port not in NODE_AGENT_PORTS
+    assert not 9100 <= port <= 9999  # Prometheus' exporter allocations (full)
+    assert not 30000 <= port <= 60999  # NodePorts and the default ephemeral range
+    assert not 15000 <= port <= 15090  # Istio

@@ -252,14 +252,14 @@ def test_readiness_states(attached: bool, synced: dict[str, bool], ok: bool, tex
 
 
 @pytest.mark.parametrize("value, expect", [
-    ("0.0.0.0:9808", ("0.0.0.0", 9808)), (":9808", ("0.0.0.0", 9808)),
+    ("0.0.0.0:11808", ("0.0.0.0", 11808)), (":11808", ("0.0.0.0", 11808)),
     ("[::1]:80", ("::1", 80)), ("localhost:0", ("localhost", 0)),
 ])
 def test_parse_address(value: str, expect: tuple[str, int]) -> None:
     assert parse_address(value) == expect
 
 
-@pytest.mark.parametrize("value", ["9808", "host:", "host:99999", "host:http"])
+@pytest.mark.parametrize("value", ["11808", "host:", "host:99999", "host:http"])
 def test_parse_address_errors(value: str) -> None:
     with pytest.raises(InputError, match="--metrics-address"):
         parse_address(value)
