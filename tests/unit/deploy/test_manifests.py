@@ -586,7 +586,7 @@ def test_component_render_equals_kubectl_kustomize(tmp_path: Path) -> None:
 
 #: ports that node-level agents commonly bind with hostNetwork (deploy/daemonset/README.md,
 #: Configuration): kubelet, kube-proxy, node-exporter, CSI livenessprobe, Calico Felix,
-#: Cilium agent/operator/Envoy/Hubble, NodeLocal DNSCache
+#: Cilium (agent, operator, Envoy, Hubble), NodeLocal DNSCache
 NODE_AGENT_PORTS = {10248, 10249, 10250, 10255, 10256, 9100, 9808, 9091, 9962, 9963, 9964, 9965, 9253}
 
 
