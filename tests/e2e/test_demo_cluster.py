@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent.k8s.snapshot import load
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo.cluster import DemoCluster
 from tools.demo.topology import load_demo
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoCluster]:
     work = tmp_path_factory.mktemp("demo")
-    c = DemoCluster(load_demo(), work, state_dir=work / "state", server_max_seconds=600)
+    c = DemoCluster(load_demo(), work, hints=lab_hints("oracle"), state_dir=work / "state", server_max_seconds=600)
     c.up()
     try:
         yield c
@@ -74,6 +75,8 @@ def test_model_reasons(cluster: DemoCluster) -> None:
 
 
 def test_proxies_hold_model_selection_except_c2(cluster: DemoCluster) -> None:
+    # the lab follows upstream (tools/oracle); the model the agents run agrees with it here
+    assert cluster.hints.kind == "oracle" and cluster.disagreements == []
     topo = cluster.topology
     for svc in topo.services:
         model = cluster.models[svc.key]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo.run import DemoOptions, DemoResult, DemoRun
 from tools.demo.topology import DEFAULT_DEMO_TOPOLOGY, load_demo, parse_demo
 
@@ -52,7 +53,7 @@ def _execute(spec, work: Path, prometheus: bool, during=None,  # type: ignore[no
              duration: float = 8) -> Iterator[Run]:
     opts = DemoOptions(duration_seconds=duration, interval_seconds=1, prometheus=prometheus,
                        scrape_seconds=0.5, warmup_requests=30, workdir=work,
-                       state_dir=work / "state")
+                       state_dir=work / "state", hints=lab_hints("oracle").kind)
     with DemoRun(spec, opts) as run:
         result = run.execute(during=during)
         yield Run(run, result, run.cluster.lab.ground_truth())

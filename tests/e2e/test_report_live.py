@@ -45,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo import prometheus as prom
 from tools.demo.agents import AgentFleet
 from tools.demo.cluster import DemoCluster, ServiceTruth
@@ -65,7 +66,8 @@ MONTH_SECONDS = 2_629_746  # 30.44 days, as the recording rules
 
 @pytest.fixture()
 def lab(tmp_path: Path) -> Iterator[DemoCluster]:
-    cluster = DemoCluster(parse_demo(THREE_ZONE_API_TOPOLOGY), tmp_path, state_dir=tmp_path / "state",
+    cluster = DemoCluster(parse_demo(THREE_ZONE_API_TOPOLOGY), tmp_path, hints=lab_hints("oracle"),
+                          state_dir=tmp_path / "state",
                           server_max_seconds=600)
     cluster.up()
     try:

@@ -2,7 +2,9 @@
 
 Builds a three-zone lab cluster in network namespaces (tools/lab), writes its Kubernetes
 objects with the hints the EndpointSlice controller would write, programs every node's
-kube-proxy emulation with the endpoints kube-proxy would select (node c2 ignores hints),
+kube-proxy emulation with the endpoints kube-proxy would select (node c2 ignores hints;
+both answers come from the upstream code through tools/oracle when its binary is built,
+else from zonemeter's model, and the demo says which),
 starts one ``zonemeter agent`` per lab node, runs the traffic matrix while a per-Service
 table refreshes, and prints the agents' numbers beside the lab's own counters.
 """
@@ -63,6 +65,10 @@ def register(subparsers: Any) -> None:
                    help="agents' export interval (default 2)")
     p.add_argument("--workdir", type=Path, metavar="DIR",
                    help="snapshot, logs and TSDB go here (default: a new temporary directory)")
+    p.add_argument("--hints", choices=("auto", "oracle", "model"), default="auto",
+                   help="where the lab's EndpointSlice hints and kube-proxy endpoints come from: "
+                   "the upstream code (tools/oracle), zonemeter's model, or auto: the oracle "
+                   "when built (default)")
     p.add_argument("--teardown", type=Path, metavar="DIR",
                    help="stop what a --keep run left in DIR and exit")
     p.set_defaults(func=run)
@@ -178,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     zones = [z.name for z in spec.topology.zones]
     options = DemoOptions(duration_seconds=args.duration, interval_seconds=args.interval,
                           refresh_seconds=max(2.0, args.interval), prometheus=args.prometheus,
-                          keep=args.keep, workdir=args.workdir)
+                          keep=args.keep, workdir=args.workdir, hints=args.hints)
     restore = sigterm_as_interrupt()
     owner = os.getpid()
     run_ = DemoRun(spec, options)
@@ -187,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"zonemeter demo: building lab {run_.cluster.prefix} "
                   f"({len(spec.topology.nodes)} nodes, {len(spec.topology.pods)} pods: "
                   "namespaces, links, kube-proxy rules)", file=sys.stderr, flush=True)
+            print(f"zonemeter demo: {run_.cluster.hints.line}", file=sys.stderr, flush=True)
             modes: dict[str, str] = {}
             started = time.monotonic()
 
@@ -201,6 +208,9 @@ def run(args: argparse.Namespace) -> int:
             result = run_.execute(progress=progress, phase=phase)
             modes.update({k: m.mode for k, m in run_.cluster.models.items()})
             print(f"zonemeter demo: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+            for text in run_.cluster.disagreements:
+                print(f"zonemeter demo: model bug (the lab follows upstream): {text}",
+                      file=sys.stderr)
             _report(result, run_, args, zones, modes)
     except KeyboardInterrupt:
         # leaving `with run_` stopped the agents and removed the lab; a forked helper that

@@ -4,18 +4,25 @@
 the agents are told about:
 
 1. the lab's Nodes, Pods, Services and EndpointSlices (:meth:`Lab.snapshot`) get the
-   ``hints`` the EndpointSlice controller model writes (``agent.hints.controller_hints``,
-   Kubernetes 1.35 defaults) and are written as the agents' snapshot file;
-2. ``agent.hints.evaluate_cluster`` on that snapshot says, per Service and node, which
-   endpoints kube-proxy forwards ClusterIP traffic to (``ProxyDecision.internal_addresses``,
-   empty for DROP/REJECT) and whether it filters by topology there;
+   ``hints`` the EndpointSlice controller writes (Kubernetes :data:`KUBERNETES_VERSION`
+   defaults) and are written as the agents' snapshot file;
+2. kube-proxy of that release says, per Service and node, which endpoints it forwards
+   ClusterIP traffic to on that snapshot (empty for DROP/REJECT);
 3. every node's kube-proxy emulation is programmed with exactly that selection
    (:meth:`Lab.program_proxies`), except nodes with ``ignoreHints: true``, which keep
    every ready endpoint (a data plane that ignores hints);
 4. ground truth comes from the lab's nftables counters only (never from the agents) and is
    turned into the numbers the agents should report: bytes per Service and crossing,
    cross-zone bytes, and hint-ignored bytes (from a client on node N to an endpoint outside
-   the set the model selects for N while the model says N filters by topology).
+   the set kube-proxy selects for N while the model says N filters by topology).
+
+Steps 1 and 2 come from a :class:`tools.demo.hintsource.HintSource`: the upstream code
+through the hint oracle (``tools/oracle``) when its binary for the version is built, else
+zonemeter's model (``agent.hints.controller_hints`` / ``evaluate_cluster``). The diagnosis
+(mode, reason, locality per zone, warnings, which nodes filter by topology) is always the
+model's, the agents' own view, evaluated on the snapshot the agents read; with the oracle,
+where the model would select other endpoints or write other hints the oracle's answer is
+used and the difference is kept in :attr:`HintSource.disagreements` (a model bug).
 """
 
 from __future__ import annotations
@@ -31,13 +38,15 @@ from typing import Any
 
 from agent import hints as hint_model
 from agent.errors import RuntimeFailure
+from tools.demo.hintsource import KUBERNETES_VERSION, HintSource, hint_source, objects
 from tools.demo.topology import DemoSpec, TrafficPlan, service_port
 from tools.lab import FlowHandle, FlowSpec, Lab
 from tools.lab import snapshot as lab_snapshot
 from tools.lab.topology import Node, Service, Topology
 
-#: Kubernetes version the controller and kube-proxy models run at (feature-gate defaults)
-KUBERNETES_VERSION = "1.35"
+__all__ = ["CROSSINGS", "DIRECTIONS", "KUBERNETES_VERSION", "DemoCluster", "LocalityChange",
+           "ServiceModel", "ServiceTruth", "controller_snapshot", "controller_snapshot_of",
+           "evaluate", "hint_source"]
 CROSSINGS = ("same_node", "same_zone", "cross_zone", "cross_region", "unknown")
 DIRECTIONS = ("request", "response")
 
@@ -52,8 +61,8 @@ class ServiceModel:
         reason: why locality is (not) in effect (``ServiceDiagnosis.reason``).
         locality_in_effect: client zone -> bool.
         warnings: warning codes.
-        selection: node -> endpoint pod names kube-proxy there forwards to (the model's
-            answer for every node, including nodes whose data plane ignores hints).
+        selection: node -> endpoint pod names kube-proxy there forwards to (the hint
+            source's answer for every node, including nodes whose data plane ignores hints).
         filtering: node -> True when kube-proxy there filters by topology
             (``topology_mode`` ``PreferSameZone``/``PreferSameNode``).
     """
@@ -93,55 +102,42 @@ class ServiceTruth:
         return sum(self.hint_ignored.values())
 
 
-def _service_objects(snapshot: Mapping[str, Any]) -> tuple[list[dict[str, Any]], ...]:
-    items = snapshot["items"]
-    return tuple([o for o in items if o.get("kind") == k]
-                 for k in ("Node", "Service", "EndpointSlice", "Pod"))
-
-
-def controller_snapshot(lab: Lab) -> dict[str, Any]:
+def controller_snapshot(lab: Lab, source: HintSource) -> dict[str, Any]:
     """Return the lab's objects with EndpointSlice hints as the controller would write them.
 
     Source: EndpointSlice controller (``reconciler.go reconcileByAddressType``,
-    ``topologycache``, ``trafficdist``) as modelled by ``agent.hints.controller_hints``.
+    ``topologycache``, ``trafficdist``), upstream or modelled as ``source`` says.
 
     Returns:
         A kubectl ``List`` (Nodes, Pods, Services, EndpointSlices per family).
+
+    Raises:
+        RuntimeFailure: the oracle failed.
     """
-    return controller_snapshot_of(lab.topology)
+    return controller_snapshot_of(lab.topology, source)
 
 
-def controller_snapshot_of(topology: Topology) -> dict[str, Any]:
+def controller_snapshot_of(topology: Topology, source: HintSource) -> dict[str, Any]:
     """:func:`controller_snapshot` of a topology (e.g. a planned change of the lab's); the
     lab's snapshot depends on its topology only (:meth:`Lab.snapshot`)."""
-    snap = lab_snapshot.build(topology)
-    nodes, services, slices, _ = _service_objects(snap)
-    hinted: dict[str, dict[str, Any]] = {}
-    for svc in services:
-        meta = svc["metadata"]
-        mine = [s for s in slices if s["metadata"]["namespace"] == meta["namespace"]
-                and s["metadata"]["labels"].get("kubernetes.io/service-name") == meta["name"]]
-        new, _events = hint_model.controller_hints(svc, mine, nodes, version=KUBERNETES_VERSION)
-        for s in new:
-            hinted[s["metadata"]["uid"]] = s
-    snap["items"] = [hinted.get(o["metadata"].get("uid"), o) if o.get("kind") == "EndpointSlice"
-                     else o for o in snap["items"]]
-    return snap
+    return source.controller(lab_snapshot.build(topology))
 
 
-def evaluate(snapshot: Mapping[str, Any], topo: Topology) -> dict[str, ServiceModel]:
-    """Run the hint model on a snapshot and translate it into lab pod names.
+def evaluate(snapshot: Mapping[str, Any], topo: Topology, source: HintSource) -> dict[str, ServiceModel]:
+    """Diagnose a snapshot with the hint model and take kube-proxy's selection per node from
+    ``source``, in lab pod names.
 
     Returns:
         ``namespace/name`` -> :class:`ServiceModel`, in topology order.
 
     Raises:
-        RuntimeFailure: the IPv6 diagnosis selects other pods than the IPv4 one (the lab
-            programs one pod list for both families).
+        RuntimeFailure: the IPv6 selection holds other pods than the IPv4 one (the lab
+            programs one pod list for both families), or the oracle failed.
     """
-    nodes, services, slices, pods = _service_objects(snapshot)
-    diags = hint_model.evaluate_cluster(nodes, services, slices, pods, version=KUBERNETES_VERSION,
+    nodes, services, slices, pods = objects(snapshot)
+    diags = hint_model.evaluate_cluster(nodes, services, slices, pods, version=source.version,
                                         strict=True)
+    selected = source.proxy(snapshot, diags)
     by_key: dict[str, list[hint_model.ServiceDiagnosis]] = defaultdict(list)
     for d in diags:
         by_key[f"{d.namespace}/{d.name}"].append(d)
@@ -155,19 +151,18 @@ def evaluate(snapshot: Mapping[str, Any], topo: Topology) -> dict[str, ServiceMo
             family = 6 if d.address_type == "IPv6" else 4
             owner = {str(topo.pod(p).address(family)): p for p in svc.endpoints
                      if family == 4 or topo.pod(p).ip6 is not None}
+            chosen_by_node = selected.get(svc.key, {}).get(d.address_type, {})
             sel: dict[str, tuple[str, ...]] = {}
             filt: dict[str, bool] = {}
             for n in topo.nodes:
-                dec = d.proxy[n.name]
-                chosen = () if dec.internal_traffic in ("DROP", "REJECT") else \
-                    tuple(p for a, p in owner.items() if a in dec.internal_addresses)
-                sel[n.name] = tuple(sorted(chosen))
-                filt[n.name] = bool(dec.topology_mode)
+                chosen = chosen_by_node.get(n.name, frozenset())
+                sel[n.name] = tuple(sorted(p for a, p in owner.items() if a in chosen))
+                filt[n.name] = bool(d.proxy[n.name].topology_mode)
             selections.append((d, sel, filt))
         d4, sel4, filt4 = selections[0]
         for d, sel, filt in selections[1:]:
             if sel != sel4 or filt != filt4:
-                raise RuntimeFailure(f"Service {svc.key}: the model selects different pods for "
+                raise RuntimeFailure(f"Service {svc.key}: kube-proxy selects different pods for "
                                      f"{d.address_type} than for {d4.address_type}; the lab "
                                      "programs one list for both")
         out[svc.key] = ServiceModel(
@@ -244,17 +239,27 @@ def write_json_atomic(path: Path, data: Any) -> Path:
 
 
 class DemoCluster:
-    """A lab built from a :class:`DemoSpec`, programmed and explained by the hint model.
+    """A lab built from a :class:`DemoSpec`, programmed from a hint source (the upstream oracle
+    or the model) and explained by the hint model.
 
     Args:
         spec: topology and traffic plan.
         workdir: where the snapshot file goes (``snapshot.json``).
+        hints: where hints and kube-proxy selections come from: ``"auto"`` (the oracle when
+            built, else the model), ``"oracle"``, ``"model"`` (see
+            :func:`tools.demo.hintsource.hint_source`), or a :class:`HintSource`.
         prefix, state_dir: passed to :class:`Lab`.
         server_max_seconds: lifetime of the lab's servers.
+
+    Raises:
+        InputError: unknown ``hints``.
+        RuntimeFailure: ``hints="oracle"`` and the oracle is not built.
     """
 
-    def __init__(self, spec: DemoSpec, workdir: Path, *, prefix: str | None = None,
-                 state_dir: Path | str | None = None, server_max_seconds: float = 3600.0) -> None:
+    def __init__(self, spec: DemoSpec, workdir: Path, *, hints: str | HintSource,
+                 prefix: str | None = None, state_dir: Path | str | None = None,
+                 server_max_seconds: float = 3600.0) -> None:
+        self.hints: HintSource = hint_source(hints) if isinstance(hints, str) else hints
         kwargs: dict[str, Any] = {"server_max_seconds": server_max_seconds}
         if state_dir is not None:
             kwargs["state_dir"] = state_dir
@@ -310,8 +315,19 @@ class DemoCluster:
         return self
 
     def down(self) -> list[str]:
-        """Tear the lab down (idempotent); returns the namespaces removed."""
+        """Tear the lab down and stop the oracle (idempotent); returns the namespaces removed."""
+        self.close()
         return self.lab.down()
+
+    def close(self) -> None:
+        """Stop the hint source's helper process, if any (it restarts when needed)."""
+        self.hints.close()
+
+    @property
+    def disagreements(self) -> list[str]:
+        """Where the model answers otherwise than the upstream oracle the lab follows (model
+        bugs, one line each); empty when the lab runs on the model."""
+        return self.hints.disagreements
 
     def write_snapshot(self) -> Path:
         """Recompute controller hints and the model, and write the snapshot file (atomically).
@@ -320,12 +336,12 @@ class DemoCluster:
             The snapshot path.
         """
         self._remember_pods()
-        self.snapshot = controller_snapshot(self.lab)
-        self.models = evaluate(self.snapshot, self.lab.topology)
+        self.snapshot = controller_snapshot(self.lab, self.hints)
+        self.models = evaluate(self.snapshot, self.lab.topology, self.hints)
         return write_json_atomic(self.snapshot_path, self.snapshot)
 
     def program(self) -> None:
-        """Program every node's proxy with the model's selection (ignore-hints nodes: all
+        """Program every node's proxy with the hint source's selection (ignore-hints nodes: all
         ready endpoints, see :meth:`Lab.program_proxies`)."""
         models = self.models
 
@@ -344,8 +360,8 @@ class DemoCluster:
     def plan_locality(self, service: str, *, traffic_distribution: Any = UNCHANGED,
                       annotations: Mapping[str, str | None] | None = None) -> LocalityChange:
         """Work out a change of ``service``'s locality settings without applying it (no
-        root needed): the new topology, snapshot (controller hints recomputed with
-        ``agent.hints.controller_hints``), every Service's model, and the transition
+        root needed): the new topology, snapshot (controller hints recomputed by the hint
+        source), every Service's model, and the transition
         selection (see :class:`LocalityChange`).
 
         Args:
@@ -379,8 +395,8 @@ class DemoCluster:
                     merged[k] = v
             entry["annotations"] = merged
         topo = Topology.from_dict(data, source=f"set_locality {svc.key}")
-        snap = controller_snapshot_of(topo)
-        models = evaluate(snap, topo)
+        snap = controller_snapshot_of(topo, self.hints)
+        models = evaluate(snap, topo, self.hints)
         return LocalityChange(service=svc.key, before=self.models[svc.key],
                               after=models[svc.key],
                               transition=_transition(self.models[svc.key], models[svc.key],

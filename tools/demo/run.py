@@ -8,7 +8,9 @@
 
 Phases of :meth:`DemoRun.execute`:
 
-1. build the lab, write the snapshot (controller hints), program proxies (kube-proxy model);
+1. build the lab, write the snapshot (controller hints), program proxies (kube-proxy's
+   selection), both from the upstream oracle when built, else the model (``options.hints``,
+   :mod:`tools.demo.hintsource`);
 2. start one agent per node and wait until every ``/readyz`` answers 200;
 3. (``prometheus``) start Prometheus scraping the agents;
 4. warm-up: every client sends ``warmup_requests`` back-to-back requests to every Service,
@@ -67,6 +69,9 @@ class DemoOptions:
         prefix: lab prefix (default random).
         state_dir: lab state directory (default the lab's).
         agent_args: more ``zonemeter agent`` flags for every agent (benchmarks).
+        hints: where the lab's hints and kube-proxy selections come from: ``auto`` (the
+            upstream oracle when built, else the model), ``oracle`` or ``model``
+            (:func:`tools.demo.hintsource.hint_source`).
     """
 
     duration_seconds: float = 30.0
@@ -80,6 +85,7 @@ class DemoOptions:
     prefix: str | None = None
     state_dir: Path | None = None
     agent_args: tuple[str, ...] = ()
+    hints: str = "auto"
 
 
 @dataclass(slots=True)
@@ -146,7 +152,8 @@ class DemoRun:
     def __init__(self, spec: DemoSpec, options: DemoOptions | None = None) -> None:
         self.options = options or DemoOptions()
         self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="zonemeter-demo-"))
-        self.cluster = DemoCluster(spec, self.workdir, prefix=self.options.prefix,
+        self.cluster = DemoCluster(spec, self.workdir, hints=self.options.hints,
+                                   prefix=self.options.prefix,
                                    state_dir=self.options.state_dir,
                                    server_max_seconds=max(3600.0, self.options.duration_seconds * 4))
         self.fleet = AgentFleet(self.cluster.lab, self.cluster.snapshot_path,
@@ -170,6 +177,8 @@ class DemoRun:
     def __exit__(self, *exc: object) -> None:
         if not self.options.keep or exc[0] is not None:
             self.teardown()
+        if os.getpid() == self._owner_pid:
+            self.cluster.close()
 
     def teardown(self) -> None:
         """Stop traffic, Prometheus and agents, tear the lab down (idempotent; does
@@ -394,8 +403,8 @@ def client_seconds(flows: list[FlowResult]) -> float:
 def warning_messages(snapshot_path: Path) -> dict[str, dict[str, str]]:
     """Return Service key -> {warning code: message} of the hint model on the demo's snapshot.
 
-    The same model and Kubernetes version the lab's proxies were programmed from
-    (``tools.demo.cluster.KUBERNETES_VERSION``), so the messages are what
+    The model at the Kubernetes version the lab runs
+    (``tools.demo.cluster.KUBERNETES_VERSION``), as the agents run it, so the messages are what
     ``zonemeter explain --snapshot`` prints for it. Every address family's warnings are
     merged (first message per code wins).
 

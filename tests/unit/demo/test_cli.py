@@ -116,7 +116,8 @@ def test_ctrl_c_says_what_was_cleaned_and_where_the_workdir_is(
     class Interrupted:
         def __init__(self, spec: object, options: object) -> None:
             self.workdir = tmp_path / "zonemeter-demo-x"
-            self.cluster = type("C", (), {"prefix": "zmffff"})()
+            self.cluster = type("C", (), {"prefix": "zmffff", "hints": type(
+                "H", (), {"line": "hints and kube-proxy endpoints: zonemeter's model (--hints model)"})()})()
 
         def __enter__(self) -> Interrupted:
             return self

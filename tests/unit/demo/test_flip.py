@@ -17,6 +17,7 @@ import pytest
 
 from agent.errors import InputError
 from agent.k8s.snapshot import load
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo.cluster import DemoCluster
 from tools.demo.topology import THREE_ZONE_API_TOPOLOGY, parse_demo
 
@@ -26,7 +27,7 @@ OWN = {"n1": ("api-1",), "n2": ("api-2",), "n3": ("api-3",)}
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> DemoCluster:
-    c = DemoCluster(parse_demo(THREE_ZONE_API_TOPOLOGY), tmp_path, prefix="zmflip",
+    c = DemoCluster(parse_demo(THREE_ZONE_API_TOPOLOGY), tmp_path, hints=lab_hints("model"), prefix="zmflip",
                     state_dir=tmp_path / "state")
     c.write_snapshot()
     return c
@@ -122,7 +123,7 @@ def test_bad_input(cluster: DemoCluster) -> None:
 def test_ignore_hints_node_keeps_every_endpoint(tmp_path: Path) -> None:
     text = THREE_ZONE_API_TOPOLOGY.replace("{name: n3, zone: zc, cpu: 2}",
                                  "{name: n3, zone: zc, cpu: 2, ignoreHints: true}")
-    c = DemoCluster(parse_demo(text), tmp_path, prefix="zmflip", state_dir=tmp_path / "state")
+    c = DemoCluster(parse_demo(text), tmp_path, hints=lab_hints("model"), prefix="zmflip", state_dir=tmp_path / "state")
     c.write_snapshot()
     programmed: dict[str, list[Any]] = {}
     c.lab.set_node_endpoints = (  # type: ignore[method-assign]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo import cli as demo_cli
 from tools.demo.agents import parse_metrics
 from tools.demo.cluster import ServiceModel, ServiceTruth, controller_snapshot
@@ -37,7 +38,7 @@ def finished_run(tmp_path: Path) -> tuple[DemoResult, Any]:
     spec = load_demo()
     lab = Lab(spec.topology, prefix="zmrep")  # not built
     snapshot = tmp_path / "snapshot.json"
-    snapshot.write_text(json.dumps(controller_snapshot(lab)))
+    snapshot.write_text(json.dumps(controller_snapshot(lab, lab_hints("model"))))
     truth = ServiceTruth()
     truth.bytes["cross_zone"] = 4000
     truth.by_series = {("zone-a", "zone-b", "cross_zone", "request"): 4000}

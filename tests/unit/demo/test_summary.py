@@ -9,6 +9,7 @@ import pytest
 
 from agent.exporter import Exporter
 from agent.hints import REASON_SENTENCES
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo.agents import READ_SAMPLES, WORKLOAD_BYTES, merge, parse_metrics
 from tools.demo.cluster import ServiceModel, ServiceTruth, controller_snapshot, evaluate
 from tools.demo.run import warning_messages
@@ -196,9 +197,10 @@ def test_findings_explain_reason_and_warning_codes_in_words() -> None:
 def test_warning_messages_come_from_the_hint_model_on_the_demo_snapshot(tmp_path: Path) -> None:
     lab = Lab(load_demo().topology, prefix="zmsum")  # not built: only its objects are read
     path = tmp_path / "snapshot.json"
-    path.write_text(json.dumps(controller_snapshot(lab)))
+    source = lab_hints("model")
+    path.write_text(json.dumps(controller_snapshot(lab, source)))
     messages = warning_messages(path)
-    models = evaluate(controller_snapshot(lab), lab.topology)
+    models = evaluate(controller_snapshot(lab, source), lab.topology, source)
     for key, model in models.items():  # every code the summary prints has its message
         assert set(model.warnings) <= set(messages[key]), key
     assert "Auto refuses 8 ready endpoints" in messages["shop/cart"]["auto-minimum-endpoints"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import InputError
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo.cluster import controller_snapshot, evaluate
 from tools.demo.topology import DEFAULT_DEMO_TOPOLOGY, load_demo, parse_demo
 from tools.lab import Lab
@@ -37,10 +38,12 @@ def test_default_is_issue_5_cluster() -> None:
 
 
 def test_default_model_answers() -> None:
-    """The hint model's verdicts the demo relies on (computed, not root)."""
+    """The hint model's verdicts the demo relies on (computed, not root); the selections are
+    the model's own (the oracle's are pinned in test_oracle_lab.py)."""
     spec = load_demo()
     lab = Lab(spec.topology, prefix="zmunit")  # not built: snapshot() needs no root
-    models = evaluate(controller_snapshot(lab), spec.topology)
+    model = lab_hints("model")
+    models = evaluate(controller_snapshot(lab, model), spec.topology, model)
     assert models["shop/cart"].reason == "min-allocation-exceeds-overload-threshold"
     assert not any(models["shop/cart"].filtering.values())
     assert models["shop/payments"].reason == "min-allocation-exceeds-overload-threshold"

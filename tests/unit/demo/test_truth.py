@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.lab_hints import lab_hints
 from tools.demo.cluster import DemoCluster
 from tools.demo.topology import load_demo
 
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> DemoCluster:
-    c = DemoCluster(load_demo(), tmp_path, prefix="zmunit", state_dir=tmp_path / "state")
+    c = DemoCluster(load_demo(), tmp_path, hints=lab_hints("model"), prefix="zmunit", state_dir=tmp_path / "state")
     c.write_snapshot()
     return c
 

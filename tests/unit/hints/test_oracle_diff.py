@@ -1,17 +1,22 @@
 """agent.hints against the upstream code (tools/oracle) on random clusters (Hypothesis).
 
-Each example is a random cluster: 1-4 zones; Nodes with and without the zone label, with
-zero, odd or missing allocatable CPU, Ready / NotReady / Unknown / no Ready condition,
-control-plane labelled; one Service (annotation values under the topology-mode key, the
-legacy key or both: ``Auto``, ``auto``, ``Disabled``, ``disabled``, empty, misspellings;
-every trafficDistribution value and invalid ones; internalTrafficPolicy Local; NodePort with
-externalTrafficPolicy Local); one to three controller slices whose endpoints are ready,
-not ready, serving-terminating or not-serving-terminating, carrying no hints, their own zone,
-a stale zone, partial hints or node hints (1.33+, the API field's first release); addresses
-repeated across and inside slices (a pod address reused while the old pod terminates); and
-sometimes a slice of another manager with readiness unset, no zone and no node name. Feature
-gates: random values for the gates the version lets one set, and now and then a removed or
-locked gate set against its value.
+Each example is a random cluster: 1-4 zones; Nodes with and without the zone label, with zero,
+odd or missing allocatable CPU, Ready / NotReady / Unknown / no Ready condition, control-plane
+or master labelled, or with no labels at all; one Service (annotation values under the
+topology-mode key, the legacy key or both: ``Auto``, ``auto``, ``Disabled``, ``disabled``,
+empty, misspellings; every trafficDistribution value and invalid ones; internalTrafficPolicy
+Local; NodePort with externalTrafficPolicy Local); one to three controller slices whose
+endpoints are ready, not ready, serving-terminating or not-serving-terminating, carrying no
+hints, their own zone, a stale zone, partial hints or node hints (1.33+, the API field's first
+release); addresses repeated across and inside slices (a pod address reused while the old pod
+terminates); and sometimes a slice of another manager with readiness unset, no zone and no node
+name. Feature gates: random values for the gates the version lets one set, and now and then a
+removed or locked gate set against its value. One example in four is a cluster fit for Auto
+(every Node Ready, zoned, with CPU, not control-plane, two or more zones, up to ten endpoints a
+slice, an Auto annotation two times in three, else a valid trafficDistribution; mostly the
+hints the controller keeps; sometimes one more NotReady Node without a zone, whose endpoints
+then have none), so that the topology cache's allocation, donation and per-zone hint code runs
+(``tools/oracle/coverage.sh`` measures how much of it does).
 
 The same input goes to the oracle of each built minor the model covers and to
 ``agent.hints.evaluate_cluster`` at that version and gates. Compared:
@@ -59,7 +64,7 @@ from agent.hints.versions import GATES, MAX_MINOR, _gate_default
 from tools.oracle import client as oc
 
 ZONE = "topology.kubernetes.io/zone"
-CP = "node-role.kubernetes.io/control-plane"
+CP, MASTER = "node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"
 MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 MODE, LEGACY = "service.kubernetes.io/topology-mode", "service.kubernetes.io/topology-aware-hints"
 NS, SVC = "default", "web"
@@ -88,34 +93,57 @@ TD_VALUES = [None, None, "PreferClose", "PreferSameZone", "PreferSameNode", "pre
 @st.composite
 def clusters(draw: st.DrawFn, minor: int) -> dict[str, Any]:
     """A random cluster: ``nodes``, ``service``, ``slices`` (API JSON), ``gates``, ``populated``."""
-    zones = [f"z{c}" for c in "abcd"[:draw(st.integers(1, 4))]]
+    # One cluster in four is fit for Auto (topologycache SetNodes/getAllocations accept it):
+    # every Node Ready, zoned, with CPU, not control-plane, at least two zones, more
+    # endpoints, and an Auto annotation; otherwise AddHints would almost never get past
+    # getAllocations and the allocation, donation (redistributeHints) and per-zone hint
+    # paths of the upstream code would go unexercised.
+    fit = draw(st.integers(0, 3)) == 0
+    zones = [f"z{c}" for c in "abcd"[:draw(st.integers(2 if fit else 1, 4))]]
     nodes: list[dict[str, Any]] = []
     node_zone: dict[str, str | None] = {}
-    for i in range(draw(st.integers(1, 5))):
+    for i in range(draw(st.integers(2 if fit else 1, 6 if fit else 5))):
         name = f"n{i}"
-        labels: dict[str, str] = {"kubernetes.io/hostname": name}
-        zone = draw(st.sampled_from(zones)) if draw(st.integers(0, 9)) else None
+        # now and then no label at all (topologycache hasExcludedLabels' empty-map case)
+        labels: dict[str, str] = {"kubernetes.io/hostname": name} if fit or draw(st.integers(0, 5)) else {}
+        if fit:
+            zone: str | None = zones[i] if i < 2 else draw(st.sampled_from(zones))
+        else:
+            zone = draw(st.sampled_from(zones)) if draw(st.integers(0, 9)) else None
         if zone is not None:
             labels[ZONE] = zone
-        if draw(st.integers(0, 9)) == 0:
-            labels[CP] = ""
+        if not fit and draw(st.integers(0, 9)) == 0:
+            labels[draw(st.sampled_from([CP, MASTER]))] = ""
         node_zone[name] = zone
         status: dict[str, Any] = {}
-        cpu = draw(st.sampled_from(["4", "2", "1", "500m", "1500m", "0", None]))
+        cpu = draw(st.sampled_from(["4", "2", "1", "500m", "1500m"] + ([] if fit else ["0", None])))
         if cpu is not None:
             status["allocatable"] = {"cpu": cpu}
-        ready = draw(st.sampled_from(["True", "True", "True", "False", "Unknown", None]))
+        ready = "True" if fit else draw(st.sampled_from(["True", "True", "True", "False", "Unknown", None]))
         if ready is not None:
             status["conditions"] = [{"type": "Ready", "status": ready}]
         nodes.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
                       "status": status})
+    if fit and draw(st.integers(0, 3)) == 0:
+        # a NotReady Node without a zone: SetNodes skips it, so the allocation succeeds, and
+        # its ready endpoints have no zone (AddHints' "no zone specified" after allocating)
+        node_zone["nx"] = None
+        not_ready = draw(st.sampled_from(["False", "Unknown"]))
+        nodes.append({"apiVersion": "v1", "kind": "Node",
+                      "metadata": {"name": "nx", "labels": {"kubernetes.io/hostname": "nx"}},
+                      "status": {"allocatable": {"cpu": "2"},
+                                 "conditions": [{"type": "Ready", "status": not_ready}]}})
     ann: dict[str, str] = {}
-    for key in draw(st.sampled_from([(), (), (MODE,), (MODE,), (LEGACY,), (MODE, LEGACY)])):
-        ann[key] = draw(st.sampled_from(ANNOTATION_VALUES))
+    if fit and draw(st.integers(0, 2)):
+        ann[draw(st.sampled_from([MODE, MODE, LEGACY]))] = draw(st.sampled_from(["Auto", "Auto", "auto"]))
+    elif not fit:
+        for key in draw(st.sampled_from([(), (), (MODE,), (MODE,), (LEGACY,), (MODE, LEGACY)])):
+            ann[key] = draw(st.sampled_from(ANNOTATION_VALUES))
     spec: dict[str, Any] = {"selector": {"app": SVC}, "type": "ClusterIP", "clusterIP": "10.96.0.1",
                             "clusterIPs": ["10.96.0.1"], "ipFamilies": ["IPv4"],
                             "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}
-    td = draw(st.sampled_from(TD_VALUES))
+    # a fit cluster without Auto runs trafficdist on clean slices
+    td = draw(st.sampled_from(TD_VALUES if ann or not fit else ["PreferClose", "PreferSameZone", "PreferSameNode"]))
     if td is not None:
         spec["trafficDistribution"] = td
     if draw(st.integers(0, 4)) == 0:
@@ -126,14 +154,16 @@ def clusters(draw: st.DrawFn, minor: int) -> dict[str, Any]:
         spec["externalTrafficPolicy"] = draw(st.sampled_from(["Local", "Cluster"]))
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": SVC, "namespace": NS, "uid": "uid-web", "annotations": ann}, "spec": spec}
-    pool = draw(st.integers(2, 9))  # addresses 10.1.0.1..pool: small pools repeat addresses
+    # addresses 10.1.0.1..pool: small pools repeat addresses
+    pool = draw(st.integers(8, 30)) if fit else draw(st.integers(2, 9))
     slices: list[dict[str, Any]] = []
     pod = 0
     for s in range(draw(st.integers(1, 3))):
         eps = []
-        for _ in range(draw(st.integers(0, 5))):
+        for _ in range(draw(st.integers(0, 10 if fit else 5))):
             node = draw(st.sampled_from(sorted(node_zone)))
-            state = draw(st.sampled_from(["ready", "ready", "ready", "unready", "term-serving", "term"]))
+            state = draw(st.sampled_from(["ready", "ready", "ready", "unready", "term-serving", "term"]
+                                         + ["ready"] * (6 if fit else 0)))
             serving = state in ("ready", "term-serving")
             term = state.startswith("term")
             ep: dict[str, Any] = {"addresses": [f"10.1.0.{draw(st.integers(1, pool))}"],
@@ -146,7 +176,9 @@ def clusters(draw: st.DrawFn, minor: int) -> dict[str, Any]:
                 ep["zone"] = node_zone[node]
             # forNodes is in the discovery/v1 API from 1.33 (k8s.io/api EndpointHints.ForNodes);
             # an older apiserver (and the oracle's decoder) drops it
-            h = draw(st.sampled_from(["none", "none", "own", "other", "empty"] + (["node"] if minor >= 33 else [])))
+            # fit clusters carry mostly the hints the controller would keep (unchanged slices)
+            h = draw(st.sampled_from(["none", "none", "own", "other", "empty"] + ["own", "own"] * fit
+                                     + (["node"] * (1 + 2 * fit) if minor >= 33 else [])))
             if h == "own" and node_zone[node] is not None:
                 ep["hints"] = {"forZones": [{"name": node_zone[node]}]}
             elif h == "other":
