@@ -59,8 +59,8 @@ def register(subparsers: Any) -> None:
                    "check its sums against the lab")
     p.add_argument("--mode", choices=("flat", "vxlan"), help="override options.mode")
     p.add_argument("--ipv6", action="store_true",
-                   help="dual-stack lab (options.ipv6: true); the traffic section's family "
-                   "decides which ClusterIPs clients call")
+                   help="dual-stack lab (options.ipv6: true); clients call the IPv4 and the "
+                   "IPv6 ClusterIPs (a traffic section with family: 6 keeps IPv6 only)")
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                    help="agents' export interval (default 2)")
     p.add_argument("--workdir", type=Path, metavar="DIR",

@@ -354,7 +354,8 @@ class DemoRun:
             time.sleep(opt.scrape_seconds * 3)
         t0 = time.time()
         measured_start = time.monotonic()
-        say(f"traffic: {opt.duration_seconds:g} s per client")
+        fams = " and ".join(f"IPv{f}" for f in self.cluster.traffic.families)
+        say(f"traffic: {opt.duration_seconds:g} s per client, {fams} ClusterIPs")
         measured = self._run_traffic(opt.duration_seconds, None, progress, during, started,
                                      opt.duration_seconds)
         flows += measured

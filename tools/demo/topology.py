@@ -278,7 +278,8 @@ def parse_demo(text: str, source: str = "<yaml>", *, mode: str | None = None,
         text: YAML.
         source: file name for error messages.
         mode: override ``options.mode`` (``flat`` or ``vxlan``).
-        ipv6: override ``options.ipv6``.
+        ipv6: override ``options.ipv6``; True also makes the traffic section's ``family`` 4
+            (the default) ``both``, so the dual-stack lab is exercised in both families.
 
     Raises:
         InputError: invalid YAML, topology or traffic (naming file, object and field).
@@ -298,6 +299,12 @@ def parse_demo(text: str, source: str = "<yaml>", *, mode: str | None = None,
         options["mode"] = mode
     if ipv6 is not None:
         options["ipv6"] = ipv6
+        if ipv6 and isinstance(traffic, dict) and traffic.get("family", 4) in (4, "4"):
+            # a dual-stack lab asked for on the command line is exercised in both families
+            # (a traffic section that asks for IPv6 only keeps it)
+            traffic = {**traffic, "family": "both"}
+        elif ipv6 and traffic is None:
+            traffic = {"family": "both"}
     data["options"] = options
     try:
         topo = Topology.from_dict(data, source=source)

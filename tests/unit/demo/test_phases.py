@@ -65,7 +65,7 @@ def test_execute_reports_every_phase_in_order(tmp_path: Path,
     assert [s.split(" (")[0] for s in said[1:7]] == [
         f"agents compiled and attached {i}/6" for i in range(1, 7)]
     assert said[7].startswith("warming up: 30 requests per client and Service")
-    assert said[8] == "traffic: 1 s per client"
+    assert said[8] == "traffic: 1 s per client, IPv4 ClusterIPs"
     assert said[9].startswith("traffic done")
     assert result.traffic_seconds == 1
 

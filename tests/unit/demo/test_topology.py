@@ -116,3 +116,16 @@ def test_docs_example_parses() -> None:
     spec = parse_demo(block, "docs/demo.md")
     assert spec.traffic.families == (4, 6) and spec.topology.options.mode == "vxlan"
     assert [n.name for n in spec.topology.nodes if n.ignore_hints] == ["n2"]
+
+
+def test_ipv6_flag_sends_both_families_unless_the_file_asks_for_ipv6_only() -> None:
+    from tools.demo.topology import DEFAULT_DEMO_TOPOLOGY, load_demo, parse_demo
+
+    assert load_demo().traffic.families == (4,)
+    assert load_demo(ipv6=True).traffic.families == (4, 6)  # the default file says family: 4
+    six = DEFAULT_DEMO_TOPOLOGY.replace("options: {mode: flat, ipv6: false}", "options: {mode: flat, ipv6: true}")
+    six = six.replace("  family: 4\n", "  family: 6\n")
+    assert "  family: 6\n" in six
+    assert parse_demo(six, ipv6=True).traffic.families == (6,)
+    bare = DEFAULT_DEMO_TOPOLOGY.split("\ntraffic:")[0]  # no traffic section at all
+    assert parse_demo(bare, ipv6=True).traffic.families == (4, 6)
