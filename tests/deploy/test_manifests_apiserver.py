@@ -1,0 +1,164 @@
+"""deploy/daemonset applied to a real kube-apiserver (tools/kube/controlplane.py, built from its
+Go module by tools/kube/build.sh), in a network namespace of its own.
+
+* ``kubectl apply -k`` of the agent and of the cleanup kustomizations succeeds, and so does
+  a ``--dry-run=server`` apply of each afterwards (the server's validation, defaulting and
+  admission; before the namespace exists a server dry run refuses the objects in it);
+* PodSecurity admission (on by default in kube-apiserver) admits a Pod made from each
+  DaemonSet's template in its namespace, and refuses the same Pod where the namespace
+  enforces ``baseline``, so the namespace labels are what admits it;
+* the agent's ServiceAccount, with a token the server issued (TokenRequest), may get, list
+  and watch exactly pods, nodes, services and endpointslices (the SelfSubjectRulesReview
+  behind ``kubectl auth can-i --list``, and ``kubectl auth can-i`` probes)
+  and nothing else beyond what every authenticated user may do.
+
+The monitoring kustomization (PodMonitor, PrometheusRule) needs the Prometheus Operator's
+CRDs, which no registry this project uses ships; it stays schema-checked in
+tests/unit/deploy/test_manifests.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tools.kube.controlplane import Binaries, ControlPlane
+
+pytestmark = [pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "daemonset"
+ADDRESS = "10.250.0.11"
+SERVICE_CIDR = "10.96.0.0/16"
+SA = "system:serviceaccount:zonemeter:zonemeter-agent"
+#: what the agent reads (docs/security.md): get, list and watch of these four, nothing more
+AGENT_RULES = {(r, v) for r in ("pods", "nodes", "services", "endpointslices.discovery.k8s.io")
+               for v in ("get", "list", "watch")}
+#: some of what every authenticated identity may do (kube-apiserver's bootstrap policy,
+#: system:basic-user); the test reads the whole set from an unbound service account
+EVERYONE = {"selfsubjectaccessreviews.authorization.k8s.io", "selfsubjectrulesreviews.authorization.k8s.io",
+            "selfsubjectreviews.authentication.k8s.io"}
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    if os.geteuid() != 0:
+        pytest.fail("tests/deploy/test_manifests_apiserver.py needs root (it creates a network namespace)")
+    binaries = Binaries.find()  # fails (never skips) with the build command when not built
+    netns = f"zmtest-dp-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    try:
+        for cmd in (["addr", "add", f"{ADDRESS}/32", "dev", "lo"], ["link", "set", "lo", "up"]):
+            subprocess.run(["ip", "-n", netns, *cmd], check=True)
+        with ControlPlane(netns, ADDRESS, SERVICE_CIDR, tmp_path_factory.mktemp("cp"),
+                          binaries=binaries) as plane:
+            yield plane
+    finally:
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+
+
+def _rendered(directory: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(subprocess.run(
+        [str(Binaries.find().kubectl), "kustomize", str(directory)], capture_output=True, text=True,
+        check=True).stdout) if d]
+
+
+def _pod_from(ds: dict[str, Any], namespace: str) -> dict[str, Any]:
+    tmpl = ds["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": ds["metadata"]["name"] + "-psa", "namespace": namespace,
+                         "labels": tmpl["metadata"].get("labels", {})},
+            "spec": tmpl["spec"]}
+
+
+@pytest.mark.parametrize("kustomization", ["agent", "cleanup"])
+def test_kustomization_applies_and_pod_security_admits_its_pods(cp: ControlPlane, kustomization: str) -> None:
+    directory = DEPLOY / kustomization
+    done = cp.kubectl("apply", "-k", str(directory), check=False)
+    assert done.returncode == 0, done.stderr
+    # once the namespace exists (a server dry run cannot create it for the objects in it):
+    # the server's validation, defaulting and admission of every object again
+    dry = cp.kubectl("apply", "--dry-run=server", "-k", str(directory), check=False)
+    assert dry.returncode == 0, dry.stderr
+    objs = _rendered(directory)
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    for kind, name in kinds:
+        ns = next(o["metadata"].get("namespace") for o in objs if (o["kind"], o["metadata"]["name"]) == (kind, name))
+        got = cp.kubectl("get", kind, name, *(["-n", ns] if ns else []), "-o", "json", check=False)
+        assert got.returncode == 0, f"{kind}/{name} not on the server: {got.stderr}"
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    ns = ds["metadata"]["namespace"]
+    pod = _pod_from(ds, ns)
+    admitted = cp.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+    assert admitted.returncode == 0, admitted.stderr
+    # the same Pod where baseline is enforced: refused, so the namespace's labels admit it
+    strict = f"zmpsa-{kustomization}"
+    cp.kubectl("create", "namespace", strict, check=False)
+    cp.kubectl("label", "--overwrite", "namespace", strict, "pod-security.kubernetes.io/enforce=baseline")
+    if pod["spec"].get("serviceAccountName"):  # so only PodSecurity can refuse it
+        cp.kubectl("create", "serviceaccount", pod["spec"]["serviceAccountName"], "-n", strict, check=False)
+    pod["metadata"]["namespace"] = strict
+    refused = cp.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
+    assert "hostNetwork" in refused.stderr or "host namespaces" in refused.stderr, refused.stderr
+
+
+def _token_kubeconfig(cp: ControlPlane, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig holding a token the server issued (TokenRequest) for ``account``."""
+    token = cp.kubectl("create", "token", account, "-n", namespace).stdout.strip()
+    assert token.count(".") == 2  # a JWT the server signed
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "lab", "cluster": {"server": cp.server,
+                                                 "certificate-authority": str(cp.pki / "ca.crt")}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "lab", "user": "sa"}}]}))
+    return path
+
+
+def _allowed(cp: ControlPlane, kc: Path) -> set[tuple[str, str]]:
+    """(resource[.group], verb) pairs the identity of ``kc`` may use in namespace zonemeter,
+    cluster-wide rules included: the SelfSubjectRulesReview behind ``kubectl auth can-i
+    --list`` (which prints only a table)."""
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+              "spec": {"namespace": "zonemeter"}}
+    # client-side validation would list CRDs, which these identities may not: --validate=false
+    got = cp.kubectl("--kubeconfig", str(kc), "create", "--validate=false", "-o", "json", "-f", "-",
+                     input=json.dumps(review), check=False)
+    assert got.returncode == 0, got.stderr
+    allowed: set[tuple[str, str]] = set()
+    for r in json.loads(got.stdout)["status"]["resourceRules"]:
+        for group in r.get("apiGroups") or [""]:
+            for res in r.get("resources", []):
+                for verb in r["verbs"]:
+                    allowed.add((res if group == "" else f"{res}.{group}", verb))
+    return allowed
+
+
+def test_the_agent_token_reads_exactly_four_kinds(cp: ControlPlane, tmp_path: Path) -> None:
+    cp.kubectl("apply", "-k", str(DEPLOY / "agent"))
+    kc = _token_kubeconfig(cp, "zonemeter", "zonemeter-agent", tmp_path / "agent.kubeconfig")
+    who = cp.kubectl("--kubeconfig", str(kc), "auth", "whoami", "-o", "json")
+    assert json.loads(who.stdout)["status"]["userInfo"]["username"] == SA
+    # what any service account may do without a binding (kube-apiserver's bootstrap policy for
+    # system:authenticated: self reviews, public info, ClusterTrustBundles in 1.37 ...)
+    cp.kubectl("create", "serviceaccount", "zm-nobody", "-n", "default", check=False)
+    baseline = _allowed(cp, _token_kubeconfig(cp, "default", "zm-nobody", tmp_path / "nobody.kubeconfig"))
+    assert {r for r, _ in baseline} >= EVERYONE
+    assert _allowed(cp, kc) - baseline == AGENT_RULES
+    # and probes of what it must not do, as the server judges them
+    for verb, res in (("create", "pods"), ("get", "secrets"), ("list", "configmaps"), ("delete", "nodes"),
+                      ("watch", "events"), ("patch", "endpointslices.discovery.k8s.io")):
+        no = cp.kubectl("--kubeconfig", str(kc), "auth", "can-i", verb, res, "-A", check=False)
+        assert no.stdout.strip() == "no", (verb, res, no.stdout, no.stderr)
+    yes = cp.kubectl("--kubeconfig", str(kc), "auth", "can-i", "watch", "endpointslices.discovery.k8s.io",
+                     "-A", check=False)
+    assert yes.stdout.strip() == "yes", yes.stderr
