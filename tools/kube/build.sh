@@ -3,6 +3,7 @@
 #   kube-apiserver, kube-controller-manager, kube-proxy, kubectl   (module k8s.io/kubernetes)
 #   etcd                                                            (module go.etcd.io/etcd/server/v3)
 #   helm                                                            (module helm.sh/helm/v3)
+#   the PodMonitor and PrometheusRule CRDs (files of github.com/prometheus-operator/prometheus-operator)
 # Everything comes through the Go module proxy (GOPROXY); nothing else is downloaded.
 #
 # Usage:
@@ -245,4 +246,22 @@ else
   mv -f "$helm_out/helm.tmp" "$helm_out/helm"
   printf 'helm %s\ngo %s\n' "$HELM_VERSION" "$gover" >"$helm_out/.stamp"
   echo "helm $HELM_VERSION: built in $(( $(now) - t0 )) s ($helm_out/helm)"
+fi
+
+# --- Prometheus Operator CRDs -------------------------------------------------------------
+# The PodMonitor and PrometheusRule CRDs the monitoring kustomization needs, from the
+# operator's own Go module (its example/prometheus-operator-crd/ directory), for the
+# real-API-server tests of deploy/daemonset. Files only: nothing is built.
+PROM_OPERATOR_VERSION="${PROM_OPERATOR_VERSION:-v0.85.0}"
+crd_out="$cache/crds/prometheus-operator/$PROM_OPERATOR_VERSION"
+if stamp_has "$crd_out/.stamp" "prometheus-operator $PROM_OPERATOR_VERSION"; then
+  echo "prometheus-operator CRDs $PROM_OPERATOR_VERSION: cached ($crd_out)"
+else
+  pdir="$(moddir github.com/prometheus-operator/prometheus-operator "$PROM_OPERATOR_VERSION")"
+  mkdir -p "$crd_out"
+  for k in podmonitors prometheusrules; do
+    cp -f "$pdir/example/prometheus-operator-crd/monitoring.coreos.com_$k.yaml" "$crd_out/"
+  done
+  printf 'prometheus-operator %s\n' "$PROM_OPERATOR_VERSION" >"$crd_out/.stamp"
+  echo "prometheus-operator CRDs $PROM_OPERATOR_VERSION: fetched ($crd_out)"
 fi
