@@ -16,6 +16,8 @@ __all__ = [
     "FAMILY_SERVICE",
     "FAMILY_WORKLOAD",
     "SKIPPED_REASONS",
+    "UNKNOWN_CROSSING_REASONS",
+    "DIAGNOSTIC_NAMES",
     "UNATTRIBUTED_REASONS",
     "UNKNOWN",
     "counted_here",
@@ -61,6 +63,12 @@ UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE,
 #: reasons of ``skipped_bytes`` (copies another veth counts)
 SKIPPED_REASONS = frozenset({S_CLUSTERIP_CLIENT_COPY, S_CLUSTERIP_MIXED_HOST_NETWORK,
                              S_ENDPOINT_CLIENT_COPY, S_POD_PEER_INGRESS})
+#: reasons of ``unknown_crossing_bytes``
+UNKNOWN_CROSSING_REASONS = frozenset({R_NO_POD_FOR_IP, R_NODE_WITHOUT_ZONE, R_CIDR_WITHOUT_ZONE,
+                                      R_CLUSTERIP_TO_HOST_NETWORK})
+#: names of ``diagnostics_bytes``
+DIAGNOSTIC_NAMES = frozenset({D_AMBIGUOUS_SERVICE, D_HINT_CHECK_NO_CLIENT_NODE, D_OVERFLOW_UNFILTERED,
+                              D_HOLD_FULL, D_LATE_ENDPOINT})
 
 #: ``family`` label values of ``zonemeter_series_expired_total``: the exported metric whose
 #: series expired (see :mod:`agent.attribution.expiry`)

@@ -15,6 +15,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from agent.attribution.vocabulary import (
+    DIAGNOSTIC_NAMES,
+    SKIPPED_REASONS,
+    UNATTRIBUTED_REASONS,
+    UNKNOWN_CROSSING_REASONS,
+)
 from agent.exporter.snapshot import ExportSnapshot
 from agent.records import HintIgnoredKey, ServiceBytesKey, WorkloadBytesKey
 
@@ -61,8 +67,13 @@ def _keyed(series: Mapping[Any, float]) -> Iterable[Sample]:
         yield tuple(label(getattr(key, f.name)) for f in fields(key)), value
 
 
-def _by_name(series: Mapping[str, float]) -> Iterable[Sample]:
-    """Samples of a ``{label value: value}`` mapping (one label)."""
+def _by_name(series: Mapping[str, float], known: Iterable[str] = ()) -> Iterable[Sample]:
+    """Samples of a ``{label value: value}`` mapping (one label), with every ``known`` value
+    exported from the start at 0: a series that appears only at its first increment hides
+    that increment from ``rate()``/``increase()`` and from the alerts built on them
+    (Prometheus instrumentation practices, "Avoid missing metrics")."""
+    for name in sorted(set(known) - set(series)):
+        yield (label(name),), 0
     for name, value in series.items():
         yield (label(name),), value
 
@@ -133,22 +144,22 @@ FAMILIES: tuple[MetricFamily, ...] = (
     MetricFamily(
         "zonemeter_unattributed_bytes_total", COUNTER,
         "L3 bytes that could not be attributed, by reason.",
-        ("reason",), lambda s, _: _by_name(s.totals.unattributed_bytes)),
+        ("reason",), lambda s, _: _by_name(s.totals.unattributed_bytes, UNATTRIBUTED_REASONS)),
     MetricFamily(
         "zonemeter_unknown_crossing_bytes_total", COUNTER,
         "L3 bytes of service and workload series whose crossing is unknown, by reason (a subset "
         "of those series).",
-        ("reason",), lambda s, _: _by_name(s.totals.unknown_crossing_bytes)),
+        ("reason",), lambda s, _: _by_name(s.totals.unknown_crossing_bytes, UNKNOWN_CROSSING_REASONS)),
     MetricFamily(
         "zonemeter_skipped_bytes_total", COUNTER,
         "L3 bytes seen but not counted here because another veth counts them (client-side "
         "copies), by reason; never billed.",
-        ("reason",), lambda s, _: _by_name(s.totals.skipped_bytes)),
+        ("reason",), lambda s, _: _by_name(s.totals.skipped_bytes, SKIPPED_REASONS)),
     MetricFamily(
         "zonemeter_diagnostic_bytes_total", COUNTER,
         "L3 bytes already counted in the series above that are worth a look, by diagnostic name "
         "(e.g. endpoint_not_in_kernel: the kernel endpoint map lagged the EndpointSlices).",
-        ("name",), lambda s, _: _by_name(s.totals.diagnostics_bytes)),
+        ("name",), lambda s, _: _by_name(s.totals.diagnostics_bytes, DIAGNOSTIC_NAMES)),
     MetricFamily(
         "zonemeter_series_expired_total", COUNTER,
         "Series dropped because their Service or workload no longer exists and they gained no "

@@ -88,16 +88,28 @@ zonemeter_service_locality_last_change_timestamp_seconds{namespace="shop",servic
 zonemeter_workload_bytes_total{client_zone="zone-a",crossing="external",direction="ingress",namespace="shop",remote_kind="external",remote_zone="unknown",workload="cart",workload_kind="Deployment"} 77.0
 # HELP zonemeter_unattributed_bytes_total L3 bytes that could not be attributed, by reason.
 # TYPE zonemeter_unattributed_bytes_total counter
+zonemeter_unattributed_bytes_total{reason="attribution_error"} 0.0
+zonemeter_unattributed_bytes_total{reason="endpoint_without_service"} 0.0
 zonemeter_unattributed_bytes_total{reason="flow_table_full"} 9.0
 # HELP zonemeter_unknown_crossing_bytes_total L3 bytes of service and workload series whose crossing is unknown, by reason (a subset of those series).
 # TYPE zonemeter_unknown_crossing_bytes_total counter
+zonemeter_unknown_crossing_bytes_total{reason="cidr_without_zone"} 0.0
+zonemeter_unknown_crossing_bytes_total{reason="clusterip_to_host_network_endpoint"} 0.0
 zonemeter_unknown_crossing_bytes_total{reason="no_pod_for_ip"} 4.0
+zonemeter_unknown_crossing_bytes_total{reason="node_without_zone"} 0.0
 # HELP zonemeter_skipped_bytes_total L3 bytes seen but not counted here because another veth counts them (client-side copies), by reason; never billed.
 # TYPE zonemeter_skipped_bytes_total counter
 zonemeter_skipped_bytes_total{reason="clusterip_client_copy"} 6200.0
+zonemeter_skipped_bytes_total{reason="clusterip_mixed_host_network"} 0.0
+zonemeter_skipped_bytes_total{reason="endpoint_client_copy"} 0.0
+zonemeter_skipped_bytes_total{reason="pod_peer_ingress"} 0.0
 # HELP zonemeter_diagnostic_bytes_total L3 bytes already counted in the series above that are worth a look, by diagnostic name (e.g. endpoint_not_in_kernel: the kernel endpoint map lagged the EndpointSlices).
 # TYPE zonemeter_diagnostic_bytes_total counter
+zonemeter_diagnostic_bytes_total{name="ambiguous_service"} 0.0
 zonemeter_diagnostic_bytes_total{name="endpoint_not_in_kernel"} 3300.0
+zonemeter_diagnostic_bytes_total{name="flow_table_full_unfiltered"} 0.0
+zonemeter_diagnostic_bytes_total{name="hint_check_client_node_unknown"} 0.0
+zonemeter_diagnostic_bytes_total{name="hold_full"} 0.0
 # HELP zonemeter_series_expired_total Series dropped because their Service or workload no longer exists and they gained no bytes for --series-retention seconds, by the metric (family) they belonged to.
 # TYPE zonemeter_series_expired_total counter
 zonemeter_series_expired_total{family="zonemeter_service_bytes_total"} 0.0
