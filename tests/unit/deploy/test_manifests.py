@@ -154,6 +154,7 @@ def test_kustomization_renders_every_kind_once(objects: list[dict[str, Any]]) ->
             "PodMonitor",
             "PrometheusRule",
             "ConfigMap",
+            "ResourceQuota",
         ]
     )
     for obj in objects:
@@ -203,7 +204,7 @@ def test_builtin_objects_validate_against_openapi(
         used = kubernetes_validate.validate(obj, version, strict=True)
         assert used == version, f"validated {obj['kind']} against {used}, not {version}"
         checked += 1
-    assert checked == 6
+    assert checked == 7
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -600,3 +601,15 @@ def test_the_metrics_port_is_clear_of_common_node_agents(objects: list[dict[str,
     assert not 9100 <= port <= 9999  # Prometheus' exporter allocations (full)
     assert not 30000 <= port <= 60999  # NodePorts and the default ephemeral range
     assert not 15000 <= port <= 15090  # Istio
+
+
+def test_a_resource_quota_admits_the_priority_class_outside_kube_system(objects: list[dict[str, Any]]) -> None:
+    """GKE admits system-node-critical pods outside kube-system only under a ResourceQuota
+    scoped to that PriorityClass (deploy/daemonset/agent/resourcequota.yaml)."""
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    prio = ds["spec"]["template"]["spec"]["priorityClassName"]
+    (quota,) = [o for o in objects if o["kind"] == "ResourceQuota"]
+    assert quota["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert (expr["scopeName"], expr["operator"], expr["values"]) == ("PriorityClass", "In", [prio])
+    assert set(quota["spec"]["hard"]) == {"pods"}  # admits; limits nothing else
