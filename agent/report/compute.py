@@ -910,7 +910,9 @@ def total_of(changes: list[Change], price: Price, before: Window, after: Window)
     saved_se = (None if any(v is None for v in saved_ses)
                 else math.sqrt(sum((v or 0.0) ** 2 for v in saved_ses)))
     warnings = []
-    undefined = [str(c.key) for c in changes if c.normalized_saved is None]
+    # a Service without bytes in either window has nothing to leave out
+    undefined = [str(c.key) for c in changes if c.normalized_saved is None
+                 and (c.before.bytes_per_second > 0 or c.after.bytes_per_second > 0)]
     if undefined:
         warnings.append("normalised total leaves out Services without a before figure: "
                         + ", ".join(undefined))
