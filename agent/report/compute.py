@@ -1089,13 +1089,28 @@ CHART_PANELS = 12
 MAX_NAMED_SKIPS = 5
 
 
+def _named(keys: list[ServiceKey]) -> str:
+    """``a/b, c/d and 3 more``: the first :data:`MAX_NAMED_SKIPS` Services, the rest counted."""
+    named = ", ".join(str(k) for k in keys[:MAX_NAMED_SKIPS])
+    more = len(keys) - MAX_NAMED_SKIPS
+    return named + (f" and {more} more" if more > 0 else "")
+
+
+def _skip_reason(err: InputError) -> str:
+    """The short, Service-independent reason a change time leaves no usable window."""
+    if "in the future" in err.problem:
+        return "--window after the change ends in the future"
+    return f"changed under {MIN_WINDOW_SECONDS:.0f} s ago"
+
+
 def report_per_service(client: PromClient, price: Price, now: float, *,
                        window_seconds: float | None = None, service: ServiceKey | None = None,
                        with_series: bool = False) -> Report:
     """Report where each Service's windows surround its own last locality change.
 
     Services whose change time leaves no usable window or no data are skipped with a
-    report-level warning. The HTTP requests are bounded whatever the number of Services:
+    report-level warning, one line per reason naming the Services (the first
+    :data:`MAX_NAMED_SKIPS`, the rest counted). The HTTP requests are bounded whatever the number of Services:
     1 for the change times, 4 instant queries, one range query per distinct step of the
     windows (at most 8 without ``window_seconds``, 1 with it), and with ``with_series`` 1
     more plus one per distinct chart step. Services sharing a window share one part of
@@ -1116,7 +1131,7 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
         try:
             windows[key] = windows_around(times[key], now, window_seconds, flag="--window")
         except InputError as err:
-            skipped[key] = err.problem
+            skipped[key] = _skip_reason(err)
     # one job per distinct window; a Service's before and after windows are two jobs
     members: dict[Window, set[ServiceKey]] = {}
     for key, (before, after) in windows.items():
@@ -1128,30 +1143,35 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
                                                                 coverage_by_service=True), strict=False))
 
     changes: list[Change] = []
-    warnings: list[str] = []
+    # Services skipped or warned about, by reason: one line per reason, each Service once
+    skips: dict[str, list[ServiceKey]] = {}
+    partial: dict[str, list[ServiceKey]] = {}
     kept: list[ServiceKey] = []
     for key in sorted(times):
         if key in skipped:
-            warnings.append(f"{key}: skipped: {skipped[key]}")
+            skips.setdefault(skipped[key], []).append(key)
             continue
         before, after = windows[key]
         b_stats, _, b_warn = results[before]
         a_stats, _, a_warn = results[after]
         if key not in b_stats:
-            warnings.append(f"{key}: skipped: {_no_data('before', before, key).problem}")
+            skips.setdefault(f"no {BYTES} data in the before window", []).append(key)
             continue
         if key not in a_stats:
-            warnings.append(f"{key}: skipped: {_no_data('after', after, key).problem}")
+            skips.setdefault(f"no {BYTES} data in the after window", []).append(key)
             continue
-        warnings += [f"{key}: before window: {w}" for w in b_warn.get(key, [])]
-        warnings += [f"{key}: after window: {w}" for w in a_warn.get(key, [])]
+        for which, warn in (("before", b_warn), ("after", a_warn)):
+            for edge in sorted({w.split(" of the window")[0] for w in warn.get(key, [])}):
+                partial.setdefault(f"{edge} of the {which} window", []).append(key)
         kept.append(key)
+    warnings = [f"skipped, {reason}: {_named(keys)}" for reason, keys in skips.items()]
+    warnings += [f"{reason} (the data cover only part of it; rates are averaged over the "
+                 f"whole window): {_named(keys)}" for reason, keys in partial.items()]
     if not kept:
-        named = [w for w in warnings[:MAX_NAMED_SKIPS]]
-        more = len(warnings) - len(named)
-        raise InputError("no Service has data around its last locality change: "
-                         + "; ".join(named) + (f"; and {more} more" if more else ""),
-                         source="--prometheus")
+        reasons = "; ".join(f"{reason}: {_named(keys)}" for reason, keys in skips.items())
+        raise InputError(f"no Service has data around its last locality change ({reasons}); "
+                         "check that Prometheus scrapes the agents and keeps data that old, or "
+                         "give --before/--after", source="--prometheus")
     scrape = scrape_interval(client, BYTES + label_matchers(kept[0]),
                              max(windows[k][1].end for k in kept))
     used = sorted({w for k in kept for w in windows[k]}, key=lambda w: (w.start, w.end))
