@@ -1000,6 +1000,11 @@ def assumptions(price: Price) -> tuple[str, ...]:
         "locality in effect at an instant = every zonemeter_service_locality_in_effect series "
         "of the Service (all client zones, all agents) is 1; share = fraction of the window's "
         "query steps with that state",
+        "noise: each window is cut into sub-windows of at least 4 scrape intervals; standard "
+        "error = sample standard deviation of the sub-window rates / sqrt(count), the two "
+        "windows' errors combined in quadrature (normalised: first-order error propagation); "
+        f"a change within {SIGNIFICANCE_Z:g} standard errors (the ± shown) reads \"no "
+        "significant change\" and is neither priced nor counted in the total",
     )
 
 
