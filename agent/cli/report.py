@@ -27,7 +27,7 @@ from agent.report.compute import (
 )
 from agent.report.pricing import parse_price
 from agent.report.prom import PromClient
-from agent.report.render import to_csv, to_json, to_table
+from agent.report.render import Hidden, shown, to_csv, to_json, to_table
 from agent.report.timespec import format_time, parse_duration, parse_time, parse_window, validate_windows
 
 EXAMPLES = """\
@@ -68,6 +68,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", choices=("table", "json", "csv"), default="table")
     p.add_argument("--plot", metavar="FILE.png", help="write the chart as PNG")
     p.add_argument("--html", metavar="FILE.html", help="write an HTML report with the chart")
+    p.add_argument("--all-rows", action="store_true",
+                   help="also list Services and zone pairs with no bytes in either window "
+                   "(hidden by default, and counted)")
     p.add_argument("--now", metavar="T", help=argparse.SUPPRESS)  # reproducible tests
     # Relative times start with "-" ("--before -14d..-7d"); let argparse take any "-<digit>..."
     # as a value rather than an unknown option (the verb has no option named like a number).
@@ -138,7 +141,7 @@ def build(args: argparse.Namespace) -> Report:
                               with_series=with_series)
 
 
-def draw(report: Report, png: str | None, page: str | None) -> None:
+def draw(report: Report, png: str | None, page: str | None, all_rows: bool = False) -> None:
     """Write the PNG chart and/or the HTML report (which embeds the chart).
 
     Raises:
@@ -147,15 +150,15 @@ def draw(report: Report, png: str | None, page: str | None) -> None:
     from agent.report import chart  # matplotlib is imported only when drawing
 
     if png:
-        chart.render_png(report, png)
+        chart.render_png(report, png, all_rows)
     if page:
         if png:
-            chart.render_html(report, page, png)
+            chart.render_html(report, page, png, all_rows)
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 tmp_png = Path(tmp) / "chart.png"
-                chart.render_png(report, tmp_png)
-                chart.render_html(report, page, tmp_png)
+                chart.render_png(report, tmp_png, all_rows)
+                chart.render_html(report, page, tmp_png, all_rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,12 +170,16 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"directory of {path!r} does not exist", source=flag)
     report = build(args)
     if args.plot or args.html:
-        draw(report, args.plot, args.html)
+        draw(report, args.plot, args.html, args.all_rows)
     if args.output == "json":
-        json.dump(to_json(report), sys.stdout, indent=2)
+        json.dump(to_json(report, args.all_rows), sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif args.output == "csv":
-        sys.stdout.write(to_csv(report))
+        sys.stdout.write(to_csv(report, args.all_rows))
+        # a CSV has no place for a note: say on stderr what the rows leave out
+        note = shown(report, args.all_rows)[1]
+        if note.services:
+            sys.stderr.write(f"zonemeter: {Hidden(services=note.services).line()}\n")
     else:
-        sys.stdout.write(to_table(report))
+        sys.stdout.write(to_table(report, args.all_rows))
     return 0

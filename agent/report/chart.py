@@ -22,7 +22,15 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from agent.errors import InputError  # noqa: E402
 from agent.report.compute import CHART_PANELS, Change, Report  # noqa: E402
-from agent.report.render import TABLE_HEADER, fmt_rate, table_rows, to_table  # noqa: E402
+from agent.report.render import (  # noqa: E402
+    TABLE_HEADER,
+    fmt_change,
+    fmt_dollars,
+    fmt_rate,
+    shown,
+    table_rows,
+    to_table,
+)
 from agent.report.timespec import format_time  # noqa: E402
 
 #: most Services drawn as their own line (the rest are summed as "other")
@@ -70,18 +78,34 @@ def _plot_windows(ax: Axes, c: Change, color: str) -> None:
                 color=color, linewidth=3, alpha=0.45, solid_capstyle="butt")
 
 
-def render_png(report: Report, path: str | Path) -> None:
+def chart_title(report: Report) -> str:
+    """Title of the one-panel chart: the total's observed and normalised change and what it
+    is worth (``$57.85/month saved``, ``cost rose $0.44/month``, ``no significant change``),
+    never a negative amount nor a change within the noise priced."""
+    tot = report.total
+    money = fmt_dollars(tot, "/month")
+    if tot.verdict == "saved":
+        money += " saved"
+    return (f"Cross-zone bytes/s per Service: {money} at {report.price.name}\n"
+            f"observed {fmt_change(tot.saved, tot.saved_stderr, tot.saved_significant)}, "
+            "normalised for volume "
+            f"{fmt_change(tot.normalized_saved, tot.normalized_stderr, tot.significant)}")
+
+
+def render_png(report: Report, path: str | Path, all_rows: bool = False) -> None:
     """Write the chart to ``path`` (PNG).
 
     With one pair of windows: one panel, a line per Service (largest before cross-zone
     rate first, at most :data:`MAX_LINES`), window averages as thick segments, the change
     as a dashed line. With per-Service windows: one small panel per Service, for the
     first :data:`~agent.report.compute.CHART_PANELS` (largest normalised saving first).
+    Services with no bytes in either window are left out unless ``all_rows``.
 
     Raises:
         InputError: the file cannot be written.
     """
-    services = list(report.services)
+    # all-zero Services are left out as in the table (all of them drawn when all are zero)
+    services = shown(report, all_rows)[0] or list(report.services)
     per_service = report.before is None
     if per_service:
         # the Services come ordered by normalised saving: draw the first panels only (a
@@ -101,7 +125,8 @@ def render_png(report: Report, path: str | Path) -> None:
             _withdrawals(ax, c, "tab:red", legend=False)
             ax.set_ylim(bottom=0)
             ax.set_title(f"{c.key}, change {format_time(c.change_time or 0)}\n"
-                         f"{fmt_rate(c.saved)} saved, normalised {fmt_rate(c.normalized_saved)}",
+                         f"saved {fmt_change(c.saved, c.saved_stderr, c.saved_significant)}, "
+                         f"normalised {fmt_change(c.normalized_saved, c.normalized_stderr, c.significant)}",
                          fontsize=9)
             _rate_axis(ax)
         for j in range(n, rows * cols):
@@ -134,10 +159,7 @@ def render_png(report: Report, path: str | Path) -> None:
         _shade(ax, report.total, report.change_time, legend=True)
         ax.set_ylabel("cross-zone bytes/s")
         ax.set_ylim(bottom=0)
-        tot = report.total
-        ax.set_title(f"Cross-zone bytes/s per Service: {fmt_rate(tot.saved)} saved, "
-                     f"{fmt_rate(tot.normalized_saved)} normalised for volume, "
-                     f"${tot.usd_per_month_saved or 0:,.2f}/month at {report.price.name}")
+        ax.set_title(chart_title(report), fontsize=10)
         _rate_axis(ax)
         ax.legend(loc="upper right", fontsize=8)
         fig.text(0.01, 0.01, "thick segments: window averages used by the report; thin lines: "
@@ -152,7 +174,8 @@ def render_png(report: Report, path: str | Path) -> None:
         plt.close(fig)
 
 
-def render_html(report: Report, path: str | Path, png_path: str | Path) -> None:
+def render_html(report: Report, path: str | Path, png_path: str | Path,
+                all_rows: bool = False) -> None:
     """Write a self-contained HTML report: the PNG at ``png_path`` embedded as base64, the
     summary table, zone pairs, warnings and assumptions.
 
@@ -166,7 +189,7 @@ def render_html(report: Report, path: str | Path, png_path: str | Path) -> None:
                          obj=str(png_path)) from None
     head = "".join(f"<th>{html.escape(h)}</th>" for h in TABLE_HEADER)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                   for r in table_rows(report))
+                   for r in table_rows(report, all_rows))
     doc = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>zonemeter report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
@@ -175,7 +198,7 @@ tr:last-child{{font-weight:bold}}pre{{background:#f6f6f6;padding:1em}}</style></
 <body><h1>zonemeter: cross-zone savings per Service</h1>
 <img alt="cross-zone bytes per second per Service" src="data:image/png;base64,{png}">
 <h2>Summary</h2><table><tr>{head}</tr>{body}</table>
-<h2>Details</h2><pre>{html.escape(to_table(report))}</pre>
+<h2>Details</h2><pre>{html.escape(to_table(report, all_rows))}</pre>
 </body></html>
 """
     try:

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from agent.errors import InputError
 from agent.report.pricing import Price
 from agent.report.prom import PromClient, Sample, Series, format_ms, prometheus_ms
-from agent.report.timespec import Window, choose_step, format_time
+from agent.report.timespec import NICE_STEPS_SECONDS, Window, choose_step, format_time
 
 BYTES = "zonemeter_service_bytes_total"
 HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
@@ -79,6 +79,32 @@ class PairRate:
 
 
 @dataclass(frozen=True, slots=True)
+class Spread:
+    """Variation of one Service's rates within one window, from its sub-windows.
+
+    The window is cut into ``sub_windows`` consecutive sub-windows of ``seconds`` each; the
+    rate of each is ``increase()`` over it / ``seconds`` (a sub-window without a sample
+    counts as 0 bytes, as the window average counts it). The variances are those of the
+    *mean* of the sub-window rates (sample variance / ``sub_windows``), the usual standard
+    error of a mean, treating the sub-windows as independent draws (docs/report.md,
+    "Noise").
+
+    Attributes:
+        sub_windows: number of sub-windows (at least 2).
+        seconds: length of each, seconds.
+        var_bytes: variance of the mean of all bytes/s, (bytes/s)^2.
+        var_cross: variance of the mean of cross-zone bytes/s, (bytes/s)^2.
+        cov: covariance of those two means, (bytes/s)^2.
+    """
+
+    sub_windows: int
+    seconds: float
+    var_bytes: float
+    var_cross: float
+    cov: float
+
+
+@dataclass(frozen=True, slots=True)
 class WindowStats:
     """One Service (or the cluster total) over one window.
 
@@ -93,6 +119,8 @@ class WindowStats:
             largest first.
         withdrawn_at: instants (Unix seconds) inside the window where the state went from in
             effect to not in effect.
+        spread: variation of the rates within the window, ``None`` when not measured (the
+            window holds fewer than two sub-windows).
     """
 
     window: Window
@@ -102,6 +130,7 @@ class WindowStats:
     locality_in_effect_share: float | None = None
     cross_zone_pairs: tuple[PairRate, ...] = ()
     withdrawn_at: tuple[float, ...] = ()
+    spread: Spread | None = None
 
     @property
     def cross_zone_fraction(self) -> float | None:
@@ -122,11 +151,17 @@ class Change:
         saved: observed cross-zone bytes/s saved (before - after; negative = more).
         normalized_saved: cross-zone bytes/s saved at the after window's traffic volume,
             ``fraction_before * total_after - cross_after``; ``None`` when the before window
-            had no traffic.
-        usd_per_month_saved: ``normalized_saved`` priced over a month of 30.44 days; ``None`` with it.
+            had no traffic. For the total: the sum over the Services whose normalised change
+            is significant.
+        usd_per_month_saved: ``normalized_saved`` priced over a month of 30.44 days when the
+            change is significant (negative: the cost rose), 0.0 when it is within the noise,
+            ``None`` when ``normalized_saved`` is undefined or its noise unknown.
         warnings: one line each.
         change_time: the change instant (Unix seconds) when known.
         series: cross-zone bytes/s over both windows for the chart, ``[(t, v)]``.
+        saved_stderr: standard error of ``saved``, bytes/s (:func:`change_errors`); ``None``
+            when a window's spread is unknown.
+        normalized_stderr: standard error of ``normalized_saved``, bytes/s, likewise.
     """
 
     key: ServiceKey | None
@@ -138,6 +173,82 @@ class Change:
     warnings: tuple[str, ...] = ()
     change_time: float | None = None
     series: tuple[tuple[float, float], ...] = ()
+    saved_stderr: float | None = None
+    normalized_stderr: float | None = None
+
+    @property
+    def saved_significant(self) -> bool | None:
+        """Whether the observed change exceeds the noise (:func:`significant`)."""
+        return significant(self.saved, self.saved_stderr)
+
+    @property
+    def significant(self) -> bool | None:
+        """Whether the normalised change (the one priced) exceeds the noise; ``None`` when
+        it or its noise is undefined."""
+        if self.normalized_saved is None:
+            return None
+        return significant(self.normalized_saved, self.normalized_stderr)
+
+    @property
+    def verdict(self) -> str:
+        """``saved``, ``cost rose``, ``no significant change`` or ``undefined`` (no before
+        traffic) or ``noise unknown`` (windows too short to measure it), for the normalised
+        change."""
+        if self.normalized_saved is None:
+            return "undefined"
+        sig = self.significant
+        if sig is None:
+            return "noise unknown"
+        if not sig:
+            return NO_SIGNIFICANT_CHANGE
+        return "saved" if self.normalized_saved > 0 else "cost rose"
+
+
+#: what a change within the noise reads, in every output
+NO_SIGNIFICANT_CHANGE = "no significant change"
+#: a change is significant when its magnitude exceeds this many standard errors (about a
+#: 95 % two-sided level for a normally distributed estimate)
+SIGNIFICANCE_Z = 2.0
+#: each sub-window of the noise estimate holds at least this many scrape intervals (as
+#: Grafana's $__rate_interval, so increase() always sees two samples in it)
+SCRAPES_PER_SUB_WINDOW = 4
+
+
+def significant(change: float, stderr: float | None) -> bool | None:
+    """``|change| > SIGNIFICANCE_Z x stderr`` (strict: a zero change is never significant);
+    ``None`` when ``stderr`` is unknown."""
+    if stderr is None:
+        return None
+    return abs(change) > SIGNIFICANCE_Z * stderr
+
+
+def change_errors(before: WindowStats, after: WindowStats) -> tuple[float | None, float | None]:
+    """Standard errors of the observed and the normalised change, bytes/s.
+
+    With ``C``/``T`` the cross-zone/all bytes/s means and ``V``, ``Cov`` from each window's
+    :class:`Spread` (the windows independent of each other):
+
+    - observed ``C_b - C_a``: ``sqrt(V(C_b) + V(C_a))``;
+    - normalised ``N = C_b / T_b x T_a - C_a`` (first-order error propagation):
+      ``V(N) = g_Cb^2 V(C_b) + g_Tb^2 V(T_b) + 2 g_Cb g_Tb Cov_b
+      + g_Ta^2 V(T_a) + V(C_a) - 2 g_Ta Cov_a`` with ``g_Cb = T_a / T_b``,
+      ``g_Tb = -C_b T_a / T_b^2``, ``g_Ta = C_b / T_b``.
+
+    Returns:
+        ``(observed, normalised)``; each ``None`` when a spread is unknown, the normalised
+        one also when the before window had no traffic.
+    """
+    b, a = before.spread, after.spread
+    if b is None or a is None:
+        return None, None
+    observed = math.sqrt(max(0.0, b.var_cross + a.var_cross))
+    if before.bytes_per_second <= 0:
+        return observed, None
+    tb, cb, ta = before.bytes_per_second, before.cross_zone_bytes_per_second, after.bytes_per_second
+    g_cb, g_tb, g_ta = ta / tb, -cb * ta / tb ** 2, cb / tb
+    var = (g_cb ** 2 * b.var_cross + g_tb ** 2 * b.var_bytes + 2 * g_cb * g_tb * b.cov
+           + g_ta ** 2 * a.var_bytes + a.var_cross - 2 * g_ta * a.cov)
+    return observed, math.sqrt(max(0.0, var))
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,6 +671,117 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
     return out
 
 
+def sub_window_seconds(window_seconds: float, scrape: float) -> float:
+    """Length of the noise estimate's sub-windows: the smallest of the query steps
+    (:data:`~agent.report.timespec.NICE_STEPS_SECONDS`) that is at least the window's query
+    step and :data:`SCRAPES_PER_SUB_WINDOW` scrape intervals (the largest step when none is)."""
+    floor = max(choose_step(window_seconds), SCRAPES_PER_SUB_WINDOW * scrape)
+    return float(next((s for s in NICE_STEPS_SECONDS if s >= floor), NICE_STEPS_SECONDS[-1]))
+
+
+def _offset_increase(range_selector: str, clause: str) -> str:
+    return f"sum by (namespace, service, crossing) (increase({range_selector}{clause}))"
+
+
+def spread_of(points: Mapping[float, tuple[float, float]], grid: list[float], seconds: float
+              ) -> Spread | None:
+    """:class:`Spread` of one Service from its sub-window increases.
+
+    Args:
+        points: ``{t: (all bytes, cross-zone bytes)}`` increases of the sub-window ending at
+            ``t``; a grid instant absent here counts as 0 bytes.
+        grid: the sub-window ends.
+        seconds: sub-window length.
+
+    Returns:
+        The spread (sample variances and covariance, ``n - 1`` in the denominator, divided
+        by ``n``), or ``None`` for fewer than 2 sub-windows.
+    """
+    n = len(grid)
+    if n < 2:
+        return None
+    tot = [points.get(t, (0.0, 0.0))[0] / seconds for t in grid]
+    cross = [points.get(t, (0.0, 0.0))[1] / seconds for t in grid]
+    mt, mc = sum(tot) / n, sum(cross) / n
+    var_t = sum((v - mt) ** 2 for v in tot) / (n - 1)
+    var_c = sum((v - mc) ** 2 for v in cross) / (n - 1)
+    cov = sum((x - mt) * (y - mc) for x, y in zip(tot, cross, strict=True)) / (n - 1)
+    return Spread(n, seconds, var_t / n, var_c / n, cov / n)
+
+
+def batch_spreads(client: PromClient, jobs: list[tuple[Window, Scope]], scrape: float, *,
+                  separate_ranges: bool = False) -> list[dict[ServiceKey, Spread]]:
+    """The noise of every (window, scope) job: per-sub-window increases, one range query per
+    distinct sub-window length (batched as :func:`_range_calls` does).
+
+    Each window ``[s, e)`` is cut into ``n = floor((e - s) / L)`` sub-windows of
+    ``L = sub_window_seconds(e - s, scrape)``; the rate of sub-window ``k`` is
+    ``sum by (namespace, service, crossing) (increase(zonemeter_service_bytes_total[L]))``
+    at ``s + k L`` (k = 1..n), / ``L``.
+
+    Args:
+        client: the Prometheus API.
+        jobs: ``[(window, scope), ...]``.
+        scrape: scrape interval, seconds (:func:`scrape_interval`).
+        separate_ranges: one request per job (each job selects every Service).
+
+    Returns:
+        Per job: ``{service: Spread}`` for the Services with at least one sub-window of data
+        when the window holds at least 2 sub-windows, else ``{}``.
+
+    Raises:
+        InputError: from the client.
+    """
+    parts: list[_RangePart] = []
+    grids: list[list[float]] = []
+    for i, (w, scope) in enumerate(jobs):
+        length = sub_window_seconds(w.seconds, scrape)
+        n = int(math.floor(w.seconds / length + 1e-9))
+        grid = [w.start + k * length for k in range(1, n + 1)]
+        grids.append(grid)
+        if n < 2:
+            continue
+        rng = _range(length)
+        if scope.keys is None or separate_ranges:
+            parts.append(_RangePart(
+                f"{i}", functools.partial(_offset_increase, f"{BYTES}{scope.matchers()}[{rng}]"),
+                grid[0], grid[-1], length, alone=separate_ranges))
+        else:
+            for key in sorted(scope.keys):
+                parts.append(_RangePart(
+                    f"{i}", functools.partial(_offset_increase,
+                                              f"{BYTES}{label_matchers(key)}[{rng}]"),
+                    grid[0], grid[-1], length, key=key))
+    result = _merged(_run_all(_range_calls(client, parts))) if parts else {}
+    out: list[dict[ServiceKey, Spread]] = []
+    for i, (w, scope) in enumerate(jobs):
+        grid = grids[i]
+        length = sub_window_seconds(w.seconds, scrape)
+        on_grid = {prometheus_ms(t): t for t in grid}
+        per_key: dict[ServiceKey, dict[float, tuple[float, float]]] = {}
+        for series in result.get(f"{i}", []):
+            key = _key(series.labels)
+            if not scope.admits(key):
+                continue
+            cross = series.labels.get("crossing") == "cross_zone"
+            acc = per_key.setdefault(key, {})
+            for t, v in series.points:
+                at = on_grid.get(prometheus_ms(t))
+                if at is None or not math.isfinite(v):
+                    continue
+                tot, cz = acc.get(at, (0.0, 0.0))
+                acc[at] = (tot + v, cz + (v if cross else 0.0))
+        spreads = {k: spread_of(pts, grid, length) for k, pts in per_key.items()}
+        out.append({k: sp for k, sp in spreads.items() if sp is not None})
+    return out
+
+
+def _with_spreads(stats: dict[ServiceKey, WindowStats], spreads: Mapping[ServiceKey, Spread]
+                  ) -> dict[ServiceKey, WindowStats]:
+    """``stats`` with each Service's spread (``None`` for a Service without one)."""
+    return {key: dataclasses.replace(st, spread=spreads.get(key)) for key, st in stats.items()}
+
+
 def window_stats(client: PromClient, window: Window, service: ServiceKey | None
                  ) -> tuple[dict[ServiceKey, WindowStats], list[str]]:
     """Per-Service statistics of one window (:func:`batch_window_stats` with one job).
@@ -623,8 +845,14 @@ def change_of(key: ServiceKey | None, before: WindowStats, after: WindowStats, p
             warnings.append(f"locality state unknown in the after window (no {IN_EFFECT} series)")
         elif after.locality_in_effect_share == 0:
             warnings.append("locality not in effect at any time in the after window")
-    usd = None if normalized is None else price.usd_per_month(normalized)
-    return Change(key, before, after, saved, normalized, usd, tuple(warnings), change_time, series)
+    saved_se, normalized_se = change_errors(before, after)
+    sig = None if normalized is None else significant(normalized, normalized_se)
+    usd = None if sig is None or normalized is None else (
+        price.usd_per_month(normalized) if sig else 0.0)
+    if normalized is not None and sig is None:
+        warnings.append("too few sub-windows to measure the noise: the change is not priced")
+    return Change(key, before, after, saved, normalized, usd, tuple(warnings), change_time, series,
+                  saved_se, normalized_se)
 
 
 def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
@@ -643,6 +871,15 @@ def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
         for p in s.cross_zone_pairs:
             k = (p.direction, p.client_zone, p.server_zone)
             pairs[k] = pairs.get(k, 0.0) + p.bytes_per_second
+    spreads = [s.spread for s in stats]
+    spread = None
+    if spreads and all(sp is not None for sp in spreads):
+        known_spreads = [sp for sp in spreads if sp is not None]
+        spread = Spread(min(sp.sub_windows for sp in known_spreads),
+                        max(sp.seconds for sp in known_spreads),
+                        sum(sp.var_bytes for sp in known_spreads),
+                        sum(sp.var_cross for sp in known_spreads),
+                        sum(sp.cov for sp in known_spreads))
     return WindowStats(
         window=window,
         bytes_per_second=total,
@@ -650,23 +887,44 @@ def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
         hint_ignored_bytes_per_second=sum(s.hint_ignored_bytes_per_second for s in stats),
         locality_in_effect_share=share,
         cross_zone_pairs=tuple(PairRate(*k, v) for k, v in
-                               sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))))
+                               sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))),
+        spread=spread)
 
 
 def total_of(changes: list[Change], price: Price, before: Window, after: Window) -> Change:
-    """The cluster total: sums of rates; the normalised saving is the sum of the Services'
-    normalised savings (Services without one are left out, with a warning); the locality
-    share is the mean of the Services' shares weighted by their bytes/s in that window."""
+    """The cluster total.
+
+    Rates are sums over ``changes``; the normalised saving (and its dollars) is the sum of
+    the normalised savings of the Services whose normalised change is significant (the rest
+    count 0, with a warning naming those without a before figure or with unknown noise);
+    standard errors add in quadrature over the Services summed (Services taken as
+    independent); the locality share is the mean of the Services' shares weighted by their
+    bytes/s in that window.
+    """
     b = _sum_stats(before, [c.before for c in changes])
     a = _sum_stats(after, [c.after for c in changes])
-    with_norm = [c for c in changes if c.normalized_saved is not None]
-    normalized = sum(c.normalized_saved or 0.0 for c in with_norm)
+    counted = [c for c in changes if c.significant]
+    normalized = sum(c.normalized_saved or 0.0 for c in counted)
+    normalized_se = math.sqrt(sum((c.normalized_stderr or 0.0) ** 2 for c in counted))
+    saved_ses = [c.saved_stderr for c in changes]
+    saved_se = (None if any(v is None for v in saved_ses)
+                else math.sqrt(sum((v or 0.0) ** 2 for v in saved_ses)))
     warnings = []
-    if len(with_norm) < len(changes):
-        left = ", ".join(str(c.key) for c in changes if c.normalized_saved is None)
-        warnings.append(f"normalised total leaves out Services without a before figure: {left}")
+    # a Service without bytes in either window has nothing to leave out
+    undefined = [str(c.key) for c in changes if c.normalized_saved is None
+                 and (c.before.bytes_per_second > 0 or c.after.bytes_per_second > 0)]
+    if undefined:
+        warnings.append("normalised total leaves out Services without a before figure: "
+                        + ", ".join(undefined))
+    unknown = [str(c.key) for c in changes
+               if c.normalized_saved is not None and c.significant is None]
+    if unknown:
+        warnings.append("normalised total leaves out Services whose noise is unknown: "
+                        + ", ".join(unknown))
+    usd = price.usd_per_month(normalized) if significant(normalized, normalized_se) else 0.0
     return Change(None, b, a, b.cross_zone_bytes_per_second - a.cross_zone_bytes_per_second,
-                  normalized, price.usd_per_month(normalized), tuple(warnings))
+                  normalized, usd, tuple(warnings), saved_stderr=saved_se,
+                  normalized_stderr=normalized_se)
 
 
 #: scrape interval assumed when it cannot be measured, seconds
@@ -686,7 +944,7 @@ def scrape_interval(client: PromClient, selector: str, at: float) -> float:
 
 
 def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]],
-                      probe: ServiceKey | None
+                      probe: ServiceKey | None, *, scrape: float | None = None
                       ) -> list[dict[ServiceKey, tuple[tuple[float, float], ...]]]:
     """Cross-zone bytes/s per Service over each ``[start, end]`` span, for the chart.
 
@@ -701,14 +959,17 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
         spans: ``[(start, end, scope), ...]`` in Unix seconds.
         probe: the Service whose samples give the scrape interval; ``None``: the first
             scope's whole selector.
+        scrape: the scrape interval when already measured (then ``probe`` is not read).
 
     Returns:
         Per span, in order: ``{service: ((t, bytes_per_second), ...)}``.
     """
     if not spans:
         return []
-    probe_sel = BYTES + (label_matchers(probe) if probe is not None else spans[0][2].matchers())
-    scrape = scrape_interval(client, probe_sel, max(end for _, end, _ in spans))
+    if scrape is None:
+        probe_sel = BYTES + (label_matchers(probe) if probe is not None
+                             else spans[0][2].matchers())
+        scrape = scrape_interval(client, probe_sel, max(end for _, end, _ in spans))
     parts = []
     for i, (start, end, scope) in enumerate(spans):
         step = choose_step(end - start)
@@ -739,6 +1000,11 @@ def assumptions(price: Price) -> tuple[str, ...]:
         "locality in effect at an instant = every zonemeter_service_locality_in_effect series "
         "of the Service (all client zones, all agents) is 1; share = fraction of the window's "
         "query steps with that state",
+        "noise: each window is cut into sub-windows of at least 4 scrape intervals; standard "
+        "error = sample standard deviation of the sub-window rates / sqrt(count), the two "
+        "windows' errors combined in quadrature (normalised: first-order error propagation); "
+        f"a change within {SIGNIFICANCE_Z:g} standard errors (the ± shown) reads \"no "
+        "significant change\" and is neither priced nor counted in the total",
     )
 
 
@@ -762,10 +1028,15 @@ def report_for_windows(client: PromClient, price: Price, before: Window, after: 
     if not a_stats:
         raise _no_data("after", after, service)
     keys = sorted(set(b_stats) | set(a_stats))
+    probe = service or keys[0]
+    scrape = scrape_interval(client, BYTES + label_matchers(probe), after.end)
+    b_spread, a_spread = batch_spreads(client, [(before, scope), (after, scope)], scrape,
+                                       separate_ranges=True)
+    b_stats, a_stats = _with_spreads(b_stats, b_spread), _with_spreads(a_stats, a_spread)
     series: dict[ServiceKey, tuple[tuple[float, float], ...]] = {}
     if with_series:
-        (series,) = cross_zone_series(client, [(before.start, after.end, scope)],
-                                      service or keys[0])
+        (series,) = cross_zone_series(client, [(before.start, after.end, scope)], probe,
+                                      scrape=scrape)
     changes = [change_of(k, b_stats.get(k, WindowStats(before)), a_stats.get(k, WindowStats(after)),
                          price, change_time=change_time, series=series.get(k, ()))
                for k in keys]
@@ -823,13 +1094,28 @@ CHART_PANELS = 12
 MAX_NAMED_SKIPS = 5
 
 
+def _named(keys: list[ServiceKey]) -> str:
+    """``a/b, c/d and 3 more``: the first :data:`MAX_NAMED_SKIPS` Services, the rest counted."""
+    named = ", ".join(str(k) for k in keys[:MAX_NAMED_SKIPS])
+    more = len(keys) - MAX_NAMED_SKIPS
+    return named + (f" and {more} more" if more > 0 else "")
+
+
+def _skip_reason(err: InputError) -> str:
+    """The short, Service-independent reason a change time leaves no usable window."""
+    if "in the future" in err.problem:
+        return "--window after the change ends in the future"
+    return f"changed under {MIN_WINDOW_SECONDS:.0f} s ago"
+
+
 def report_per_service(client: PromClient, price: Price, now: float, *,
                        window_seconds: float | None = None, service: ServiceKey | None = None,
                        with_series: bool = False) -> Report:
     """Report where each Service's windows surround its own last locality change.
 
     Services whose change time leaves no usable window or no data are skipped with a
-    report-level warning. The HTTP requests are bounded whatever the number of Services:
+    report-level warning, one line per reason naming the Services (the first
+    :data:`MAX_NAMED_SKIPS`, the rest counted). The HTTP requests are bounded whatever the number of Services:
     1 for the change times, 4 instant queries, one range query per distinct step of the
     windows (at most 8 without ``window_seconds``, 1 with it), and with ``with_series`` 1
     more plus one per distinct chart step. Services sharing a window share one part of
@@ -850,7 +1136,7 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
         try:
             windows[key] = windows_around(times[key], now, window_seconds, flag="--window")
         except InputError as err:
-            skipped[key] = err.problem
+            skipped[key] = _skip_reason(err)
     # one job per distinct window; a Service's before and after windows are two jobs
     members: dict[Window, set[ServiceKey]] = {}
     for key, (before, after) in windows.items():
@@ -862,40 +1148,52 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
                                                                 coverage_by_service=True), strict=False))
 
     changes: list[Change] = []
-    warnings: list[str] = []
+    # Services skipped or warned about, by reason: one line per reason, each Service once
+    skips: dict[str, list[ServiceKey]] = {}
+    partial: dict[str, list[ServiceKey]] = {}
     kept: list[ServiceKey] = []
     for key in sorted(times):
         if key in skipped:
-            warnings.append(f"{key}: skipped: {skipped[key]}")
+            skips.setdefault(skipped[key], []).append(key)
             continue
         before, after = windows[key]
         b_stats, _, b_warn = results[before]
         a_stats, _, a_warn = results[after]
         if key not in b_stats:
-            warnings.append(f"{key}: skipped: {_no_data('before', before, key).problem}")
+            skips.setdefault(f"no {BYTES} data in the before window", []).append(key)
             continue
         if key not in a_stats:
-            warnings.append(f"{key}: skipped: {_no_data('after', after, key).problem}")
+            skips.setdefault(f"no {BYTES} data in the after window", []).append(key)
             continue
-        warnings += [f"{key}: before window: {w}" for w in b_warn.get(key, [])]
-        warnings += [f"{key}: after window: {w}" for w in a_warn.get(key, [])]
+        for which, warn in (("before", b_warn), ("after", a_warn)):
+            for edge in sorted({w.split(" of the window")[0] for w in warn.get(key, [])}):
+                partial.setdefault(f"{edge} of the {which} window", []).append(key)
         kept.append(key)
+    warnings = [f"skipped, {reason}: {_named(keys)}" for reason, keys in skips.items()]
+    warnings += [f"{reason} (the data cover only part of it; rates are averaged over the "
+                 f"whole window): {_named(keys)}" for reason, keys in partial.items()]
     if not kept:
-        named = [w for w in warnings[:MAX_NAMED_SKIPS]]
-        more = len(warnings) - len(named)
-        raise InputError("no Service has data around its last locality change: "
-                         + "; ".join(named) + (f"; and {more} more" if more else ""),
-                         source="--prometheus")
+        reasons = "; ".join(f"{reason}: {_named(keys)}" for reason, keys in skips.items())
+        raise InputError(f"no Service has data around its last locality change ({reasons}); "
+                         "check that Prometheus scrapes the agents and keeps data that old, or "
+                         "give --before/--after", source="--prometheus")
+    scrape = scrape_interval(client, BYTES + label_matchers(kept[0]),
+                             max(windows[k][1].end for k in kept))
+    used = sorted({w for k in kept for w in windows[k]}, key=lambda w: (w.start, w.end))
+    spread_jobs = [(w, Scope(service, frozenset(k for k in kept if w in windows[k])))
+                   for w in used]
+    spreads = dict(zip(used, batch_spreads(client, spread_jobs, scrape), strict=True))
     for key in kept:
         before, after = windows[key]
-        changes.append(change_of(key, results[before][0][key], results[after][0][key], price,
-                                 change_time=times[key]))
+        b = dataclasses.replace(results[before][0][key], spread=spreads[before].get(key))
+        a = dataclasses.replace(results[after][0][key], spread=spreads[after].get(key))
+        changes.append(change_of(key, b, a, price, change_time=times[key]))
     changes.sort(key=_order)
     if with_series:  # only for the Services the chart draws
         drawn = [c.key for c in changes[:CHART_PANELS] if c.key is not None]
         curves = cross_zone_series(
             client, [(windows[k][0].start, windows[k][1].end, Scope(service, frozenset({k})))
-                     for k in drawn], drawn[0])
+                     for k in drawn], drawn[0], scrape=scrape)
         series = {k: c.get(k, ()) for k, c in zip(drawn, curves, strict=False)}
         changes = [dataclasses.replace(c, series=series[c.key]) if c.key in series else c
                    for c in changes]

@@ -199,6 +199,10 @@ def test_report_through_a_live_flip(lab: DemoCluster, tmp_path: Path,
     normalized = before["cross_zone_fraction"] * after["bytes_per_second"]
     assert svc["normalized_cross_zone_bytes_per_second_saved"] == pytest.approx(normalized,
                                                                                 rel=1e-9)
+    # a real flip is far outside the noise of 20 s windows (4 sub-windows of 5 s each), so
+    # it is priced
+    assert svc["significant"] is True and svc["change"] == "saved"
+    assert svc["normalized_cross_zone_bytes_per_second_saved_stderr"] < normalized / 2
     assert svc["usd_per_month_saved"] == pytest.approx(
         normalized * MONTH_SECONDS / 1e9 * AWS_USD_PER_GB, rel=1e-9)
     # ... and against the lab: what the after traffic would have crossed at the old fraction

@@ -28,11 +28,14 @@ from agent.report.compute import (
     PairRate,
     Report,
     ServiceKey,
+    Spread,
     WindowStats,
     in_effect_shares,
     label_matchers,
     report_for_windows,
     report_per_service,
+    spread_of,
+    sub_window_seconds,
 )
 from agent.report.pricing import parse_price
 from agent.report.prom import PromClient
@@ -100,6 +103,11 @@ def check_by_hand(report: Report, n: int, t0: int) -> None:
         assert change.saved == approx(1500)
         assert change.normalized_saved == approx(2000 / (same + 2000) * (same + 500) - 500)
         assert change.warnings == ()
+        # steady rates on the 15 s scrape grid: 600 s windows in 10 sub-windows of 60 s,
+        # every one at the window's rate, so no variation and the change is significant
+        for w in (b, a):
+            assert w.spread == Spread(10, 60.0, 0.0, 0.0, 0.0)
+        assert change.significant is True and change.usd_per_month_saved is not None
 
 
 def per_service_counts(url: str, with_series: bool) -> dict[int, int]:
@@ -128,13 +136,14 @@ def test_per_service_windows_make_the_same_few_requests_for_1_and_200_services(
     counts = per_service_counts(scale_url, with_series=False)
     # change times + totals + cross-zone pairs + hint-ignored + window-edge coverage +
     # two locality range queries (every window is 600 s: one step; each Service's before
-    # windows in one, its after windows in the other)
-    assert counts == {1: 7, MANY: 7}
+    # windows in one, its after windows in the other) + the scrape-interval probe + two
+    # sub-window range queries for the noise (one sub-window length, two lanes likewise)
+    assert counts == {1: 10, MANY: 10}
 
 
 def test_per_service_windows_with_chart_make_the_same_few_requests(scale_url: str) -> None:
     counts = per_service_counts(scale_url, with_series=True)
-    assert counts == {1: 9, MANY: 9}  # + the scrape-interval probe and one chart range query
+    assert counts == {1: 11, MANY: 11}  # + one chart range query (the probe is shared)
 
 
 def test_explicit_windows_make_the_same_few_requests_for_1_and_200_services(
@@ -155,8 +164,9 @@ def test_explicit_windows_make_the_same_few_requests_for_1_and_200_services(
             assert key is not None
             assert by_key[key].before == reference_window_stats(c, before, key)
             assert by_key[key].after == reference_window_stats(c, after, key)
-    # 4 instant query kinds (both windows in each) + one locality range query per window
-    assert counts == {1: 6, MANY: 6}
+    # 4 instant query kinds (both windows in each) + one locality range query per window +
+    # the scrape-interval probe + one sub-window (noise) range query per window
+    assert counts == {1: 9, MANY: 9}
 
 
 def reference_window_stats(c: PromClient, w: Window, key: ServiceKey) -> WindowStats | None:
@@ -181,7 +191,28 @@ def reference_window_stats(c: PromClient, w: Window, key: ServiceKey) -> WindowS
                    key=lambda p: (-p.bytes_per_second, p.direction, p.client_zone,
                                   p.server_zone))
     return WindowStats(w, total[0].value / d, sum(p.bytes_per_second for p in pairs),
-                       hints[0].value / d if hints else 0.0, share, tuple(pairs), withdrawn)
+                       hints[0].value / d if hints else 0.0, share, tuple(pairs), withdrawn,
+                       reference_spread(c, w, key))
+
+
+def reference_spread(c: PromClient, w: Window, key: ServiceKey, scrape: float = 15.0
+                     ) -> Spread | None:
+    """One Service's noise from its own range query of sub-window increases."""
+    length = sub_window_seconds(w.seconds, scrape)
+    n = int(math.floor(w.seconds / length + 1e-9))
+    if n < 2:
+        return None
+    grid = [w.start + k * length for k in range(1, n + 1)]
+    series = c.query_range(f"sum by (namespace, service, crossing) (increase({BYTES}"
+                           f"{label_matchers(key)}[{int(round(length * 1000))}ms]))",
+                           grid[0], grid[-1], length)
+    points: dict[float, tuple[float, float]] = {}
+    for s in series:
+        for t, v in s.points:
+            (at,) = [g for g in grid if round(g * 1000) == round(t * 1000)]
+            tot, cz = points.get(at, (0.0, 0.0))
+            points[at] = (tot + v, cz + (v if s.labels.get("crossing") == "cross_zone" else 0.0))
+    return spread_of(points, grid, length) if series else None
 
 
 @pytest.mark.parametrize("now_offset", [MANY_SPAN, MANY_SPAN - 0.123, MANY_SPAN - 7.5])
@@ -196,9 +227,10 @@ def test_default_windows_match_one_query_per_service_exactly(scale_url: str,
     assert len(report.services) == MANY
     # 400 distinct windows (no two Services share one): change times + 4 instant query kinds
     # in 2 requests each (256 windows per request) + range queries for 3 distinct steps
-    # (1, 2 and 5 s) x 2 lanes (a Service's before and after windows): 15 at most
-    # (one query per Service made 2,401)
-    assert session.sent <= 1 + 4 * 2 + 3 * 2
+    # (1, 2 and 5 s) x 2 lanes (a Service's before and after windows) + the scrape-interval
+    # probe + the noise's range queries (every window has 60 s sub-windows: 2 lanes): 18 at
+    # most (one query per Service made 2,401)
+    assert session.sent <= 1 + 4 * 2 + 3 * 2 + 1 + 2
     by_key = {ch.key: ch for ch in report.services}
     for i in (0, 1, 39, 40, 41, 99, 150, 198, 199):
         key = ServiceKey("many", f"svc-{i:03d}")
@@ -214,7 +246,7 @@ def test_service_filter_keeps_the_query_small(scale_url: str) -> None:
     report = report_per_service(c, AWS, MANY_T0 + MANY_SPAN, window_seconds=MANY_WINDOW,
                                 service=ServiceKey("many", "svc-007"))
     check_by_hand(report, 1, MANY_T0)
-    assert session.sent == 7 and session.methods == ["GET"] * 7
+    assert session.sent == 10 and session.methods == ["GET"] * 10
 
 
 def test_long_batched_queries_are_posted(scale_url: str) -> None:

@@ -7,13 +7,19 @@ import pytest
 from agent.errors import InputError
 from agent.report.compute import (
     CROSS_ZONE,
+    NO_SIGNIFICANT_CHANGE,
     PairRate,
     Scope,
     ServiceKey,
+    Spread,
     WindowStats,
+    change_errors,
     change_of,
     in_effect_shares,
     label_matchers,
+    significant,
+    spread_of,
+    sub_window_seconds,
     total_of,
     windows_around,
 )
@@ -26,10 +32,15 @@ AWS = Price("aws", 0.02)
 CART = ServiceKey("shop", "cart")
 
 
+#: steady traffic: 60 sub-windows with identical rates (no noise)
+STEADY = Spread(60, 60.0, 0.0, 0.0, 0.0)
+
+
 def stats(w: Window, total: float, cross: float, share: float | None = 1.0,
-          withdrawn: tuple[float, ...] = ()) -> WindowStats:
+          withdrawn: tuple[float, ...] = (), spread: Spread | None = STEADY) -> WindowStats:
     return WindowStats(w, total, cross, 0.0, share,
-                       (PairRate("request", "a", "b", cross),) if cross else (), withdrawn)
+                       (PairRate("request", "a", "b", cross),) if cross else (), withdrawn,
+                       spread)
 
 
 def test_fraction() -> None:
@@ -60,7 +71,7 @@ def test_change_observed_normalised_and_dollars() -> None:
     c = change_of(CART, stats(B, 4e6, 3e6, 0.0), stats(A, 1.3e6, 3e5), AWS)
     assert c.saved == pytest.approx(2.7e6)
     assert c.normalized_saved == pytest.approx(0.75 * 1.3e6 - 3e5)
-    # 675,000 B/s x 2,592,000 s / 1e9 x $0.02
+    # 675,000 B/s x 2,629,746 s (30.44 days) / 1e9 x $0.02
     assert c.usd_per_month_saved == pytest.approx(35.501571)
     assert c.warnings == ()
 
@@ -152,3 +163,86 @@ def test_scope_matchers_select_a_superset_and_admit_exactly() -> None:
     assert two.admits(CART) and not two.admits(ServiceKey("web", "cart"))
     assert Scope(CART).matchers() == label_matchers(CART) and Scope(CART).admits(
         ServiceKey("x", "y"))
+
+
+def test_spread_is_the_standard_error_of_the_mean_of_the_sub_window_rates() -> None:
+    # 4 sub-windows of 10 s: all bytes 100, 300, 100, 300 -> rates 10, 30, 10, 30 B/s;
+    # cross-zone 0, 100, 0, 100 -> 0, 10, 0, 10 B/s
+    grid = [10.0, 20.0, 30.0, 40.0]
+    points = {10.0: (100.0, 0.0), 20.0: (300.0, 100.0), 30.0: (100.0, 0.0),
+              40.0: (300.0, 100.0)}
+    sp = spread_of(points, grid, 10.0)
+    assert sp is not None and sp.sub_windows == 4 and sp.seconds == 10.0
+    # sample variance (n - 1): 4 x 10^2 / 3; of the mean: / 4
+    assert sp.var_bytes == pytest.approx(400 / 3 / 4)
+    assert sp.var_cross == pytest.approx(100 / 3 / 4)
+    assert sp.cov == pytest.approx(200 / 3 / 4)  # 4 x (10 x 5) / 3 / 4
+    # a sub-window without any result counts as 0 bytes, as the window average counts it
+    gap = spread_of({10.0: (100.0, 0.0)}, [10.0, 20.0], 10.0)
+    assert gap is not None and gap.var_bytes == pytest.approx(50 / 2)
+    assert spread_of(points, [10.0], 10.0) is None  # one sub-window: no variance
+
+
+def test_sub_windows_hold_four_scrapes_and_at_least_the_query_step() -> None:
+    assert sub_window_seconds(3600, 15) == 60  # step 15 s, 4 x 15 s = 60 s
+    assert sub_window_seconds(86400, 15) == 120  # the day's 2 min step is longer
+    assert sub_window_seconds(20, 1) == 5  # 4 s rounded up to a query step
+
+
+def test_change_errors_observed_and_normalised_by_error_propagation() -> None:
+    b = WindowStats(B, 4e6, 3e6, spread=Spread(60, 60, 4e8, 1e8, 1.5e8))
+    a = WindowStats(A, 2e6, 1e6, spread=Spread(60, 60, 9e8, 4e8, 5e8))
+    observed, normalised = change_errors(b, a)
+    assert observed == pytest.approx((1e8 + 4e8) ** 0.5)
+    # N = Cb/Tb x Ta - Ca: gradients Ta/Tb = 0.5, -Cb Ta/Tb^2 = -0.375, Cb/Tb = 0.75, -1
+    var = (0.25 * 1e8 + 0.375 ** 2 * 4e8 + 2 * 0.5 * -0.375 * 1.5e8
+           + 0.75 ** 2 * 9e8 + 4e8 - 2 * 0.75 * 5e8)
+    assert normalised == pytest.approx(var ** 0.5)
+    assert change_errors(b, WindowStats(A, 2e6, 1e6)) == (None, None)
+    assert change_errors(WindowStats(B, spread=STEADY), a)[1] is None  # no before traffic
+
+
+def test_significance_rule_is_strict_at_two_standard_errors() -> None:
+    assert significant(2.01, 1.0) is True
+    assert significant(-2.01, 1.0) is True
+    assert significant(2.0, 1.0) is False
+    assert significant(0.0, 0.0) is False  # nothing changed: never a saving
+    assert significant(1e-12, 0.0) is True  # exact data: any change is real
+    assert significant(5.0, None) is None
+
+
+def test_noise_reads_no_significant_change_and_is_not_priced_or_totalled() -> None:
+    """The demo where nothing changed: a few B/s of difference with kB/s of variation."""
+    noisy = Spread(60, 60.0, 1e6, 1e6, 1e6)  # standard errors of 1 kB/s
+    cart = change_of(CART, stats(B, 4e6, 3e6, spread=noisy),
+                     stats(A, 4e6, 3e6 - 50, spread=noisy), AWS)
+    assert cart.saved == pytest.approx(50) and cart.saved_significant is False
+    assert cart.significant is False and cart.verdict == NO_SIGNIFICANT_CHANGE
+    assert cart.usd_per_month_saved == 0.0
+    real = change_of(ServiceKey("shop", "pay"), stats(B, 2e6, 1e6), stats(A, 2e6, 5e5), AWS)
+    assert real.significant is True and real.verdict == "saved"
+    t = total_of([cart, real], AWS, B, A)
+    # the total counts pay only: cart's 37.5 B/s of normalised "saving" is noise
+    assert t.normalized_saved == pytest.approx(5e5)
+    assert t.usd_per_month_saved == pytest.approx(AWS.usd_per_month(5e5))
+    assert t.saved_stderr == pytest.approx((2 * 1e6) ** 0.5)
+    only_noise = total_of([cart], AWS, B, A)
+    assert only_noise.normalized_saved == 0 and only_noise.usd_per_month_saved == 0.0
+    assert only_noise.verdict == NO_SIGNIFICANT_CHANGE
+
+
+def test_a_significant_rise_reads_cost_rose_with_negative_dollars() -> None:
+    c = change_of(CART, stats(B, 2e6, 5e5), stats(A, 2e6, 1e6), AWS)
+    assert c.verdict == "cost rose"
+    assert c.usd_per_month_saved == pytest.approx(-AWS.usd_per_month(5e5))
+
+
+def test_unknown_noise_is_not_priced_and_is_left_out_of_the_total() -> None:
+    c = change_of(CART, stats(B, 2e6, 1e6, spread=None), stats(A, 2e6, 5e5), AWS)
+    assert c.significant is None and c.verdict == "noise unknown"
+    assert c.usd_per_month_saved is None
+    assert "too few sub-windows to measure the noise: the change is not priced" in c.warnings
+    t = total_of([c], AWS, B, A)
+    assert t.normalized_saved == 0 and t.saved_stderr is None
+    assert t.warnings == ("normalised total leaves out Services whose noise is unknown: "
+                          "shop/cart",)
