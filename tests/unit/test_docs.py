@@ -71,3 +71,21 @@ def test_a_dead_path_is_reported() -> None:
     assert _dead("tests/unit/no_such_*.py", None) == "no file matches"
     assert _dead("tests/unit/test_docs.py", "no_such_test") == "no def or class no_such_test"
     assert _dead("tests/unit/test_docs.py", "test_a_dead_path_is_reported") is None
+
+
+#: documents that live outside this repository (the founders' notes) and history
+FOREIGN_CITATION = re.compile(r"\b(?:DESIGN|HINTS|STYLE)\.md\b|\b[Ii]ssue \d+\b|\bBreaker \d")
+
+
+def test_nothing_cites_documents_outside_the_repository_or_its_history() -> None:
+    """Comments and docs cite upstream sources and the project's own docs; the history of
+    how the code got here belongs in commit messages (CHANGELOG.md excepted: it is history)."""
+    found = []
+    for pattern in SOURCES:
+        for f in sorted(ROOT.glob(pattern)):
+            if not f.is_file() or "/.venv/" in str(f) or f == Path(__file__).resolve():
+                continue
+            for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+                if FOREIGN_CITATION.search(line):
+                    found.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not found, "citations of documents outside the repository or of its history:\n" + "\n".join(found)
