@@ -254,12 +254,13 @@ class AgentLoop:
             table, attached = None, 0
         return build_snapshot(totals, locality=self.hints.localities(), table=table, attached=attached,
                               synced=self.cache.synced(), duration=duration, at=at,
-                              interval=self.interval)
+                              interval=self.interval, hint_model=self.hints.model_info(self.node))
 
 
 def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, Locality] | None = None,
                    table: TableStats | None, attached: int, synced: Mapping[str, bool],
-                   duration: float, at: float, interval: float) -> ExportSnapshot:
+                   duration: float, at: float, interval: float,
+                   hint_model: tuple[str, str, str, str] | None = None) -> ExportSnapshot:
     """The :class:`ExportSnapshot` of one interval: the totals and locality as their stages
     produced them, plus self-health (docs/metrics.md says where each byte goes).
 
@@ -272,6 +273,8 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         duration: seconds the interval's work took.
         at: Unix seconds of the drain.
         interval: configured interval, seconds.
+        hint_model: ``HintModel.model_info(node)``: (kubernetes_version,
+            kube_proxy_version, source, kube_proxy_source), or None.
     """
     return ExportSnapshot(
         totals=totals,
@@ -283,4 +286,5 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         metadata_synced=synced,
         generated_at=at,
         interval_seconds=interval,
+        hint_model=hint_model,
     )

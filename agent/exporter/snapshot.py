@@ -29,6 +29,9 @@ class ExportSnapshot:
         metadata_synced: ``{resource: synced}``.
         generated_at: when this snapshot was built (seconds since the epoch).
         interval_seconds: the agent's interval.
+        hint_model: what the hint model assumes: ``(kubernetes_version, kube_proxy_version,
+            source, kube_proxy_source)`` (``HintModel.model_info`` of this node), or None
+            before the model exists.
     """
 
     totals: AttributionTotals = field(default_factory=AttributionTotals)
@@ -40,6 +43,7 @@ class ExportSnapshot:
     metadata_synced: Mapping[str, bool] = field(default_factory=dict)
     generated_at: float = 0.0
     interval_seconds: float = 0.0
+    hint_model: tuple[str, str, str, str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("locality", "metadata_synced"):

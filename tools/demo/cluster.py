@@ -114,7 +114,7 @@ def controller_snapshot(lab: Lab) -> dict[str, Any]:
 def controller_snapshot_of(topology: Topology) -> dict[str, Any]:
     """:func:`controller_snapshot` of a topology (e.g. a planned change of the lab's); the
     lab's snapshot depends on its topology only (:meth:`Lab.snapshot`)."""
-    snap = lab_snapshot.build(topology)
+    snap = lab_snapshot.build(topology, kubernetes_version=KUBERNETES_VERSION)
     nodes, services, slices, _ = _service_objects(snap)
     hinted: dict[str, dict[str, Any]] = {}
     for svc in services:
@@ -322,6 +322,9 @@ class DemoCluster:
         self._remember_pods()
         self.snapshot = controller_snapshot(self.lab)
         self.models = evaluate(self.snapshot, self.lab.topology)
+        # the agents and `explain --snapshot` read the cluster's version beside the dump
+        write_json_atomic(self.snapshot_path.with_name("version.json"),
+                          lab_snapshot.version_document(KUBERNETES_VERSION))
         return write_json_atomic(self.snapshot_path, self.snapshot)
 
     def program(self) -> None:
