@@ -281,13 +281,15 @@ class AgentLoop:
             table, attached = None, 0
         return build_snapshot(totals, locality=self.hints.localities(), table=table, attached=attached,
                               synced=self.cache.synced(), duration=duration, at=at,
-                              interval=self.interval, coverage=self.coverage.state())
+                              interval=self.interval, coverage=self.coverage.state(),
+                              hint_model=self.hints.model_info(self.node))
 
 
 def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, Locality] | None = None,
                    table: TableStats | None, attached: int, synced: Mapping[str, bool],
                    duration: float, at: float, interval: float,
-                   coverage: CoverageState | None = None) -> ExportSnapshot:
+                   coverage: CoverageState | None = None,
+                   hint_model: tuple[str, str, str, str] | None = None) -> ExportSnapshot:
     """The :class:`ExportSnapshot` of one interval: the totals and locality as their stages
     produced them, plus self-health (docs/metrics.md says where each byte goes).
 
@@ -301,6 +303,8 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         at: Unix seconds of the drain.
         interval: configured interval, seconds.
         coverage: hook coverage (:class:`agent.datapath.coverage.HookCoverage`).
+        hint_model: ``HintModel.model_info(node)``: (kubernetes_version,
+            kube_proxy_version, source, kube_proxy_source), or None.
     """
     return ExportSnapshot(
         totals=totals,
@@ -313,4 +317,5 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         generated_at=at,
         interval_seconds=interval,
         coverage=coverage or CoverageState(),
+        hint_model=hint_model,
     )

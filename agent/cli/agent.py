@@ -107,10 +107,18 @@ def register(subparsers: Any) -> None:
                    help="how programs attach to pod veths: tcx (TCX links, Linux 6.6+, first in the "
                    "device's list), clsact (tc filters) or auto (tcx when the kernel has it; "
                    "default %(default)s; docs/datapath.md, Hooks)")
-    p.add_argument("--kubernetes-version", default=DEFAULT_VERSION, metavar="X.Y",
-                   help="Kubernetes version the hint model reproduces (default %(default)s)")
+    p.add_argument("--kubernetes-version", default=None, metavar="X.Y",
+                   help="control-plane Kubernetes version the hint model reproduces, 1.27 to "
+                   f"1.37 (default: from the cluster's /version, or the version.json beside "
+                   f"--snapshot; else {DEFAULT_VERSION})")
+    p.add_argument("--kube-proxy-version", default="auto", metavar="auto|X.Y",
+                   help="kube-proxy version the hint model judges nodes with: auto = each "
+                   "Node's status.nodeInfo (kubeProxyVersion, else kubeletVersion; the "
+                   "control plane's version when it reports none), X.Y = every node "
+                   "(default %(default)s)")
     p.add_argument("--feature-gates", default="", metavar="A=true,...",
-                   help="feature gate overrides for that version")
+                   help="feature gate overrides for the control-plane version (kube-proxies "
+                   "of another version run that version's defaults)")
     p.add_argument("--flow-capacity", type=int, default=65536, metavar="N",
                    help="kernel flow entries per table (default %(default)s)")
     p.add_argument("--final-linger-seconds", type=float, default=0.0, metavar="SECONDS",
@@ -319,11 +327,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stop: Stopper) -> int:
     from agent.datapath import Datapath, DatapathConfig
-    from agent.hints import parse_feature_gates
+    from agent.hints import KubeVersion, parse_feature_gates, parse_proxy_flag
     from agent.k8s.source import open_metadata
 
     _validate(args)
     gates = parse_feature_gates(args.feature_gates)
+    proxy_version = parse_proxy_flag(args.kube_proxy_version)
+    if args.kubernetes_version is not None:  # flag errors before any I/O
+        KubeVersion.parse(args.kubernetes_version, gates)
     exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
     include = _patterns(args.interface_patterns, "--interface-patterns")
     pin_path, explicit = pin_path_for(args)
@@ -345,7 +356,12 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         if args.snapshot is not None and source.cache.node(node) is None:
             raise InputError(f"node {node!r} is not in the snapshot", source=args.snapshot,
                              field="--node-name")
-        hints = HintModel(source.cache, args.kubernetes_version, gates)
+        version, version_source = model_version(args, source)
+        hints = HintModel(source.cache, version, gates, kube_proxy_version=proxy_version,
+                          version_source=version_source)
+        log.info("hint model versions", extra={"fields": {
+            "kubernetes_version": version, "source": version_source,
+            "kube_proxy_version": proxy_version or "auto"}})
         exporter = ex.Exporter()
         attached = threading.Event()
         readiness = ex.make_readiness(attached.is_set, source.cache.synced)
@@ -408,6 +424,41 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         source.stop()
     log.info("stopped")
     return 0
+
+
+def model_version(args: argparse.Namespace, source: Any) -> tuple[str, str]:
+    """The control-plane version for the hint model, and where it came from.
+
+    ``--kubernetes-version`` wins; else the ``version.json`` beside ``--snapshot``, or the
+    live API server's ``/version``; else :data:`agent.hints.DEFAULT_VERSION`. A reported
+    version outside the covered range is logged once as a warning and the nearest covered
+    version is used; an unreachable ``/version`` is logged and the default is used.
+
+    Returns:
+        ``("1.X", source)`` with source ``flag``, ``snapshot``, ``cluster`` or ``default``.
+
+    Raises:
+        InputError: a malformed ``version.json`` beside the snapshot.
+    """
+    from agent.hints.versions import choose_version
+    from agent.k8s.version import server_version, snapshot_version
+
+    reported: str | None = None
+    kind = "cluster"
+    if args.kubernetes_version is None:
+        if args.snapshot is not None:
+            reported, kind = snapshot_version(args.snapshot), "snapshot"
+        elif getattr(source, "api", None) is not None:
+            try:
+                reported = server_version(source.api)
+            except RuntimeFailure as err:
+                log.warning("%s: the hint model assumes Kubernetes %s (give --kubernetes-version "
+                            "to choose)", err, DEFAULT_VERSION)
+    what = "the snapshot's version.json" if kind == "snapshot" else "the API server"
+    version, src, note = choose_version(args.kubernetes_version, reported, kind, what)
+    if note is not None:
+        log.warning("%s", note)
+    return version, src
 
 
 def warn_unknown_node(cache: ClusterMetadata, node: str) -> bool:

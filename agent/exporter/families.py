@@ -99,6 +99,11 @@ def _synced(s: ExportSnapshot, _: str) -> Iterable[Sample]:
         yield (label(resource),), 1 if ok else 0
 
 
+def _hint_model(s: ExportSnapshot, _: str) -> Iterable[Sample]:
+    if s.hint_model is not None:
+        yield tuple(label(v) for v in s.hint_model), 1
+
+
 def _scalar(value: float) -> Iterable[Sample]:
     yield (), value
 
@@ -205,6 +210,12 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "zonemeter_metadata_synced", GAUGE,
         "1 when the resource's Kubernetes metadata is in sync.",
         ("resource",), _synced),
+    MetricFamily(
+        "zonemeter_hint_model_info", GAUGE,
+        "Kubernetes versions the hint model judges with: the control plane's (kubernetes_version, "
+        "from source cluster, snapshot, flag or default) and this node's kube-proxy's "
+        "(kube_proxy_version, from kube_proxy_source node, flag or default); always 1.",
+        ("kubernetes_version", "kube_proxy_version", "source", "kube_proxy_source"), _hint_model),
     MetricFamily(
         "zonemeter_build_info", GAUGE,
         "zonemeter build; always 1.",

@@ -30,6 +30,9 @@ class ExportSnapshot:
         generated_at: when this snapshot was built (seconds since the epoch).
         interval_seconds: the agent's interval.
         coverage: hook coverage: counted against carried bytes (docs/datapath.md).
+        hint_model: what the hint model assumes: ``(kubernetes_version, kube_proxy_version,
+            source, kube_proxy_source)`` (``HintModel.model_info`` of this node), or None
+            before the model exists.
     """
 
     totals: AttributionTotals = field(default_factory=AttributionTotals)
@@ -42,6 +45,7 @@ class ExportSnapshot:
     generated_at: float = 0.0
     interval_seconds: float = 0.0
     coverage: CoverageState = field(default_factory=CoverageState)
+    hint_model: tuple[str, str, str, str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("locality", "metadata_synced"):

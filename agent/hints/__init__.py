@@ -11,7 +11,8 @@ the two questions that decide whether ClusterIP traffic stays in its zone:
 :mod:`agent.hints.diagnosis` combines both into one reason per Service
 (:func:`evaluate_cluster`); :mod:`agent.hints.model` keeps it incrementally per Service
 and owns each Service's locality (:class:`HintModel`). Versions 1.27 to 1.37 are modelled (default 1.37) with each
-version's feature-gate defaults (:mod:`agent.hints.versions`); the vocabulary is in
+version's feature-gate defaults (:mod:`agent.hints.versions`), the control plane at one
+version and each node's kube-proxy at its own (:func:`proxy_versions`); the vocabulary is in
 :mod:`agent.hints.vocabulary` and docs/hints.md. The objects are parsed by
 :mod:`agent.k8s.parse`.
 """
@@ -37,8 +38,16 @@ from agent.hints.controller import (
     valid_traffic_distribution,
     zone_capacity,
 )
-from agent.hints.diagnosis import DiagnosisWarning, ServiceDiagnosis, diagnose, evaluate_cluster, evaluate_parsed
-from agent.hints.explain import diagnose_objects, explain_document, to_document
+from agent.hints.diagnosis import (
+    DiagnosisWarning,
+    ProxyVersions,
+    ServiceDiagnosis,
+    diagnose,
+    evaluate_cluster,
+    evaluate_parsed,
+    proxy_versions,
+)
+from agent.hints.explain import diagnose_objects, explain_document, to_document, version_document
 from agent.hints.model import HintModel, merge_locality, merge_views
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap
 from agent.hints.versions import (
@@ -46,9 +55,14 @@ from agent.hints.versions import (
     GATES,
     MAX_MINOR,
     MIN_MINOR,
+    PROXY_VERSION_SOURCES,
+    VERSION_SOURCES,
     KubeVersion,
     _gate_default,
+    choose_version,
+    covered_version,
     parse_feature_gates,
+    parse_proxy_flag,
 )
 from agent.hints.vocabulary import (
     ANNOTATION_DEPRECATED,
@@ -102,6 +116,8 @@ __all__ = [
     "HintModel", "Hints", "hints_enabled", "hints_json", "index_nodes", "KubeVersion", "merge_locality",
     "merge_views", "minimum_accepted_endpoints", "NodeInfo", "parse_feature_gates", "parse_node_info",
     "parse_service_info", "parse_slice", "ProxyDecision", "ProxyIndex", "ProxyMap", "reconcile",
+    "PROXY_VERSION_SOURCES", "VERSION_SOURCES", "ProxyVersions", "choose_version", "covered_version",
+    "parse_proxy_flag", "proxy_versions", "version_document",
     "ServiceDiagnosis", "ServiceInfo", "Slice", "to_document", "valid_traffic_distribution", "what_if",
     "zone_capacity", "ZoneCapacity",
 ]

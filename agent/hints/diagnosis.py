@@ -32,14 +32,15 @@ from agent.hints.controller import (
     valid_traffic_distribution,
 )
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap, proxy_blocked, proxy_gates_off
-from agent.hints.versions import DEFAULT_VERSION, KubeVersion
-from agent.hints.vocabulary import ANNOTATION_DEPRECATED, ANNOTATION_TOPOLOGY_MODE
+from agent.hints.versions import DEFAULT_VERSION, KubeVersion, covered_version
+from agent.hints.vocabulary import ANNOTATION_DEPRECATED, ANNOTATION_TOPOLOGY_MODE, UNKNOWN_ZONE
 from agent.k8s.parse import (
     LABEL_SERVICE_NAME,
     LABEL_ZONE,
     Endpoint,
     Hints,
     NodeEntry,
+    NodeInfo,
     ServiceEntry,
     ServiceInfo,
     Slice,
@@ -140,15 +141,95 @@ class ServiceDiagnosis:
         }
 
 
-def _zone_groups(idx: ClusterIndex, proxy: Mapping[str, ProxyDecision], special: Collection[str]
-                 ) -> list[tuple[str, ProxyDecision, int, list[str]]]:
+@dataclass(frozen=True, slots=True)
+class ProxyVersions:
+    """The kube-proxy version the model judges each node with.
+
+    Attributes:
+        base: the version of every node not in ``by_node``: the ``--kube-proxy-version``
+            override, else the control plane's (with the user's feature gates).
+        by_node: node -> version (that version's gate defaults; the user's
+            ``--feature-gates`` apply to the control-plane version only) for the nodes whose
+            reported kube-proxy minor differs from ``base``.
+        by_zone: client zone -> minor -> names of the ``by_node`` nodes there.
+        notes: ``(reported text, sentence)`` for each reported version outside the covered
+            range (clamped) or unreadable (judged as ``base``), one per distinct text.
+        override: True when ``--kube-proxy-version`` set ``base`` for every node.
+    """
+
+    base: KubeVersion
+    by_node: Mapping[str, KubeVersion]
+    by_zone: Mapping[str, Mapping[int, tuple[str, ...]]]
+    notes: tuple[tuple[str, str], ...] = ()
+    override: bool = False
+
+    def of(self, node: str) -> KubeVersion:
+        """The version node ``node``'s kube-proxy is judged with."""
+        return self.by_node.get(node, self.base)
+
+
+def proxy_versions(nodes: Sequence[NodeInfo], kv: KubeVersion,
+                   kube_proxy_version: str | None = None) -> ProxyVersions:
+    """Each node's kube-proxy version: the override for all, else what the Node reports.
+
+    Args:
+        nodes: the cluster's nodes (``NodeInfo.proxy_version`` as reported in
+            ``status.nodeInfo``, see :func:`agent.k8s.parse.node_proxy_version`).
+        kv: the control plane's version and gates.
+        kube_proxy_version: ``"1.X"`` to judge every node's kube-proxy as that version, or
+            None (``--kube-proxy-version auto``): each Node's reported version, clamped to
+            the covered range; a node that reports none is judged as ``kv``.
+
+    Cost: O(nodes), one dict look-up per node when every node reports the same version.
+
+    Raises:
+        InputError: ``kube_proxy_version`` is not a covered version.
+    """
+    if kube_proxy_version is not None:
+        pk = KubeVersion.parse(kube_proxy_version)
+        return ProxyVersions(kv if pk.minor == kv.minor else pk, {}, {}, (), True)
+    memo: dict[str, int | None] = {}
+    notes: list[tuple[str, str]] = []
+    versions: dict[int, KubeVersion] = {}
+    by_node: dict[str, KubeVersion] = {}
+    by_zone: dict[str, dict[int, list[str]]] = {}
+    for n in nodes:
+        text = n.proxy_version
+        if text is None:
+            continue
+        minor = memo.get(text, -1)
+        if minor == -1:
+            got, note = covered_version(text, f"Node {n.name}'s kube-proxy (status.nodeInfo)")
+            minor = memo[text] = None if got is None else int(got.split(".")[1])
+            if note is not None:
+                notes.append((text, note + ("" if got is not None else f"; judging it as {kv}")))
+        if minor is None or minor == kv.minor:
+            continue
+        v = versions.get(minor)
+        if v is None:
+            v = versions[minor] = KubeVersion.parse(f"1.{minor}")
+        by_node[n.name] = v
+        by_zone.setdefault(n.zone or UNKNOWN_ZONE, {}).setdefault(minor, []).append(n.name)
+    return ProxyVersions(kv, by_node, {z: {m: tuple(ns) for m, ns in g.items()} for z, g in by_zone.items()},
+                         tuple(notes))
+
+
+#: one group of nodes of a client zone that share a kube-proxy decision: (client zone,
+#: kube-proxy minor or None for the common version, decision, number of nodes, up to 5 names)
+ZoneGroup = tuple[str, "int | None", ProxyDecision, int, list[str]]
+
+
+def _zone_groups(idx: ClusterIndex, proxy: Mapping[str, ProxyDecision], special: Collection[str],
+                 pv: ProxyVersions | None = None) -> list[ZoneGroup]:
     """Distinct kube-proxy decisions per client zone without visiting every node.
 
     Returns:
-        (client zone, decision, number of nodes with it, up to 5 of their names) tuples;
-        nodes that host or are hinted by no endpoint share one decision per zone.
+        :data:`ZoneGroup` tuples; nodes that host or are hinted by no endpoint share one
+        decision per zone and kube-proxy version.
     """
-    out: list[tuple[str, ProxyDecision, int, list[str]]] = []
+    out: list[ZoneGroup] = []
+    if pv is not None and pv.by_node and isinstance(proxy, ProxyMap):
+        return _zone_groups_skewed(idx, proxy, pv)
     special_by_zone: dict[str, list[str]] = {}
     for n in special:
         if n in idx.node_zone:
@@ -164,10 +245,77 @@ def _zone_groups(idx: ClusterIndex, proxy: Mapping[str, ProxyDecision], special:
                     sample.append(n)
                     if len(sample) == 5:
                         break
-            out.append((z, proxy[sample[0]], generic, sample))
+            out.append((z, None, proxy[sample[0]], generic, sample))
         for n in sp:
-            out.append((z, proxy[n], 1, [n]))
+            out.append((z, None, proxy[n], 1, [n]))
     return out
+
+
+def _zone_groups_skewed(idx: ClusterIndex, proxy: ProxyMap, pv: ProxyVersions) -> list[ZoneGroup]:
+    """:func:`_zone_groups` when some nodes run another kube-proxy version."""
+    out: list[ZoneGroup] = []
+    special_by_zone: dict[str, list[str]] = {}
+    special_count: dict[tuple[str, Any], int] = {}
+    for n in proxy.specials:
+        z = idx.client_zone(n)
+        special_by_zone.setdefault(z, []).append(n)
+        g = proxy.group_of(n)
+        special_count[(z, g)] = special_count.get((z, g), 0) + 1
+    sps = set(proxy.specials)
+    for z, nodes in idx.zones.items():
+        skewed = pv.by_zone.get(z, {})
+        members: list[tuple[int | None, Sequence[str], int]] = [
+            (None, nodes, len(nodes) - sum(len(v) for v in skewed.values()))]
+        members += [(m, ns, len(ns)) for m, ns in sorted(skewed.items())]
+        for g, ns, size in members:
+            generic = size - special_count.get((z, g), 0)
+            if generic <= 0:
+                continue
+            sample: list[str] = []
+            for n in ns:
+                if n not in sps and (g is not None or n not in pv.by_node):
+                    sample.append(n)
+                    if len(sample) == 5:
+                        break
+            out.append((z, g, proxy[sample[0]], generic, sample))
+        for n in special_by_zone.get(z, []):
+            g = proxy.group_of(n)
+            out.append((z, g if isinstance(g, int) else None, proxy[n], 1, [n]))
+    return out
+
+
+def _skew_sentences(groups: Sequence[ZoneGroup], pidx: ProxyIndex, pkv: KubeVersion) -> list[str]:
+    """One phrase per group of other-version kube-proxies whose decision differs from what
+    kube-proxy ``pkv`` would decide on the same node (topology mode or endpoints)."""
+    out: list[str] = []
+    for z, g, d, count, sample in groups:
+        if g is None:
+            continue
+        b = pidx.decide(sample[0], z)
+        if (d.topology_mode, d.internal_traffic, d.internal_addresses) == \
+                (b.topology_mode, b.internal_traffic, b.internal_addresses):
+            continue
+        out.append(f"{count} node(s) of zone {z} at 1.{g} ({_names(sample)}): topology mode "
+                   f"{d.topology_mode or 'none'!r} instead of {b.topology_mode or 'none'!r}, "
+                   f"{len(d.internal_addresses)} endpoint(s) instead of {len(b.internal_addresses)} "
+                   "for internal traffic")
+    return out
+
+
+def _local(d: ProxyDecision) -> bool:
+    return d.internal_traffic == "cluster" and d.topology_mode in ("PreferSameZone", "PreferSameNode")
+
+
+def _all_local(groups: Sequence[ZoneGroup], pidx: ProxyIndex, idx: ClusterIndex) -> bool:
+    """Whether every client zone would have locality if every node ran the common version."""
+    seen = False
+    for z, g, d, _, sample in groups:
+        if z not in idx.ready_zones:
+            continue
+        seen = True
+        if not _local(d if g is None else pidx.decide(sample[0], z)):
+            return False
+    return seen
 
 
 def _names(items: Sequence[str], limit: int = 5) -> str:
@@ -176,7 +324,7 @@ def _names(items: Sequence[str], limit: int = 5) -> str:
 
 
 def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterIndex,
-             kv: KubeVersion, populated: bool) -> ServiceDiagnosis:
+             kv: KubeVersion, populated: bool, pv: ProxyVersions | None = None) -> ServiceDiagnosis:
     """Controller + kube-proxy + diagnosis for one Service and address family.
 
     Args:
@@ -184,15 +332,29 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         at: ``IPv4`` or ``IPv6``.
         slices: every slice labelled for the Service with that address type (any manager).
         idx: cluster index.
-        kv: version and gates.
+        kv: the control plane's version and gates (the EndpointSlice controller).
         populated: topology cache's populated mark for the Service before this family.
+        pv: each node's kube-proxy version (:func:`proxy_versions`); None: every
+            kube-proxy runs ``kv``. Nodes at another version are decided by a
+            :class:`ProxyIndex` of their own version (one per version, shared per zone).
     """
     managed = [s for s in slices if s.managed]
     ctrl = reconcile(svc, managed, at, idx.capacity, kv, populated)
     observed = AddressHints([(s.endpoints, [e.hints for e in s.endpoints]) for s in slices])
-    pidx = ProxyIndex(svc, slices, kv)
+    pkv = kv if pv is None else pv.base
+    pidx = ProxyIndex(svc, slices, pkv)
     peps, port, special = pidx.eps, pidx.port, pidx.special_nodes
-    proxy: Mapping[str, ProxyDecision] = {} if svc.headless else ProxyMap(idx.node_zone, special, pidx.decide)
+    proxy: Mapping[str, ProxyDecision]
+    if svc.headless:
+        proxy = {}
+    elif pv is not None and pv.by_node:
+        others = {m: ProxyIndex(svc, slices, v) for m, v in
+                  {v.minor: v for v in pv.by_node.values()}.items()}
+        proxy = ProxyMap(idx.node_zone, special, pidx.decide,
+                         ({n: v.minor for n, v in pv.by_node.items()},
+                          {m: (o.special_nodes, o.decide) for m, o in others.items()}))
+    else:
+        proxy = ProxyMap(idx.node_zone, special, pidx.decide)
     warnings: list[DiagnosisWarning] = []
     ann_key, ann_val = effective_annotation(svc.annotations)
     auto = hints_enabled(svc.annotations)
@@ -202,12 +364,11 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
 
     # --- locality per client zone (internal traffic)
     locality: dict[str, bool] = {}
-    groups = [] if svc.headless else _zone_groups(idx, proxy, special)
-    for z, d, _, _ in groups:
+    groups = [] if svc.headless else _zone_groups(idx, proxy, special, pv)
+    for z, _, d, _, _ in groups:
         if z not in idx.ready_zones:
             continue  # no Ready node there, so no client either
-        ok_ = d.internal_traffic == "cluster" and d.topology_mode in ("PreferSameZone", "PreferSameNode")
-        locality[z] = locality.get(z, True) and ok_
+        locality[z] = locality.get(z, True) and _local(d)
 
     # --- mode label
     if svc.internal_local:
@@ -236,7 +397,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         warnings.append(DiagnosisWarning(
             "annotation-value-not-accepted",
             f"{ann_key}: {ann_val!r} is not accepted by the EndpointSlice controller (only \"Auto\" "
-            "or \"auto\")" + ("; kube-proxy <= 1.32 still treats it as enabled" if kv.minor <= 32 else "")))
+            "or \"auto\")" + ("; kube-proxy <= 1.32 still treats it as enabled" if pkv.minor <= 32 else "")))
     td_refused = td is not None and not auto and not (td_ok and td in close_values(kv))
     if td_refused:
         why = ("the field needs Kubernetes 1.30+" if kv.minor < 30 else
@@ -285,7 +446,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
             f"{len(stale)} endpoint(s) carry hints that differ from what the controller would write now "
             f"(slices {_names(list(ctrl.rewritten) or ['?'])}): " + _names(stale)))
     if svc.internal_local and peps:
-        dropped = [(c, ns_) for _, d, c, ns_ in groups if d.internal_traffic == "DROP"]
+        dropped = [(c, ns_) for _, _, d, c, ns_ in groups if d.internal_traffic == "DROP"]
         if dropped:
             count = sum(c for c, _ in dropped)
             sample = [n for _, ns_ in dropped for n in ns_]
@@ -313,7 +474,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         n_ready = len(pidx.ready)
         singles = []
         seen: set[str] = set()
-        for z, d, _, _ in groups:
+        for z, _, d, _, _ in groups:
             if z not in seen and d.topology_mode == "PreferSameZone" and d.cluster_endpoints is not None \
                     and len(d.cluster_endpoints) == 1 and n_ready > 1:
                 seen.add(z)
@@ -330,6 +491,13 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     if not slices:
         warnings.append(DiagnosisWarning("no-endpointslices",
                                 f"no EndpointSlice labelled {LABEL_SERVICE_NAME}={svc.name} ({at})"))
+
+    skew = [] if pv is None or not pv.by_node else _skew_sentences(groups, pidx, pkv)
+    if skew:
+        warnings.append(DiagnosisWarning(
+            "kube-proxy-version-skew",
+            "kube-proxy of another version than " + str(pkv) + " selects differently on "
+            + "; ".join(skew)))
 
     # --- reason (first match wins; see docs/hints.md)
     any_usable = pidx.any_usable
@@ -350,10 +518,12 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     elif td_refused:
         reason = ("annotation-value-not-accepted" if (kv.minor in (30, 31, 32)
                   and kv.gate("ServiceTrafficDistribution")) else "feature-gate-disabled")
-    elif hinted and kv.minor <= 32 and proxy_blocked(svc, kv):
-        reason = "feature-gate-disabled" if proxy_gates_off(kv) else "not-requested"
+    elif hinted and pkv.minor <= 32 and proxy_blocked(svc, pkv):
+        reason = "feature-gate-disabled" if proxy_gates_off(pkv) else "not-requested"
     elif locality and all(locality.values()):
         reason = "none"
+    elif skew and _all_local(groups, pidx, idx):
+        reason = "kube-proxy-version-skew"  # kube-proxy at the control plane's version would keep it
     elif unhinted:
         reason = "partial-hints"
     elif not locality:
@@ -371,15 +541,22 @@ def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
                      endpointslices: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None,
                      *, version: str = DEFAULT_VERSION, feature_gates: Mapping[str, bool] | None = None,
                      hints_populated: Collection[str] | None = None, strict: bool = False,
-                     errors: list[InputError] | None = None) -> list[ServiceDiagnosis]:
+                     errors: list[InputError] | None = None, kube_proxy_version: str | None = None,
+                     notes: list[tuple[str, str]] | None = None) -> list[ServiceDiagnosis]:
     """Diagnose every Service of a cluster (one entry per Service and address family).
 
     Args:
         nodes, services, endpointslices: API-shaped dicts (``kubectl get -o json`` items).
         pods: accepted for API stability; the model reads endpoint state from the slices
             (the controller's own output), so pods are currently not consulted.
-        version: ``"1.27"`` .. ``"1.37"``.
-        feature_gates: gate overrides (name -> bool), validated per version.
+        version: ``"1.27"`` .. ``"1.37"``: the control plane (EndpointSlice controller), and
+            the kube-proxy of every node that reports no version of its own.
+        feature_gates: gate overrides (name -> bool), validated per version; they apply to
+            ``version`` only (kube-proxies of another version run its gate defaults).
+        kube_proxy_version: ``"1.X"``: every node's kube-proxy is judged as that version;
+            None: each Node's ``status.nodeInfo`` version (:func:`proxy_versions`).
+        notes: when given, ``(reported text, sentence)`` is appended for each node version
+            outside the covered range (:attr:`ProxyVersions.notes`).
         hints_populated: ``namespace/name`` keys the controller's topology cache marks as
             having Auto hints (controls the Enabled/Disabled events). None: inferred, a
             Service counts as populated when its controller slices carry hints and
@@ -405,7 +582,8 @@ def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
     gc.disable()
     try:
         return _evaluate([parse_node_entry(n) for n in nodes], [parse_service_entry(s) for s in services],
-                         [parse_slice_entry(s) for s in endpointslices], kv, hints_populated, strict, errors)
+                         [parse_slice_entry(s) for s in endpointslices], kv, hints_populated, strict, errors,
+                         kube_proxy_version, notes)
     finally:
         if was_enabled:
             gc.enable()
@@ -415,7 +593,8 @@ def evaluate_parsed(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry]
                     endpointslices: Sequence[SliceEntry], *, version: str = DEFAULT_VERSION,
                     feature_gates: Mapping[str, bool] | None = None,
                     hints_populated: Collection[str] | None = None, strict: bool = False,
-                    errors: list[InputError] | None = None) -> list[ServiceDiagnosis]:
+                    errors: list[InputError] | None = None, kube_proxy_version: str | None = None,
+                    notes: list[tuple[str, str]] | None = None) -> list[ServiceDiagnosis]:
     """:func:`evaluate_cluster` over objects already parsed (the metadata cache's entries).
 
     Args:
@@ -423,7 +602,8 @@ def evaluate_parsed(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry]
             :func:`~agent.k8s.parse.parse_service_entry` and
             :func:`~agent.k8s.parse.parse_slice_entry` (a record, or the error parsing
             raised, which is reported here exactly as :func:`evaluate_cluster` reports it).
-        version, feature_gates, hints_populated, strict, errors: as :func:`evaluate_cluster`.
+        version, feature_gates, hints_populated, strict, errors, kube_proxy_version, notes:
+            as :func:`evaluate_cluster`.
 
     Returns:
         as :func:`evaluate_cluster`.
@@ -435,7 +615,8 @@ def evaluate_parsed(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry]
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _evaluate(nodes, services, endpointslices, kv, hints_populated, strict, errors)
+        return _evaluate(nodes, services, endpointslices, kv, hints_populated, strict, errors,
+                         kube_proxy_version, notes)
     finally:
         if was_enabled:
             gc.enable()
@@ -444,7 +625,8 @@ def evaluate_parsed(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry]
 def _evaluate(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],
               endpointslices: Sequence[SliceEntry], kv: KubeVersion,
               hints_populated: Collection[str] | None, strict: bool,
-              errors: list[InputError] | None) -> list[ServiceDiagnosis]:
+              errors: list[InputError] | None, kube_proxy_version: str | None = None,
+              notes: list[tuple[str, str]] | None = None) -> list[ServiceDiagnosis]:
     def bad(err: InputError) -> None:
         if strict:
             raise err
@@ -460,6 +642,10 @@ def _evaluate(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],
         if info is not None:
             infos.append(info)
     idx = index_node_infos(tuple(infos))
+    pv = proxy_versions(idx.nodes, kv, kube_proxy_version)
+    if notes is not None:
+        notes.extend(pv.notes)
+    pv_or_none = None if not pv.by_node and pv.base is kv else pv
     by_svc: dict[tuple[str, str], list[Slice]] = {}
     # Services with a slice the model cannot read: diagnosing them from their other slices
     # would be a confident answer about endpoints it has not seen, so they get none.
@@ -488,7 +674,8 @@ def _evaluate(nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],
                          or hints_enabled(svc.annotations)) and any(
                 e.hints is not None for s in slices if s.managed for e in s.endpoints)
         for at in address_families(svc, slices):
-            d = diagnose(svc, at, [s for s in slices if s.address_type == at], idx, kv, populated)
+            d = diagnose(svc, at, [s for s in slices if s.address_type == at], idx, kv, populated,
+                         pv_or_none)
             populated = d.controller.populated_after
             out.append(d)
     return out

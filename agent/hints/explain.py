@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from agent.errors import InputError
-from agent.hints.diagnosis import ServiceDiagnosis, evaluate_cluster
+from agent.hints.diagnosis import ServiceDiagnosis, evaluate_cluster, proxy_versions
 from agent.hints.versions import DEFAULT_VERSION, KubeVersion
-from agent.k8s.parse import LABEL_SERVICE_NAME, slice_owner
+from agent.k8s.parse import LABEL_SERVICE_NAME, parse_node_entry, slice_owner
 
 
 def _split_service(text: str) -> tuple[str, str]:
@@ -32,8 +32,12 @@ def diagnose_objects(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
                      endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
                      node: str | None = None, version: str = DEFAULT_VERSION,
                      feature_gates: dict[str, bool] | None = None,
-                     hints_populated: list[str] | None = None) -> list[ServiceDiagnosis]:
+                     hints_populated: list[str] | None = None,
+                     kube_proxy_version: str | None = None) -> list[ServiceDiagnosis]:
     """Validate the explain inputs and run the model.
+
+    ``version`` is the control plane's; ``kube_proxy_version`` (None: each Node's own, see
+    :func:`agent.hints.diagnosis.proxy_versions`) the nodes' kube-proxy's.
 
     Raises:
         InputError: malformed objects, unknown ``--service``/``--node``, a Service with a
@@ -61,21 +65,53 @@ def diagnose_objects(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
                 source=source, obj=f"Service {key[0]}/{key[1]}", field="metadata.name")
     try:
         return evaluate_cluster(nodes, services, endpointslices, version=version,
-                                      feature_gates=feature_gates, hints_populated=hints_populated,
-                                      strict=True)
+                                feature_gates=feature_gates, hints_populated=hints_populated,
+                                strict=True, kube_proxy_version=kube_proxy_version)
     except InputError as err:
         raise err.with_source(source) from None
 
 
-def to_document(diags: list[ServiceDiagnosis], version: str, node: str | None = None) -> dict[str, Any]:
-    """The explain JSON document: ``{"kubernetes_version", "services": [...]}``."""
+def version_document(nodes: list[dict[str, Any]], version: str, *,
+                     feature_gates: dict[str, bool] | None = None, kube_proxy_version: str | None = None,
+                     source: str = "flag", warnings: list[str] | None = None) -> dict[str, Any]:
+    """The version fields of the explain JSON document.
+
+    Args:
+        nodes: the input's Nodes (their ``status.nodeInfo``).
+        version: the control plane's ``"1.X"``.
+        feature_gates, kube_proxy_version: as :func:`diagnose_objects`.
+        source: where ``version`` came from (:data:`agent.hints.versions.VERSION_SOURCES`).
+        warnings: sentences said already (the control-plane version's); the nodes' clamped or
+            unreadable versions are appended.
+
+    Returns:
+        ``{"kubernetes_version_source", "kube_proxy_version", "kube_proxy_versions",
+        "version_warnings"}``: ``kube_proxy_version`` is the version of every node not in
+        ``kube_proxy_versions`` (node -> ``"1.X"``, the nodes whose kube-proxy differs).
+
+    Raises:
+        InputError: bad version, gates or kube-proxy version.
+    """
+    kv = KubeVersion.parse(version, feature_gates)
+    infos = [info for info, _ in (parse_node_entry(n) for n in nodes) if info is not None]
+    pv = proxy_versions(infos, kv, kube_proxy_version)
+    return {"kubernetes_version_source": source, "kube_proxy_version": str(pv.base),
+            "kube_proxy_versions": {n: str(v) for n, v in sorted(pv.by_node.items())},
+            "version_warnings": list(warnings or ()) + [note for _, note in pv.notes]}
+
+
+def to_document(diags: list[ServiceDiagnosis], version: str, node: str | None = None,
+                versions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The explain JSON document: ``{"kubernetes_version", ...versions, "services": [...]}``
+    (``versions``: :func:`version_document`)."""
     import gc
 
     only = [node] if node is not None else None
     was = gc.isenabled()
     gc.disable()  # plain acyclic dicts; avoid full scans while building many of them
     try:
-        return {"kubernetes_version": version, "services": [d.to_json(only) for d in diags]}
+        return {"kubernetes_version": version, **(versions or {}),
+                "services": [d.to_json(only) for d in diags]}
     finally:
         if was:
             gc.enable()
@@ -85,12 +121,16 @@ def explain_document(nodes: list[dict[str, Any]], services: list[dict[str, Any]]
                      endpointslices: list[dict[str, Any]], *, source: str, service: str | None = None,
                      node: str | None = None, version: str = DEFAULT_VERSION,
                      feature_gates: dict[str, bool] | None = None,
-                     hints_populated: list[str] | None = None) -> dict[str, Any]:
+                     hints_populated: list[str] | None = None, kube_proxy_version: str | None = None,
+                     version_source: str = "flag") -> dict[str, Any]:
     """Build the explain JSON document (schema in docs/hints.md).
 
     Raises:
         InputError: see :func:`diagnose_objects`.
     """
     diags = diagnose_objects(nodes, services, endpointslices, source=source, service=service, node=node,
-                     version=version, feature_gates=feature_gates, hints_populated=hints_populated)
-    return to_document(diags, str(KubeVersion.parse(version, feature_gates)), node)
+                             version=version, feature_gates=feature_gates, hints_populated=hints_populated,
+                             kube_proxy_version=kube_proxy_version)
+    return to_document(diags, str(KubeVersion.parse(version, feature_gates)), node,
+                       version_document(nodes, version, feature_gates=feature_gates,
+                                        kube_proxy_version=kube_proxy_version, source=version_source))

@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 from agent.errors import InputError
 from agent.hints.diagnosis import ServiceDiagnosis, evaluate_parsed
-from agent.hints.versions import DEFAULT_VERSION, KubeVersion
+from agent.hints.versions import DEFAULT_VERSION, KubeVersion, covered_version, parse_proxy_flag
 from agent.k8s import ClusterMetadata, DirtySet, NodeEntry, ServiceEntry, SliceEntry
 from agent.logs import LogOnce
 from agent.records import Locality, ProxyView, ServiceRef
@@ -86,20 +86,31 @@ class HintModel:
     Args:
         cache: the metadata cache whose parsed records (:meth:`ClusterMetadata.model_inputs`)
             feed the model.
-        version: Kubernetes minor version the model reproduces (``"1.27"`` .. ``"1.37"``).
-        feature_gates: gate overrides for that version.
+        version: the control plane's Kubernetes minor version the model reproduces
+            (``"1.27"`` .. ``"1.37"``).
+        feature_gates: gate overrides for that version (not for kube-proxies of another
+            version, which run their version's defaults).
+        kube_proxy_version: ``"1.X"`` judges every node's kube-proxy as that version
+            (``--kube-proxy-version X.Y``); None (``auto``) reads each Node's
+            ``status.nodeInfo`` (:func:`agent.hints.diagnosis.proxy_versions`). A Node's
+            version change is a Node change, which re-evaluates every Service.
+        version_source: where ``version`` came from (one of
+            :data:`agent.hints.versions.VERSION_SOURCES`), for :meth:`model_info`.
 
     Raises:
         InputError: a bad version or feature gate (``--kubernetes-version``,
-            ``--feature-gates``).
+            ``--feature-gates``, ``--kube-proxy-version``).
     """
 
     def __init__(self, cache: ClusterMetadata, version: str = DEFAULT_VERSION,
-                 feature_gates: Mapping[str, bool] | None = None) -> None:
+                 feature_gates: Mapping[str, bool] | None = None, *,
+                 kube_proxy_version: str | None = None, version_source: str = "flag") -> None:
         try:
-            KubeVersion.parse(version, feature_gates)
+            self.kube_version = KubeVersion.parse(version, feature_gates)
         except InputError as err:
             raise err.with_source("--kubernetes-version/--feature-gates") from None
+        self.kube_proxy_version = None if kube_proxy_version is None else parse_proxy_flag(kube_proxy_version)
+        self.version_source = version_source
         self.cache = cache
         self.version = version
         self.feature_gates = dict(feature_gates or {})
@@ -187,13 +198,41 @@ class HintModel:
     def _evaluate(self, nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],
                   slices: Sequence[SliceEntry]) -> list[ServiceDiagnosis]:
         errors: list[InputError] = []
+        notes: list[tuple[str, str]] = []
         out = evaluate_parsed(nodes, services, slices, version=self.version,
-                              feature_gates=self.feature_gates, errors=errors)
+                              feature_gates=self.feature_gates, errors=errors,
+                              kube_proxy_version=self.kube_proxy_version, notes=notes)
         self.bad_objects += len(errors)
         for err in errors:
             text = str(err)
             self._once(text, logging.WARNING, "hint model skipped an object: %s", text)
+        for reported, sentence in notes:
+            self._once("kube-proxy-version:" + reported, logging.WARNING, "%s", sentence)
         return out
+
+    def model_info(self, node: str) -> tuple[str, str, str, str]:
+        """What the model assumes, for ``zonemeter_hint_model_info``.
+
+        Args:
+            node: the node whose kube-proxy version is reported (the agent's own).
+
+        Returns:
+            ``(kubernetes_version, kube_proxy_version, source, kube_proxy_source)``:
+            versions as ``"1.X"``; ``source`` one of
+            :data:`agent.hints.versions.VERSION_SOURCES`; ``kube_proxy_source`` one of
+            :data:`agent.hints.versions.PROXY_VERSION_SOURCES` (``default``: the node
+            reports no readable version, or is not known yet, so it is judged at the
+            control plane's version).
+        """
+        kv = str(self.kube_version)
+        if self.kube_proxy_version is not None:
+            return kv, self.kube_proxy_version, self.version_source, "flag"
+        entry = self.cache.node_entry(node)
+        reported = entry[0].proxy_version if entry is not None and entry[0] is not None else None
+        got = None if reported is None else covered_version(reported, f"Node {node}")[0]
+        if got is None:
+            return kv, kv, self.version_source, "default"
+        return kv, got, self.version_source, "node"
 
     # ------------------------------------------------------------------ readers
 

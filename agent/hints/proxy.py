@@ -10,7 +10,7 @@ that hosts or is hinted by an endpoint, then shared (see :class:`ProxyMap`).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,27 +67,52 @@ class ProxyMap(Mapping[str, ProxyDecision]):
     Decisions are computed per zone for nodes that neither host nor are hinted by an
     endpoint (they all behave the same), and per node otherwise, so the map costs
     O(endpoints) per Service instead of O(nodes).
+
+    Args:
+        node_zone: node -> zone label ("" when absent), every node of the input.
+        special: nodes decided one by one by ``compute``.
+        compute: ``(node or None, zone) -> decision`` of the common kube-proxy version.
+        groups: nodes whose kube-proxy runs another version: ``(node -> group key,
+            group key -> (that version's special nodes, its compute))``; their decisions
+            are shared per (group, zone) the same way. None: every node is in the common
+            group.
     """
 
-    __slots__ = ("_node_zone", "_by_zone", "_special", "_compute")
+    __slots__ = ("_node_zone", "_by_zone", "_special", "_compute", "_group", "_computes")
 
     def __init__(self, node_zone: Mapping[str, str], special: Collection[str],
-                 compute: Callable[[str | None, str], ProxyDecision]) -> None:
+                 compute: Callable[[str | None, str], ProxyDecision],
+                 groups: tuple[Mapping[str, Hashable], Mapping[Hashable, tuple[
+                     Collection[str], Callable[[str | None, str], ProxyDecision]]]] | None = None
+                 ) -> None:
         self._node_zone = node_zone
-        self._by_zone: dict[str, ProxyDecision] = {}
-        self._special: dict[str, ProxyDecision | None] = {n: None for n in special if n in node_zone}
+        self._by_zone: dict[Hashable, ProxyDecision] = {}
         self._compute = compute
+        self._group: Mapping[str, Hashable] = groups[0] if groups is not None else {}
+        self._computes = {g: fn for g, (_, fn) in groups[1].items()} if groups is not None else {}
+        group = self._group
+        self._special: dict[str, ProxyDecision | None] = {
+            n: None for n in special if n in node_zone and n not in group}
+        if groups is not None:
+            for g, (sp, _) in groups[1].items():
+                for n in sp:
+                    if n in node_zone and group.get(n) == g:
+                        self._special[n] = None
 
     def __getitem__(self, node: str) -> ProxyDecision:
         zone = self._node_zone[node]  # KeyError for unknown nodes, as a dict would
+        g = self._group.get(node) if self._group else None
         if node in self._special:
             got = self._special[node]
             if got is None:
-                got = self._special[node] = self._compute(node, zone)
+                fn = self._compute if g is None else self._computes[g]
+                got = self._special[node] = fn(node, zone)
             return got
-        got = self._by_zone.get(zone)
+        key: Hashable = zone if g is None else (g, zone)
+        got = self._by_zone.get(key)
         if got is None:
-            got = self._by_zone[zone] = self._compute(None, zone)
+            fn = self._compute if g is None else self._computes[g]
+            got = self._by_zone[key] = fn(None, zone)
         return got
 
     def __iter__(self) -> Iterator[str]:
@@ -95,6 +120,15 @@ class ProxyMap(Mapping[str, ProxyDecision]):
 
     def __len__(self) -> int:
         return len(self._node_zone)
+
+    @property
+    def specials(self) -> Collection[str]:
+        """The nodes decided one by one (in the input, whatever their group)."""
+        return self._special.keys()
+
+    def group_of(self, node: str) -> Hashable | None:
+        """The node's group key, None for the common kube-proxy version."""
+        return self._group.get(node)
 
 
 def _proxy_annotation_on(annotations: Mapping[str, str]) -> bool:

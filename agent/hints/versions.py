@@ -123,3 +123,86 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
             raise InputError(f"expected Name=true|false, got {part!r}", field="--feature-gates")
         gates[name.strip()] = value.strip().lower() == "true"
     return gates
+
+
+#: where the control-plane version the model assumes came from (``zonemeter_hint_model_info``)
+VERSION_SOURCES = ("flag", "cluster", "snapshot", "default")
+#: where a node's kube-proxy version came from
+PROXY_VERSION_SOURCES = ("flag", "node", "default")
+
+
+def covered_version(reported: str, what: str) -> tuple[str | None, str | None]:
+    """The covered ``"1.X"`` nearest to a version a cluster reports, and what to tell about it.
+
+    Reads the ``gitVersion`` shapes of ``/version`` and ``status.nodeInfo``: ``v1.33.5``,
+    ``v1.33.5-eks-abc``, ``v1.30.2-gke.1587003``, ``v1.26.4+k3s1``, also ``1.33``. A version
+    outside 1.27 to 1.37 is clamped to the nearest covered one (an API server of 1.38 is
+    modelled as 1.37, a kubelet of 1.20 as 1.27).
+
+    Args:
+        reported: the version text as the cluster reports it.
+        what: who reported it, for the message (``"the API server"``, ``"Node n3"``).
+
+    Returns:
+        ``(version, message)``: version is ``"1.X"`` within the covered range, or None when
+        the text is not a version; message is one sentence when the version was clamped or
+        unreadable, else None.
+    """
+    text = str(reported).strip()
+    m = re.match(r"v?(\d+)\.(\d+)(?:\D|$)", text)
+    if not m:
+        return None, f"{what} reports Kubernetes version {text!r}, which is not a version"
+    major, minor = int(m.group(1)), int(m.group(2))
+    if major != 1:
+        minor = MAX_MINOR + 1 if major > 1 else MIN_MINOR - 1
+    if MIN_MINOR <= minor <= MAX_MINOR:
+        return f"1.{minor}", None
+    near = MAX_MINOR if minor > MAX_MINOR else MIN_MINOR
+    side = "newer" if minor > MAX_MINOR else "older"
+    return f"1.{near}", (f"{what} reports Kubernetes {text}, {side} than the hint model covers "
+                         f"(1.{MIN_MINOR} to 1.{MAX_MINOR}): modelling it as 1.{near}")
+
+
+def parse_proxy_flag(text: str | None) -> str | None:
+    """``--kube-proxy-version``: None for ``auto`` (each Node's own), else ``"1.X"``.
+
+    Raises:
+        InputError: neither ``auto`` nor a covered version.
+    """
+    if text is None or text.strip().lower() in ("", "auto"):
+        return None
+    try:
+        return str(KubeVersion.parse(text))
+    except InputError:
+        raise InputError(f"expected auto or a version 1.{MIN_MINOR} to 1.{MAX_MINOR}, got {text!r}",
+                         field="--kube-proxy-version") from None
+
+
+def choose_version(flag: str | None, reported: str | None, reported_source: str,
+                   what: str) -> tuple[str, str, str | None]:
+    """The control-plane version to model: an explicit flag, else what the cluster reports,
+    else the newest covered version.
+
+    Args:
+        flag: ``--kubernetes-version`` (None: not given).
+        reported: the ``gitVersion`` the cluster reports (``/version`` or a snapshot's
+            ``version.json``), or None when nothing tells.
+        reported_source: the source name of ``reported`` (``"cluster"`` or ``"snapshot"``).
+        what: who reported it, for the message.
+
+    Returns:
+        ``(version "1.X", source, message)``: source one of :data:`VERSION_SOURCES`;
+        message is one sentence when the reported version was clamped or unreadable.
+
+    Raises:
+        InputError: ``flag`` is not a covered version (a flag is the user's word: it is
+            refused, not clamped).
+    """
+    if flag is not None:
+        return str(KubeVersion.parse(flag)), "flag", None
+    if reported is None:
+        return DEFAULT_VERSION, "default", None
+    got, note = covered_version(reported, what)
+    if got is None:
+        return DEFAULT_VERSION, "default", f"{note}; modelling the newest covered version, {DEFAULT_VERSION}"
+    return got, reported_source, note

@@ -49,7 +49,7 @@ REASONS = (
     "none", "not-requested", "insufficient-node-info", "insufficient-number-of-endpoints",
     "min-allocation-exceeds-overload-threshold", "endpoint-without-zone",
     "annotation-value-not-accepted", "feature-gate-disabled", "partial-hints",
-    "no-hints-for-zone", "internal-traffic-policy-local", "no-endpoints",
+    "no-hints-for-zone", "internal-traffic-policy-local", "no-endpoints", "kube-proxy-version-skew",
 )
 
 #: one plain sentence per :data:`REASONS` code, for people who do not know the code (the demo's
@@ -77,6 +77,8 @@ REASON_SENTENCES: dict[str, str] = {
     "internal-traffic-policy-local": "internalTrafficPolicy: Local keeps ClusterIP traffic on "
                                      "the client's node; topology routing does not apply.",
     "no-endpoints": "No endpoint is usable, so kube-proxy rejects the calls.",
+    "kube-proxy-version-skew": "The control plane writes hints, but kube-proxy on some nodes runs "
+                               "an older (or newer) version that does not use them the same way.",
 }
 
 #: warning codes emitted in :attr:`ServiceDiagnosis.warnings`
@@ -85,7 +87,7 @@ WARNING_CODES = (
     "annotation-value-not-accepted", "traffic-distribution-not-accepted",
     "ready-endpoints-without-hints", "stale-hints", "node-info-disables-auto",
     "internal-traffic-policy-local-drops", "prefer-same-node-skew", "single-endpoint-zone",
-    "auto-minimum-endpoints", "node-without-zone", "no-endpointslices",
+    "auto-minimum-endpoints", "node-without-zone", "no-endpointslices", "kube-proxy-version-skew",
 )
 
 #: the client zone of Ready nodes without a zone label

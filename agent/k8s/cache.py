@@ -671,6 +671,11 @@ class ClusterMetadata:
             return (list(self._node_entries.values()), list(self._service_entries.values()),
                     list(self._slice_index.entries.values()))
 
+    def node_entry(self, name: str) -> NodeEntry | None:
+        """Return one Node's hint-model entry (see :meth:`model_inputs`), or None."""
+        with self._lock:
+            return self._node_entries.get(name)
+
     def service_inputs(self, namespace: str, name: str) -> tuple[ServiceEntry | None, list[SliceEntry]]:
         """Return ``(service, its endpointslices)`` entries (slices sorted by
         ``(namespace, name)``), for re-evaluating one dirty Service; None when the Service

@@ -358,9 +358,10 @@ def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def prune_node(obj: Mapping[str, Any]) -> dict[str, Any]:
     """Return a Node without managedFields, annotations and status beyond what the hint
-    model reads (``status.allocatable``, ``status.addresses``, and ``status.conditions``
-    cut to ``type``/``status``/``reason``): the form :func:`parse_node_entry` reads in the
-    cache (a ``status`` or ``conditions`` of the wrong type is dropped here, not refused)."""
+    model reads (``status.allocatable``, ``status.addresses``, ``status.nodeInfo`` cut to
+    its two version fields, and ``status.conditions`` cut to ``type``/``status``/``reason``):
+    the form :func:`parse_node_entry` reads in the cache (a ``status`` or ``conditions`` of
+    the wrong type is dropped here, not refused)."""
     out = _prune_common(obj)
     _share_labels(out["metadata"])
     status = obj.get("status")
@@ -370,6 +371,11 @@ def prune_node(obj: Mapping[str, Any]) -> dict[str, Any]:
             slim["addresses"] = status["addresses"]
         if "allocatable" in status:
             slim["allocatable"] = status["allocatable"]
+        info = status.get("nodeInfo")
+        if isinstance(info, dict):
+            kept = {k: info[k] for k in ("kubeProxyVersion", "kubeletVersion") if k in info}
+            if kept:
+                slim["nodeInfo"] = kept
         conds = status.get("conditions")
         if isinstance(conds, list):
             slim["conditions"] = [
@@ -669,13 +675,36 @@ def cpu_millis(quantity: Any, where: str, fld: str = "status.allocatable.cpu") -
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
-    """A Node, slimmed: zone label (None if absent), Ready condition, exclusion, milli-CPU."""
+    """A Node, slimmed: zone label (None if absent), Ready condition, exclusion, milli-CPU,
+    and the kube-proxy version the node reports (:func:`node_proxy_version`, None if none)."""
 
     name: str
     zone: str | None
     ready: bool
     excluded: bool
     cpu_milli: int
+    proxy_version: str | None = None
+
+
+def node_proxy_version(status: Mapping[str, Any]) -> str | None:
+    """The kube-proxy version a Node's ``status.nodeInfo`` reports, as written (``v1.31.4``).
+
+    ``kubeProxyVersion`` when set and not empty, else ``kubeletVersion`` as the stand-in:
+    ``kubeProxyVersion`` is deprecated (KEP-4004, k8s.io/api ``core/v1/types.go``
+    ``NodeSystemInfo``) and kubelets with the ``DisableNodeKubeProxyVersion`` gate (beta, on
+    by default from 1.31) leave it empty; kube-proxy may not be older than the kubelet by
+    more than the skew policy allows, and usually runs the kubelet's version. A missing
+    ``nodeInfo``, or a value that is not a string, reads as None (the version then comes
+    from elsewhere); it never makes the Node unreadable.
+    """
+    info = status.get("nodeInfo")
+    if not isinstance(info, Mapping):
+        return None
+    for key in ("kubeProxyVersion", "kubeletVersion"):
+        v = info.get(key)
+        if isinstance(v, str) and v.strip():
+            return v.strip()
+    return None
 
 
 def parse_node_info(obj: dict[str, Any]) -> NodeInfo:
@@ -705,7 +734,8 @@ def parse_node_info(obj: dict[str, Any]) -> NodeInfo:
         raise InputError("must be an object", obj=where, field="status.allocatable")
     return NodeInfo(name=name, zone=labels.get(LABEL_ZONE), ready=ready,
                     excluded=any(k in labels for k in EXCLUDED_NODE_LABELS),
-                    cpu_milli=cpu_millis(alloc.get("cpu"), where))
+                    cpu_milli=cpu_millis(alloc.get("cpu"), where),
+                    proxy_version=node_proxy_version(status))
 
 
 @dataclass(frozen=True, slots=True)
@@ -919,7 +949,8 @@ def unreadable_node(obj: Any) -> NodeInfo | None:
     if conds is not None and all(isinstance(c, dict) for c in conds):
         ready = next((c.get("status") == "True" for c in conds if c.get("type") == "Ready"), False)
     return NodeInfo(name=name, zone=zone if isinstance(zone, str) else None, ready=ready,
-                    excluded=any(k in labels for k in EXCLUDED_NODE_LABELS), cpu_milli=-1)
+                    excluded=any(k in labels for k in EXCLUDED_NODE_LABELS), cpu_milli=-1,
+                    proxy_version=node_proxy_version(status))
 
 
 def slice_owner(obj: Any) -> tuple[str, str]:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent.errors import InputError
 from agent.k8s import snapshot as snapshot_mod
@@ -60,6 +61,9 @@ class MetadataSource:
     #: reloads that failed (the previous metadata stays in use)
     reload_errors: int = 0
     _last_error: str | None = field(default=None, repr=False)
+    #: the live cluster's :class:`kubernetes.client.ApiClient` (None for a snapshot), for
+    #: reads beside the watch such as ``/version``
+    api: Any = field(default=None, repr=False)
 
     def poll_snapshot(self, before_apply: Callable[[], object] | None = None) -> bool:
         """Reload the snapshot file when it changed (inode, size or mtime differ).
@@ -141,4 +145,4 @@ def open_metadata(*, snapshot: str | Path | None = None, kubeconfig: str | Path 
     watcher = MetadataWatcher(api, cache, watch_settings)
     if start:
         watcher.start()
-    return MetadataSource(cache, watcher, origin)
+    return MetadataSource(cache, watcher, origin, api=api)

@@ -120,7 +120,7 @@ def controller_snapshot(lab: Lab, source: HintSource) -> dict[str, Any]:
 def controller_snapshot_of(topology: Topology, source: HintSource) -> dict[str, Any]:
     """:func:`controller_snapshot` of a topology (e.g. a planned change of the lab's); the
     lab's snapshot depends on its topology only (:meth:`Lab.snapshot`)."""
-    return source.controller(lab_snapshot.build(topology))
+    return source.controller(lab_snapshot.build(topology, kubernetes_version=KUBERNETES_VERSION))
 
 
 def evaluate(snapshot: Mapping[str, Any], topo: Topology, source: HintSource) -> dict[str, ServiceModel]:
@@ -338,6 +338,9 @@ class DemoCluster:
         self._remember_pods()
         self.snapshot = controller_snapshot(self.lab, self.hints)
         self.models = evaluate(self.snapshot, self.lab.topology, self.hints)
+        # the agents and `explain --snapshot` read the cluster's version beside the dump
+        write_json_atomic(self.snapshot_path.with_name("version.json"),
+                          lab_snapshot.version_document(KUBERNETES_VERSION))
         return write_json_atomic(self.snapshot_path, self.snapshot)
 
     def program(self) -> None:

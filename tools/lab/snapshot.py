@@ -36,7 +36,7 @@ def _uid(*parts: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "zonemeter-lab/" + "/".join(parts)))
 
 
-def _node(topo: Topology, name: str) -> dict[str, Any]:
+def _node(topo: Topology, name: str, kubernetes_version: str | None = None) -> dict[str, Any]:
     n = topo.node(name)
     zone = next(z for z in topo.zones if z.name == n.zone)
     labels = {"kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", ZONE_LABEL: n.zone}
@@ -59,6 +59,10 @@ def _node(topo: Topology, name: str) -> dict[str, Any]:
             "addresses": addresses,
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                             "lastTransitionTime": _TIMESTAMP}],
+            # what a kubelet of that version reports (kubeProxyVersion empty: KEP-4004); the
+            # hint model judges the node's kube-proxy as this version
+            **({"nodeInfo": {"kubeletVersion": f"v{kubernetes_version}.0", "kubeProxyVersion": ""}}
+               if kubernetes_version else {}),
         },
     }
 
@@ -163,18 +167,21 @@ def _slices(topo: Topology, svc: Service,
     return out
 
 
-def build(topo: Topology, hints: HintsFn | None = None) -> dict[str, Any]:
+def build(topo: Topology, hints: HintsFn | None = None,
+          kubernetes_version: str | None = None) -> dict[str, Any]:
     """Return the lab's objects as a ``{"apiVersion": "v1", "kind": "List", "items": [...]}``.
 
     Args:
         topo: the lab topology.
         hints: called once per Service; returns the EndpointSlice ``hints`` per endpoint
             pod, or ``None`` for none (what the EndpointSlice controller would write).
+        kubernetes_version: ``"1.X"`` the lab's cluster runs: every Node reports
+            ``status.nodeInfo.kubeletVersion: v1.X.0``; None: no ``nodeInfo``.
 
     Returns:
         Nodes, then Pods, Services and EndpointSlices, each in topology order.
     """
-    items: list[dict[str, Any]] = [_node(topo, n.name) for n in topo.nodes]
+    items: list[dict[str, Any]] = [_node(topo, n.name, kubernetes_version) for n in topo.nodes]
     items += [_pod(topo, p) for p in topo.pods]
     for svc in topo.services:
         items.append(_service(svc))
@@ -184,10 +191,27 @@ def build(topo: Topology, hints: HintsFn | None = None) -> dict[str, Any]:
             "items": items}
 
 
-def write(topo: Topology, path: Path | str, hints: HintsFn | None = None) -> Path:
-    """Write :func:`build`'s output as JSON to ``path`` (atomically) and return the path."""
+def version_document(kubernetes_version: str) -> dict[str, Any]:
+    """``kubectl version -o json`` of a cluster at ``"1.X"`` (the ``version.json`` that
+    ``zonemeter explain/agent --snapshot`` read beside a dump, docs/hints.md)."""
+    minor = kubernetes_version.split(".")[1]
+    return {"serverVersion": {"major": "1", "minor": minor, "gitVersion": f"v{kubernetes_version}.0"}}
+
+
+def write(topo: Topology, path: Path | str, hints: HintsFn | None = None,
+          kubernetes_version: str | None = None) -> Path:
+    """Write :func:`build`'s output as JSON to ``path`` (atomically) and return the path.
+
+    With ``kubernetes_version``, also write :func:`version_document` as ``version.json``
+    beside it, so the agent and ``explain`` model that version.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(build(topo, hints), indent=1))
+    tmp.write_text(json.dumps(build(topo, hints, kubernetes_version), indent=1))
     tmp.replace(path)
+    if kubernetes_version:
+        vpath = path.with_name("version.json")
+        vtmp = vpath.with_name(vpath.name + ".tmp")
+        vtmp.write_text(json.dumps(version_document(kubernetes_version)))
+        vtmp.replace(vpath)
     return path

@@ -218,7 +218,8 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     for flag in ("--node-name", "--snapshot", "--kubeconfig", "--netns", "--metrics-address",
                  "--interval", "--zone-cidrs", "--exclude-interfaces", "--interface-patterns",
-                 "--kubernetes-version", "--feature-gates", "--flow-capacity", "--log-level",
+                 "--kubernetes-version", "--kube-proxy-version", "--feature-gates", "--flow-capacity",
+                 "--log-level",
                  "--final-linger-seconds", "0.0.0.0:11808"):
         assert flag in out
 
@@ -233,6 +234,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
     (["--node-name", "nb", "--snapshot", "/nonexistent/x.json"], "/nonexistent/x.json: cannot read"),
     (["--node-name", "nx", "SNAP"], "node 'nx' is not in the snapshot"),
     (["--node-name", "nb", "SNAP", "--kubernetes-version", "1.2"], "--kubernetes-version"),
+    (["--node-name", "nb", "SNAP", "--kube-proxy-version", "1.99"], "--kube-proxy-version: expected auto"),
     (["--node-name", "nb", "SNAP", "--flow-capacity", "3"], "flow_capacity: must be within"),
 ])
 def test_bad_input_is_one_line_and_exit_2(extra: list[str], message: str, tmp_path: Path,
@@ -244,6 +246,38 @@ def test_bad_input_is_one_line_and_exit_2(extra: list[str], message: str, tmp_pa
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_bad_version_json_beside_the_snapshot_is_exit_2(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    snap = str(write_snapshot(tmp_path / "c.json"))
+    (tmp_path / "version.json").write_text("{not json")
+    rc = cli.main(["agent", "--node-name", "nb", "--snapshot", snap])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "version.json: cannot read" in err, err
+
+
+@pytest.mark.parametrize(("flag", "server", "want"), [
+    (None, None, ("1.37", "default")),
+    (None, "v1.33.5-eks-abc", ("1.33", "snapshot")),
+    (None, "v1.38.0", ("1.37", "snapshot")),
+    ("1.31", "v1.33.5", ("1.31", "flag")),
+])
+def test_model_version_from_the_snapshot_version_json(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, flag: str | None, server: str | None,
+        want: tuple[str, str]) -> None:
+    from agent.cli.agent import model_version
+
+    snap = write_snapshot(tmp_path / "c.json")
+    if server is not None:
+        (tmp_path / "version.json").write_text(json.dumps(
+            {"clientVersion": {"gitVersion": "v1.35.0"}, "serverVersion": {"gitVersion": server}}))
+    args = argparse.Namespace(kubernetes_version=flag, snapshot=str(snap))
+    with caplog.at_level(logging.WARNING):
+        assert model_version(args, None) == want
+    said = [r.getMessage() for r in caplog.records]
+    assert said == (["the snapshot's version.json reports Kubernetes v1.38.0, newer than the hint "
+                     "model covers (1.27 to 1.37): modelling it as 1.37"] if server == "v1.38.0" else [])
 
 
 def test_bad_snapshot_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,7 +3,8 @@
 The agent's own ``_run`` (the CLI path minus signal handling) runs in a thread with the
 fake datapath of test_agent.py; metadata comes from the real list+watch. Checks: /readyz
 turns 200 once synced, the kernel endpoint set follows an EndpointSlice change made on
-the API, and bytes to the new endpoint are attributed to its Service.
+the API, bytes to the new endpoint are attributed to its Service, and the hint model runs at
+the version the API server's ``/version`` reports (kmock answers it; the test sets its value).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ async def test_live_metadata_drives_endpoints_and_attribution(
             key = kmock_lib.resource(res), obj["metadata"].get("namespace"), obj["metadata"]["name"]
             kmock.objects[key] = obj
 
+    # an EKS-style gitVersion. kmock answers GET /version itself (v1.26.4+k3s1) but not
+    # /version/, the path the official client's VersionApi requests
+    kmock["get /version/"] << {"major": "1", "minor": "33+", "gitVersion": "v1.33.5-eks-abc",
+                              "platform": "linux/amd64"}
     made: list[FakeDatapath] = []
     monkeypatch.setattr(agent.datapath, "Datapath", lambda config: made.append(FakeDatapath(config)) or made[-1])  # type: ignore[func-returns-value]
     kubeconfig = tmp_path / "kubeconfig"
@@ -126,6 +131,8 @@ async def test_live_metadata_drives_endpoints_and_attribution(
                 'direction="request",namespace="shop",port="80",server_zone="zone-a",service="web"} 321.0')
         await until(lambda: line in _metrics(url))
         assert 'zonemeter_metadata_synced{resource="endpointslices"} 1.0' in _metrics(url)
+        assert ('zonemeter_hint_model_info{kube_proxy_source="default",kube_proxy_version="1.33",'
+                'kubernetes_version="1.33",source="cluster"} 1.0') in _metrics(url)
     finally:
         stopper.event.set()
         rc = await asyncio.wait_for(task, 30)

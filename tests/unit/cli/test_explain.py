@@ -50,7 +50,10 @@ def test_explain_json_schema_exactly(tmp_path: Path, capsys) -> None:  # type: i
     code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path)), "-o", "json"], capsys)
     assert code == 0
     doc = json.loads(out)
-    assert set(doc) == {"kubernetes_version", "services"} and doc["kubernetes_version"] == "1.37"
+    assert set(doc) == {"kubernetes_version", "kubernetes_version_source", "kube_proxy_version",
+                        "kube_proxy_versions", "version_warnings", "services"}
+    assert doc["kubernetes_version"] == "1.37" and doc["kubernetes_version_source"] == "default"
+    assert (doc["kube_proxy_version"], doc["kube_proxy_versions"], doc["version_warnings"]) == ("1.37", {}, [])
     (s,) = doc["services"]
     assert set(s) == {"namespace", "name", "address_type", "mechanism", "controller", "observed_hints",
                       "proxy", "locality_in_effect", "reason", "warnings"}
@@ -86,6 +89,72 @@ def test_version_and_gates_flags(tmp_path: Path, capsys) -> None:  # type: ignor
     assert code == 0
     doc = json.loads(out)
     assert doc["kubernetes_version"] == "1.32" and doc["services"][0]["reason"] == "feature-gate-disabled"
+
+
+def _versioned(tmp_path: Path, server: str | None, kubelet_b: str | None = None) -> Path:
+    """PreferClose over three zones, n-b's kubelet at ``kubelet_b``, and a version.json of
+    ``server`` beside the dump (none when None)."""
+    nodes = three_zone_nodes()
+    if kubelet_b is not None:
+        nodes[1]["status"]["nodeInfo"] = {"kubeletVersion": kubelet_b, "kubeProxyVersion": ""}
+    path = dump(tmp_path / "dump.json", [*nodes, k8s.service(traffic_distribution="PreferClose"),
+                                         k8s.endpointslice("web-1", "web", own_zone_endpoints(
+                                             {"a": 1, "b": 1, "c": 1}))])
+    if server is not None:
+        (tmp_path / "version.json").write_text(json.dumps({
+            "clientVersion": {"gitVersion": "v1.34.0"},
+            "serverVersion": {"major": "1", "minor": "33+", "gitVersion": server}}))
+    return path
+
+
+def test_snapshot_version_json_sets_the_control_plane_version(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = _versioned(tmp_path, "v1.33.5-eks-abc")
+    code, out, err = run(["explain", "--snapshot", str(path), "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and err == ""
+    assert (doc["kubernetes_version"], doc["kubernetes_version_source"]) == ("1.33", "snapshot")
+    # the flag still wins over version.json
+    code, out, _ = run(["explain", "--snapshot", str(path), "--kubernetes-version", "1.30", "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert (doc["kubernetes_version"], doc["kubernetes_version_source"]) == ("1.30", "flag")
+    assert doc["services"][0]["reason"] == "feature-gate-disabled"  # 1.30: gate off by default
+
+
+def test_snapshot_version_outside_the_range_is_said_once(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = _versioned(tmp_path, "v1.38.0")
+    code, out, err = run(["explain", "--snapshot", str(path), "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["kubernetes_version"] == "1.37"
+    assert err.count("\n") == 1 and "v1.38.0" in err and "modelling it as 1.37" in err
+    assert len(doc["version_warnings"]) == 1 and "newer than the hint model covers" in doc["version_warnings"][0]
+    path = _versioned(tmp_path, "v1.20.1")
+    code, out, err = run(["explain", "--snapshot", str(path)], capsys)
+    assert code == 0 and out.startswith("Kubernetes 1.27:") and err.count("\n") == 1 and "older" in err
+
+
+def test_snapshot_node_kube_proxy_versions_and_the_override(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = _versioned(tmp_path, "v1.37.2", kubelet_b="v1.30.4")
+    code, out, _ = run(["explain", "--snapshot", str(path), "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["kube_proxy_versions"] == {"n-b": "1.30"}
+    (s,) = doc["services"]
+    assert s["reason"] == "kube-proxy-version-skew"
+    assert s["proxy"]["n-b"]["topology_mode"] == "" and s["proxy"]["n-a"]["topology_mode"] == "PreferSameZone"
+    code, out, _ = run(["explain", "--snapshot", str(path)], capsys)
+    assert out.splitlines()[1] == "kube-proxy 1.30 on 1 node(s) (n-b)"
+    # --kube-proxy-version 1.37 judges n-b as 1.37: locality everywhere
+    code, out, _ = run(["explain", "--snapshot", str(path), "--kube-proxy-version", "1.37", "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert doc["kube_proxy_versions"] == {} and doc["services"][0]["reason"] == "none"
+
+
+def test_malformed_version_json_is_one_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = _versioned(tmp_path, None)
+    (tmp_path / "version.json").write_text(json.dumps({"clientVersion": {"gitVersion": "v1.34.0"}}))
+    code, out, err = run(["explain", "--snapshot", str(path)], capsys)
+    assert_one_line_error(code, out, err, "version.json", "serverVersion")
+    code, out, err = run(["explain", "--snapshot", str(path), "--kube-proxy-version", "2.x"], capsys)
+    assert_one_line_error(code, out, err, "--kube-proxy-version")
 
 
 def test_unknown_kinds_ignored(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -61,6 +61,7 @@ def full_snapshot() -> ExportSnapshot:
         metadata_synced={"pods": True, "nodes": False},
         generated_at=1700000001.0, interval_seconds=10.0,
         coverage=CoverageState(counted_bytes=90000, carried_bytes=120000, unseen_bytes=30000, ratio=0.75),
+        hint_model=("1.37", "1.31", "cluster", "node"),
     )
 
 
@@ -142,6 +143,9 @@ zonemeter_collector_duration_seconds 0.25
 # TYPE zonemeter_metadata_synced gauge
 zonemeter_metadata_synced{resource="nodes"} 0.0
 zonemeter_metadata_synced{resource="pods"} 1.0
+# HELP zonemeter_hint_model_info Kubernetes versions the hint model judges with: the control plane's (kubernetes_version, from source cluster, snapshot, flag or default) and this node's kube-proxy's (kube_proxy_version, from kube_proxy_source node, flag or default); always 1.
+# TYPE zonemeter_hint_model_info gauge
+zonemeter_hint_model_info{kube_proxy_source="node",kube_proxy_version="1.31",kubernetes_version="1.37",source="cluster"} 1.0
 # HELP zonemeter_build_info zonemeter build; always 1.
 # TYPE zonemeter_build_info gauge
 zonemeter_build_info{version="9.9.9"} 1.0
@@ -179,6 +183,7 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_attached_interfaces": "gauge",
         "zonemeter_collector_duration_seconds": "gauge",
         "zonemeter_metadata_synced": "gauge",
+        "zonemeter_hint_model_info": "gauge",
         "zonemeter_build_info": "gauge",
     }
 
@@ -217,7 +222,7 @@ def test_keyed_families_label_the_fields_of_their_key_record_in_order() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 21 and all(not m.samples for m in described)
+    assert len(described) == 22 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:

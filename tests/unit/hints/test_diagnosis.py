@@ -165,6 +165,21 @@ def test_reason_no_endpoints_reject() -> None:
     assert d.proxy_view("n-a") == ProxyView("", frozenset(), "REJECT")
 
 
+def test_reason_kube_proxy_version_skew() -> None:
+    # control plane 1.37 writes zone hints for PreferClose; a node whose kubelet (and so
+    # kube-proxy) is 1.30 runs ServiceTrafficDistribution off by default and ignores them
+    nodes = three_zone_nodes()
+    nodes[1]["status"]["nodeInfo"] = {"kubeletVersion": "v1.30.4"}
+    d = diag(nodes, k8s.service(traffic_distribution="PreferClose"),
+             [k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 1, "b": 1, "c": 1}))],
+             version="1.37")
+    assert d.reason == "kube-proxy-version-skew"
+    assert d.locality_in_effect == {"a": True, "b": False, "c": True}
+    assert d.proxy["n-b"].topology_mode == "" and d.proxy["n-a"].topology_mode == "PreferSameZone"
+    w = next(w for w in d.warnings if w.code == "kube-proxy-version-skew")
+    assert "zone b at 1.30 (n-b)" in w.message and "instead of 'PreferSameZone'" in w.message
+
+
 def test_every_reason_in_vocabulary_is_covered_above() -> None:
     import inspect
     import sys

@@ -357,7 +357,9 @@ def test_model_inputs_are_parsed_records() -> None:
                         annotations={"service.kubernetes.io/topology-mode": "Auto"}, traffic_distribution="PreferClose",
                         noise=True))
     nodes, services, slices = c.model_inputs()
-    assert (NodeInfo("n1", "zone-a", True, False, 4000), None) in nodes
+    # the kubelet's version survives pruning: it stands in for the node's kube-proxy version
+    assert (NodeInfo("n1", "zone-a", True, False, 4000, "v1.31.0"), None) in nodes
+    assert c.node_entry("n1") == (NodeInfo("n1", "zone-a", True, False, 4000, "v1.31.0"), None)
     td = next(s for s, err in services if s is not None and s.name == "td")
     # only the topology annotations are kept (kubectl's last-applied-configuration goes)
     assert td.annotations == {"service.kubernetes.io/topology-mode": "Auto"}

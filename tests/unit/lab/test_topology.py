@@ -267,6 +267,22 @@ def test_groundtruth_render_and_parse() -> None:
 # ------------------------------------------------------------------ snapshot
 
 
+def test_snapshot_carries_the_lab_version_for_the_hint_model(tmp_path: Path) -> None:
+    from agent.hints import KubeVersion, proxy_versions
+    from agent.k8s.parse import parse_node_info
+    from agent.k8s.version import snapshot_version
+    from tools.lab import snapshot
+
+    topo = Topology.from_dict(_with("options", {}))
+    assert all("nodeInfo" not in n["status"] for n in snapshot.build(topo)["items"] if n["kind"] == "Node")
+    path = snapshot.write(topo, tmp_path / "lab.json", kubernetes_version="1.35")
+    nodes = [o for o in json.loads(path.read_text())["items"] if o["kind"] == "Node"]
+    assert {parse_node_info(n).proxy_version for n in nodes} == {"v1.35.0"}
+    assert snapshot_version(path) == "v1.35.0"
+    # every node at the cluster's version: no node is judged apart
+    assert proxy_versions([parse_node_info(n) for n in nodes], KubeVersion.parse("1.35")).by_node == {}
+
+
 def test_snapshot_is_readable_by_the_agent_loader() -> None:
     from agent.k8s.snapshot import load_text
     from tools.lab import snapshot
