@@ -83,7 +83,8 @@ class ZoneCapacity:
             insufficient (then every Auto Service is refused).
         bad_node: the first eligible (ready, non-control-plane) node lacking a zone label or
             with zero allocatable CPU, which made ``ratios`` None; else None.
-        bad_node_problem: ``"no zone label"`` or ``"zero allocatable CPU"``.
+        bad_node_problem: ``"no zone label"``, ``"no status.allocatable.cpu"``, ``"zero
+            allocatable CPU"`` or ``"unreadable allocatable CPU"``.
         eligible_nodes: how many nodes passed the label and readiness filters.
     """
 
@@ -197,8 +198,9 @@ def zone_capacity(nodes: Sequence[NodeInfo]) -> ZoneCapacity:
             continue
         eligible += 1
         if not n.zone or n.cpu_milli <= 0:
-            problem = ("no zone label" if not n.zone else "zero allocatable CPU" if n.cpu_milli == 0
-                       else "unreadable allocatable CPU")
+            problem = ("no zone label" if not n.zone
+                       else "no status.allocatable.cpu" if n.cpu_milli == 0 and not n.cpu_reported
+                       else "zero allocatable CPU" if n.cpu_milli == 0 else "unreadable allocatable CPU")
             return ZoneCapacity(None, n.name, problem, eligible)
         cpu[n.zone] = cpu.get(n.zone, 0) + n.cpu_milli
         total += n.cpu_milli

@@ -684,6 +684,9 @@ class NodeInfo:
     excluded: bool
     cpu_milli: int
     proxy_version: str | None = None
+    #: ``status.allocatable.cpu`` was present (``cpu_milli`` 0 without it, as upstream's
+    #: ``Quantity`` of a missing key; told apart only for the message)
+    cpu_reported: bool = True
 
 
 def node_proxy_version(status: Mapping[str, Any]) -> str | None:
@@ -735,7 +738,7 @@ def parse_node_info(obj: dict[str, Any]) -> NodeInfo:
     return NodeInfo(name=name, zone=labels.get(LABEL_ZONE), ready=ready,
                     excluded=any(k in labels for k in EXCLUDED_NODE_LABELS),
                     cpu_milli=cpu_millis(alloc.get("cpu"), where),
-                    proxy_version=node_proxy_version(status))
+                    proxy_version=node_proxy_version(status), cpu_reported=alloc.get("cpu") is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -769,7 +772,10 @@ def parse_service_info(obj: dict[str, Any]) -> ServiceInfo:
     ns, name, meta = _meta(obj, "Service")
     where = f"Service {ns}/{name}"
     ann = _str_map(meta.get("annotations"), where, "metadata.annotations")
-    spec = obj.get("spec") or {}
+    if obj.get("spec") is None:  # the API server always writes one; a hand-made dump may not
+        raise InputError("missing (a Service without spec cannot be judged: its type, "
+                         "ports and traffic policies are unknown)", obj=where, field="spec")
+    spec = obj["spec"]
     if not isinstance(spec, dict):
         raise InputError("must be an object", obj=where, field="spec")
     stype = _opt_str(spec.get("type"), where, "spec.type") or "ClusterIP"

@@ -341,7 +341,7 @@ def _name(obj: dict[str, Any]) -> Any:
                                          ("NaN", "unreadable allocatable CPU"),
                                          (True, "unreadable allocatable CPU"),
                                          ("0", "zero allocatable CPU"),
-                                         (None, "zero allocatable CPU")])
+                                         (None, "no status.allocatable.cpu")])
 def test_node_with_bad_cpu_makes_auto_refuse(cpu: Any, problem: str) -> None:
     # pkg/controller/endpointslice/topologycache TopologyCache.SetNodes: one ready worker
     # without usable CPU (or zone) poisons the ratios for every Service; skipping the node
@@ -353,7 +353,9 @@ def test_node_with_bad_cpu_makes_auto_refuse(cpu: Any, problem: str) -> None:
     assert not d.controller.hints_enabled
     assert d.controller.refusal_reason == "insufficient-node-info"
     assert any(problem in w.message and "n3" in w.message for w in d.warnings), d.warnings
-    assert (len(errors) == 1 and "n3" in str(errors[0])) == (problem != "zero allocatable CPU")
+    # zero and missing CPU are what upstream reads as zero (no input error), named apart
+    assert (len(errors) == 1 and "n3" in str(errors[0])) == (
+        problem not in ("zero allocatable CPU", "no status.allocatable.cpu"))
 
 
 def test_node_with_bad_cpu_that_is_not_ready_is_skipped_as_the_controller_would() -> None:
@@ -544,3 +546,18 @@ def test_cache_fqdn_slice_with_ip_looking_addresses_is_no_endpoint() -> None:
     c.load_snapshot(snap)
     assert c.endpoint_services(ipaddress.ip_address("10.0.3.5"), 8080, 6) == ()
     assert _cache_view(c) == BASELINE_VIEW
+
+
+def test_a_service_without_spec_is_an_error_not_an_auto_clusterip() -> None:
+    """A hand-made dump's Service without ``spec`` was judged as a ClusterIP Service with
+    defaults; its type, ports and policies are unknown, so it is one error naming the field."""
+    from agent.errors import InputError
+    from agent.k8s.parse import parse_service_info
+
+    with pytest.raises(InputError) as err:
+        parse_service_info({"apiVersion": "v1", "kind": "Service",
+                            "metadata": {"name": "web", "namespace": "shop",
+                                         "annotations": {"service.kubernetes.io/topology-mode": "Auto"}}})
+    assert str(err.value).startswith("Service shop/web: spec: missing")
+    assert "\n" not in str(err.value)
+    assert parse_service_info({"metadata": {"name": "web", "namespace": "shop"}, "spec": {}}).type == "ClusterIP"
