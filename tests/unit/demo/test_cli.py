@@ -133,5 +133,7 @@ def test_ctrl_c_says_what_was_cleaned_and_where_the_workdir_is(
     assert main(["demo", "--duration", "1"]) == 130
     assert left == ["torn down"]
     err = capsys.readouterr().err.strip().splitlines()
+    # the second line says where hints and kube-proxy endpoints come from
+    assert err[1] == "zonemeter demo: hints and kube-proxy endpoints: zonemeter's model (--hints model)"
     assert err[-1] == ("zonemeter demo: interrupted: agents stopped, lab removed; snapshot "
                        f"and agent logs stay in {tmp_path / 'zonemeter-demo-x'}")
