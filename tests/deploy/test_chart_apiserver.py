@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shlex
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tools.kube.controlplane import CACHE_ROOT, Binaries, ControlPlane
+from tests.fixtures.controlplane import control_plane, install_operator_crds
+from tools.kube.controlplane import ControlPlane
 
 pytestmark = [pytest.mark.e2e]
 
@@ -39,10 +38,6 @@ DEPLOY = ROOT / "deploy" / "daemonset"
 CHART = DEPLOY / "chart"
 README = DEPLOY / "README.md"
 ADDRESS = "10.250.0.12"
-SERVICE_CIDR = "10.96.0.0/16"
-#: tools/kube/build.sh's copy of the operator's CRDs
-CRDS = CACHE_ROOT / "crds" / "prometheus-operator" / "v0.85.0"
-
 
 def _generate() -> Any:
     spec = importlib.util.spec_from_file_location("chart_generate", CHART / "generate.py")
@@ -57,19 +52,8 @@ gen = _generate()
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    if os.geteuid() != 0:
-        pytest.fail("tests/deploy/test_chart_apiserver.py needs root (it creates a network namespace)")
-    binaries = Binaries.find()  # fails (never skips) with the build command when not built
-    netns = f"zmtest-ch-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", netns], check=True)
-    try:
-        for cmd in (["addr", "add", f"{ADDRESS}/32", "dev", "lo"], ["link", "set", "lo", "up"]):
-            subprocess.run(["ip", "-n", netns, *cmd], check=True)
-        with ControlPlane(netns, ADDRESS, SERVICE_CIDR, tmp_path_factory.mktemp("cp"),
-                          binaries=binaries) as plane:
-            yield plane
-    finally:
-        subprocess.run(["ip", "netns", "del", netns], check=False)
+    with control_plane("ch", ADDRESS, tmp_path_factory.mktemp("cp")) as plane:
+        yield plane
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +110,7 @@ def _daemonset(cp: ControlPlane) -> dict[str, Any]:
 
 
 def test_install_upgrade_uninstall(cp: ControlPlane, helm_home: Path, tmp_path: Path) -> None:
-    files = sorted(CRDS.glob("monitoring.coreos.com_*.yaml"))
-    if len(files) != 2:
-        pytest.fail(f"Prometheus Operator CRDs missing in {CRDS}: run bash tools/kube/build.sh")
-    for f in files:  # server-side: these CRDs are too large for the last-applied annotation
-        cp.kubectl("apply", "--server-side", "-f", str(f))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-               "crd/podmonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
+    install_operator_crds(cp)
 
     # createNamespace=true cannot work with helm install: the release record goes first
     no_ns = helm(cp, helm_home, "install", "zm-no-ns", str(CHART), "--namespace", "zm-absent",

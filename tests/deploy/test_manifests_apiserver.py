@@ -20,9 +20,7 @@ Go module by tools/kube/build.sh), in a network namespace of its own.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,14 +28,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tools.kube.controlplane import CACHE_ROOT, Binaries, ControlPlane
+from tests.fixtures.controlplane import control_plane, install_operator_crds
+from tools.kube.controlplane import Binaries, ControlPlane
 
 pytestmark = [pytest.mark.e2e]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "daemonset"
 ADDRESS = "10.250.0.11"
-SERVICE_CIDR = "10.96.0.0/16"
 SA = "system:serviceaccount:zonemeter:zonemeter-agent"
 #: what the agent reads (docs/security.md): get, list and watch of these four, nothing more
 AGENT_RULES = {(r, v) for r in ("pods", "nodes", "services", "endpointslices.discovery.k8s.io")
@@ -50,33 +48,13 @@ EVERYONE = {"selfsubjectaccessreviews.authorization.k8s.io", "selfsubjectrulesre
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    if os.geteuid() != 0:
-        pytest.fail("tests/deploy/test_manifests_apiserver.py needs root (it creates a network namespace)")
-    binaries = Binaries.find()  # fails (never skips) with the build command when not built
-    netns = f"zmtest-dp-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", netns], check=True)
-    try:
-        for cmd in (["addr", "add", f"{ADDRESS}/32", "dev", "lo"], ["link", "set", "lo", "up"]):
-            subprocess.run(["ip", "-n", netns, *cmd], check=True)
-        with ControlPlane(netns, ADDRESS, SERVICE_CIDR, tmp_path_factory.mktemp("cp"),
-                          binaries=binaries) as plane:
-            yield plane
-    finally:
-        subprocess.run(["ip", "netns", "del", netns], check=False)
+    with control_plane("dp", ADDRESS, tmp_path_factory.mktemp("cp")) as plane:
+        yield plane
 
-
-#: tools/kube/build.sh's copy of the operator's CRDs
-CRDS = CACHE_ROOT / "crds" / "prometheus-operator" / "v0.85.0"
 
 
 def test_whole_kustomization_with_the_prometheus_operator_crds(cp: ControlPlane) -> None:
-    files = sorted(CRDS.glob("monitoring.coreos.com_*.yaml"))
-    if len(files) != 2:
-        pytest.fail(f"Prometheus Operator CRDs missing in {CRDS}: run bash tools/kube/build.sh")
-    for f in files:  # server-side: these CRDs are too large for the last-applied annotation
-        cp.kubectl("apply", "--server-side", "-f", str(f))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-               "crd/podmonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com")
+    install_operator_crds(cp)
     done = cp.kubectl("apply", "-k", str(DEPLOY), check=False)
     assert done.returncode == 0, done.stderr
     dry = cp.kubectl("apply", "--dry-run=server", "-k", str(DEPLOY), check=False)
