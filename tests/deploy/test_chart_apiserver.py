@@ -17,7 +17,6 @@ deploy/daemonset/README.md ("Helm") says:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -29,6 +28,7 @@ import pytest
 import yaml
 
 from tests.fixtures.controlplane import control_plane, install_operator_crds
+from tests.fixtures.monitoring import load_script
 from tools.kube.controlplane import ControlPlane
 
 pytestmark = [pytest.mark.e2e]
@@ -39,15 +39,7 @@ CHART = DEPLOY / "chart"
 README = DEPLOY / "README.md"
 ADDRESS = "10.250.0.12"
 
-def _generate() -> Any:
-    spec = importlib.util.spec_from_file_location("chart_generate", CHART / "generate.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _generate()
+gen = load_script(CHART / "generate.py")
 
 
 @pytest.fixture(scope="module")

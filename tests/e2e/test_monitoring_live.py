@@ -12,7 +12,6 @@ every second with the labels the PodMonitor gives (``job="zonemeter"``, ``node``
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -21,43 +20,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures.monitoring import MON, dashboard_queries, metric_names, substitute
 from tools.demo import prometheus as prom
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-MON = ROOT / "deploy" / "daemonset" / "monitoring"
 #: series from outside zonemeter that an alert may read and the lab has no source of
 #: (kube-state-metrics); the alerts stay silent without them (their comments say so)
 FOREIGN = {"kube_daemonset_status_number_ready", "kube_daemonset_status_desired_number_scheduled"}
 DASHBOARD_VARS = {"namespace": ".*", "service": ".*", "price_usd_per_gb": "0.02", "__rate_interval": "1m"}
-_IDENT = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b")
-_NOT_METRICS = {"sum", "by", "rate", "max", "min", "count", "avg", "on", "group_left", "group_right",
-                "and", "or", "unless", "vector", "absent", "offset", "bool", "sort_desc", "without",
-                "increase", "max_over_time", "ignoring", "e", "inf", "nan", "topk", "label_replace"}
-
-
-def _series(expr: str) -> set[str]:
-    """Metric and recording-rule names an expression reads."""
-    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    expr = re.sub(r"\{[^}]*\}", "", expr)
-    expr = re.sub(r"\[[^\]]*\]", "", expr)
-    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
-    expr = re.sub(r"\b\d+(\.\d+)?(e\d+)?[a-z]*\b", "", expr)
-    return {m for m in _IDENT.findall(expr) if m not in _NOT_METRICS}
-
-
-def _substitute(expr: str) -> str:
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: DASHBOARD_VARS[m.group(1) or m.group(2)], expr)
-
-
-def _panels(panels: list[dict]) -> list[dict]:  # type: ignore[type-arg]
-    out = []
-    for p in panels:
-        out.append(p)
-        out += _panels(p.get("panels", []))
-    return out
-
 
 def test_every_dashboard_and_rule_expression_returns_demo_data(tmp_path: Path) -> None:
     work = tmp_path / "demo"
@@ -100,20 +72,12 @@ def test_every_dashboard_and_rule_expression_returns_demo_data(tmp_path: Path) -
                             empty.append(f"record {rule['record']}: {expr.strip()}")
                         continue
                     prom.query(url, expr)  # raises on an evaluation error
-                    for name in _series(expr) - FOREIGN:
+                    for name in metric_names(expr) - FOREIGN:
                         if not prom.query(url, name):
                             empty.append(f"alert {rule['alert']} reads {name}: no data")
-            dash = json.loads((MON / "grafana-dashboard.json").read_text())
-            for panel in _panels(dash["panels"]):
-                for t in panel.get("targets", []):
-                    if not prom.query(url, _substitute(t["expr"])):
-                        empty.append(f"panel {panel['id']} {panel['title']!r}: {t['expr']}")
-            for var in dash["templating"]["list"]:
-                if var["type"] == "query":
-                    sel = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
-                    assert sel, var
-                    if not prom.query(url, _substitute(sel.group(1))):
-                        empty.append(f"variable {var['name']}: {sel.group(1)}")
+            for where, expr in dashboard_queries():
+                if not prom.query(url, substitute(where, expr, DASHBOARD_VARS)):
+                    empty.append(f"{where}: {expr}")
             assert not empty, "expressions without data on the demo:\n" + "\n".join(empty)
     finally:
         down = subprocess.run([sys.executable, "-m", "agent", "demo", "--teardown", str(work)],

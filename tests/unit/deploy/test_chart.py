@@ -15,7 +15,6 @@ the build command (never skip).
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from agent.k8s.cidrs import load_zone_cidrs
+from tests.fixtures.monitoring import load_script
 from tools.kube.controlplane import Binaries, ControlPlaneError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,15 +35,7 @@ HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.
                "app.kubernetes.io/version"}
 
 
-def _generate() -> Any:
-    spec = importlib.util.spec_from_file_location("chart_generate", CHART / "generate.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gen = _generate()
+gen = load_script(CHART / "generate.py")
 
 
 def _kubectl() -> str:

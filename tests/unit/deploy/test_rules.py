@@ -8,8 +8,6 @@ rather than skip, when promtool is missing: CI installs it.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
 import shutil
 import subprocess
@@ -19,6 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.fixtures.monitoring import dashboard, dashboard_queries, load_script, metric_names, substitute
+from tests.fixtures.monitoring import panels as all_panels
 
 ROOT = Path(__file__).resolve().parents[3]
 MON = ROOT / "deploy" / "daemonset" / "monitoring"
@@ -86,11 +87,7 @@ def _rule_tests() -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _sync_rules() -> Any:
-    spec = importlib.util.spec_from_file_location("sync_rules", MON / "sync_rules.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(MON / "sync_rules.py")
 
 
 # ---------------------------------------------------------------- rule files
@@ -165,7 +162,7 @@ def test_alerts_carry_severity_summary_and_runbook() -> None:
 def test_rules_read_only_contract_metrics() -> None:
     recorded = {r["record"] for r in _rules() if "record" in r}
     for rule in _rules():
-        for metric in _metric_names(str(rule["expr"])):
+        for metric in metric_names(str(rule["expr"])):
             assert metric in CONTRACT_METRICS | OTHER_METRICS | recorded, (
                 f"{rule.get('record') or rule.get('alert')}: unknown metric {metric}"
             )
@@ -178,55 +175,8 @@ def test_price_is_a_single_constant() -> None:
 
 # ---------------------------------------------------------------- dashboard
 
-_IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_NOT_METRICS = {
-    "sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring", "group_left",
-    "group_right", "rate", "irate", "increase", "offset", "and", "or", "unless", "bool",
-    "max_over_time", "min_over_time", "absent", "vector", "sort_desc", "sort", "e",
-}
-
-
-def _metric_names(expr: str) -> set[str]:
-    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # label values
-    expr = re.sub(r"\{[^}]*\}", "", expr)  # matchers
-    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
-    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
-    expr = re.sub(r"\b\d+(\.\d+)?(e\d+)?[a-z]*\b", "", expr)  # numbers and durations
-    return {m for m in _IDENT.findall(expr) if m not in _NOT_METRICS}
-
-
-def _dashboard() -> dict[str, Any]:
-    return json.loads((MON / "grafana-dashboard.json").read_text())
-
-
-def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for panel in panels:
-        yield panel
-        yield from _panels(panel.get("panels", []))
-
-
-def _dashboard_queries() -> list[tuple[str, str]]:
-    """(where, PromQL) for every panel target and query variable."""
-    dash = _dashboard()
-    out = []
-    for panel in _panels(dash["panels"]):
-        for target in panel.get("targets", []):
-            out.append((f"panel {panel['id']} {panel['title']!r} {target['refId']}", target["expr"]))
-    for var in dash["templating"]["list"]:
-        if var["type"] == "query":
-            inner = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
-            assert inner, f"variable {var['name']}: only label_values(selector, label) is used"
-            out.append((f"variable {var['name']}", inner.group(1)))
-    return out
-
-
 def _substitute(where: str, expr: str) -> str:
-    def repl(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(2)
-        assert name in DASHBOARD_VARS, f"{where}: unknown variable ${name}"
-        return DASHBOARD_VARS[name]
-
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", repl, expr)
+    return substitute(where, expr, DASHBOARD_VARS)
 
 
 def _promtool_parses(exprs: list[tuple[str, str]], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -237,7 +187,7 @@ def _promtool_parses(exprs: list[tuple[str, str]], tmp_path: Path) -> subprocess
 
 
 def test_every_dashboard_query_parses_with_promtool(tmp_path: Path) -> None:
-    queries = _dashboard_queries()
+    queries = dashboard_queries()
     assert len(queries) >= 15
     result = _promtool_parses(queries, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -250,14 +200,14 @@ def test_promtool_rejects_a_broken_dashboard_query(tmp_path: Path) -> None:
 
 
 def test_dashboard_queries_read_contract_metrics() -> None:
-    for where, expr in _dashboard_queries():
-        for metric in _metric_names(_substitute(where, expr)):
+    for where, expr in dashboard_queries():
+        for metric in metric_names(_substitute(where, expr)):
             assert metric in CONTRACT_METRICS | OTHER_METRICS, f"{where}: unknown metric {metric}"
 
 
 def test_dashboard_covers_the_issue() -> None:
-    dash = _dashboard()
-    panels = [p for p in _panels(dash["panels"]) if p["type"] != "row"]
+    dash = dashboard()
+    panels = [p for p in all_panels(dash["panels"]) if p["type"] != "row"]
     exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
     types = {p["type"] for p in panels}
     for needle in (
@@ -275,8 +225,8 @@ def test_dashboard_covers_the_issue() -> None:
 
 
 def test_dashboard_layout_is_consistent() -> None:
-    dash = _dashboard()
-    panels = list(_panels(dash["panels"]))
+    dash = dashboard()
+    panels = list(all_panels(dash["panels"]))
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
     cells: set[tuple[int, int]] = set()
@@ -297,7 +247,7 @@ def test_metric_name_extraction_finds_what_it_must() -> None:
         'sum by (namespace, service) (rate(zonemeter_servce_bytes_total{crossing="cross_zone"}[1h] offset 1w))'
         " * on () group_left () zonemeter:price * 2629746 / 1e9 > bool 0.5 and up == 0"
     )
-    assert _metric_names(expr) == {"zonemeter_servce_bytes_total", "zonemeter:price", "up"}
+    assert metric_names(expr) == {"zonemeter_servce_bytes_total", "zonemeter:price", "up"}
     assert "zonemeter_servce_bytes_total" not in CONTRACT_METRICS
 
 
