@@ -24,12 +24,14 @@ from agent.errors import InputError  # noqa: E402
 from agent.report.compute import CHART_PANELS, Change, Report  # noqa: E402
 from agent.report.render import (  # noqa: E402
     TABLE_HEADER,
+    WORKLOAD_HEADER,
     fmt_change,
     fmt_dollars,
     fmt_rate,
     shown,
     table_rows,
     to_table,
+    workload_rows,
 )
 from agent.report.timespec import format_time  # noqa: E402
 
@@ -177,7 +179,7 @@ def render_png(report: Report, path: str | Path, all_rows: bool = False) -> None
 def render_html(report: Report, path: str | Path, png_path: str | Path,
                 all_rows: bool = False) -> None:
     """Write a self-contained HTML report: the PNG at ``png_path`` embedded as base64, the
-    summary table, zone pairs, warnings and assumptions.
+    summary table, the non-Service table, zone pairs, warnings and assumptions.
 
     Raises:
         InputError: a file cannot be read or written.
@@ -190,6 +192,13 @@ def render_html(report: Report, path: str | Path, png_path: str | Path,
     head = "".join(f"<th>{html.escape(h)}</th>" for h in TABLE_HEADER)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
                    for r in table_rows(report, all_rows))
+    wl = workload_rows(report, all_rows)
+    workloads = ""
+    if wl:
+        w_head = "".join(f"<th>{html.escape(h)}</th>" for h in WORKLOAD_HEADER)
+        w_body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                         for r in wl)
+        workloads = (f"<h2>Non-Service traffic</h2><table><tr>{w_head}</tr>{w_body}</table>")
     doc = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>zonemeter report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
@@ -198,6 +207,7 @@ tr:last-child{{font-weight:bold}}pre{{background:#f6f6f6;padding:1em}}</style></
 <body><h1>zonemeter: cross-zone savings per Service</h1>
 <img alt="cross-zone bytes per second per Service" src="data:image/png;base64,{png}">
 <h2>Summary</h2><table><tr>{head}</tr>{body}</table>
+{workloads}
 <h2>Details</h2><pre>{html.escape(to_table(report, all_rows))}</pre>
 </body></html>
 """

@@ -32,12 +32,15 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.errors import InputError
 from agent.report.pricing import Price
 from agent.report.prom import PromClient, Sample, Series, format_ms, prometheus_ms
 from agent.report.timespec import NICE_STEPS_SECONDS, Window, choose_step, format_time
+
+if TYPE_CHECKING:
+    from agent.report.workloads import WorkloadChange
 
 BYTES = "zonemeter_service_bytes_total"
 HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
@@ -265,6 +268,10 @@ class Report:
         total: the cluster total (sum over ``services``).
         warnings: report-level warnings (partial data coverage, skipped Services).
         assumptions: lines stating how the numbers were computed.
+        workloads: the non-Service rows (:class:`agent.report.workloads.WorkloadChange`),
+            with one before and one after window only (empty otherwise, or with a Service
+            selected).
+        workload_total: their total, ``None`` when there are none.
     """
 
     price: Price
@@ -275,6 +282,8 @@ class Report:
     total: Change
     warnings: tuple[str, ...] = ()
     assumptions: tuple[str, ...] = field(default=())
+    workloads: tuple[WorkloadChange, ...] = ()
+    workload_total: Change | None = None
 
 
 def label_matchers(service: ServiceKey | None, extra: str = "") -> str:
@@ -891,8 +900,9 @@ def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
         spread=spread)
 
 
-def total_of(changes: list[Change], price: Price, before: Window, after: Window) -> Change:
-    """The cluster total.
+def total_of(changes: list[Change], price: Price, before: Window, after: Window, *,
+             names: list[str] | None = None) -> Change:
+    """The cluster total (of Services, or of the non-Service rows when ``names`` names them).
 
     Rates are sums over ``changes``; the normalised saving (and its dollars) is the sum of
     the normalised savings of the Services whose normalised change is significant (the rest
@@ -910,16 +920,18 @@ def total_of(changes: list[Change], price: Price, before: Window, after: Window)
     saved_se = (None if any(v is None for v in saved_ses)
                 else math.sqrt(sum((v or 0.0) ** 2 for v in saved_ses)))
     warnings = []
+    label = names if names is not None else [str(c.key) for c in changes]
+    noun = "rows" if names is not None else "Services"
     # a Service without bytes in either window has nothing to leave out
-    undefined = [str(c.key) for c in changes if c.normalized_saved is None
+    undefined = [n for n, c in zip(label, changes, strict=True) if c.normalized_saved is None
                  and (c.before.bytes_per_second > 0 or c.after.bytes_per_second > 0)]
     if undefined:
-        warnings.append("normalised total leaves out Services without a before figure: "
+        warnings.append(f"normalised total leaves out {noun} without a before figure: "
                         + ", ".join(undefined))
-    unknown = [str(c.key) for c in changes
+    unknown = [n for n, c in zip(label, changes, strict=True)
                if c.normalized_saved is not None and c.significant is None]
     if unknown:
-        warnings.append("normalised total leaves out Services whose noise is unknown: "
+        warnings.append(f"normalised total leaves out {noun} whose noise is unknown: "
                         + ", ".join(unknown))
     usd = price.usd_per_month(normalized) if significant(normalized, normalized_se) else 0.0
     return Change(None, b, a, b.cross_zone_bytes_per_second - a.cross_zone_bytes_per_second,
@@ -1015,7 +1027,8 @@ def report_for_windows(client: PromClient, price: Price, before: Window, after: 
 
     Makes a fixed number of HTTP requests whatever the number of Services: 4 instant
     queries (each window an ``@``-pinned part), 2 range queries (the locality state over
-    each window), and 2 more with ``with_series``.
+    each window), and 2 more with ``with_series``; without ``service``, 6 more for the
+    non-Service rows (:func:`agent.report.workloads.workload_changes`).
 
     Raises:
         InputError: no data in a window, unreachable Prometheus.
@@ -1043,8 +1056,16 @@ def report_for_windows(client: PromClient, price: Price, before: Window, after: 
     changes.sort(key=_order)
     total = total_of(changes, price, before, after)
     warn = [f"before window: {w}" for w in b_warn] + [f"after window: {w}" for w in a_warn]
+    workloads: tuple[WorkloadChange, ...] = ()
+    workload_total = None
+    if service is None:  # non-Service bytes belong to no Service: only in the whole report
+        from agent.report.workloads import workload_changes  # imports this module
+
+        workloads, workload_total = workload_changes(client, price, before, after, scrape)
+        if not workloads:
+            workload_total = None
     return Report(price, before, after, change_time, tuple(changes), total, tuple(warn),
-                  assumptions(price))
+                  assumptions(price), workloads, workload_total)
 
 
 def _order(c: Change) -> tuple[float, str, str]:
@@ -1106,6 +1127,12 @@ def _skip_reason(err: InputError) -> str:
     if "in the future" in err.problem:
         return "--window after the change ends in the future"
     return f"changed under {MIN_WINDOW_SECONDS:.0f} s ago"
+
+
+#: the assumption line of a report with per-Service windows
+PER_SERVICE_WORKLOADS = ("non-Service traffic (zonemeter_workload_bytes_total) has no locality "
+                         "change of its own: it is reported with --before/--after or "
+                         "--change-time only")
 
 
 def report_per_service(client: PromClient, price: Price, now: float, *,
@@ -1202,4 +1229,4 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
     env_after = Window(min(a.start for _, a in spans), max(a.end for _, a in spans))
     total = total_of(changes, price, env_before, env_after)
     return Report(price, None, None, None, tuple(changes), total, tuple(warnings),
-                  assumptions(price))
+                  (*assumptions(price), PER_SERVICE_WORKLOADS))

@@ -10,8 +10,11 @@ from typing import Any
 
 from agent.report.compute import NO_SIGNIFICANT_CHANGE, SIGNIFICANCE_Z, Change, Report, WindowStats
 from agent.report.timespec import format_time
+from agent.report.workloads import WorkloadChange
 
-#: CSV columns, in order (``kind`` is ``service`` or ``total``)
+#: CSV columns, in order (``kind`` is ``service``, ``total``, ``workload`` or
+#: ``workload_total``; a ``workload`` row's ``name`` is the workload, and only those rows
+#: fill ``workload_kind`` and ``remote_kind``)
 CSV_COLUMNS: tuple[str, ...] = (
     "kind", "namespace", "name",
     "before_start", "before_end", "after_start", "after_end",
@@ -22,7 +25,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "cross_zone_bytes_per_second_saved_significant",
     "normalized_cross_zone_bytes_per_second_saved",
     "normalized_cross_zone_bytes_per_second_saved_stderr", "significant", "change",
-    "usd_per_month_saved", "warnings",
+    "usd_per_month_saved", "warnings", "workload_kind", "remote_kind",
 )
 
 
@@ -53,6 +56,14 @@ class Hidden:
 
 def _zero_service(c: Change) -> bool:
     return c.before.bytes_per_second == 0 and c.after.bytes_per_second == 0
+
+
+def shown_workloads(report: Report, all_rows: bool = False) -> tuple[list[WorkloadChange], int]:
+    """The non-Service rows an output lists and how many all-zero ones it hides."""
+    if all_rows:
+        return list(report.workloads), 0
+    keep = [w for w in report.workloads if not _zero_service(w.change)]
+    return keep, len(report.workloads) - len(keep)
 
 
 def pair_rows(c: Change) -> list[tuple[tuple[str, str, str], float, float]]:
@@ -161,6 +172,22 @@ def to_json(report: Report, all_rows: bool = False) -> dict[str, Any]:
         services.append(entry)
     total = _change_json(report.total, all_rows)
     total["warnings"] = list(report.total.warnings)
+    workloads = []
+    for w in shown_workloads(report, all_rows)[0]:
+        row: dict[str, Any] = {"namespace": w.key.namespace, "workload": w.key.workload,
+                               "workload_kind": w.key.kind, "remote_kind": w.key.remote_kind}
+        row.update(_change_json(w.change, all_rows))
+        for side in ("before", "after"):  # locality and hints do not apply to these bytes
+            del row[side]["hint_ignored_bytes_per_second"], row[side]["locality_in_effect_share"]
+        row["warnings"] = list(w.change.warnings)
+        workloads.append(row)
+    workload_total = None
+    if report.workload_total is not None:
+        workload_total = _change_json(report.workload_total, all_rows)
+        for side in ("before", "after"):
+            del (workload_total[side]["hint_ignored_bytes_per_second"],
+                 workload_total[side]["locality_in_effect_share"])
+        workload_total["warnings"] = list(report.workload_total.warnings)
     return {
         "price": {"name": report.price.name,
                   "usd_per_gb_crossing": report.price.usd_per_gb_crossing},
@@ -169,7 +196,10 @@ def to_json(report: Report, all_rows: bool = False) -> dict[str, Any]:
         "change_time": report.change_time,
         "services": services,
         "total": total,
-        "hidden_all_zero_rows": {"services": hidden.services, "zone_pairs": hidden.zone_pairs},
+        "workloads": workloads,
+        "workloads_total": workload_total,
+        "hidden_all_zero_rows": {"services": hidden.services, "zone_pairs": hidden.zone_pairs,
+                                 "workloads": shown_workloads(report, all_rows)[1]},
         "assumptions": list(report.assumptions),
         "warnings": list(report.warnings),
     }
@@ -184,7 +214,9 @@ def _bool(v: bool | None) -> str:
 
 
 def to_csv(report: Report, all_rows: bool = False) -> str:
-    """One row per Service and a ``total`` row; columns :data:`CSV_COLUMNS`; rates and
+    """One row per Service and a ``total`` row, then one per non-Service row (``workload``,
+    hint and locality cells empty) and their ``workload_total``; columns
+    :data:`CSV_COLUMNS`; rates and
     standard errors in bytes/s, fractions 0..1, times in Unix seconds, booleans
     ``true``/``false``, empty cell for an undefined value; ``change`` is the verdict text
     (``saved``, ``cost rose``, ``no significant change``, ...). Without ``all_rows`` the
@@ -192,21 +224,30 @@ def to_csv(report: Report, all_rows: bool = False) -> str:
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(CSV_COLUMNS)
-    for c in (*shown(report, all_rows)[0], report.total):
-        row: list[str] = ["service" if c.key else "total",
-                          c.key.namespace if c.key else "", c.key.name if c.key else ""]
-        if c.key is None and report.before is None:
+    rows: list[tuple[str, str, str, Change, tuple[str, str]]] = [
+        ("service" if c.key else "total", c.key.namespace if c.key else "",
+         c.key.name if c.key else "", c, ("", ""))
+        for c in (*shown(report, all_rows)[0], report.total)]
+    rows += [("workload", w.key.namespace, w.key.workload, w.change,
+              (w.key.kind, w.key.remote_kind)) for w in shown_workloads(report, all_rows)[0]]
+    if report.workload_total is not None:
+        rows.append(("workload_total", "", "", report.workload_total, ("", "")))
+    for kind, namespace, name, c, extra in rows:
+        row: list[str] = [kind, namespace, name]
+        if kind == "total" and report.before is None:
             row += ["", "", "", ""]  # per-Service windows: the total has none of its own
         else:
             row += [_num(c.before.window.start), _num(c.before.window.end),
                     _num(c.after.window.start), _num(c.after.window.end)]
+        service_row = kind in ("service", "total")  # hints and locality: Services only
         for w in (c.before, c.after):
             row += [_num(w.bytes_per_second), _num(w.cross_zone_bytes_per_second),
-                    _num(w.cross_zone_fraction), _num(w.hint_ignored_bytes_per_second),
-                    _num(w.locality_in_effect_share)]
+                    _num(w.cross_zone_fraction),
+                    _num(w.hint_ignored_bytes_per_second) if service_row else "",
+                    _num(w.locality_in_effect_share) if service_row else ""]
         row += [_num(c.saved), _num(c.saved_stderr), _bool(c.saved_significant),
                 _num(c.normalized_saved), _num(c.normalized_stderr), _bool(c.significant),
-                c.verdict, _num(c.usd_per_month_saved), "; ".join(c.warnings)]
+                c.verdict, _num(c.usd_per_month_saved), "; ".join(c.warnings), *extra]
         out.writerow(row)
     return buf.getvalue()
 
@@ -306,6 +347,32 @@ def table_rows(report: Report, all_rows: bool = False) -> list[tuple[str, ...]]:
     return rows
 
 
+WORKLOAD_HEADER: tuple[str, ...] = (
+    "WORKLOAD", "REMOTE", "BYTES/S before>after", "CROSS-ZONE/S before>after",
+    "XZ% before>after", "SAVED/S", "NORM SAVED/S", "$/MONTH SAVED")
+
+
+def workload_rows(report: Report, all_rows: bool = False) -> list[tuple[str, ...]]:
+    """Rows of the non-Service table (workloads then ``TOTAL``), as strings; all-zero rows
+    left out unless ``all_rows``; empty when the report has no non-Service rows."""
+    if report.workload_total is None:
+        return []
+    rows: list[tuple[str, ...]] = []
+    entries = [(f"{w.key.namespace}/{w.key.workload} ({w.key.kind})", w.key.remote_kind, w.change)
+               for w in shown_workloads(report, all_rows)[0]]
+    for name, remote, c in (*entries, ("TOTAL", "", report.workload_total)):
+        rows.append((
+            name, remote,
+            f"{fmt_rate(c.before.bytes_per_second)} > {fmt_rate(c.after.bytes_per_second)}",
+            f"{fmt_rate(c.before.cross_zone_bytes_per_second)} > "
+            f"{fmt_rate(c.after.cross_zone_bytes_per_second)}",
+            f"{fmt_share(c.before.cross_zone_fraction)} > {fmt_share(c.after.cross_zone_fraction)}",
+            fmt_change(c.saved, c.saved_stderr, c.saved_significant),
+            fmt_change(c.normalized_saved, c.normalized_stderr, c.significant),
+            fmt_dollars(c)))
+    return rows
+
+
 def _grid(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)).rstrip()]
@@ -343,11 +410,23 @@ def to_table(report: Report, all_rows: bool = False) -> str:
             lines.append("    (none)")
         for (direction, cz, sz), b, a in pairs:
             lines.append(f"    {direction:<8} {cz} -> {sz}: {fmt_rate(b)} > {fmt_rate(a)}")
+    wl, wl_hidden = shown_workloads(report, all_rows)
+    if report.workload_total is not None:
+        lines.append("")
+        lines.append("non-Service traffic (zonemeter_workload_bytes_total: pod to pod without a "
+                     "Service, pod to node, pod to outside peers), by workload and remote kind:")
+        lines += _grid(WORKLOAD_HEADER, workload_rows(report, all_rows))
+        if wl_hidden:
+            lines.append(f"hidden: {wl_hidden} non-Service row{'s' if wl_hidden != 1 else ''} "
+                         "with no bytes in either window (--all-rows shows them)")
     if hidden.line():
         lines.append("")
         lines.append(hidden.line())
     warn = [f"{c.key}: {w}" for c in kept for w in c.warnings]
     warn += [f"total: {w}" for w in report.total.warnings] + list(report.warnings)
+    warn += [f"{w.key}: {m}" for w in wl for m in w.change.warnings]
+    if report.workload_total is not None:
+        warn += [f"non-Service total: {m}" for m in report.workload_total.warnings]
     if warn:
         lines.append("")
         lines.append("warnings:")

@@ -74,7 +74,7 @@ def test_unchanged_traffic_reads_no_significant_change(noise_url: str,
     assert api["before"]["sub_windows"] == 60 and api["before"]["sub_window_seconds"] == 60
     # the zone pair a -> c never moved: hidden, and counted
     assert [p["server_zone"] for p in api["before"]["cross_zone_by_pair"]] == ["b"]
-    assert doc["hidden_all_zero_rows"] == {"services": 0, "zone_pairs": 1}
+    assert doc["hidden_all_zero_rows"] == {"services": 0, "zone_pairs": 1, "workloads": 0}
 
     text = _report(capsys, noise_url)
     (row,) = [ln for ln in text.splitlines() if ln.startswith("demo/api ")]

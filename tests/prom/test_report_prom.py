@@ -7,6 +7,8 @@ month = 2,629,746 s (30.44 days), aws = $0.02 per GB crossing.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -191,6 +193,7 @@ def test_chart_and_html(prometheus_url: str, tmp_path: Path,
     assert head == b"\x89PNG\r\n\x1a\n"
     text = page.read_text()
     assert "data:image/png;base64," in text and "shop/cart" in text and "TOTAL" in text
+    assert "<h2>Non-Service traffic</h2>" in text and "<td>shop/orders (Deployment)</td>" in text
     out = capsys.readouterr().out
     assert "shop/cart" in out and "$57.85" in out
 
@@ -200,3 +203,59 @@ def test_scrape_interval_is_measured(prometheus_url: str) -> None:
     assert scrape_interval(client, "zonemeter_service_bytes_total", END) == 15
     # before the data: nothing stored, fall back to the default
     assert scrape_interval(client, "zonemeter_service_bytes_total", T0 - 3600) == 60
+
+
+def _row(doc: dict, workload: str) -> dict:
+    (entry,) = [w for w in doc["workloads"] if w["workload"] == workload]
+    return entry
+
+
+def test_non_service_traffic_is_priced_with_the_same_arithmetic(
+        prometheus_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("--prometheus", prometheus_url,
+            "--before", f"{format_time(T0)}..{format_time(CHANGE)}",
+            "--after", f"{format_time(CHANGE)}..{format_time(END)}")
+    doc = run_json(capsys, *argv)
+    assert [(w["workload"], w["workload_kind"], w["remote_kind"]) for w in doc["workloads"]] == [
+        ("cart", "Deployment", "pod"), ("orders", "Deployment", "cidr")]  # by $ saved
+    cart = _row(doc, "cart")
+    # before: 600 kB/s same-zone + 400 kB/s cross-zone; after: 600 + 100
+    assert cart["before"]["bytes_per_second"] == approx(1_000_000)
+    assert cart["before"]["cross_zone_bytes_per_second"] == approx(400_000)
+    assert cart["after"]["cross_zone_bytes_per_second"] == approx(100_000)
+    assert cart["before"]["cross_zone_by_pair"] == [
+        {"direction": "egress", "client_zone": "a", "server_zone": "b",
+         "bytes_per_second": approx(400_000)}]
+    assert "locality_in_effect_share" not in cart["before"]
+    assert cart["cross_zone_bytes_per_second_saved"] == approx(300_000)
+    # normalised: 40 % of the after window's 700 kB/s, less its 100 kB/s
+    assert cart["normalized_cross_zone_bytes_per_second_saved"] == approx(180_000)
+    assert cart["change"] == "saved"
+    assert cart["usd_per_month_saved"] == approx(180_000 * MONTH / 1e9 * 0.02)
+    orders = _row(doc, "orders")
+    # both directions of the database traffic are billed: 50 kB/s out + 150 kB/s in
+    assert orders["before"]["cross_zone_bytes_per_second"] == approx(200_000)
+    assert orders["after"]["cross_zone_bytes_per_second"] == approx(200_000)
+    assert orders["change"] == "no significant change" and orders["usd_per_month_saved"] == 0
+    total = doc["workloads_total"]
+    assert total["before"]["cross_zone_bytes_per_second"] == approx(600_000)
+    assert total["usd_per_month_saved"] == approx(cart["usd_per_month_saved"])
+    # the Services' figures do not include these bytes
+    assert doc["total"]["before"]["cross_zone_bytes_per_second"] == approx(
+        sum(s["before"]["cross_zone_bytes_per_second"] for s in doc["services"]))
+
+    code = main(["report", *argv, "--now", str(END + 60)])
+    text, _ = capsys.readouterr()
+    assert code == 0
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("shop/cart (Deployment)")]
+    assert line.split()[2] == "pod" and line.endswith(f"${180_000 * MONTH / 1e9 * 0.02:,.2f}")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("shop/orders (Deployment)")]
+    assert "no significant change" in line
+
+    main(["report", *argv, "--now", str(END + 60), "-o", "csv"])
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr()[0])))
+    assert [(r["kind"], r["name"], r["remote_kind"]) for r in rows if r["kind"].startswith("w")] \
+        == [("workload", "cart", "pod"), ("workload", "orders", "cidr"), ("workload_total", "", "")]
+
+    # one Service selected: non-Service bytes belong to none
+    assert run_json(capsys, *argv, "--service", "shop/cart")["workloads"] == []

@@ -264,7 +264,7 @@ def test_all_zero_rows_are_hidden_and_counted() -> None:
     assert "hidden:" not in full
     doc = to_json(r)
     assert [s["name"] for s in doc["services"]] == ["cart", "pay"]
-    assert doc["hidden_all_zero_rows"] == {"services": 1, "zone_pairs": 1}
+    assert doc["hidden_all_zero_rows"] == {"services": 1, "zone_pairs": 1, "workloads": 0}
     assert [p["server_zone"] for p in doc["services"][0]["before"]["cross_zone_by_pair"]] == ["b"]
     assert len(to_json(r, all_rows=True)["services"]) == 3
     assert [row["name"] for row in csv.DictReader(io.StringIO(to_csv(r)))] == ["cart", "pay", ""]
