@@ -74,10 +74,9 @@ REASON_SENTENCES: dict[str, str] = {
                      "uses every endpoint everywhere.",
     "no-hints-for-zone": "Some client zone has no endpoint hinted for it (or a node has no zone "
                          "label), so kube-proxy there uses every endpoint.",
-    "internal-traffic-policy-local": "internalTrafficPolicy: Local keeps ClusterIP traffic on "
-                                     "the client's node (node-local: nothing crosses zones); a "
-                                     "node without a local endpoint drops its calls, and "
-                                     "topology hints do not apply.",
+    "internal-traffic-policy-local": "Node-local: internalTrafficPolicy: Local keeps ClusterIP "
+                                     "traffic on the client's node (a node without a local "
+                                     "endpoint drops it); hints do not apply.",
     "no-endpoints": "No endpoint is usable, so kube-proxy rejects the calls.",
     "kube-proxy-version-skew": "The control plane writes hints, but kube-proxy on some nodes runs "
                                "an older (or newer) version that does not use them the same way.",

@@ -56,8 +56,14 @@ def test_explain_json_schema_exactly(tmp_path: Path, capsys) -> None:  # type: i
     assert (doc["kube_proxy_version"], doc["kube_proxy_versions"], doc["version_warnings"]) == ("1.37", {}, [])
     (s,) = doc["services"]
     assert set(s) == {"namespace", "name", "address_type", "mechanism", "controller", "observed_hints",
-                      "proxy", "locality_in_effect", "reason", "warnings"}
-    assert set(s["controller"]) == {"hints_enabled", "events", "zone_cpu_ratios", "allocations", "hints"}
+                      "proxy", "locality_in_effect", "locality_scope", "expected_cross_zone", "client_zones",
+                      "reason", "reason_sentence", "warnings"}
+    assert set(s["controller"]) == {"hints_enabled", "events", "zone_cpu_ratios", "ready_endpoints", "minimums",
+                                    "sum_of_minimums", "allocations", "hinted_per_zone", "donations", "hints"}
+    assert set(s["client_zones"]["a"][0]) == {"nodes", "sample", "kube_proxy_version", "topology_mode",
+                                              "internal_traffic", "endpoints", "cross_zone_share"}
+    # the slices carry no hints yet, so kube-proxy spreads over all six: 4 of 6 cross
+    assert s["expected_cross_zone"] == {"a": 4 / 6, "b": 4 / 6, "c": 4 / 6}
     assert set(s["proxy"]) == {"n-a", "n-b", "n-c"}
     assert set(s["proxy"]["n-a"]) == {"topology_mode", "cluster_endpoints", "local_endpoints",
                                       "internal_traffic", "external_traffic"}
@@ -74,13 +80,84 @@ def test_explain_table_and_node_filter(tmp_path: Path, capsys) -> None:  # type:
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "Kubernetes 1.37: 1 Service entry"
-    assert lines[1].split() == ["SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL", "ZONES"]
+    assert lines[1].split() == ["SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL", "ZONES", "EXPECTED",
+                                "CROSS-ZONE"]
     assert lines[2].split()[:3] == ["shop/web", "IPv4", "topology-mode-annotation"]
-    assert "partial-hints" in lines[2] and "0/3" in lines[2]
-    assert any(line.startswith("  ! stale-hints:") for line in lines)
+    assert "partial-hints" in lines[2] and "0/3" in lines[2] and lines[2].endswith("max 67% (a,b,c)")
+    assert any(line.startswith("    ! stale-hints:") for line in lines)
     assert any("node n-b: topology_mode=''" in line and "internal=cluster" in line for line in lines)
     code, out, _ = run(["explain", "--snapshot", str(cluster(tmp_path)), "--node", "n-b", "-o", "json"], capsys)
     assert set(json.loads(out)["services"][0]["proxy"]) == {"n-b"}
+
+
+def _auto_411(tmp_path: Path) -> Path:
+    """Auto on 6 replicas spread 4/1/1 over three equal zones, slices hinted as the controller
+    writes them, and an internalTrafficPolicy Local Service with endpoints in a and b."""
+    nodes, svc = three_zone_nodes(), k8s.service(auto=True)
+    slices = hints.compute_slice_hints(
+        svc, [k8s.endpointslice("web-1", "web", own_zone_endpoints({"a": 4, "b": 1, "c": 1}, hinted=False))], nodes)
+    return dump(tmp_path / "dump.json", [
+        *nodes, svc, *slices, k8s.service("cache", cluster_ip="10.96.1.2", internal_traffic_policy="Local"),
+        k8s.endpointslice("cache-1", "cache", own_zone_endpoints({"a": 1, "b": 1}, hinted=False))])
+
+
+def test_explain_table_expected_share_and_node_local(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["explain", "--snapshot", str(_auto_411(tmp_path))], capsys)
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("shop/")}
+    assert rows["shop/web"].split()[3:] == ["none", "3/3", "max", "50%", "(b,c)"]
+    # node-local is its own state, not "locality off" (0/3)
+    assert rows["shop/cache"].split()[3:] == ["internal-traffic-policy-local", "3/3", "node-local", "0%"]
+    assert "  ! expected-cross-zone: locality is in effect, yet the endpoints kube-proxy selects send an " \
+           "expected 50% of zone b's calls, 50% of zone c's calls to other zones (warning above 25%)" in out
+
+
+def test_explain_service_prints_the_full_diagnosis(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["explain", "--snapshot", str(_auto_411(tmp_path)), "--service", "shop/web"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert "  mechanism: topology-mode-annotation (requested: topology-mode)" in lines
+    assert f"  reason: none: {hints.REASON_SENTENCES['none']}" in lines
+    assert "  controller: 6 ready endpoint(s); hints written" in lines
+    table = lines[lines.index("    zone  CPU share  minimum  maximum  desired  hinted"):][:4]
+    assert [r.split() for r in table[1:]] == [[z, "0.333", "2", "2", "2.00", "2"] for z in "abc"]
+    assert "    sum of minimums 6 of 6 ready endpoint(s) (minimum = ceil(CPU share x N / 1.2))" in lines
+    assert "    donated: 10.0.0.1 (zone a) is hinted for zone b" in lines
+    assert "    donated: 10.0.0.2 (zone a) is hinted for zone c" in lines
+    assert "    zone b: expected cross-zone 50%" in lines
+    assert ("      1 node(s) (n-b): cluster (PreferSameZone) -> 10.0.0.1:8080 (zone a), 10.0.0.5:8080 (zone b); "
+            "cross-zone 50%") in lines
+    assert any(line.startswith("    ! expected-cross-zone: ") for line in lines)
+    assert "  events the controller would emit: none" in lines
+    code, out, _ = run(["explain", "--snapshot", str(_auto_411(tmp_path)), "--service", "shop/cache"], capsys)
+    lines = out.splitlines()
+    assert "  locality: a node, b node, c node  (node = kept on the client's node, zone = in its zone, " \
+           "off = every zone)" in lines
+    assert "      1 node(s) (n-a): local -> 10.0.0.1:8080 (zone a); cross-zone 0%" in lines
+    assert "      1 node(s) (n-c): DROP: no call delivered" in lines
+    assert "    Warning TopologyAwareHintsDisabled: Topology Aware Hints has been disabled, addressType: IPv4" \
+        not in lines  # never populated: no Disabled event
+    assert any(line.startswith("    ! internal-traffic-policy-local-drops: ") for line in lines)
+
+
+def test_explain_service_json_carries_the_same(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run(["explain", "--snapshot", str(_auto_411(tmp_path)), "--service", "shop/web", "-o", "json"],
+                       capsys)
+    (s,) = json.loads(out)["services"]
+    assert s["reason_sentence"] == hints.REASON_SENTENCES["none"]
+    assert s["expected_cross_zone"] == {"a": 0.0, "b": 0.5, "c": 0.5}
+    assert s["locality_scope"] == {"a": "zone", "b": "zone", "c": "zone"}
+    c = s["controller"]
+    assert (c["ready_endpoints"], c["minimums"], c["sum_of_minimums"], c["hinted_per_zone"]) == (
+        6, {"a": 2, "b": 2, "c": 2}, 6, {"a": 2, "b": 2, "c": 2})
+    assert c["donations"] == [{"address": "10.0.0.1", "zone": "a", "for_zone": "b"},
+                              {"address": "10.0.0.2", "zone": "a", "for_zone": "c"}]
+    assert s["client_zones"]["b"] == [{
+        "nodes": 1, "sample": ["n-b"], "kube_proxy_version": None, "topology_mode": "PreferSameZone",
+        "internal_traffic": "cluster", "endpoints": [{"endpoint": "10.0.0.1:8080", "zone": "a"},
+                                                      {"endpoint": "10.0.0.5:8080", "zone": "b"}],
+        "cross_zone_share": 0.5}]
+    assert [w["code"] for w in s["warnings"]] == ["expected-cross-zone"]
 
 
 def test_version_and_gates_flags(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

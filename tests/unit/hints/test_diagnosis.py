@@ -496,7 +496,7 @@ def test_node_local_is_its_own_state() -> None:
     assert d.locality_in_effect == {"a": True, "b": True, "c": True}
     assert d.locality_scope == {"a": "node", "b": "node", "c": "node"}
     assert d.expected_cross_zone == {"a": 0.0, "b": 0.0, "c": None}
-    assert "node-local" in d.reason_sentence and "expected-cross-zone" not in codes(d)
+    assert "Node-local" in d.reason_sentence and "expected-cross-zone" not in codes(d)
 
 
 def test_prefer_same_node_scope_per_zone() -> None:
