@@ -145,8 +145,8 @@ FAMILIES: tuple[MetricFamily, ...] = (
         ("namespace", "service", "client_zone"), _expected_cross_zone),
     MetricFamily(
         "zonemeter_service_locality_info", GAUGE,
-        "Requested locality mode and why locality is not in effect (reason none when it is); "
-        "always 1.",
+        "Requested locality mode and why locality is not in effect by topology hints (reason "
+        "none when it is; internal-traffic-policy-local: node-local instead); always 1.",
         ("namespace", "service", "mode", "reason"), _locality_info),
     MetricFamily(
         "zonemeter_service_locality_last_change_timestamp_seconds", GAUGE,

@@ -83,7 +83,7 @@ zonemeter_service_locality_in_effect{client_zone="zone-b",namespace="shop",servi
 # TYPE zonemeter_service_expected_cross_zone_ratio gauge
 zonemeter_service_expected_cross_zone_ratio{client_zone="zone-a",namespace="shop",service="cart"} 0.0
 zonemeter_service_expected_cross_zone_ratio{client_zone="zone-b",namespace="shop",service="cart"} 0.5
-# HELP zonemeter_service_locality_info Requested locality mode and why locality is not in effect (reason none when it is); always 1.
+# HELP zonemeter_service_locality_info Requested locality mode and why locality is not in effect by topology hints (reason none when it is; internal-traffic-policy-local: node-local instead); always 1.
 # TYPE zonemeter_service_locality_info gauge
 zonemeter_service_locality_info{mode="PreferSameZone",namespace="shop",reason="none",service="cart"} 1.0
 # HELP zonemeter_service_locality_last_change_timestamp_seconds When the Service's locality state last changed.
