@@ -665,7 +665,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
             "locality is in effect, yet the endpoints kube-proxy selects send an expected "
             + _names([f"{_percent(share)} of zone {z}'s calls" for z, share in crossing])
             + f" to other zones (warning above {_percent(EXPECTED_CROSS_ZONE_WARN)}): "
-            + ("the controller hints endpoints of other zones to it (Auto shares endpoints "
+            + ("the controller hints other zones' endpoints to them (Auto shares endpoints "
                "out by zone CPU)" if ctrl.allocations is not None
                else "few endpoints of the zone are selected beside those of other zones")))
 

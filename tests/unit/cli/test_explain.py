@@ -375,3 +375,12 @@ def test_list_cluster_uses_api_shaped_dicts() -> None:
     assert got["nodes"] == [{"kind": "Node", "metadata": {"name": "n1", "labels": {hints.LABEL_ZONE: "a"}},
                              "status": {"allocatable": {"cpu": "2"}}}]
     assert hints.parse_node_info(got["nodes"][0]).cpu_milli == 2000
+
+
+@pytest.mark.parametrize("extra", [[], ["--service", "shop/web"]])
+def test_readme_explain_example_is_what_explain_prints(extra: list[str], capsys) -> None:  # type: ignore[no-untyped-def]
+    """README.md shows explain's output on docs/examples/three-zones.json verbatim."""
+    root = Path(__file__).resolve().parents[3]
+    code, out, _ = run(["explain", "--snapshot", str(root / "docs/examples/three-zones.json"), *extra], capsys)
+    assert code == 0
+    assert f"```\n{out}```\n" in (root / "README.md").read_text()
