@@ -252,7 +252,7 @@ def render_detail(d: ServiceDiagnosis) -> list[str]:
             names = ", ".join(g.sample) + (" ..." if g.nodes > len(g.sample) else "")
             ver = f", kube-proxy {g.kube_proxy}" if g.kube_proxy else ""
             how = g.internal_traffic + (f" ({g.topology_mode})" if g.topology_mode else "")
-            eps = ", ".join(f"{k} (zone {ez or '?'})" for k, ez in g.endpoints[:8]) + (
+            eps = ", ".join(f"{k} (zone {d.endpoint_zones.get(k) or '?'})" for k in g.endpoints[:8]) + (
                 f" and {len(g.endpoints) - 8} more" if len(g.endpoints) > 8 else "")
             if g.endpoints:
                 what = f"{how} -> {eps}; cross-zone {_pct(g.cross_zone_share)}"

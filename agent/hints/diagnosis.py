@@ -12,7 +12,7 @@ work is O(endpoints).
 from __future__ import annotations
 
 import gc
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,9 +83,9 @@ class ClientGroup:
             common one, else None.
         topology_mode: as :attr:`ProxyDecision.topology_mode`.
         internal_traffic: ``cluster``, ``local``, ``DROP`` or ``REJECT``.
-        endpoints: ``(ip:port, endpoint zone)`` of the endpoints ClusterIP traffic from these
-            nodes goes to (empty for DROP/REJECT); the zone is the endpoint's ``zone``, else
-            its node's zone label, else ``""``.
+        endpoints: ``ip:port`` of the endpoints ClusterIP traffic from these nodes goes to
+            (empty for DROP/REJECT); their zones are in
+            :attr:`ServiceDiagnosis.endpoint_zones`.
         cross_zone_share: share (0..1) of these nodes' calls that leave their zone, with
             equal weight per selected endpoint (kube-proxy picks one at random: iptables
             ``statistic --mode random``, nftables ``numgen random``); an endpoint of unknown
@@ -99,14 +99,14 @@ class ClientGroup:
     kube_proxy: str | None
     topology_mode: str | None
     internal_traffic: str
-    endpoints: tuple[tuple[str, str], ...]
+    endpoints: tuple[str, ...]
     cross_zone_share: float | None
 
     def to_json(self) -> dict[str, Any]:
         """One element of ``client_zones[zone]`` in the explain JSON."""
         return {"nodes": self.nodes, "sample": list(self.sample), "kube_proxy_version": self.kube_proxy,
                 "topology_mode": self.topology_mode, "internal_traffic": self.internal_traffic,
-                "endpoints": [{"endpoint": k, "zone": z} for k, z in self.endpoints],
+                "endpoints": list(self.endpoints),
                 "cross_zone_share": self.cross_zone_share}
 
 
@@ -148,6 +148,8 @@ class ServiceDiagnosis:
             zones in sorted order.
         donations: ``(address, endpoint zone, zone it is hinted for)`` of each ready
             endpoint the controller hints for another zone than its own (Auto only).
+        endpoint_zones: ``ip:port`` -> zone of every endpoint kube-proxy keeps (the
+            endpoint's ``zone``, else its node's zone label, else ``""``).
     """
 
     namespace: str
@@ -167,6 +169,7 @@ class ServiceDiagnosis:
     expected_cross_zone: dict[str, float | None] = field(default_factory=dict)
     client_groups: list[ClientGroup] = field(default_factory=list)
     donations: tuple[tuple[str, str, str], ...] = ()
+    endpoint_zones: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def reason_sentence(self) -> str:
@@ -213,6 +216,7 @@ class ServiceDiagnosis:
             "locality_scope": dict(self.locality_scope),
             "expected_cross_zone": dict(self.expected_cross_zone),
             "client_zones": client_zones_json(self.client_groups),
+            "endpoint_zones": dict(self.endpoint_zones),
             "reason": self.reason,
             "reason_sentence": self.reason_sentence,
             "warnings": [w.to_json() for w in self.warnings],
@@ -415,21 +419,25 @@ def _scope(d: ProxyDecision) -> str:
     return "node" if d.topology_mode == "PreferSameNode" else "zone"
 
 
-def _group_share(d: ProxyDecision, zone: str, ep_zone: Mapping[str, str]
-                 ) -> tuple[tuple[tuple[str, str], ...], float | None]:
-    """(endpoints with zones, cross-zone share) of one decision for a client zone."""
+def _selected(d: ProxyDecision) -> tuple[str, ...]:
+    """The ``ip:port`` endpoints internal traffic of this decision goes to (empty for
+    DROP/REJECT); the decision's own tuple, shared by every group with that selection."""
     if d.internal_traffic == "cluster":
-        keys = d.cluster_endpoints or ()
-    elif d.internal_traffic == "local":
-        keys = d.local_endpoints or ()
-    else:
-        return (), None
-    eps = tuple((k, ep_zone.get(k, "")) for k in keys)
+        return d.cluster_endpoints or ()
     if d.internal_traffic == "local":
-        return eps, 0.0
-    if zone == UNKNOWN_ZONE or not eps:
-        return eps, None
-    return eps, sum(1 for _, z in eps if z != zone) / len(eps)
+        return d.local_endpoints or ()
+    return ()
+
+
+def _share(d: ProxyDecision, zone: str, keys: tuple[str, ...],
+           counts: Callable[[tuple[str, ...]], tuple[Mapping[str, int], int]]) -> float | None:
+    """Cross-zone share of one decision for a client zone (:attr:`ClientGroup.cross_zone_share`)."""
+    if d.internal_traffic == "local":
+        return 0.0
+    if d.internal_traffic != "cluster" or zone == UNKNOWN_ZONE or not keys:
+        return None
+    by_zone, n = counts(keys)
+    return (n - by_zone.get(zone, 0)) / n
 
 
 def _percent(share: float) -> str:
@@ -503,9 +511,20 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
                for k, e in zip(pidx.keys, peps, strict=False)}
     client_groups: list[ClientGroup] = []
     weighted: dict[str, list[float]] = {}
-    # decisions of one zone share their endpoint tuples (ProxyIndex caches them by tag), so
-    # the share is computed once per distinct tuple, not once per node group
-    shares: dict[tuple[int, int, str, str], tuple[tuple[tuple[str, str], ...], float | None]] = {}
+    # decisions share their endpoint tuples (ProxyIndex caches them by tag), so the zone
+    # counts of a selection are computed once per distinct tuple, not once per node group
+    tallies: dict[int, tuple[Mapping[str, int], int]] = {}
+
+    def counts(keys: tuple[str, ...]) -> tuple[Mapping[str, int], int]:
+        got = tallies.get(id(keys))
+        if got is None:
+            c: dict[str, int] = {}
+            for k in keys:
+                ez = ep_zone.get(k, "")
+                c[ez] = c.get(ez, 0) + 1
+            got = tallies[id(keys)] = (c, len(keys))
+        return got
+
     for z, g, d, count, sample in groups:
         if z not in idx.ready_zones:
             continue  # no Ready node there, so no client either
@@ -513,13 +532,10 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         locality[z] = locality.get(z, True) and sc != "off"
         prev = scope.get(z)
         scope[z] = sc if prev is None or prev == sc else ("off" if "off" in (prev, sc) else "zone")
-        memo = (id(d.cluster_endpoints), id(d.local_endpoints), d.internal_traffic, z)
-        got = shares.get(memo)
-        if got is None:
-            got = shares[memo] = _group_share(d, z, ep_zone)
-        eps_z, share = got
+        keys = _selected(d)
+        share = _share(d, z, keys, counts)
         client_groups.append(ClientGroup(z, count, tuple(sample), None if g is None else f"1.{g}",
-                                         d.topology_mode, d.internal_traffic, eps_z, share))
+                                         d.topology_mode, d.internal_traffic, keys, share))
         acc = weighted.setdefault(z, [0.0, 0.0])
         if share is not None:
             acc[0] += share * count
@@ -705,7 +721,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         mode=mode, reason=reason, locality_in_effect=locality, warnings=warnings,
         controller=ctrl, observed_hints=observed, proxy=proxy, service_port=port,
         headless=svc.headless, locality_scope=scope, expected_cross_zone=expected,
-        client_groups=client_groups, donations=_donations(managed, ctrl, idx))
+        client_groups=client_groups, donations=_donations(managed, ctrl, idx), endpoint_zones=ep_zone)
 
 
 def _donations(managed: Sequence[Slice], ctrl: ControllerResult, idx: ClusterIndex

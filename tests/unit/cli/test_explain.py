@@ -57,7 +57,7 @@ def test_explain_json_schema_exactly(tmp_path: Path, capsys) -> None:  # type: i
     (s,) = doc["services"]
     assert set(s) == {"namespace", "name", "address_type", "mechanism", "controller", "observed_hints",
                       "proxy", "locality_in_effect", "locality_scope", "expected_cross_zone", "client_zones",
-                      "reason", "reason_sentence", "warnings"}
+                      "endpoint_zones", "reason", "reason_sentence", "warnings"}
     assert set(s["controller"]) == {"hints_enabled", "events", "zone_cpu_ratios", "ready_endpoints", "minimums",
                                     "sum_of_minimums", "allocations", "hinted_per_zone", "donations", "hints"}
     assert set(s["client_zones"]["a"][0]) == {"nodes", "sample", "kube_proxy_version", "topology_mode",
@@ -154,9 +154,9 @@ def test_explain_service_json_carries_the_same(tmp_path: Path, capsys) -> None: 
                               {"address": "10.0.0.2", "zone": "a", "for_zone": "c"}]
     assert s["client_zones"]["b"] == [{
         "nodes": 1, "sample": ["n-b"], "kube_proxy_version": None, "topology_mode": "PreferSameZone",
-        "internal_traffic": "cluster", "endpoints": [{"endpoint": "10.0.0.1:8080", "zone": "a"},
-                                                      {"endpoint": "10.0.0.5:8080", "zone": "b"}],
+        "internal_traffic": "cluster", "endpoints": ["10.0.0.1:8080", "10.0.0.5:8080"],
         "cross_zone_share": 0.5}]
+    assert s["endpoint_zones"] == {f"10.0.0.{i}:8080": z for i, z in enumerate("aaaabc", 1)}
     assert [w["code"] for w in s["warnings"]] == ["expected-cross-zone"]
 
 

@@ -439,7 +439,8 @@ def test_expected_share_auto_donations_warn_while_in_effect() -> None:
     assert "50% of zone b's calls" in w.message and "50% of zone c's calls" in w.message
     assert "zone a" not in w.message
     b = next(g for g in d.client_groups if g.zone == "b")
-    assert b.endpoints == (("10.0.0.1:8080", "a"), ("10.0.0.5:8080", "b")) and b.cross_zone_share == 0.5
+    assert b.endpoints == ("10.0.0.1:8080", "10.0.0.5:8080") and b.cross_zone_share == 0.5
+    assert (d.endpoint_zones["10.0.0.1:8080"], d.endpoint_zones["10.0.0.5:8080"]) == ("a", "b")
     doc = d.to_json()
     assert doc["expected_cross_zone"] == {"a": 0.0, "b": 0.5, "c": 0.5}
     assert doc["controller"]["donations"][0] == {"address": "10.0.0.1", "zone": "a", "for_zone": "b"}
