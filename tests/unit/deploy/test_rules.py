@@ -218,8 +218,11 @@ def test_dashboard_covers_the_issue() -> None:
         "$price_usd_per_gb",  # dollars per month
         'up{job="zonemeter"}',  # agent health
         "zonemeter_flow_table_entries",
+        "zonemeter_service_expected_cross_zone_ratio",  # expected beside observed, per client zone
     ):
         assert needle in exprs, needle
+    (versus,) = [p for p in panels if "zonemeter_service_expected_cross_zone_ratio" in str(p.get("targets"))]
+    assert "sum by (namespace, service, client_zone) (rate(zonemeter_service_bytes_total" in str(versus["targets"])
     assert {"heatmap", "state-timeline", "timeseries", "stat"} <= types
     heatmap = next(p for p in panels if p["type"] == "heatmap")
     assert "client_zone, server_zone" in heatmap["targets"][0]["expr"]
