@@ -682,7 +682,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
             + _names([f"{_percent(share)} of zone {z}'s calls" for z, share in crossing])
             + f" to other zones (warning above {_percent(EXPECTED_CROSS_ZONE_WARN)}): "
             + ("the controller hints other zones' endpoints to them (Auto shares endpoints "
-               "out by zone CPU)" if ctrl.allocations is not None
+               "out by zone CPU)" if ctrl.mechanism == "topology-mode-annotation"
                else "few endpoints of the zone are selected beside those of other zones")))
 
     # --- reason (first match wins; see docs/hints.md)
@@ -728,8 +728,8 @@ def _donations(managed: Sequence[Slice], ctrl: ControllerResult, idx: ClusterInd
                ) -> tuple[tuple[str, str, str], ...]:
     """:attr:`ServiceDiagnosis.donations`: ready endpoints the controller's Auto hints give
     to another zone (``redistributeHints``, ``topologycache/utils.go``)."""
-    if ctrl.allocations is None:
-        return ()
+    if ctrl.mechanism != "topology-mode-annotation":
+        return ()  # Auto refused or not requested: no donation
     out: list[tuple[str, str, str]] = []
     for s in managed:
         for e, h in zip(s.endpoints, ctrl.slices.get(s.name, ()), strict=False):

@@ -92,6 +92,12 @@ def test_reason_endpoint_without_zone() -> None:
     assert [e.message for e in d.controller.events] == [
         "One or more endpoints do not have a zone specified, addressType: IPv4"]
     assert all(h is None for h in d.controller.hints.values())
+    # upstream's AddHints computes the allocations before it finds the zoneless endpoint:
+    # the refusal keeps them (6 ready endpoints, 3 equal zones: 2 each)
+    assert not d.controller.hints_enabled
+    doc = d.to_json()["controller"]
+    assert doc["allocations"] == {z: {"minimum": 2, "maximum": 2, "desired": 2.0} for z in "abc"}
+    assert doc["minimums"] == {"a": 2, "b": 2, "c": 2} and doc["donations"] == []
 
 
 def test_reason_annotation_value_not_accepted() -> None:
