@@ -22,11 +22,13 @@ from typing import Any
 from agent.errors import InputError
 from agent.hints import (
     DEFAULT_VERSION,
+    ExplainProblem,
     KubeVersion,
     ServiceDiagnosis,
     choose_version,
     diagnose_objects,
     hinted_per_zone,
+    load_problem,
     parse_feature_gates,
     parse_proxy_flag,
     to_document,
@@ -40,7 +42,13 @@ _EPILOG_EXPLAIN = """examples:
       --feature-gates PreferSameTrafficDistribution=true
 dump with: kubectl get nodes,services,endpointslices,pods -A -o json > dump.json
            kubectl version -o json > version.json   # beside the dump: the cluster's version
+exit codes: 0 every Service explained; 3 some object could not be used (a Service without
+  EndpointSlices, a malformed object): it is a row of its own, every other Service is
+  explained; 2 bad input (unreadable file, bad flag, no usable Service); 1 runtime failure
 """
+
+#: exit code when some objects were reported as rows of their own (``ExplainProblem``)
+EXIT_PROBLEMS = 3
 
 
 def register(subparsers: Any) -> None:
@@ -76,13 +84,20 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run_explain)
 
 
-def _load(args: argparse.Namespace) -> tuple[str, dict[str, list[dict[str, Any]]], tuple[str | None, str]]:
-    """Read the input: ``(source name, objects, (reported gitVersion or None, its source))``."""
+def _load(args: argparse.Namespace, problems: list[ExplainProblem] | None = None
+          ) -> tuple[str, dict[str, list[dict[str, Any]]], tuple[str | None, str]]:
+    """Read the input: ``(source name, objects, (reported gitVersion or None, its source))``;
+    objects the snapshot loader skips are appended to ``problems``."""
     if args.snapshot:
         from agent.k8s import snapshot
 
-        snap = snapshot.load(args.snapshot)
+        skipped: list[InputError] = []
+        snap = snapshot.load(args.snapshot, skipped)
+        if problems is not None:
+            problems.extend(load_problem(err) for err in skipped)
         if not (snap.nodes or snap.services or snap.endpointslices):
+            if skipped:
+                raise skipped[0]
             raise InputError("no Node, Service or EndpointSlice in it (empty snapshot?); make one "
                              "with: kubectl get nodes,services,endpointslices,pods -A -o json "
                              "> dump.json", source=args.snapshot)
@@ -118,7 +133,8 @@ _INDENT_MAX = 200
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    """``zonemeter explain``: print the table or JSON; 0 on success."""
+    """``zonemeter explain``: print the table or JSON; 0 when every Service was explained,
+    :data:`EXIT_PROBLEMS` when some object was reported as a row of its own."""
     gates = parse_feature_gates(args.feature_gates)
     proxy_version = parse_proxy_flag(args.kube_proxy_version)
     if args.kubernetes_version is not None:
@@ -144,7 +160,8 @@ def run_explain(args: argparse.Namespace) -> int:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        source, objs, (reported, kind) = _load(args)
+        problems: list[ExplainProblem] = []
+        source, objs, (reported, kind) = _load(args, problems)
         what = "the snapshot's version.json" if kind == "snapshot" else "the API server"
         version, version_source, note = choose_version(args.kubernetes_version, reported, kind, what)
         try:
@@ -159,19 +176,19 @@ def run_explain(args: argparse.Namespace) -> int:
         diags = diagnose_objects(objs["nodes"], objs["services"], objs["endpointslices"], source=source,
                                  service=args.service, node=args.node, version=version,
                                  feature_gates=gates, hints_populated=populated,
-                                 kube_proxy_version=proxy_version)
+                                 kube_proxy_version=proxy_version, problems=problems)
         version = str(KubeVersion.parse(version, gates))
         if args.output == "json":
-            doc = to_document(diags, version, args.node, versions)
+            doc = to_document(diags, version, args.node, versions, problems)
             # indented for people; compact (C encoder, one write) when it is large
             sys.stdout.write(json.dumps(doc, indent=2 if len(diags) <= _INDENT_MAX else None) + "\n")
         else:
             sys.stdout.write(render_table(diags, version, args.node, versions,
-                                          detail=args.service is not None))
+                                          detail=args.service is not None, problems=problems))
     finally:
         if was_enabled:
             gc.enable()
-    return 0
+    return EXIT_PROBLEMS if problems else 0
 
 
 def _pct(share: float | None) -> str:
@@ -267,13 +284,16 @@ def render_detail(d: ServiceDiagnosis) -> list[str]:
 
 
 def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None = None,
-                 versions: dict[str, Any] | None = None, detail: bool = False) -> str:
+                 versions: dict[str, Any] | None = None, detail: bool = False,
+                 problems: list[ExplainProblem] | None = None) -> str:
     """Human-readable explain output: one line per Service, then its warnings and events.
 
     ``versions`` (:func:`agent.hints.version_document`) adds a line naming the nodes whose
     kube-proxy version differs from the control plane's. ``detail`` (``--service``) prints
     each entry's full diagnosis (:func:`render_detail`) instead of its warning and event
-    lines.
+    lines. Each of ``problems`` is a row of its own after the Services (the Service, or the
+    object when it belongs to none; REASON ``no-endpointslices`` or ``malformed-object``)
+    followed by its one-line error.
     """
     rows = [("SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL ZONES", "EXPECTED CROSS-ZONE")]
     details: list[list[str]] = []
@@ -293,6 +313,9 @@ def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None =
             lines.append(f"  node {node}: topology_mode={p.topology_mode!r} "
                          f"internal={p.internal_traffic}{shown}")
         details.append(lines)
+    for prob in problems or ():
+        rows.append((prob.service or prob.object, "-", "-", prob.reason, "-", "-"))
+        details.append([f"  ! {prob.message}"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = [f"Kubernetes {version}: {len(diags)} Service "
            f"{'entry' if len(diags) == 1 else 'entries'}"]
@@ -306,7 +329,7 @@ def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None =
             for v, ns in sorted(others.items())]
         if parts:
             out.append("kube-proxy " + "; ".join(parts))
-    if not diags:
+    if not diags and not problems:
         out.append("no Services in the input: nothing to explain (Nodes and EndpointSlices "
                    "alone have no topology-aware routing)")
         return "\n".join(out) + "\n"
@@ -314,6 +337,9 @@ def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None =
     for row, lines in zip(rows[1:], details, strict=False):
         out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
         out.extend(lines)
+    if problems:
+        out.append(f"{len(problems)} object(s) could not be used (rows with FAMILY -); every other "
+                   "Service is explained")
     out.append("reason 'none' = kube-proxy filters by topology in every client zone; EXPECTED "
                "CROSS-ZONE = largest share of a zone's calls expected to cross zones; see "
                "docs/hints.md for the vocabulary")

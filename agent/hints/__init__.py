@@ -49,7 +49,14 @@ from agent.hints.diagnosis import (
     hinted_per_zone,
     proxy_versions,
 )
-from agent.hints.explain import diagnose_objects, explain_document, to_document, version_document
+from agent.hints.explain import (
+    ExplainProblem,
+    diagnose_objects,
+    explain_document,
+    load_problem,
+    to_document,
+    version_document,
+)
 from agent.hints.model import HintModel, merge_locality, merge_views
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap
 from agent.hints.versions import (
@@ -116,7 +123,7 @@ __all__ = [
     "Allocation", "AllocationResult", "ClusterIndex", "compute_slice_hints", "controller_hints",
     "ControllerResult", "cpu_millis", "diagnose", "diagnose_objects", "DiagnosisWarning",
     "effective_annotation", "Endpoint", "evaluate_cluster", "evaluate_parsed", "Event",
-    "explain_document", "get_allocations", "hinted_per_zone",
+    "explain_document", "ExplainProblem", "get_allocations", "hinted_per_zone", "load_problem",
     "HintModel", "Hints", "hints_enabled", "hints_json", "index_nodes", "KubeVersion", "merge_locality",
     "merge_views", "minimum_accepted_endpoints", "NodeInfo", "parse_feature_gates", "parse_node_info",
     "parse_service_info", "parse_slice", "ProxyDecision", "ProxyIndex", "ProxyMap", "reconcile",

@@ -51,7 +51,8 @@ def test_explain_json_schema_exactly(tmp_path: Path, capsys) -> None:  # type: i
     assert code == 0
     doc = json.loads(out)
     assert set(doc) == {"kubernetes_version", "kubernetes_version_source", "kube_proxy_version",
-                        "kube_proxy_versions", "version_warnings", "services"}
+                        "kube_proxy_versions", "version_warnings", "services", "problems"}
+    assert doc["problems"] == []
     assert doc["kubernetes_version"] == "1.37" and doc["kubernetes_version_source"] == "default"
     assert (doc["kube_proxy_version"], doc["kube_proxy_versions"], doc["version_warnings"]) == ("1.37", {}, [])
     (s,) = doc["services"]
@@ -284,9 +285,24 @@ def test_snapshot_with_nodes_but_no_services_says_so(tmp_path: Path, capsys) -> 
 
 
 def test_bad_cpu_quantity_names_node_and_field(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # a malformed Node is a row of its own; it still counts with unknown CPU, so Auto is
+    # refused (as the controller would), and the Service is explained; exit 3
     p = cluster(tmp_path, [k8s.node("n-x", "a", cpu="4 cores")])
-    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "Node n-x",
-                          "status.allocatable.cpu", "bad quantity")
+    code, out, err = run(["explain", "--snapshot", str(p)], capsys)
+    assert code == 3 and err == ""
+    rows = {line.split()[0] + " " + line.split()[1]: line for line in out.splitlines()
+            if line.startswith(("shop/", "Node "))}
+    assert rows["shop/web IPv4"].split()[4] == "insufficient-node-info"
+    assert rows["Node n-x"].split()[2:] == ["-", "-", "malformed-object", "-", "-"]
+    assert f"  ! {p}: Node n-x: status.allocatable.cpu: bad quantity '4 cores': Invalid number format: " \
+           "4 cores" in out.splitlines()
+    assert "1 object(s) could not be used (rows with FAMILY -); every other Service is explained" in out
+    code, out, _ = run(["explain", "--snapshot", str(p), "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 3 and [s["name"] for s in doc["services"]] == ["web"]
+    assert doc["problems"] == [{"object": "Node n-x", "service": None, "reason": "malformed-object",
+                                "message": f"{p}: Node n-x: status.allocatable.cpu: bad quantity '4 cores': "
+                                           "Invalid number format: 4 cores"}]
 
 
 def test_endpointslice_missing_field(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -313,13 +329,53 @@ def test_bad_condition_type(tmp_path: Path, capsys) -> None:  # type: ignore[no-
 
 def test_object_without_name(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     p = cluster(tmp_path, [{"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "x"}}])
-    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "metadata.name")
+    code, out, _ = run(["explain", "--snapshot", str(p), "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 3 and [s["name"] for s in doc["services"]] == ["web"]
+    assert doc["problems"] == [{
+        "object": "Service (document 1 items[5])", "service": None, "reason": "malformed-object",
+        "message": f"{p}: Service (document 1 items[5]): metadata.name: missing or not a string"}]
+    # the nameless Service alone: no usable Service, bad input
+    alone = dump(tmp_path / "alone.json", [*three_zone_nodes(),
+                                           {"apiVersion": "v1", "kind": "Service", "metadata": {}}])
+    assert_one_line_error(*run(["explain", "--snapshot", str(alone)], capsys), str(alone), "metadata.name")
 
 
 def test_service_without_slices(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    p = cluster(tmp_path, [k8s.service(name="api")])
-    assert_one_line_error(*run(["explain", "--snapshot", str(p)], capsys), str(p), "Service shop/api",
-                          "no EndpointSlice labelled kubernetes.io/service-name=api")
+    p = cluster(tmp_path, [k8s.service(name="api", cluster_ip="10.96.1.9")])
+    code, out, err = run(["explain", "--snapshot", str(p)], capsys)
+    assert code == 3 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "Kubernetes 1.37: 1 Service entry"
+    row = next(line for line in lines if line.startswith("shop/api"))
+    assert row.split() == ["shop/api", "-", "-", "no-endpointslices", "-", "-"]
+    assert lines[lines.index(row) + 1] == (
+        f"  ! {p}: Service shop/api: metadata.name: has a selector but no EndpointSlice labelled "
+        "kubernetes.io/service-name=api (dump endpointslices too: kubectl get "
+        "nodes,services,endpointslices,pods -A -o json)")
+    assert any(line.startswith("shop/web ") for line in lines)  # every other Service explained
+    # asked for by name, the odd Service alone is bad input
+    assert_one_line_error(*run(["explain", "--snapshot", str(p), "--service", "shop/api"], capsys), str(p),
+                          "Service shop/api", "no EndpointSlice labelled kubernetes.io/service-name=api")
+    # and asking for another Service does not report it
+    code, out, _ = run(["explain", "--snapshot", str(p), "--service", "shop/web", "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["problems"] == []
+
+
+def test_one_malformed_slice_leaves_only_its_service_unexplained(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    bad = k8s.endpointslice("api-1", "api", [k8s.endpoint("10.0.0.9", "a", "n-a")])
+    bad["endpoints"][0]["conditions"]["ready"] = "yes"
+    p = cluster(tmp_path, [k8s.service(name="api", cluster_ip="10.96.1.9"), bad])
+    code, out, _ = run(["explain", "--snapshot", str(p), "-o", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 3 and [s["name"] for s in doc["services"]] == ["web"]
+    (prob,) = doc["problems"]
+    assert (prob["object"], prob["service"], prob["reason"]) == ("EndpointSlice shop/api-1", "shop/api",
+                                                                 "malformed-object")
+    assert prob["message"].startswith(f"{p}: EndpointSlice shop/api-1: endpoints[0].conditions.ready")
+    code, out, _ = run(["explain", "--snapshot", str(p)], capsys)
+    assert code == 3
+    assert next(line for line in out.splitlines() if line.startswith("shop/api")).split()[3] == "malformed-object"
 
 
 def test_selectorless_service_without_slices_is_fine(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
