@@ -254,6 +254,7 @@ def test_flows_document() -> None:
         "by_direction": {"request": 1500, "response": 5000},
         "hint_ignored_bytes": 1200, "mode": "PreferSameZone", "reason": "none",
         "locality_in_effect": {"zone-a": True, "zone-b": False},
+        "expected_cross_zone": {"zone-a": 0.0, "zone-b": 0.5},
     }]
     assert [p["client"] for p in doc["pairs"]] == ["shop/ui-1"]
     assert doc["self"]["metadata_synced"] == {"nodes": False, "pods": True}
