@@ -12,7 +12,7 @@ work is O(endpoints).
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,40 @@ class DiagnosisWarning:
     def to_json(self) -> dict[str, str]:
         """``{"code", "message"}``."""
         return {"code": self.code, "message": self.message}
+
+
+class EndpointZones(Mapping[str, str]):
+    """Read-only ``ip:port -> zone`` of a Service's endpoints as kube-proxy keeps them, built
+    on first access (the agent keeps every diagnosis; only explain reads this).
+
+    The zone is the endpoint's ``zone``, else its node's zone label, else ``""``.
+    """
+
+    __slots__ = ("_keys", "_eps", "_node_zone", "_map")
+
+    def __init__(self, keys: Sequence[str], eps: Sequence[Endpoint], node_zone: Mapping[str, str]) -> None:
+        self._keys, self._eps, self._node_zone = keys, eps, node_zone
+        self._map: dict[str, str] | None = None
+
+    def build(self) -> dict[str, str]:
+        """A new ``ip:port -> zone`` dict (not cached)."""
+        nz = self._node_zone
+        return {k: e.zone or (nz.get(e.node, "") if e.node else "")
+                for k, e in zip(self._keys, self._eps, strict=False)}
+
+    def _get(self) -> dict[str, str]:
+        if self._map is None:
+            self._map = self.build()
+        return self._map
+
+    def __getitem__(self, key: str) -> str:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,9 +540,10 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     locality: dict[str, bool] = {}
     scope: dict[str, str] = {}
     groups = [] if svc.headless else _zone_groups(idx, proxy, special, pv)
-    # endpoint ip:port -> its zone (the endpoint's, else its node's label), for the shares
-    ep_zone = {k: e.zone or (idx.node_zone.get(e.node, "") if e.node else "")
-               for k, e in zip(pidx.keys, peps, strict=False)}
+    # endpoint ip:port -> its zone (the endpoint's, else its node's label), for the shares;
+    # a transient dict (the diagnosis keeps only a lazy view of it, built if read)
+    zones_of = EndpointZones(pidx.keys, peps, idx.node_zone)
+    ep_zone: dict[str, str] = {}
     client_groups: list[ClientGroup] = []
     weighted: dict[str, list[float]] = {}
     # decisions share their endpoint tuples (ProxyIndex caches them by tag), so the zone
@@ -518,6 +553,8 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
     def counts(keys: tuple[str, ...]) -> tuple[Mapping[str, int], int]:
         got = tallies.get(id(keys))
         if got is None:
+            if not ep_zone:
+                ep_zone.update(zones_of.build())
             c: dict[str, int] = {}
             for k in keys:
                 ez = ep_zone.get(k, "")
@@ -721,7 +758,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         mode=mode, reason=reason, locality_in_effect=locality, warnings=warnings,
         controller=ctrl, observed_hints=observed, proxy=proxy, service_port=port,
         headless=svc.headless, locality_scope=scope, expected_cross_zone=expected,
-        client_groups=client_groups, donations=_donations(managed, ctrl, idx), endpoint_zones=ep_zone)
+        client_groups=client_groups, donations=_donations(managed, ctrl, idx), endpoint_zones=zones_of)
 
 
 def _donations(managed: Sequence[Slice], ctrl: ControllerResult, idx: ClusterIndex
