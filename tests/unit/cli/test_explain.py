@@ -43,7 +43,10 @@ def test_help(verb: str, capsys) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit) as exc:
         cli.main([verb, "--help"])
     assert exc.value.code == 0
-    assert "examples:" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "examples:" in text
+    if verb == "explain":  # the exit codes are documented where a user looks first
+        assert "exit codes: 0 every Service explained; 3 some object could not be used" in text
 
 
 def test_explain_json_schema_exactly(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
