@@ -226,12 +226,16 @@ class Locality:
             (read-only mapping, sorted by zone).
         last_change: Unix time in seconds of the hint-model refresh at which
             ``(mode, reason, in_effect)`` last changed or was first seen.
+        expected_cross_zone: client zone -> expected share (0..1) of that zone's ClusterIP
+            calls that cross zones under today's hints (``ServiceDiagnosis.expected_cross_zone``;
+            zones without a figure are absent; read-only mapping sorted by zone).
     """
 
     mode: str
     reason: str
     in_effect: Mapping[str, bool]
     last_change: float
+    expected_cross_zone: Mapping[str, float] = field(default_factory=lambda: types.MappingProxyType({}))
 
 
 # ------------------------------------------------------------------ attribution output

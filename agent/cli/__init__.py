@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code (0, 1 or 2)."""
+    """Run the CLI; returns the process exit code (0, 1 or 2; `explain` also 3: see agent.cli.explain)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

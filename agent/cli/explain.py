@@ -22,10 +22,13 @@ from typing import Any
 from agent.errors import InputError
 from agent.hints import (
     DEFAULT_VERSION,
+    ExplainProblem,
     KubeVersion,
     ServiceDiagnosis,
     choose_version,
     diagnose_objects,
+    hinted_per_zone,
+    load_problem,
     parse_feature_gates,
     parse_proxy_flag,
     to_document,
@@ -39,7 +42,13 @@ _EPILOG_EXPLAIN = """examples:
       --feature-gates PreferSameTrafficDistribution=true
 dump with: kubectl get nodes,services,endpointslices,pods -A -o json > dump.json
            kubectl version -o json > version.json   # beside the dump: the cluster's version
+exit codes: 0 every Service explained; 3 some object could not be used (a Service without
+  EndpointSlices, a malformed object): it is a row of its own, every other Service is
+  explained; 2 bad input (unreadable file, bad flag, no usable Service); 1 runtime failure
 """
+
+#: exit code when some objects were reported as rows of their own (``ExplainProblem``)
+EXIT_PROBLEMS = 3
 
 
 def register(subparsers: Any) -> None:
@@ -75,13 +84,20 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run_explain)
 
 
-def _load(args: argparse.Namespace) -> tuple[str, dict[str, list[dict[str, Any]]], tuple[str | None, str]]:
-    """Read the input: ``(source name, objects, (reported gitVersion or None, its source))``."""
+def _load(args: argparse.Namespace, problems: list[ExplainProblem] | None = None
+          ) -> tuple[str, dict[str, list[dict[str, Any]]], tuple[str | None, str]]:
+    """Read the input: ``(source name, objects, (reported gitVersion or None, its source))``;
+    objects the snapshot loader skips are appended to ``problems``."""
     if args.snapshot:
         from agent.k8s import snapshot
 
-        snap = snapshot.load(args.snapshot)
+        skipped: list[InputError] = []
+        snap = snapshot.load(args.snapshot, skipped)
+        if problems is not None:
+            problems.extend(load_problem(err) for err in skipped)
         if not (snap.nodes or snap.services or snap.endpointslices):
+            if skipped:
+                raise skipped[0]
             raise InputError("no Node, Service or EndpointSlice in it (empty snapshot?); make one "
                              "with: kubectl get nodes,services,endpointslices,pods -A -o json "
                              "> dump.json", source=args.snapshot)
@@ -117,7 +133,8 @@ _INDENT_MAX = 200
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    """``zonemeter explain``: print the table or JSON; 0 on success."""
+    """``zonemeter explain``: print the table or JSON; 0 when every Service was explained,
+    :data:`EXIT_PROBLEMS` when some object was reported as a row of its own."""
     gates = parse_feature_gates(args.feature_gates)
     proxy_version = parse_proxy_flag(args.kube_proxy_version)
     if args.kubernetes_version is not None:
@@ -143,7 +160,8 @@ def run_explain(args: argparse.Namespace) -> int:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        source, objs, (reported, kind) = _load(args)
+        problems: list[ExplainProblem] = []
+        source, objs, (reported, kind) = _load(args, problems)
         what = "the snapshot's version.json" if kind == "snapshot" else "the API server"
         version, version_source, note = choose_version(args.kubernetes_version, reported, kind, what)
         try:
@@ -158,37 +176,136 @@ def run_explain(args: argparse.Namespace) -> int:
         diags = diagnose_objects(objs["nodes"], objs["services"], objs["endpointslices"], source=source,
                                  service=args.service, node=args.node, version=version,
                                  feature_gates=gates, hints_populated=populated,
-                                 kube_proxy_version=proxy_version)
+                                 kube_proxy_version=proxy_version, problems=problems)
         version = str(KubeVersion.parse(version, gates))
         if args.output == "json":
-            doc = to_document(diags, version, args.node, versions)
+            doc = to_document(diags, version, args.node, versions, problems)
             # indented for people; compact (C encoder, one write) when it is large
             sys.stdout.write(json.dumps(doc, indent=2 if len(diags) <= _INDENT_MAX else None) + "\n")
         else:
-            sys.stdout.write(render_table(diags, version, args.node, versions))
+            sys.stdout.write(render_table(diags, version, args.node, versions,
+                                          detail=args.service is not None, problems=problems))
     finally:
         if was_enabled:
             gc.enable()
-    return 0
+    return EXIT_PROBLEMS if problems else 0
+
+
+def _pct(share: float | None) -> str:
+    """A share as a whole percentage; ``<1%`` for a small non-zero share, ``-`` for None."""
+    if share is None:
+        return "-"
+    pct = round(share * 100)
+    return "<1%" if pct == 0 and share > 0 else f"{pct}%"
+
+
+def local_zones(d: ServiceDiagnosis) -> str:
+    """The LOCAL ZONES cell: ``on/all``, the zones in effect when not all, and ``node-local``
+    when every zone keeps ClusterIP traffic on the client's node."""
+    loc = d.locality_in_effect
+    on = sorted(z for z, v in loc.items() if v)
+    text = f"{len(on)}/{len(loc)}" + (f" ({','.join(on)})" if on and len(on) < len(loc) else "")
+    scopes = set(d.locality_scope.values())
+    if loc and scopes == {"node"}:
+        text += " node-local"
+    return text
+
+
+def expected_cell(d: ServiceDiagnosis) -> str:
+    """The EXPECTED CROSS-ZONE cell: the largest expected share and the zones that have it
+    (``0%`` when no zone's calls cross, ``-`` when no zone delivers a call)."""
+    known = {z: v for z, v in d.expected_cross_zone.items() if v is not None}
+    if not known:
+        return "-"
+    top = max(known.values())
+    if top == 0:
+        return "0%"
+    zones = sorted(z for z, v in known.items() if v == top)
+    return ("" if len(known) == 1 else "max ") + f"{_pct(top)} ({','.join(zones)})"
+
+
+def render_detail(d: ServiceDiagnosis) -> list[str]:
+    """The full diagnosis of one Service entry (``explain --service``), as indented lines:
+    mechanism, reason and its sentence, locality per zone, the controller's arithmetic,
+    what kube-proxy selects per client zone with the expected cross-zone share, the
+    warnings and the events the controller would emit."""
+    c = d.controller
+    out = [f"  mechanism: {d.mechanism} (requested: {d.mode})",
+           f"  reason: {d.reason}: {d.reason_sentence}"]
+    if d.locality_in_effect:
+        out.append("  locality: " + ", ".join(
+            f"{z} {d.locality_scope.get(z, 'off')}" for z in sorted(d.locality_in_effect))
+            + "  (node = kept on the client's node, zone = in its zone, off = every zone)")
+    out.append(f"  controller: {c.ready_endpoint_count} ready endpoint(s); "
+               + ("hints written" if c.hints_enabled else "no hints written")
+               + (f"; Auto refused: {c.refusal_reason}" if c.refusal_reason else ""))
+    ratios = c.zone_cpu_ratios
+    if ratios is not None or c.minimums is not None:
+        per_zone = hinted_per_zone(c.hints) if c.hints_enabled else {}
+        zones = sorted(set(ratios or {}) | set(c.minimums or {}))
+        rows = [("zone", "CPU share", "minimum", "maximum", "desired", "hinted")]
+        for z in zones:
+            a = c.allocations.get(z) if c.allocations else None
+            rows.append((z, f"{ratios[z]:.3f}" if ratios and z in ratios else "-",
+                         str(c.minimums[z]) if c.minimums and z in c.minimums else "-",
+                         str(a.maximum) if a else "-", f"{a.desired:.2f}" if a else "-",
+                         str(per_zone.get(z, 0)) if c.hints_enabled else "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            out.append("    " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)).rstrip())
+        if c.sum_of_minimums is not None:
+            out.append(f"    sum of minimums {c.sum_of_minimums} of {c.ready_endpoint_count} ready "
+                       "endpoint(s) (minimum = ceil(CPU share x N / 1.2))")
+    for addr, own, to in d.donations:
+        out.append(f"    donated: {addr} (zone {own}) is hinted for zone {to}")
+    if d.client_groups:
+        out.append("  clients per zone (expected cross-zone share: equal weight per selected "
+                   "endpoint and per node):")
+    for z in sorted(d.expected_cross_zone):
+        share = d.expected_cross_zone[z]
+        out.append(f"    zone {z}: " + (f"expected cross-zone {_pct(share)}" if share is not None else
+                                       "no expected share (no call delivered, or no zone label)"))
+        for g in (g for g in d.client_groups if g.zone == z):
+            names = ", ".join(g.sample) + (" ..." if g.nodes > len(g.sample) else "")
+            ver = f", kube-proxy {g.kube_proxy}" if g.kube_proxy else ""
+            how = g.internal_traffic + (f" ({g.topology_mode})" if g.topology_mode else "")
+            eps = ", ".join(f"{k} (zone {d.endpoint_zones.get(k) or '?'})" for k in g.endpoints[:8]) + (
+                f" and {len(g.endpoints) - 8} more" if len(g.endpoints) > 8 else "")
+            if g.endpoints:
+                what = f"{how} -> {eps}; cross-zone {_pct(g.cross_zone_share)}"
+            else:
+                what = f"{how}: no call delivered"
+            out.append(f"      {g.nodes} node(s) ({names}{ver}): {what}")
+    out.append("  warnings:" + ("" if d.warnings else " none"))
+    out.extend(f"    ! {w.code}: {w.message}" for w in d.warnings)
+    out.append("  events the controller would emit:" + ("" if c.events else " none"))
+    out.extend(f"    {e.type} {e.reason}: {e.message}" for e in c.events)
+    return out
 
 
 def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None = None,
-                 versions: dict[str, Any] | None = None) -> str:
+                 versions: dict[str, Any] | None = None, detail: bool = False,
+                 problems: list[ExplainProblem] | None = None) -> str:
     """Human-readable explain output: one line per Service, then its warnings and events.
 
     ``versions`` (:func:`agent.hints.version_document`) adds a line naming the nodes whose
-    kube-proxy version differs from the control plane's.
+    kube-proxy version differs from the control plane's. ``detail`` (``--service``) prints
+    each entry's full diagnosis (:func:`render_detail`) instead of its warning and event
+    lines. Each of ``problems`` is a row of its own after the Services (the Service, or the
+    object when it belongs to none; REASON ``no-endpointslices`` or ``malformed-object``)
+    followed by its one-line error.
     """
-    rows = [("SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL ZONES")]
+    rows = [("SERVICE", "FAMILY", "MECHANISM", "REASON", "LOCAL ZONES", "EXPECTED CROSS-ZONE")]
     details: list[list[str]] = []
     for d in diags:
-        loc = d.locality_in_effect
-        on = sorted(z for z, v in loc.items() if v)
-        local = f"{len(on)}/{len(loc)}" + (f" ({','.join(on)})" if on and len(on) < len(loc) else "")
-        rows.append((f"{d.namespace}/{d.name}", d.address_type, d.mechanism, d.reason, local))
-        lines = [f"  ! {w.code}: {w.message}" for w in d.warnings]
-        for e in d.controller.events:
-            lines.append(f"  event {e.type} {e.reason}: {e.message}")
+        rows.append((f"{d.namespace}/{d.name}", d.address_type, d.mechanism, d.reason, local_zones(d),
+                     expected_cell(d)))
+        if detail:
+            lines = render_detail(d)
+        else:
+            lines = [f"  ! {w.code}: {w.message}" for w in d.warnings]
+            for e in d.controller.events:
+                lines.append(f"  event {e.type} {e.reason}: {e.message}")
         if node is not None and node in d.proxy:
             p = d.proxy[node]
             eps = p.local_endpoints if p.internal_traffic == "local" else p.cluster_endpoints
@@ -196,6 +313,9 @@ def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None =
             lines.append(f"  node {node}: topology_mode={p.topology_mode!r} "
                          f"internal={p.internal_traffic}{shown}")
         details.append(lines)
+    for prob in problems or ():
+        rows.append((prob.service or prob.object, "-", "-", prob.reason, "-", "-"))
+        details.append([f"  ! {prob.message}"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = [f"Kubernetes {version}: {len(diags)} Service "
            f"{'entry' if len(diags) == 1 else 'entries'}"]
@@ -209,7 +329,7 @@ def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None =
             for v, ns in sorted(others.items())]
         if parts:
             out.append("kube-proxy " + "; ".join(parts))
-    if not diags:
+    if not diags and not problems:
         out.append("no Services in the input: nothing to explain (Nodes and EndpointSlices "
                    "alone have no topology-aware routing)")
         return "\n".join(out) + "\n"
@@ -217,6 +337,10 @@ def render_table(diags: list[ServiceDiagnosis], version: str, node: str | None =
     for row, lines in zip(rows[1:], details, strict=False):
         out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
         out.extend(lines)
-    out.append("reason 'none' = kube-proxy filters by topology in every client zone; "
-               "see docs/hints.md for the vocabulary")
+    if problems:
+        out.append(f"{len(problems)} object(s) could not be used (rows with FAMILY -); every other "
+                   "Service is explained")
+    out.append("reason 'none' = kube-proxy filters by topology in every client zone; EXPECTED "
+               "CROSS-ZONE = largest share of a zone's calls expected to cross zones; see "
+               "docs/hints.md for the vocabulary")
     return "\n".join(out) + "\n"

@@ -84,6 +84,12 @@ def _in_effect(s: ExportSnapshot, _: str) -> Iterable[Sample]:
             yield (label(ref.namespace), label(ref.service), label(zone)), 1 if on else 0
 
 
+def _expected_cross_zone(s: ExportSnapshot, _: str) -> Iterable[Sample]:
+    for ref, loc in s.locality.items():
+        for zone, share in loc.expected_cross_zone.items():
+            yield (label(ref.namespace), label(ref.service), label(zone)), share
+
+
 def _locality_info(s: ExportSnapshot, _: str) -> Iterable[Sample]:
     for ref, loc in s.locality.items():
         yield (label(ref.namespace), label(ref.service), label(loc.mode), label(loc.reason)), 1
@@ -129,13 +135,18 @@ FAMILIES: tuple[MetricFamily, ...] = (
         HINT_IGNORED_LABELS, lambda s, _: _keyed(s.totals.hint_ignored_bytes)),
     MetricFamily(
         "zonemeter_service_locality_in_effect", GAUGE,
-        "1 when kube-proxy filters this Service's endpoints by topology for clients in "
-        "client_zone, else 0.",
+        "1 when kube-proxy keeps this Service's ClusterIP traffic from client_zone close: "
+        "topology hints (same zone or node) or internalTrafficPolicy Local (node-local), else 0.",
         ("namespace", "service", "client_zone"), _in_effect),
     MetricFamily(
+        "zonemeter_service_expected_cross_zone_ratio", GAUGE,
+        "Share (0..1) of client_zone's calls to this Service expected to cross zones under "
+        "today's hints: equal weight per endpoint kube-proxy selects, equal weight per node.",
+        ("namespace", "service", "client_zone"), _expected_cross_zone),
+    MetricFamily(
         "zonemeter_service_locality_info", GAUGE,
-        "Requested locality mode and why locality is not in effect (reason none when it is); "
-        "always 1.",
+        "Requested locality mode and why locality is not in effect by topology hints (reason "
+        "none when it is; internal-traffic-policy-local: node-local instead); always 1.",
         ("namespace", "service", "mode", "reason"), _locality_info),
     MetricFamily(
         "zonemeter_service_locality_last_change_timestamp_seconds", GAUGE,

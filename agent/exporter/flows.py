@@ -20,7 +20,8 @@ def flows_document(snap: ExportSnapshot, top: int = 20) -> dict[str, Any]:
          "services": [{"namespace", "service", "bytes_total",
                        "by_crossing": {crossing: bytes}, "by_direction": {dir: bytes},
                        "hint_ignored_bytes", "mode", "reason",
-                       "locality_in_effect": {client_zone: bool}}],   # by bytes, desc
+                       "locality_in_effect": {client_zone: bool},
+                       "expected_cross_zone": {client_zone: share 0..1}}],   # by bytes, desc
          "pairs": [PairRow as dict],       # top ``top`` by bytes of pairs_interval
          "pairs_interval": [start, end] | None,
          "unattributed_bytes": {reason: bytes},
@@ -43,7 +44,8 @@ def flows_document(snap: ExportSnapshot, top: int = 20) -> dict[str, Any]:
         if key not in services:
             services[key] = {"namespace": key[0], "service": key[1], "bytes_total": 0,
                              "by_crossing": {}, "by_direction": {}, "hint_ignored_bytes": 0,
-                             "mode": UNKNOWN, "reason": UNKNOWN, "locality_in_effect": {}}
+                             "mode": UNKNOWN, "reason": UNKNOWN, "locality_in_effect": {},
+                             "expected_cross_zone": {}}
         return services[key]
 
     for k, v in totals.service_bytes.items():
@@ -58,6 +60,8 @@ def flows_document(snap: ExportSnapshot, top: int = 20) -> dict[str, Any]:
         e["mode"], e["reason"] = label(loc.mode), label(loc.reason)
         for zone, on in loc.in_effect.items():
             e["locality_in_effect"][label(zone)] = bool(on)
+        for zone, share in loc.expected_cross_zone.items():
+            e["expected_cross_zone"][label(zone)] = share
     rows = sorted(services.values(), key=lambda e: (-e["bytes_total"], e["namespace"], e["service"]))
     pairs = sorted(totals.top_pairs, key=lambda p: (-p.bytes, str(p.client), str(p.server)))[:max(0, top)]
     return {

@@ -39,15 +39,24 @@ from agent.hints.controller import (
     zone_capacity,
 )
 from agent.hints.diagnosis import (
+    ClientGroup,
     DiagnosisWarning,
     ProxyVersions,
     ServiceDiagnosis,
     diagnose,
     evaluate_cluster,
     evaluate_parsed,
+    hinted_per_zone,
     proxy_versions,
 )
-from agent.hints.explain import diagnose_objects, explain_document, to_document, version_document
+from agent.hints.explain import (
+    ExplainProblem,
+    diagnose_objects,
+    explain_document,
+    load_problem,
+    to_document,
+    version_document,
+)
 from agent.hints.model import HintModel, merge_locality, merge_views
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap
 from agent.hints.versions import (
@@ -69,6 +78,7 @@ from agent.hints.vocabulary import (
     ANNOTATION_TOPOLOGY_MODE,
     CONTROLLER_NAME,
     EXCLUDED_NODE_LABELS,
+    EXPECTED_CROSS_ZONE_WARN,
     LABEL_MANAGED_BY,
     LABEL_SERVICE_NAME,
     LABEL_ZONE,
@@ -104,7 +114,8 @@ from agent.k8s.parse import (
 
 __all__ = [
     "ANNOTATION_DEPRECATED", "ANNOTATION_TOPOLOGY_MODE", "CONTROLLER_NAME", "DEFAULT_VERSION",
-    "EXCLUDED_NODE_LABELS", "GATES", "LABEL_MANAGED_BY", "LABEL_SERVICE_NAME", "LABEL_ZONE", "MAX_MINOR",
+    "EXCLUDED_NODE_LABELS", "EXPECTED_CROSS_ZONE_WARN", "ClientGroup", "GATES", "LABEL_MANAGED_BY",
+    "LABEL_SERVICE_NAME", "LABEL_ZONE", "MAX_MINOR",
     "MAX_WHATIF_ENDPOINTS", "MAX_WHATIF_REPLICAS", "MIN_MINOR", "MSG_DISABLED", "MSG_ENABLED",
     "MSG_INSUFFICIENT_ENDPOINTS", "MSG_INSUFFICIENT_NODE_INFO", "MSG_MIN_ALLOCATION", "MSG_NO_ALLOCATED",
     "MSG_NO_ZONE", "MSG_ONE_ZONE", "OVERLOAD_THRESHOLD", "REASON_DISABLED", "REASON_ENABLED",
@@ -112,7 +123,7 @@ __all__ = [
     "Allocation", "AllocationResult", "ClusterIndex", "compute_slice_hints", "controller_hints",
     "ControllerResult", "cpu_millis", "diagnose", "diagnose_objects", "DiagnosisWarning",
     "effective_annotation", "Endpoint", "evaluate_cluster", "evaluate_parsed", "Event",
-    "explain_document", "get_allocations",
+    "explain_document", "ExplainProblem", "get_allocations", "hinted_per_zone", "load_problem",
     "HintModel", "Hints", "hints_enabled", "hints_json", "index_nodes", "KubeVersion", "merge_locality",
     "merge_views", "minimum_accepted_endpoints", "NodeInfo", "parse_feature_gates", "parse_node_info",
     "parse_service_info", "parse_slice", "ProxyDecision", "ProxyIndex", "ProxyMap", "reconcile",

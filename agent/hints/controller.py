@@ -99,7 +99,8 @@ class AllocationResult:
     """``getAllocations(N)`` outcome.
 
     Attributes:
-        allocations: zone -> Allocation, or None when refused.
+        allocations: zone -> Allocation, or None when ``getAllocations`` refused (the
+            refusals after it, in ``AddHints``, keep them).
         refusal: the event message (without suffix) when refused, else None.
         reason: diagnosis reason for the refusal, else None.
         minimums: zone -> minimum when the ratio test ran (also on refusal by overload).
@@ -151,7 +152,9 @@ class ControllerResult:
         hints_enabled: Auto succeeded (Auto path), or trafficDistribution wrote hints.
         events: events recorded on the Service, exact upstream strings.
         zone_cpu_ratios: the cluster's ratios when the Auto path ran and they exist.
-        allocations: per-zone allocations when Auto succeeded.
+        allocations: per-zone allocations whenever ``getAllocations`` accepted the endpoint
+            count: when Auto succeeded, and when it refused afterwards (an endpoint without a
+            zone, ``NoZoneSpecified``; no hint allocated), as upstream computes them first.
         minimums: per-zone minimums when computed (Auto success or overload refusal).
         sum_of_minimums: their sum, or None.
         ready_endpoint_count: N, Ready==true endpoints over the controller's slices.
@@ -397,7 +400,9 @@ def _add_hints(work: _Work, ratios: Mapping[str, float] | None, at: str
                 continue  # Go assigns nil to a copy: not-ready endpoints keep their hints
             if not e.zone:
                 work.strip_all()
-                nz = AllocationResult(None, MSG_NO_ZONE, "endpoint-without-zone", res.minimums)
+                # upstream computed the allocations before refusing (getAllocations runs
+                # first in AddHints); they are kept for the explain JSON
+                nz = AllocationResult(allocs, MSG_NO_ZONE, "endpoint-without-zone", res.minimums)
                 return nz, Event("Warning", REASON_DISABLED, f"{MSG_NO_ZONE}, addressType: {at}"), False
             allocated[e.zone] = allocated.get(e.zone, 0) + 1
             row[j] = _hint_zone(e.zone)
@@ -457,7 +462,7 @@ def _add_hints(work: _Work, ratios: Mapping[str, float] | None, at: str
                     break
     if not allocated:
         work.strip_all()
-        na = AllocationResult(None, MSG_NO_ALLOCATED, "insufficient-number-of-endpoints", res.minimums)
+        na = AllocationResult(allocs, MSG_NO_ALLOCATED, "insufficient-number-of-endpoints", res.minimums)
         return na, Event("Warning", REASON_DISABLED, f"{MSG_NO_ALLOCATED}, addressType: {at}"), False
     return res, None, True
 
@@ -566,7 +571,7 @@ def reconcile(svc: ServiceInfo, slices: Sequence[Slice], at: str, cap: ZoneCapac
         hints_enabled=ok or td_wrote,
         events=tuple(events),
         zone_cpu_ratios=cap.ratios if (cache and auto) else None,
-        allocations=alloc.allocations if (alloc and ok) else None,
+        allocations=alloc.allocations if alloc else None,
         minimums=mins,
         sum_of_minimums=sum(mins.values()) if mins else None,
         ready_endpoint_count=n_ready,

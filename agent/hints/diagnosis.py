@@ -12,8 +12,8 @@ work is O(endpoints).
 from __future__ import annotations
 
 import gc
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.errors import InputError
@@ -33,7 +33,13 @@ from agent.hints.controller import (
 )
 from agent.hints.proxy import ProxyDecision, ProxyIndex, ProxyMap, proxy_blocked, proxy_gates_off
 from agent.hints.versions import DEFAULT_VERSION, KubeVersion, covered_version
-from agent.hints.vocabulary import ANNOTATION_DEPRECATED, ANNOTATION_TOPOLOGY_MODE, UNKNOWN_ZONE
+from agent.hints.vocabulary import (
+    ANNOTATION_DEPRECATED,
+    ANNOTATION_TOPOLOGY_MODE,
+    EXPECTED_CROSS_ZONE_WARN,
+    REASON_SENTENCES,
+    UNKNOWN_ZONE,
+)
 from agent.k8s.parse import (
     LABEL_SERVICE_NAME,
     LABEL_ZONE,
@@ -65,6 +71,79 @@ class DiagnosisWarning:
         return {"code": self.code, "message": self.message}
 
 
+class EndpointZones(Mapping[str, str]):
+    """Read-only ``ip:port -> zone`` of a Service's endpoints as kube-proxy keeps them, built
+    on first access (the agent keeps every diagnosis; only explain reads this).
+
+    The zone is the endpoint's ``zone``, else its node's zone label, else ``""``.
+    """
+
+    __slots__ = ("_keys", "_eps", "_node_zone", "_map")
+
+    def __init__(self, keys: Sequence[str], eps: Sequence[Endpoint], node_zone: Mapping[str, str]) -> None:
+        self._keys, self._eps, self._node_zone = keys, eps, node_zone
+        self._map: dict[str, str] | None = None
+
+    def build(self) -> dict[str, str]:
+        """A new ``ip:port -> zone`` dict (not cached)."""
+        nz = self._node_zone
+        return {k: e.zone or (nz.get(e.node, "") if e.node else "")
+                for k, e in zip(self._keys, self._eps, strict=False)}
+
+    def _get(self) -> dict[str, str]:
+        if self._map is None:
+            self._map = self.build()
+        return self._map
+
+    def __getitem__(self, key: str) -> str:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+@dataclass(frozen=True, slots=True)
+class ClientGroup:
+    """Nodes of one client zone whose kube-proxy makes the same decision for a Service.
+
+    Attributes:
+        zone: the client zone (``"unknown"`` for nodes without a zone label).
+        nodes: how many nodes of the zone share the decision.
+        sample: up to 5 of their names.
+        kube_proxy: ``"1.X"`` when these nodes run another kube-proxy version than the
+            common one, else None.
+        topology_mode: as :attr:`ProxyDecision.topology_mode`.
+        internal_traffic: ``cluster``, ``local``, ``DROP`` or ``REJECT``.
+        endpoints: ``ip:port`` of the endpoints ClusterIP traffic from these nodes goes to
+            (empty for DROP/REJECT); their zones are in
+            :attr:`ServiceDiagnosis.endpoint_zones`.
+        cross_zone_share: share (0..1) of these nodes' calls that leave their zone, with
+            equal weight per selected endpoint (kube-proxy picks one at random: iptables
+            ``statistic --mode random``, nftables ``numgen random``); an endpoint of unknown
+            zone counts as crossing. 0 for ``local`` (the endpoint is on the node); None
+            for DROP/REJECT (no call is delivered) and for the ``unknown`` client zone.
+    """
+
+    zone: str
+    nodes: int
+    sample: tuple[str, ...]
+    kube_proxy: str | None
+    topology_mode: str | None
+    internal_traffic: str
+    endpoints: tuple[str, ...]
+    cross_zone_share: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        """One element of ``client_zones[zone]`` in the explain JSON."""
+        return {"nodes": self.nodes, "sample": list(self.sample), "kube_proxy_version": self.kube_proxy,
+                "topology_mode": self.topology_mode, "internal_traffic": self.internal_traffic,
+                "endpoints": list(self.endpoints),
+                "cross_zone_share": self.cross_zone_share}
+
+
 @dataclass(slots=True)
 class ServiceDiagnosis:
     """Why one Service (one address family) does or does not keep traffic in its zone.
@@ -88,6 +167,23 @@ class ServiceDiagnosis:
         proxy: node -> :class:`ProxyDecision` for every node in the input (lazy mapping).
         service_port: the port used in ``ip:port`` strings (endpoint port of the
             Service's first port), or None.
+        headless: the Service has no ClusterIP (no kube-proxy decision, no client groups).
+        locality_scope: client zone -> ``node`` (every node of the zone keeps ClusterIP
+            traffic on the node: internalTrafficPolicy Local, or PreferSameNode with a
+            node-hinted endpoint on each node), ``zone`` (every node keeps it in the zone,
+            by zone hints or node hints), ``off``; same zones as ``locality_in_effect``
+            (``off`` exactly where it is False).
+        expected_cross_zone: client zone -> share (0..1) of the zone's ClusterIP calls that
+            cross zones under the current hints and kube-proxy decisions: the average of
+            :attr:`ClientGroup.cross_zone_share` over the zone's nodes, each node weighing
+            the same (nodes that DROP or REJECT are left out); None when no node of the
+            zone delivers a call, or for the ``unknown`` zone. Zones of ``locality_in_effect``.
+        client_groups: the kube-proxy decisions per client zone (:class:`ClientGroup`),
+            zones in sorted order.
+        donations: ``(address, endpoint zone, zone it is hinted for)`` of each ready
+            endpoint the controller hints for another zone than its own (Auto only).
+        endpoint_zones: ``ip:port`` -> zone of every endpoint kube-proxy keeps (the
+            endpoint's ``zone``, else its node's zone label, else ``""``).
     """
 
     namespace: str
@@ -103,6 +199,16 @@ class ServiceDiagnosis:
     proxy: Mapping[str, ProxyDecision]
     service_port: int | None = None
     headless: bool = False
+    locality_scope: dict[str, str] = field(default_factory=dict)
+    expected_cross_zone: dict[str, float | None] = field(default_factory=dict)
+    client_groups: list[ClientGroup] = field(default_factory=list)
+    donations: tuple[tuple[str, str, str], ...] = ()
+    endpoint_zones: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def reason_sentence(self) -> str:
+        """The plain sentence of :attr:`reason` (:data:`agent.hints.REASON_SENTENCES`)."""
+        return REASON_SENTENCES.get(self.reason, "")
 
     def proxy_view(self, node: str) -> ProxyView | None:
         """What kube-proxy on ``node`` does with this Service's ClusterIP traffic.
@@ -129,16 +235,45 @@ class ServiceDiagnosis:
                 "hints_enabled": c.hints_enabled,
                 "events": [e.to_json() for e in c.events],
                 "zone_cpu_ratios": None if c.zone_cpu_ratios is None else dict(c.zone_cpu_ratios),
+                "ready_endpoints": c.ready_endpoint_count,
+                "minimums": None if c.minimums is None else dict(c.minimums),
+                "sum_of_minimums": c.sum_of_minimums,
                 "allocations": None if c.allocations is None
                 else {z: a.to_json() for z, a in c.allocations.items()},
+                "hinted_per_zone": hinted_per_zone(c.hints) if c.hints_enabled else None,
+                "donations": [{"address": a, "zone": z, "for_zone": to} for a, z, to in self.donations],
                 "hints": {a: hints_json(h) for a, h in c.hints.items()},
             },
             "observed_hints": {a: hints_json(h) for a, h in self.observed_hints.items()},
             "proxy": {n: self.proxy[n].to_json() for n in keys},
             "locality_in_effect": dict(self.locality_in_effect),
+            "locality_scope": dict(self.locality_scope),
+            "expected_cross_zone": dict(self.expected_cross_zone),
+            "client_zones": client_zones_json(self.client_groups),
+            "endpoint_zones": dict(self.endpoint_zones),
             "reason": self.reason,
+            "reason_sentence": self.reason_sentence,
             "warnings": [w.to_json() for w in self.warnings],
         }
+
+
+def hinted_per_zone(hints: Mapping[str, Hints | None]) -> dict[str, int]:
+    """Zone -> number of endpoints whose zone hints name it (``hints`` as
+    :attr:`ControllerResult.hints`), zones sorted."""
+    out: dict[str, int] = {}
+    for h in hints.values():
+        if h is not None:
+            for z in h.for_zones:
+                out[z] = out.get(z, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def client_zones_json(groups: Sequence[ClientGroup]) -> dict[str, list[dict[str, Any]]]:
+    """``client_zones`` of the explain JSON: zone -> its :class:`ClientGroup` objects."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for g in groups:
+        out.setdefault(g.zone, []).append(g.to_json())
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +441,45 @@ def _local(d: ProxyDecision) -> bool:
     return d.internal_traffic == "cluster" and d.topology_mode in ("PreferSameZone", "PreferSameNode")
 
 
+def _scope(d: ProxyDecision) -> str:
+    """``node``, ``zone`` or ``off``: how close this decision keeps ClusterIP traffic.
+
+    internalTrafficPolicy Local (``local``, or ``DROP`` where the node has no local
+    endpoint: nothing leaves the node) is ``node``, as is PreferSameNode."""
+    if d.internal_traffic in ("local", "DROP"):
+        return "node"
+    if not _local(d):
+        return "off"
+    return "node" if d.topology_mode == "PreferSameNode" else "zone"
+
+
+def _selected(d: ProxyDecision) -> tuple[str, ...]:
+    """The ``ip:port`` endpoints internal traffic of this decision goes to (empty for
+    DROP/REJECT); the decision's own tuple, shared by every group with that selection."""
+    if d.internal_traffic == "cluster":
+        return d.cluster_endpoints or ()
+    if d.internal_traffic == "local":
+        return d.local_endpoints or ()
+    return ()
+
+
+def _share(d: ProxyDecision, zone: str, keys: tuple[str, ...],
+           counts: Callable[[tuple[str, ...]], tuple[Mapping[str, int], int]]) -> float | None:
+    """Cross-zone share of one decision for a client zone (:attr:`ClientGroup.cross_zone_share`)."""
+    if d.internal_traffic == "local":
+        return 0.0
+    if d.internal_traffic != "cluster" or zone == UNKNOWN_ZONE or not keys:
+        return None
+    by_zone, n = counts(keys)
+    return (n - by_zone.get(zone, 0)) / n
+
+
+def _percent(share: float) -> str:
+    """A share as a whole percentage (``0.5`` -> ``50%``); below 1% but not 0 -> ``<1%``."""
+    pct = round(share * 100)
+    return "<1%" if pct == 0 and share > 0 else f"{pct}%"
+
+
 def _all_local(groups: Sequence[ZoneGroup], pidx: ProxyIndex, idx: ClusterIndex) -> bool:
     """Whether every client zone would have locality if every node ran the common version."""
     seen = False
@@ -364,11 +538,48 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
 
     # --- locality per client zone (internal traffic)
     locality: dict[str, bool] = {}
+    scope: dict[str, str] = {}
     groups = [] if svc.headless else _zone_groups(idx, proxy, special, pv)
-    for z, _, d, _, _ in groups:
+    # endpoint ip:port -> its zone (the endpoint's, else its node's label), for the shares;
+    # a transient dict (the diagnosis keeps only a lazy view of it, built if read)
+    zones_of = EndpointZones(pidx.keys, peps, idx.node_zone)
+    ep_zone: dict[str, str] = {}
+    client_groups: list[ClientGroup] = []
+    weighted: dict[str, list[float]] = {}
+    # decisions share their endpoint tuples (ProxyIndex caches them by tag), so the zone
+    # counts of a selection are computed once per distinct tuple, not once per node group
+    tallies: dict[int, tuple[Mapping[str, int], int]] = {}
+
+    def counts(keys: tuple[str, ...]) -> tuple[Mapping[str, int], int]:
+        got = tallies.get(id(keys))
+        if got is None:
+            if not ep_zone:
+                ep_zone.update(zones_of.build())
+            c: dict[str, int] = {}
+            for k in keys:
+                ez = ep_zone.get(k, "")
+                c[ez] = c.get(ez, 0) + 1
+            got = tallies[id(keys)] = (c, len(keys))
+        return got
+
+    for z, g, d, count, sample in groups:
         if z not in idx.ready_zones:
             continue  # no Ready node there, so no client either
-        locality[z] = locality.get(z, True) and _local(d)
+        sc = _scope(d)
+        locality[z] = locality.get(z, True) and sc != "off"
+        prev = scope.get(z)
+        scope[z] = sc if prev is None or prev == sc else ("off" if "off" in (prev, sc) else "zone")
+        keys = _selected(d)
+        share = _share(d, z, keys, counts)
+        client_groups.append(ClientGroup(z, count, tuple(sample), None if g is None else f"1.{g}",
+                                         d.topology_mode, d.internal_traffic, keys, share))
+        acc = weighted.setdefault(z, [0.0, 0.0])
+        if share is not None:
+            acc[0] += share * count
+            acc[1] += count
+    client_groups.sort(key=lambda cg: cg.zone)
+    expected: dict[str, float | None] = {
+        z: (acc[0] / acc[1] if acc[1] else None) for z, acc in sorted(weighted.items())}
 
     # --- mode label
     if svc.internal_local:
@@ -499,6 +710,18 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
             "kube-proxy of another version than " + str(pkv) + " selects differently on "
             + "; ".join(skew)))
 
+    crossing = [(z, share) for z, share in expected.items()
+                if locality.get(z) and share is not None and share > EXPECTED_CROSS_ZONE_WARN]
+    if crossing:
+        warnings.append(DiagnosisWarning(
+            "expected-cross-zone",
+            "locality is in effect, yet the endpoints kube-proxy selects send an expected "
+            + _names([f"{_percent(share)} of zone {z}'s calls" for z, share in crossing])
+            + f" to other zones (warning above {_percent(EXPECTED_CROSS_ZONE_WARN)}): "
+            + ("the controller hints other zones' endpoints to them (Auto shares endpoints "
+               "out by zone CPU)" if ctrl.mechanism == "topology-mode-annotation"
+               else "few endpoints of the zone are selected beside those of other zones")))
+
     # --- reason (first match wins; see docs/hints.md)
     any_usable = pidx.any_usable
     requested = auto or td is not None or bad_ann
@@ -534,7 +757,23 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         namespace=svc.namespace, name=svc.name, address_type=at, mechanism=ctrl.mechanism,
         mode=mode, reason=reason, locality_in_effect=locality, warnings=warnings,
         controller=ctrl, observed_hints=observed, proxy=proxy, service_port=port,
-        headless=svc.headless)
+        headless=svc.headless, locality_scope=scope, expected_cross_zone=expected,
+        client_groups=client_groups, donations=_donations(managed, ctrl, idx), endpoint_zones=zones_of)
+
+
+def _donations(managed: Sequence[Slice], ctrl: ControllerResult, idx: ClusterIndex
+               ) -> tuple[tuple[str, str, str], ...]:
+    """:attr:`ServiceDiagnosis.donations`: ready endpoints the controller's Auto hints give
+    to another zone (``redistributeHints``, ``topologycache/utils.go``)."""
+    if ctrl.mechanism != "topology-mode-annotation":
+        return ()  # Auto refused or not requested: no donation
+    out: list[tuple[str, str, str]] = []
+    for s in managed:
+        for e, h in zip(s.endpoints, ctrl.slices.get(s.name, ()), strict=False):
+            if e.ready is True and h is not None and h.for_zones:
+                own = e.zone or (idx.node_zone.get(e.node, "") if e.node else "")
+                out.extend((e.address, own, z) for z in h.for_zones if z != own)
+    return tuple(out)
 
 
 def evaluate_cluster(nodes: list[dict[str, Any]], services: list[dict[str, Any]],

@@ -36,7 +36,8 @@ def merge_locality(diags: Iterable[ServiceDiagnosis], at: float) -> Locality:
 
     A dual-stack Service has locality in a zone only when every family has it (a client
     may use either family); ``reason`` is the first family's that is not ``none``; ``mode``
-    is the first family's (both families share the Service's spec).
+    is the first family's (both families share the Service's spec); the expected cross-zone
+    share of a zone is the largest of the families' (the family a client uses is not known).
 
     Args:
         diags: the Service's diagnoses, one per address family (may be empty).
@@ -49,10 +50,15 @@ def merge_locality(diags: Iterable[ServiceDiagnosis], at: float) -> Locality:
     mode = ds[0].mode if ds else "none"
     reason = next((d.reason for d in ds if d.reason != "none"), "none")
     zones: dict[str, bool] = {}
+    expected: dict[str, float] = {}
     for d in ds:
         for zone, on in d.locality_in_effect.items():
             zones[zone] = zones.get(zone, True) and bool(on)
-    return Locality(mode, reason, MappingProxyType(dict(sorted(zones.items()))), at)
+        for zone, share in d.expected_cross_zone.items():
+            if share is not None:
+                expected[zone] = max(expected.get(zone, 0.0), share)
+    return Locality(mode, reason, MappingProxyType(dict(sorted(zones.items()))), at,
+                    MappingProxyType(dict(sorted(expected.items()))))
 
 
 def _state(loc: Locality) -> _LocalityState:
@@ -189,10 +195,14 @@ class HintModel:
 
     @staticmethod
     def _stamp(prev: Locality | None, diags: Iterable[ServiceDiagnosis], at: float) -> Locality:
-        """The Service's new Locality, or ``prev`` itself when its state did not change."""
+        """The Service's new Locality, or ``prev`` itself when nothing in it changed; when
+        only the expected cross-zone shares changed, a new Locality keeping ``prev``'s
+        ``last_change`` (the shares are not part of the locality state)."""
         loc = merge_locality(diags, at)
         if prev is not None and _state(prev) == _state(loc):
-            return prev
+            if dict(prev.expected_cross_zone) == dict(loc.expected_cross_zone):
+                return prev
+            return Locality(loc.mode, loc.reason, loc.in_effect, prev.last_change, loc.expected_cross_zone)
         return loc
 
     def _evaluate(self, nodes: Sequence[NodeEntry], services: Sequence[ServiceEntry],

@@ -17,7 +17,8 @@ from agent.k8s.parse import (
 )
 
 __all__ = [
-    "ANNOTATION_DEPRECATED", "ANNOTATION_TOPOLOGY_MODE", "CONTROLLER_NAME", "EXCLUDED_NODE_LABELS",
+    "EXPECTED_CROSS_ZONE_WARN", "ANNOTATION_DEPRECATED", "ANNOTATION_TOPOLOGY_MODE", "CONTROLLER_NAME",
+    "EXCLUDED_NODE_LABELS",
     "LABEL_MANAGED_BY", "LABEL_SERVICE_NAME", "LABEL_ZONE", "MSG_DISABLED", "MSG_ENABLED",
     "MSG_INSUFFICIENT_ENDPOINTS", "MSG_INSUFFICIENT_NODE_INFO", "MSG_MIN_ALLOCATION", "MSG_NO_ALLOCATED",
     "MSG_NO_ZONE", "MSG_ONE_ZONE", "OVERLOAD_THRESHOLD", "REASONS", "REASON_DISABLED", "REASON_ENABLED",
@@ -74,8 +75,9 @@ REASON_SENTENCES: dict[str, str] = {
                      "uses every endpoint everywhere.",
     "no-hints-for-zone": "Some client zone has no endpoint hinted for it (or a node has no zone "
                          "label), so kube-proxy there uses every endpoint.",
-    "internal-traffic-policy-local": "internalTrafficPolicy: Local keeps ClusterIP traffic on "
-                                     "the client's node; topology routing does not apply.",
+    "internal-traffic-policy-local": "Node-local: internalTrafficPolicy: Local keeps ClusterIP "
+                                     "traffic on the client's node (a node without a local "
+                                     "endpoint drops it); hints do not apply.",
     "no-endpoints": "No endpoint is usable, so kube-proxy rejects the calls.",
     "kube-proxy-version-skew": "The control plane writes hints, but kube-proxy on some nodes runs "
                                "an older (or newer) version that does not use them the same way.",
@@ -88,7 +90,14 @@ WARNING_CODES = (
     "ready-endpoints-without-hints", "stale-hints", "node-info-disables-auto",
     "internal-traffic-policy-local-drops", "prefer-same-node-skew", "single-endpoint-zone",
     "auto-minimum-endpoints", "node-without-zone", "no-endpointslices", "kube-proxy-version-skew",
+    "expected-cross-zone",
 )
+
+#: the ``expected-cross-zone`` warning fires when locality is in effect in a client zone and
+#: more than this share of its calls is still expected to cross zones (docs/hints.md): a
+#: quarter is above what one donated endpoint does to a zone with four or more of its own
+#: (at most 1/5), and well below the half a 4/1/1 spread under Auto gives two zones
+EXPECTED_CROSS_ZONE_WARN = 0.25
 
 #: the client zone of Ready nodes without a zone label
 UNKNOWN_ZONE = "unknown"

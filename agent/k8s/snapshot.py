@@ -177,25 +177,38 @@ def parse_documents(text: str, source: str) -> Iterable[Any]:
                          source=source) from None
 
 
-def load_text(text: str, source: str = "<memory>") -> Snapshot:
+def load_text(text: str, source: str = "<memory>", problems: list[InputError] | None = None) -> Snapshot:
     """Build a :class:`Snapshot` from JSON or YAML text.
 
+    Args:
+        text, source: the content and where it came from (named in errors).
+        problems: when given, an object without kind, metadata or metadata.name is skipped
+            and its error appended here instead of raised (``zonemeter explain`` reports it
+            as a row of its own and explains the rest).
+
     Raises:
-        InputError: syntax errors, non-object items, objects without kind or metadata.name.
+        InputError: syntax errors, non-object items, objects without kind or metadata.name
+            (unless ``problems`` collects those).
     """
     snap = Snapshot(source=source)
     try:
         for d, doc in enumerate(parse_documents(text, source)):
             for where, obj in _items(doc, f"document {d + 1}"):
-                _check(obj, where)
+                try:
+                    _check(obj, where)
+                except InputError as err:
+                    if problems is None:
+                        raise
+                    problems.append(err.with_source(source))
+                    continue
                 snap.add(obj)
     except InputError as err:  # _items' shape errors too must name the file
         raise err.with_source(source) from None
     return snap
 
 
-def load(path: str | Path) -> Snapshot:
-    """Read a snapshot file (see :func:`load_text`).
+def load(path: str | Path, problems: list[InputError] | None = None) -> Snapshot:
+    """Read a snapshot file (see :func:`load_text`; ``problems`` as there).
 
     Raises:
         InputError: the file cannot be read, or its content is malformed.
@@ -205,4 +218,4 @@ def load(path: str | Path) -> Snapshot:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read: {getattr(err, 'strerror', None) or err}", source=str(p)) from None
-    return load_text(text, str(p))
+    return load_text(text, str(p), problems)

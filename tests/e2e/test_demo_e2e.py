@@ -159,11 +159,20 @@ def test_locality_state_and_reason_match_model(name: str, request: pytest.Fixtur
         m = r.models[key]
         assert s["locality_in_effect"] == dict(m.locality_in_effect), key
         assert s["reason"] == m.reason, key
+        # the agents' expected share is the model's, exactly (the exposition keeps floats)
+        assert s["expected_cross_zone"] == {z: v for z, v in m.expected_cross_zone.items()
+                                            if v is not None}, key
         ns, svc = key.split("/")
         assert r.result.agents.info[(ns, svc)] == (m.mode, m.reason)
     assert r.services["shop/cart"]["reason"] == "min-allocation-exceeds-overload-threshold"
     assert r.services["shop/checkout"]["locality_in_effect"] == {
         "zone-a": True, "zone-b": True, "zone-c": True}
+    # one endpoint per node, PreferSameZone: nothing is expected to cross; c2 ignores the
+    # hints, so zone-c observes some crossing where zone-a and zone-b observe none
+    co = r.services["shop/checkout"]
+    assert set(co["expected_cross_zone"].values()) == {0.0}
+    assert co["observed_cross_zone"]["zone-a"] == co["observed_cross_zone"]["zone-b"] == 0.0
+    assert co["observed_cross_zone"]["zone-c"] > 0
 
 
 def test_pod_deleted_and_ip_reused(default_run: Run) -> None:

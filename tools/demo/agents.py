@@ -41,11 +41,12 @@ SERVICE_BYTES = "zonemeter_service_bytes_total"
 HINT_IGNORED_BYTES = "zonemeter_service_hint_ignored_bytes_total"
 LOCALITY_IN_EFFECT = "zonemeter_service_locality_in_effect"
 LOCALITY_INFO = "zonemeter_service_locality_info"
+EXPECTED_CROSS_ZONE = "zonemeter_service_expected_cross_zone_ratio"
 WORKLOAD_BYTES = "zonemeter_workload_bytes_total"
 UNATTRIBUTED_BYTES = "zonemeter_unattributed_bytes_total"
 ATTACHED_INTERFACES = "zonemeter_attached_interfaces"
 READ_SAMPLES = (SERVICE_BYTES, HINT_IGNORED_BYTES, LOCALITY_IN_EFFECT, LOCALITY_INFO,
-                WORKLOAD_BYTES, UNATTRIBUTED_BYTES, ATTACHED_INTERFACES)
+                EXPECTED_CROSS_ZONE, WORKLOAD_BYTES, UNATTRIBUTED_BYTES, ATTACHED_INTERFACES)
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class AgentMetrics:
         hint_ignored: (namespace, service, client_zone, server_zone) -> bytes.
         in_effect: (namespace, service) -> {client_zone: bool}.
         info: (namespace, service) -> (mode, reason).
+        expected: (namespace, service) -> {client_zone: expected cross-zone share 0..1}.
         workload_bytes: sum of ``zonemeter_workload_bytes_total`` over every label (both
             ``direction`` values) except the pods' traffic with their own node
             (``remote_kind="node", crossing="same_node"``).
@@ -72,6 +74,7 @@ class AgentMetrics:
     hint_ignored: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     in_effect: dict[tuple[str, str], dict[str, bool]] = field(default_factory=dict)
     info: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    expected: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     workload_bytes: int = 0
     node_link_bytes: int = 0
     unattributed: dict[str, int] = field(default_factory=dict)
@@ -100,6 +103,9 @@ def parse_metrics(text: str) -> AgentMetrics:
             elif s.name == LOCALITY_IN_EFFECT:
                 m.in_effect.setdefault((lb["namespace"], lb["service"]), {})[
                     lb.get("client_zone", "unknown")] = v >= 1
+            elif s.name == EXPECTED_CROSS_ZONE:
+                m.expected.setdefault((lb["namespace"], lb["service"]), {})[
+                    lb.get("client_zone", "unknown")] = float(v)
             elif s.name == LOCALITY_INFO:
                 m.info[(lb["namespace"], lb["service"])] = (lb.get("mode", ""), lb.get("reason", ""))
             elif s.name == WORKLOAD_BYTES:
@@ -128,6 +134,8 @@ def merge(parts: Iterable[AgentMetrics]) -> AgentMetrics:
             out.in_effect.setdefault(k, dict(z))
         for k, i in p.info.items():
             out.info.setdefault(k, i)
+        for k, e in p.expected.items():
+            out.expected.setdefault(k, dict(e))
         out.workload_bytes += p.workload_bytes
         out.node_link_bytes += p.node_link_bytes
         for r, n in p.unattributed.items():

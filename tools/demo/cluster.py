@@ -65,6 +65,9 @@ class ServiceModel:
             source's answer for every node, including nodes whose data plane ignores hints).
         filtering: node -> True when kube-proxy there filters by topology
             (``topology_mode`` ``PreferSameZone``/``PreferSameNode``).
+        expected_cross_zone: client zone -> expected cross-zone share
+            (``ServiceDiagnosis.expected_cross_zone``; what the agents export as
+            ``zonemeter_service_expected_cross_zone_ratio``, None where they export none).
     """
 
     key: str
@@ -74,6 +77,7 @@ class ServiceModel:
     warnings: tuple[str, ...]
     selection: Mapping[str, tuple[str, ...]]
     filtering: Mapping[str, bool]
+    expected_cross_zone: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -168,7 +172,8 @@ def evaluate(snapshot: Mapping[str, Any], topo: Topology, source: HintSource) ->
         out[svc.key] = ServiceModel(
             key=svc.key, mode=d4.mode, reason=d4.reason,
             locality_in_effect=dict(d4.locality_in_effect),
-            warnings=tuple(w.code for w in d4.warnings), selection=sel4, filtering=filt4)
+            warnings=tuple(w.code for w in d4.warnings), selection=sel4, filtering=filt4,
+            expected_cross_zone=dict(d4.expected_cross_zone))
     return out
 
 

@@ -6,12 +6,17 @@ JSON (``zonemeter demo -o json``), exactly the schema of docs/demo.md::
      "services": [{"namespace", "name", "bytes": {crossing: int}, "cross_zone_bytes": int,
                    "ground_truth_cross_zone_bytes": int, "hint_ignored_bytes": int,
                    "ground_truth_hint_ignored_bytes": int, "locality_in_effect": {zone: bool},
-                   "reason": str, "warnings": [str], "usd_per_month_at_aws_price": float}],
+                   "reason": str, "warnings": [str], "usd_per_month_at_aws_price": float,
+                   "expected_cross_zone": {zone: float}, "observed_cross_zone": {zone: float}}],
      "double_counted_bytes": int}
 
 (``usd_per_month_at_aws_price`` is an extra key beyond the founders' schema (docs/demo.md): the measured
 window's cross-zone bytes/s, warm-up left out, held for a 30.44-day month at AWS's $0.02 per GB
-crossing; an extrapolation of the lab's traffic rate.)
+crossing; an extrapolation of the lab's traffic rate. ``expected_cross_zone`` (the agents'
+``zonemeter_service_expected_cross_zone_ratio``) and ``observed_cross_zone`` (per client
+zone, the measured window's cross-zone bytes over all its bytes of the Service, both
+directions; zones that sent nothing are absent) are extra keys too: every demo call has the
+same size, so a byte share is a call share.)
 
 ``bytes``, ``cross_zone_bytes``, ``hint_ignored_bytes``, ``locality_in_effect`` and
 ``reason`` are what the agents export (summed over nodes, as Prometheus would);
@@ -83,6 +88,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
                    if (sns, sname) == (ns, name))
         _, reason = agents.info.get((ns, name), ("", "unknown"))
         in_effect = agents.in_effect.get((ns, name), {})
+        expected = agents.expected.get((ns, name), {})
         services.append({
             "namespace": ns,
             "name": name,
@@ -96,6 +102,8 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "warnings": list(model.warnings),
             "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
                 got.get("cross_zone", 0) - _cross_zone(baseline, ns, name), seconds),
+            "expected_cross_zone": {z: expected[z] for z in sorted(expected)},
+            "observed_cross_zone": observed_cross_zone(agents, baseline, ns, name),
         })
     return {"duration_seconds": round(duration_seconds, 3), "services": services,
             "double_counted_bytes": int(double)}
@@ -110,6 +118,27 @@ def usd_per_month_at_aws_price(cross_zone_bytes: int, seconds: float) -> float:
     if cross_zone_bytes <= 0 or seconds <= 0:
         return 0.0
     return round(AWS.usd_per_month(cross_zone_bytes / seconds), 2)
+
+
+def observed_cross_zone(agents: AgentMetrics, baseline: AgentMetrics | None, ns: str,
+                        name: str) -> dict[str, float]:
+    """Per client zone, the share (0..1) of the Service's bytes (both directions, every
+    crossing) that crossed zones, over the agents' counts less ``baseline`` (warm-up).
+
+    Returns:
+        zone -> share, zones sorted; a zone without bytes in the window is absent.
+    """
+    cross: dict[str, int] = {}
+    total: dict[str, int] = {}
+    for key, n in agents.service_bytes.items():
+        sns, sname, cz, _, crossing, _ = key
+        if (sns, sname) != (ns, name):
+            continue
+        n -= 0 if baseline is None else baseline.service_bytes.get(key, 0)
+        total[cz] = total.get(cz, 0) + n
+        if crossing == "cross_zone":
+            cross[cz] = cross.get(cz, 0) + n
+    return {z: cross.get(z, 0) / total[z] for z in sorted(total) if total[z] > 0}
 
 
 def _cross_zone(metrics: AgentMetrics | None, ns: str, name: str) -> int:
@@ -133,16 +162,28 @@ def _locality(in_effect: Mapping[str, bool], zones: list[str]) -> str:
     return "".join("Y" if in_effect.get(z) else ("n" if z in in_effect else "?") for z in zones)
 
 
+def _exp_obs(s: Mapping[str, Any], zones: list[str]) -> str:
+    """The X-ZONE cell: per zone in order, expected/observed cross-zone percentage (``-``
+    where there is no figure)."""
+    exp, obs = s.get("expected_cross_zone") or {}, s.get("observed_cross_zone") or {}
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{round(v * 100)}"
+
+    return " ".join(f"{pct(exp.get(z))}/{pct(obs.get(z))}" for z in zones)
+
+
 def render_table(summary: Mapping[str, Any], zones: list[str],
                  modes: Mapping[str, str] | None = None, title: str = "",
                  warning_messages: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """Return the per-Service table of a summary as text (one line per Service).
 
     Columns: Service, requested mode, locality per zone (``Y`` in effect, ``n`` not, in
-    zone order), reason, the agents' cross-zone and hint-ignored bytes each beside the lab's
-    ground truth (``=`` equal, ``!`` different), same-node and same-zone bytes.
+    zone order), reason, per zone the expected and the observed cross-zone share in percent,
+    the agents' cross-zone and hint-ignored bytes each beside the lab's ground truth (``=``
+    equal, ``!`` different), same-node and same-zone bytes.
     """
-    head = ["SERVICE", "MODE", "LOCAL", "REASON", "CROSS-ZONE (agents = lab)",
+    head = ["SERVICE", "MODE", "LOCAL", "REASON", "X-ZONE % EXP/OBS", "CROSS-ZONE (agents = lab)",
             "HINT-IGNORED (agents = lab)", "SAME-NODE", "SAME-ZONE", "$/MONTH AT AWS*"]
     rows = [head]
     for s in summary["services"]:
@@ -151,19 +192,21 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
         hi, ghi = s["hint_ignored_bytes"], s["ground_truth_hint_ignored_bytes"]
         rows.append([
             key, (modes or {}).get(key, ""), _locality(s["locality_in_effect"], zones),
-            s["reason"],
+            s["reason"], _exp_obs(s, zones),
             f"{_n(cz)} {'=' if cz == gcz else '!'} {_n(gcz)}",
             f"{_n(hi)} {'=' if hi == ghi else '!'} {_n(ghi)}",
             _n(s["bytes"].get("same_node", 0)), _n(s["bytes"].get("same_zone", 0)),
             _usd(s.get("usd_per_month_at_aws_price", 0.0)),
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    right = {4, 5, 6, 7, 8}
+    right = {5, 6, 7, 8, 9}
     lines = [title] if title else []
     for r in rows:
         lines.append("  ".join(c.rjust(widths[i]) if i in right and r is not rows[0]
                                else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
     lines.append(f"LOCAL: locality in effect per client zone ({', '.join(zones)}): Y yes, n no. "
+                 "X-ZONE: per zone, the share of its calls expected to cross zones from the hints "
+                 "(zonemeter_service_expected_cross_zone_ratio) / the share of its bytes that did. "
                  f"Bytes are L3 bytes (IP header included), both directions.")
     lines.append("* extrapolation: this run's cross-zone bytes/s (measured traffic, warm-up "
                  "left out) held for a 30.44-day month at AWS's $0.01/GB each side = $0.02 per GB "

@@ -31,6 +31,11 @@ zonemeter_service_hint_ignored_bytes_total{namespace="shop",service="checkout",c
 zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_zone="zone-a"} 1.0
 zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_zone="zone-b"} 1.0
 zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_zone="zone-c"} 0.0
+# HELP zonemeter_service_expected_cross_zone_ratio expected
+# TYPE zonemeter_service_expected_cross_zone_ratio gauge
+zonemeter_service_expected_cross_zone_ratio{namespace="shop",service="checkout",client_zone="zone-a"} 0.0
+zonemeter_service_expected_cross_zone_ratio{namespace="shop",service="checkout",client_zone="zone-b"} 0.0
+zonemeter_service_expected_cross_zone_ratio{namespace="shop",service="checkout",client_zone="zone-c"} 1.0
 # HELP zonemeter_service_locality_info info
 # TYPE zonemeter_service_locality_info gauge
 zonemeter_service_locality_info{namespace="shop",service="checkout",mode="PreferSameZone",reason="none"} 1.0
@@ -101,13 +106,32 @@ def test_summary_schema_and_exact_match() -> None:
     assert set(svc) == {"namespace", "name", "bytes", "cross_zone_bytes",
                         "ground_truth_cross_zone_bytes", "hint_ignored_bytes",
                         "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
-                        "warnings", "usd_per_month_at_aws_price"}
+                        "warnings", "usd_per_month_at_aws_price", "expected_cross_zone",
+                        "observed_cross_zone"}
     assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
     assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
     assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000
     assert svc["locality_in_effect"] == {"zone-a": True, "zone-b": True, "zone-c": False}
     assert svc["reason"] == "none" and svc["warnings"] == ["single-endpoint-zone"]
     assert s["double_counted_bytes"] == 0
+
+
+def test_expected_beside_observed_cross_zone_share() -> None:
+    agents = parse_metrics(NODE_B1)
+    s = build_summary(1.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model())
+    (svc,) = s["services"]
+    assert svc["expected_cross_zone"] == {"zone-a": 0.0, "zone-b": 0.0, "zone-c": 1.0}
+    # zone-c: all 6,000 bytes crossed; zone-b: 700 same-node bytes; zone-a sent nothing
+    assert svc["observed_cross_zone"] == {"zone-b": 0.0, "zone-c": 1.0}
+    # the warm-up (baseline) is left out: 5,000 of zone-c's bytes before, 1,000 after
+    base = parse_metrics(NODE_B1.replace('direction="request"} 1000.0', 'direction="request"} 0.0')
+                         .replace('direction="request"} 700.0', 'direction="request"} 0.0'))
+    agents.service_bytes[("shop", "checkout", "zone-c", "zone-c", "same_node", "request")] = 3000
+    s = build_summary(1.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model(), baseline=base)
+    assert s["services"][0]["observed_cross_zone"] == {"zone-b": 0.0, "zone-c": 0.25}
+    row = next(ln for ln in render_table(s, ["zone-a", "zone-b", "zone-c"]).splitlines()
+               if ln.startswith("shop/checkout"))
+    assert " 0/- 0/0 100/25 " in row
 
 
 def test_double_count_is_what_agents_report_above_truth() -> None:

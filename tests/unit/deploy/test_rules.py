@@ -32,6 +32,7 @@ CONTRACT_METRICS = {
     "zonemeter_service_bytes_total",
     "zonemeter_service_hint_ignored_bytes_total",
     "zonemeter_service_locality_in_effect",
+    "zonemeter_service_expected_cross_zone_ratio",
     "zonemeter_service_locality_info",
     "zonemeter_service_locality_last_change_timestamp_seconds",
     "zonemeter_workload_bytes_total",
@@ -217,8 +218,11 @@ def test_dashboard_covers_the_issue() -> None:
         "$price_usd_per_gb",  # dollars per month
         'up{job="zonemeter"}',  # agent health
         "zonemeter_flow_table_entries",
+        "zonemeter_service_expected_cross_zone_ratio",  # expected beside observed, per client zone
     ):
         assert needle in exprs, needle
+    (versus,) = [p for p in panels if "zonemeter_service_expected_cross_zone_ratio" in str(p.get("targets"))]
+    assert "sum by (namespace, service, client_zone) (rate(zonemeter_service_bytes_total" in str(versus["targets"])
     assert {"heatmap", "state-timeline", "timeseries", "stat"} <= types
     heatmap = next(p for p in panels if p["type"] == "heatmap")
     assert "client_zone, server_zone" in heatmap["targets"][0]["expr"]
@@ -262,3 +266,17 @@ def test_runbook_base_rewrites_every_runbook_url(tmp_path: Path) -> None:
     assert len(urls) == len(_alerts()) > 5
     assert all(re.fullmatch(r"https://wiki\.example/ops/zonemeter#zonemeter[a-z]+", u) for u in urls), urls
     assert sync_rules.main(["--runbook-base", "not a url"]) == 2
+
+
+def test_withdrawn_alert_says_what_is_true_for_each_state() -> None:
+    """Node-local (internalTrafficPolicy: Local) is locality in effect: the withdrawn alert
+    neither fires for it nor claims its clients reach every zone; the runbook says so."""
+    (alert,) = [a for a in _alerts() if a["alert"] == "ZonemeterServiceLocalityWithdrawn"]
+    desc = alert["annotations"]["description"]
+    assert "now reach endpoints in every zone" not in desc
+    assert "Node-local routing (internalTrafficPolicy: Local) counts as in effect" in desc
+    assert "rejected, when the reason is no-endpoints" in desc
+    section = README.read_text().split("### ZonemeterServiceLocalityWithdrawn", 1)[1].split("\n### ", 1)[0]
+    assert "`internal-traffic-policy-local`: never fires this alert" in section
+    assert "`no-endpoints`: no endpoint is usable" in section
+    assert "`internalTrafficPolicy: Local`\nwas set" not in section and "Local` was set" not in section

@@ -55,7 +55,8 @@ def full_snapshot() -> ExportSnapshot:
                    PairRow(client="shop/ui-2", server="shop/cart-2", client_zone="zone-b", server_zone="zone-b",
                            crossing="same_zone", namespace="shop", service="cart", port="80", bytes=300))),
         locality={ServiceRef("shop", "cart"): Locality("PreferSameZone", "none",
-                                                        {"zone-a": True, "zone-b": False}, 1700000000.5)},
+                                                        {"zone-a": True, "zone-b": False}, 1700000000.5,
+                                                        {"zone-a": 0.0, "zone-b": 0.5})},
         flow_table_entries=12, flow_table_capacity=65536, attached_interfaces=3,
         collector_duration_seconds=0.25,
         metadata_synced={"pods": True, "nodes": False},
@@ -74,11 +75,15 @@ zonemeter_service_bytes_total{client_zone="zone-b",crossing="same_zone",directio
 # HELP zonemeter_service_hint_ignored_bytes_total L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that zone while topology hints were in effect.
 # TYPE zonemeter_service_hint_ignored_bytes_total counter
 zonemeter_service_hint_ignored_bytes_total{client_zone="zone-a",namespace="shop",server_zone="zone-b",service="cart"} 1200.0
-# HELP zonemeter_service_locality_in_effect 1 when kube-proxy filters this Service's endpoints by topology for clients in client_zone, else 0.
+# HELP zonemeter_service_locality_in_effect 1 when kube-proxy keeps this Service's ClusterIP traffic from client_zone close: topology hints (same zone or node) or internalTrafficPolicy Local (node-local), else 0.
 # TYPE zonemeter_service_locality_in_effect gauge
 zonemeter_service_locality_in_effect{client_zone="zone-a",namespace="shop",service="cart"} 1.0
 zonemeter_service_locality_in_effect{client_zone="zone-b",namespace="shop",service="cart"} 0.0
-# HELP zonemeter_service_locality_info Requested locality mode and why locality is not in effect (reason none when it is); always 1.
+# HELP zonemeter_service_expected_cross_zone_ratio Share (0..1) of client_zone's calls to this Service expected to cross zones under today's hints: equal weight per endpoint kube-proxy selects, equal weight per node.
+# TYPE zonemeter_service_expected_cross_zone_ratio gauge
+zonemeter_service_expected_cross_zone_ratio{client_zone="zone-a",namespace="shop",service="cart"} 0.0
+zonemeter_service_expected_cross_zone_ratio{client_zone="zone-b",namespace="shop",service="cart"} 0.5
+# HELP zonemeter_service_locality_info Requested locality mode and why locality is not in effect by topology hints (reason none when it is; internal-traffic-policy-local: node-local instead); always 1.
 # TYPE zonemeter_service_locality_info gauge
 zonemeter_service_locality_info{mode="PreferSameZone",namespace="shop",reason="none",service="cart"} 1.0
 # HELP zonemeter_service_locality_last_change_timestamp_seconds When the Service's locality state last changed.
@@ -166,6 +171,7 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_service_bytes": "counter",
         "zonemeter_service_hint_ignored_bytes": "counter",
         "zonemeter_service_locality_in_effect": "gauge",
+        "zonemeter_service_expected_cross_zone_ratio": "gauge",
         "zonemeter_service_locality_info": "gauge",
         "zonemeter_service_locality_last_change_timestamp_seconds": "gauge",
         "zonemeter_workload_bytes": "counter",
@@ -222,7 +228,7 @@ def test_keyed_families_label_the_fields_of_their_key_record_in_order() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 22 and all(not m.samples for m in described)
+    assert len(described) == 23 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:
@@ -248,6 +254,7 @@ def test_flows_document() -> None:
         "by_direction": {"request": 1500, "response": 5000},
         "hint_ignored_bytes": 1200, "mode": "PreferSameZone", "reason": "none",
         "locality_in_effect": {"zone-a": True, "zone-b": False},
+        "expected_cross_zone": {"zone-a": 0.0, "zone-b": 0.5},
     }]
     assert [p["client"] for p in doc["pairs"]] == ["shop/ui-1"]
     assert doc["self"]["metadata_synced"] == {"nodes": False, "pods": True}

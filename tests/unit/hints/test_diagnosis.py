@@ -92,6 +92,12 @@ def test_reason_endpoint_without_zone() -> None:
     assert [e.message for e in d.controller.events] == [
         "One or more endpoints do not have a zone specified, addressType: IPv4"]
     assert all(h is None for h in d.controller.hints.values())
+    # upstream's AddHints computes the allocations before it finds the zoneless endpoint:
+    # the refusal keeps them (6 ready endpoints, 3 equal zones: 2 each)
+    assert not d.controller.hints_enabled
+    doc = d.to_json()["controller"]
+    assert doc["allocations"] == {z: {"minimum": 2, "maximum": 2, "desired": 2.0} for z in "abc"}
+    assert doc["minimums"] == {"a": 2, "b": 2, "c": 2} and doc["donations"] == []
 
 
 def test_reason_annotation_value_not_accepted() -> None:
@@ -414,3 +420,98 @@ def test_prefer_close_zoneless_endpoint_1_32_vs_1_33() -> None:
     assert after.reason == "partial-hints" and after.proxy["n-a"].topology_mode == ""
     w = next(w for w in after.warnings if w.code == "ready-endpoints-without-hints")
     assert "10.0.0.2 (EndpointSlice s)" in w.message
+
+
+# ------------------------------------------------------------------ expected cross-zone share
+
+
+def _auto_hinted(counts: dict[str, int]) -> tuple[list[dict], dict, list[dict]]:  # type: ignore[type-arg]
+    """Three equal zones, an Auto Service and its slice with the hints the controller writes."""
+    nodes, svc = three_zone_nodes(), k8s.service(auto=True)
+    slices = hints.compute_slice_hints(
+        svc, [k8s.endpointslice("s", "web", own_zone_endpoints(counts, hinted=False))], nodes)
+    return nodes, svc, slices
+
+
+def test_expected_share_auto_donations_warn_while_in_effect() -> None:
+    # Auto, 6 replicas spread 4/1/1: zone a donates one endpoint to b and one to c, so b
+    # and c each select one own and one zone-a endpoint
+    d = diag(*_auto_hinted({"a": 4, "b": 1, "c": 1}))
+    assert d.reason == "none" and all(d.locality_in_effect.values())
+    assert d.expected_cross_zone == {"a": 0.0, "b": 0.5, "c": 0.5}
+    assert d.locality_scope == {"a": "zone", "b": "zone", "c": "zone"}
+    assert d.donations == (("10.0.0.1", "a", "b"), ("10.0.0.2", "a", "c"))
+    w = next(w for w in d.warnings if w.code == "expected-cross-zone")
+    assert "50% of zone b's calls" in w.message and "50% of zone c's calls" in w.message
+    assert "zone a" not in w.message
+    b = next(g for g in d.client_groups if g.zone == "b")
+    assert b.endpoints == ("10.0.0.1:8080", "10.0.0.5:8080") and b.cross_zone_share == 0.5
+    assert (d.endpoint_zones["10.0.0.1:8080"], d.endpoint_zones["10.0.0.5:8080"]) == ("a", "b")
+    doc = d.to_json()
+    assert doc["expected_cross_zone"] == {"a": 0.0, "b": 0.5, "c": 0.5}
+    assert doc["controller"]["donations"][0] == {"address": "10.0.0.1", "zone": "a", "for_zone": "b"}
+    assert doc["controller"]["minimums"] == {"a": 2, "b": 2, "c": 2}
+    assert doc["controller"]["hinted_per_zone"] == {"a": 2, "b": 2, "c": 2}
+    assert doc["client_zones"]["b"][0]["cross_zone_share"] == 0.5
+    assert doc["reason_sentence"] == hints.REASON_SENTENCES["none"]
+
+
+def test_expected_share_no_warning_at_or_below_threshold() -> None:
+    d = diag(*_auto_hinted({"a": 2, "b": 2, "c": 2}))
+    assert d.expected_cross_zone == {"a": 0.0, "b": 0.0, "c": 0.0}
+    assert "expected-cross-zone" not in codes(d) and d.donations == ()
+
+
+def test_expected_share_prefer_same_zone_without_endpoint_in_a_zone() -> None:
+    # zone c has no endpoint: kube-proxy there uses every endpoint, all in other zones
+    d = diag(three_zone_nodes(), k8s.service(traffic_distribution="PreferSameZone"),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1}))])
+    assert d.locality_in_effect == {"a": True, "b": True, "c": False}
+    assert d.expected_cross_zone == {"a": 0.0, "b": 0.0, "c": 1.0}
+    assert "expected-cross-zone" not in codes(d)  # only where locality is in effect
+
+
+def test_expected_share_partial_hints_spreads_everywhere() -> None:
+    eps = own_zone_endpoints({"a": 2, "b": 1, "c": 1})
+    eps[0].pop("hints")
+    d = diag(three_zone_nodes(), k8s.service(traffic_distribution="PreferClose"), [k8s.endpointslice("s", "web", eps)])
+    assert d.reason == "partial-hints"
+    assert d.expected_cross_zone == {"a": 0.5, "b": 0.75, "c": 0.75}
+
+
+def test_expected_share_weighs_nodes_of_a_zone_equally() -> None:
+    # PreferSameNode hints: n-b keeps its calls on its own endpoint (0 cross); b2 has no
+    # node hint and zone b no zone hint, so it spreads over all three (2 of 3 cross): zone
+    # b's share is the mean over its two nodes, 1/3
+    nodes = [*three_zone_nodes(), k8s.node("b2", "b", cpu="4")]
+    eps = [k8s.endpoint("10.0.0.1", "a", "n-a", for_zones=["a"], for_nodes=["n-a"]),
+           k8s.endpoint("10.0.0.2", "b", "n-b", for_zones=["a"], for_nodes=["n-b"]),
+           k8s.endpoint("10.0.0.3", "c", "n-c", for_zones=["c"], for_nodes=["n-c"])]
+    d = diag(nodes, k8s.service(traffic_distribution="PreferSameNode"), [k8s.endpointslice("s", "web", eps)])
+    by_node = {g.sample[0]: g.cross_zone_share for g in d.client_groups if g.zone == "b"}
+    assert by_node == {"n-b": 0.0, "b2": 2 / 3}
+    assert d.expected_cross_zone["b"] == 1 / 3
+    assert d.locality_scope["b"] == "off" and d.locality_scope["c"] == "node"
+
+
+def test_node_local_is_its_own_state() -> None:
+    # internalTrafficPolicy Local: ClusterIP traffic never leaves the node, so locality is
+    # in effect everywhere (node-local); nodes without a local endpoint drop their calls
+    d = diag(three_zone_nodes(), k8s.service(internal_traffic_policy="Local"),
+             [k8s.endpointslice("s", "web", own_zone_endpoints({"a": 1, "b": 1}))])
+    assert d.reason == "internal-traffic-policy-local"
+    assert d.locality_in_effect == {"a": True, "b": True, "c": True}
+    assert d.locality_scope == {"a": "node", "b": "node", "c": "node"}
+    assert d.expected_cross_zone == {"a": 0.0, "b": 0.0, "c": None}
+    assert "Node-local" in d.reason_sentence and "expected-cross-zone" not in codes(d)
+
+
+def test_prefer_same_node_scope_per_zone() -> None:
+    nodes = [*three_zone_nodes(), k8s.node("a2", "a", cpu="4")]
+    eps = [k8s.endpoint(f"10.0.0.{i}", z, f"n-{z}") for i, z in enumerate("abc", 1)]
+    svc = k8s.service(traffic_distribution="PreferSameNode")
+    slices = hints.compute_slice_hints(svc, [k8s.endpointslice("s", "web", eps)], nodes)
+    d = diag(nodes, svc, slices)
+    # zone a: n-a keeps calls on the node, a2 only in the zone; b and c: every node has one
+    assert d.locality_scope == {"a": "zone", "b": "node", "c": "node"}
+    assert d.expected_cross_zone == {"a": 0.0, "b": 0.0, "c": 0.0}

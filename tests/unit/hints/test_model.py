@@ -27,9 +27,11 @@ def test_hint_model_full_evaluation() -> None:
     h = HintModel(cache)
     assert h.refresh(cache.take_dirty(), at=100.0) == 2
     assert list(h.services()) == [("shop", "db"), ("shop", "web")]
-    assert h.locality("shop", "web") == Locality("PreferClose", "none", {"zone-a": True, "zone-b": True}, 100.0)
+    assert h.locality("shop", "web") == Locality("PreferClose", "none", {"zone-a": True, "zone-b": True}, 100.0,
+                                                 {"zone-a": 0.0, "zone-b": 0.0})
+    # db's one endpoint is in zone-b: every call from zone-a crosses, none from zone-b
     assert h.locality("shop", "db") == Locality("none", "not-requested", {"zone-a": False, "zone-b": False},
-                                                100.0)
+                                                100.0, {"zone-a": 1.0, "zone-b": 0.0})
     assert h.proxy_view("shop", "web", "na") == ProxyView("PreferSameZone", frozenset({"10.244.1.20"}), "cluster")
     assert h.proxy_view("shop", "web", "nb") == ProxyView("PreferSameZone", frozenset({"10.244.2.20"}), "cluster")
     assert h.proxy_view("shop", "web", "no-such-node") is None
@@ -50,7 +52,8 @@ def test_hint_model_reevaluates_only_dirty_services() -> None:
     assert h.refresh(dirty, at=200.0) == 1
     # kube-proxy ignores all hints when one endpoint lacks them
     assert h.locality("shop", "web") == Locality("PreferClose", "partial-hints",
-                                                 {"zone-a": False, "zone-b": False}, 200.0)
+                                                 {"zone-a": False, "zone-b": False}, 200.0,
+                                                 {"zone-a": 0.5, "zone-b": 0.5})
     assert h.proxy_view("shop", "web", "na") == ProxyView(
         "", frozenset({"10.244.1.20", "10.244.2.20"}), "cluster")
     assert h.locality("shop", "db") is db_before  # not re-evaluated
@@ -81,10 +84,13 @@ def test_bad_version_is_input_error() -> None:
 
 
 def test_merge_dual_stack() -> None:
-    v4 = SimpleNamespace(mode="PreferClose", reason="none", locality_in_effect={"a": True, "b": True})
-    v6 = SimpleNamespace(mode="PreferClose", reason="partial-hints", locality_in_effect={"a": True, "b": False})
+    v4 = SimpleNamespace(mode="PreferClose", reason="none", locality_in_effect={"a": True, "b": True},
+                         expected_cross_zone={"a": 0.0, "b": 0.25})
+    v6 = SimpleNamespace(mode="PreferClose", reason="partial-hints", locality_in_effect={"a": True, "b": False},
+                         expected_cross_zone={"a": None, "b": 0.5})
+    # a zone's expected share is the larger family's; a family without a figure adds none
     assert merge_locality([v4, v6], 5.0) == Locality(  # type: ignore[list-item]
-        "PreferClose", "partial-hints", {"a": True, "b": False}, 5.0)
+        "PreferClose", "partial-hints", {"a": True, "b": False}, 5.0, {"a": 0.0, "b": 0.5})
     assert merge_locality([], 6.0) == Locality("none", "none", {}, 6.0)
     pv4 = ProxyView("PreferSameZone", frozenset({"10.0.0.1"}), "cluster")
     pv6 = ProxyView("", frozenset({"fd00::1", "fd00::2"}), "cluster")
@@ -92,6 +98,27 @@ def test_merge_dual_stack() -> None:
         "PreferSameZone", frozenset({"10.0.0.1", "fd00::1", "fd00::2"}), "cluster")
     assert merge_views([None]) is None
     assert merge_views([pv6]) is pv6
+
+
+def test_expected_share_change_alone_keeps_last_change() -> None:
+    cache = loaded()
+    h = HintModel(cache)
+    h.refresh(None, at=100.0)
+    cache.take_dirty()
+    before = h.locality("shop", "db")
+    # a second db endpoint in zone-a: still not-requested everywhere, but zone-a's calls now
+    # cross only half the time
+    sl = next(s for s in two_zone_cluster()["endpointslices"]
+              if s["metadata"]["labels"]["kubernetes.io/service-name"] == "db")
+    extra = dict(sl["endpoints"][0], addresses=["10.244.1.99"], zone="zone-a", nodeName="na")
+    sl["endpoints"].append(extra)
+    cache.apply("endpointslices", "MODIFIED", sl)
+    h.refresh(cache.take_dirty(), at=200.0)
+    after = h.locality("shop", "db")
+    assert before is not None and after is not None
+    assert (after.reason, dict(after.in_effect)) == (before.reason, dict(before.in_effect))
+    assert dict(after.expected_cross_zone) == {"zone-a": 0.5, "zone-b": 0.5}
+    assert after.last_change == 100.0
 
 
 def test_several_dirty_services_in_one_refresh() -> None:

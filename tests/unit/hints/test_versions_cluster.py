@@ -180,11 +180,27 @@ def test_grouped_decisions_equal_one_index_per_node(seed: int) -> None:
     for info in infos:
         want = ProxyIndex(svc, slices, pv.of(info.name)).decide(info.name, info.zone or "")
         assert d.proxy[info.name] == want, info.name
-    # locality is the conjunction over each client zone's Ready nodes
+    # locality is the conjunction over each client zone's Ready nodes: topology filtering,
+    # or node-local (internalTrafficPolicy Local: local, or DROP without a local endpoint)
+    zone_of = {e["addresses"][0]: e["zone"] for e in eps}
     for z, on in d.locality_in_effect.items():
         members = [i for i in infos if (i.zone or "unknown") == z]
-        assert on == all(d.proxy[i.name].internal_traffic == "cluster" and d.proxy[i.name].topology_mode
-                         in ("PreferSameZone", "PreferSameNode") for i in members)
+        assert on == all(d.proxy[i.name].internal_traffic in ("local", "DROP") or (
+            d.proxy[i.name].internal_traffic == "cluster" and d.proxy[i.name].topology_mode
+            in ("PreferSameZone", "PreferSameNode")) for i in members)
+        # the expected share, brute force: per node the share of its selected endpoints in
+        # another zone (0 when local; none from a node without a zone label that forwards to
+        # other nodes), the mean over the nodes that have one
+        per_node = []
+        for i in members:
+            p = d.proxy[i.name]
+            if p.internal_traffic == "local":
+                per_node.append(0.0)
+            elif p.internal_traffic == "cluster" and p.cluster_endpoints and z != "unknown":
+                zs = [zone_of[k.rsplit(":", 1)[0]] for k in p.cluster_endpoints]
+                per_node.append(sum(1 for ez in zs if ez != z) / len(zs))
+        want_share = sum(per_node) / len(per_node) if per_node else None
+        assert d.expected_cross_zone[z] == pytest.approx(want_share), z
 
 
 # ------------------------------------------------------------------------------ HintModel
