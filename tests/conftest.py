@@ -4,13 +4,17 @@ In CI (``CI=true``) a skipped test under ``tests/kernel``, ``tests/e2e`` or ``te
 the run: those tests exist to exercise the real kernel and the real image, and a skip there
 would hide a broken datapath or deployment behind a green build.
 
-The suite runs on pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml). Every test
-under those three directories is in one group (:func:`pytest_xdist_make_scheduler`), so they run
-one after another on a single worker, in file order, as without xdist: they share the host's network namespace
-(``test_lab.py`` compares its links and routes before and after), real CPU-timed windows and
-root-only resources. The unit and canned-Prometheus tiers (``tests/unit``, ``tests/prom``,
-``tests/fixtures``) use only their own temporary directories and loopback ports, and run on
-the other worker meanwhile.
+The suite runs on three pytest-xdist workers (``-n 3 --dist loadgroup`` in pyproject.toml,
+:func:`pytest_xdist_make_scheduler`): the end-to-end tests in one group, the kernel and deploy
+tests in another, each group one after another on a worker of its own, in file order as
+without xdist (module-scoped labs stay shared within their module); every other test (unit,
+canned-Prometheus, fixtures) goes to whichever worker is free. The two lab groups can run side
+by side because nothing they build is shared: each lab, control plane and partition test
+makes network namespaces under a random prefix, pins go to per-test directories, agents and
+Prometheus listen on loopback ports the kernel picks, and nothing changes the host
+namespace's links or routes (``tests/kernel/test_lab.py`` compares them before and after).
+They are mostly waiting (traffic at fixed rates, export intervals), so the CPU-bound unit
+tier beside them costs them little.
 """
 
 from __future__ import annotations
@@ -21,19 +25,25 @@ from typing import Any
 import pytest
 
 _MUST_RUN = ("tests/kernel/", "tests/e2e/", "tests/deploy/")
-#: the xdist group of the tests under _MUST_RUN (pytest-xdist's ``--dist loadgroup``)
-LAB_GROUP = "lab"
+#: the serial pytest-xdist groups: tests under these directories -> group name
+LAB_GROUPS = {"tests/e2e/": "lab-e2e", "tests/kernel/": "lab-kernel", "tests/deploy/": "lab-kernel"}
 _skipped_in_ci: list[str] = []
 
 
+def lab_group(nodeid: str) -> str | None:
+    """Return the serial group of a test (:data:`LAB_GROUPS`), None for a test of no group."""
+    return next((g for d, g in LAB_GROUPS.items() if nodeid.startswith(d)), None)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist's ``--dist loadgroup`` with one group, :data:`LAB_GROUP`, made of every test
-    under :data:`_MUST_RUN` by path (so a new kernel test cannot forget a mark); every other
-    test is a unit of its own, handed to whichever worker is free. Other ``--dist`` modes are
-    xdist's own (None: xdist's default hook chooses).
+    """pytest-xdist's ``--dist loadgroup`` with the groups of :func:`lab_group`, by path (so a
+    new kernel test needs no mark); every other test is a unit of its own, handed to whichever
+    worker is free. Other ``--dist`` modes are xdist's own (None: its default hook chooses).
+    (xdist's own loadgroup reads ``xdist_group`` marks into ``Item._nodeid``, which pytest 9.2
+    no longer uses for the node id, so it would spread a marked group over every worker.)
 
     Returns:
-        an ``xdist.scheduler.LoadScopeScheduling`` whose scope of a test is the group.
+        an ``xdist.scheduler.LoadScopeScheduling`` whose scope of a test is its group.
     """
     if config.getvalue("dist") != "loadgroup":
         return None
@@ -41,7 +51,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class LabGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return LAB_GROUP if nodeid.startswith(_MUST_RUN) else nodeid
+            return lab_group(nodeid) or nodeid
 
     return LabGroupScheduling(config, log)
 
