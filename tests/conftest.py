@@ -6,15 +6,14 @@ would hide a broken datapath or deployment behind a green build.
 
 The suite runs on three pytest-xdist workers (``-n 3 --dist loadgroup`` in pyproject.toml,
 :func:`pytest_xdist_make_scheduler`): the end-to-end tests in one group, the kernel and deploy
-tests in another, each group one after another on a worker of its own, in file order as
-without xdist (module-scoped labs stay shared within their module); every other test (unit,
-canned-Prometheus, fixtures) goes to whichever worker is free. The two lab groups can run side
-by side because nothing they build is shared: each lab, control plane and partition test
-makes network namespaces under a random prefix, pins go to per-test directories, agents and
-Prometheus listen on loopback ports the kernel picks, and nothing changes the host
-namespace's links or routes (``tests/kernel/test_lab.py`` compares them before and after).
-They are mostly waiting (traffic at fixed rates, export intervals), so the CPU-bound unit
-tier beside them costs them little.
+tests in another (:data:`LAB_GROUPS`), each group one after another on a worker of its own, in
+file order as without xdist (module-scoped labs stay shared within their module); every other
+test (unit, canned-Prometheus, fixtures) goes to whichever worker is free. The two lab groups
+can run side by side because nothing they build is shared: each lab, control plane and
+partition test makes network namespaces under a random prefix, pins go to per-test directories,
+agents and Prometheus listen on loopback ports the kernel picks, and nothing changes the host
+namespace's links or routes (``tests/kernel/test_lab.py`` compares them before and after). They
+mostly wait (traffic at fixed rates, export intervals) rather than compute.
 """
 
 from __future__ import annotations
@@ -25,8 +24,11 @@ from typing import Any
 import pytest
 
 _MUST_RUN = ("tests/kernel/", "tests/e2e/", "tests/deploy/")
-#: the serial pytest-xdist groups: tests under these directories -> group name
-LAB_GROUPS = {"tests/e2e/": "lab-e2e", "tests/kernel/": "lab-kernel", "tests/deploy/": "lab-kernel"}
+#: the serial pytest-xdist groups: tests under these paths -> group name (the first match).
+#: The churn test goes with the kernel tests only to even out the two groups' wall times
+#: (by the slowest tests' durations in a full run).
+LAB_GROUPS = {"tests/e2e/test_churn.py": "lab-kernel", "tests/e2e/": "lab-e2e",
+              "tests/kernel/": "lab-kernel", "tests/deploy/": "lab-kernel"}
 _skipped_in_ci: list[str] = []
 
 
