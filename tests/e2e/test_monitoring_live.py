@@ -3,10 +3,13 @@ deploy/daemonset/monitoring, evaluated by Debian's Prometheus after it scraped t
 real agents, returns data (or, for an alert, evaluates without error and every series it
 reads has data).
 
-``zonemeter demo --keep`` leaves the lab, its agents and their traffic counters running;
-this test's Prometheus loads ``rules.yml`` (evaluation every second) and scrapes the agents
-every second with the labels the PodMonitor gives (``job="zonemeter"``, ``node``), while
-``zonemeter lab traffic`` keeps a Service busy, then queries.
+``zonemeter demo --keep`` leaves the lab, its agents and their traffic counters running (a
+short run: its warm-up already makes every series); this test's Prometheus loads the rule
+groups of ``rules.yml`` with every group evaluated each second (the file's 30 s group interval
+is the only text changed, so the recording rules run right after the traffic) and scrapes the
+agents every second with the labels the PodMonitor gives (``job="zonemeter"``, ``node``). Once
+it has scraped every agent, ``zonemeter lab traffic`` keeps a Service busy across a few
+scrapes, then the test queries.
 """
 
 from __future__ import annotations
@@ -30,10 +33,33 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (kube-state-metrics); the alerts stay silent without them (their comments say so)
 FOREIGN = {"kube_daemonset_status_number_ready", "kube_daemonset_status_desired_number_scheduled"}
 DASHBOARD_VARS = {"namespace": ".*", "service": ".*", "price_usd_per_gb": "0.02", "__rate_interval": "1m"}
+#: the recording rules' group interval in rules.yml, and what this test's copy uses instead
+RULES_INTERVAL, TEST_INTERVAL = "interval: 30s", "interval: 1s"
+
+
+def _rules_every_second(dest: Path) -> Path:
+    """Write ``rules.yml`` to ``dest`` with every group's ``interval`` set to 1 s, and return it."""
+    text = (MON / "rules.yml").read_text()
+    assert text.count(RULES_INTERVAL) == 1, "rules.yml: one group with a 30 s interval expected"
+    dest.write_text(text.replace(RULES_INTERVAL, TEST_INTERVAL))
+    return dest
+
+
+def _wait_until_scraped(url: str, agents: int, timeout: float = 60.0) -> None:
+    """Wait until Prometheus scraped every agent successfully (its first scrape comes up to a
+    few seconds after start), so the traffic that follows moves counters it already has."""
+    deadline = time.monotonic() + timeout
+    while True:
+        up = prom.query(url, 'count(up{job="zonemeter"} == 1)')
+        if up and int(float(up[0]["value"][1])) == agents:
+            return
+        assert time.monotonic() < deadline, f"Prometheus did not scrape the {agents} agents"
+        time.sleep(0.5)
+
 
 def test_every_dashboard_and_rule_expression_returns_demo_data(tmp_path: Path) -> None:
     work = tmp_path / "demo"
-    demo = subprocess.run([sys.executable, "-m", "agent", "demo", "--keep", "--duration", "10",
+    demo = subprocess.run([sys.executable, "-m", "agent", "demo", "--keep", "--duration", "2",
                            "--interval", "1", "-o", "json", "--workdir", str(work)],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert demo.returncode == 0, demo.stderr[-3000:]
@@ -42,24 +68,27 @@ def test_every_dashboard_and_rule_expression_returns_demo_data(tmp_path: Path) -
         targets = "".join(f"      - targets: ['{a['metrics']}']\n        labels: {{node: {a['node']}}}\n"
                           for a in state["agents"])
         config = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                  f"rule_files: ['{MON / 'rules.yml'}']\n"
+                  f"rule_files: ['{_rules_every_second(tmp_path / 'rules.yml')}']\n"
                   "scrape_configs:\n  - job_name: zonemeter\n    static_configs:\n" + targets)
         root = tmp_path / "prom"
         root.mkdir()
         with prom.running_prometheus(root, config) as url:
+            _wait_until_scraped(url, len(state["agents"]))
+            # 3 s of requests: at least two agent exports (1 s) and scrapes (1 s) see them move
             traffic = [sys.executable, "-m", "agent", "lab", "traffic", "--prefix", state["prefix"],
                        "--state-dir", state["state_dir"], "--from", "frontend-a1", "--to", "shop/catalog",
-                       "--port", "80", "--count", "40", "--rate", "4"]
+                       "--port", "80", "--count", "12", "--rate", "4"]
             busy = subprocess.run(traffic, cwd=ROOT, capture_output=True, text=True, timeout=120)
             assert busy.returncode == 0, busy.stderr
-            # the rule group's interval is 30 s: wait until it has run after the traffic
+            # wait until the rules ran after the traffic's last export was scraped (export 1 s,
+            # scrape 1 s)
             deadline = time.monotonic() + 90
             after = time.time() + 2
             while time.monotonic() < deadline:
                 got = prom.query(url, "timestamp(zonemeter:cross_zone_price_usd_per_gigabyte)")
                 if got and float(got[0]["value"][1]) > after:  # the sample's evaluation time
                     break
-                time.sleep(1)
+                time.sleep(0.5)
             else:
                 raise AssertionError("the recording rules were not evaluated within 90 s")
             empty: list[str] = []

@@ -3,9 +3,11 @@
 counters.
 
 A three-zone lab (one node per zone, a ``web`` client and an ``api`` endpoint on each node),
-``app/api`` without locality at first. Three real agents (``--interval 1``, snapshot
-reload), Debian's Prometheus scraping them every 1 s on loopback. Steady traffic (every client
-calls ``app/api`` at a fixed rate, one TCP connection per request) runs throughout:
+``app/api`` without locality at first. Three real agents (``--interval 0.5``, snapshot
+reload), Debian's Prometheus scraping them every 0.5 s on loopback; every span below is
+sized in those intervals (the bounds hold at any interval the machine keeps up with).
+Steady traffic (every client calls ``app/api`` at a fixed rate, one TCP connection per
+request) runs throughout:
 
     lead | before window [a, b] | gap | flip at T | gap | after window [c, d] | tail
 
@@ -17,22 +19,24 @@ agents reload it within a poll. The lab's ground truth (nftables in each server 
 Tolerances and why:
 
 * **before/after rates vs ground truth, 8 %**: an agent's counter moves once per export
-  (1 s), so the bytes between a target's first and last sample in a window cover the sampled
+  (0.5 s), so the bytes between a target's first and last sample in a window cover the sampled
   span +/- one export interval; ``increase()`` scales that to the window, so the rate is off by
-  at most ``interval / (window - 2 scrapes)`` = 1/18 = 5.6 % at 20 s windows; the rest is the
+  at most ``interval / (window - 2 scrapes)`` = 0.5/9 = 5.6 % at 10 s windows; the rest is the
   random DNAT choice in the edge seconds (binomial, ~1 % at this rate). In practice exports
   and scrapes both keep a fixed phase, so the spans match and runs agree within ~0.5 %.
   Prometheus must have scraped every agent before the before window opens: a first sample
   more than 1.1 intervals after a window's start is extrapolated by half an interval only
   (``extrapolatedRate``), which read 3-4 % low before the wait was added.
-* **after-window cross-zone = 0 exactly**: the gaps (``GAP`` = 4 s on each side of ``T``)
-  are wider than narrowing-to-``T`` (1.5 s) + one export + one scrape, so every cross-zone byte
+* **after-window cross-zone = 0 exactly**: the gaps (``GAP`` = 3 s on each side of ``T``)
+  are wider than narrowing-to-``T`` (1.5 s) + one export + one scrape (0.5 s each), so every cross-zone byte
   is exported and scraped before ``c``; the counters are flat in ``[c, d]`` and ``increase``
   of a flat counter is 0 (no extrapolation of 0).
 * **locality share: before 0, after 1 exactly**: no series says "in effect" before the flip;
-  after it every agent reloads within 0.25 s + one export, scraped within 1 s, all before ``c``.
-* **last change within [T, T + 3 s]**: the agent stamps the export in which it saw the new
-  snapshot: poll 0.25 s plus up to one interval.
+  after it every agent reloads within 0.25 s + one export, scraped within 0.5 s, all before ``c``.
+* **last change within [T, T + 3 intervals]** (1.5 s): the agent stamps the export in which it
+  saw the new snapshot: poll 0.25 s plus up to one interval.
+* **significant**: the report cuts each 10 s window into 2 s sub-windows (4 scrapes each), 5 of
+  them.
 """
 
 from __future__ import annotations
@@ -54,11 +58,12 @@ from tools.demo.topology import THREE_ZONE_API_TOPOLOGY, parse_demo
 pytestmark = pytest.mark.e2e
 
 SERVICE = "app/api"
-INTERVAL = 1.0     # agents' export interval and Prometheus's scrape interval (s)
-LEAD = 4.0         # traffic before the before window: every series exists at its start
-WINDOW = 20.0
-GAP = 4.0          # between a window edge and the flip instant T
+INTERVAL = 0.5     # agents' export interval and Prometheus's scrape interval (s)
+LEAD = 2.0         # traffic before the before window: every series exists at its start
+WINDOW = 10.0
+GAP = 3.0          # between a window edge and the flip instant T
 SETTLE = 1.5       # set_locality: narrowing -> snapshot -> final programming
+TAIL = 2.0         # traffic after the after window
 RATE_TOLERANCE = 0.08
 AWS_USD_PER_GB = 0.02
 MONTH_SECONDS = 2_629_746  # 30.44 days, as the recording rules
@@ -129,7 +134,7 @@ def test_report_through_a_live_flip(lab: DemoCluster, tmp_path: Path,
         with prom.running_prometheus(tmp_path / "prom",
                                      prom.scrape_config(fleet.targets(), INTERVAL)) as url:
             _wait_for_scrapes(url, fleet.targets())
-            total = LEAD + 2 * WINDOW + 2 * GAP + 3.0
+            total = LEAD + 2 * WINDOW + 2 * GAP + TAIL
             handles = lab.start_traffic(total)
             try:
                 time.sleep(LEAD)
@@ -199,7 +204,7 @@ def test_report_through_a_live_flip(lab: DemoCluster, tmp_path: Path,
     normalized = before["cross_zone_fraction"] * after["bytes_per_second"]
     assert svc["normalized_cross_zone_bytes_per_second_saved"] == pytest.approx(normalized,
                                                                                 rel=1e-9)
-    # a real flip is far outside the noise of 20 s windows (4 sub-windows of 5 s each), so
+    # a real flip is far outside the noise of 10 s windows (5 sub-windows of 2 s each), so
     # it is priced
     assert svc["significant"] is True and svc["change"] == "saved"
     assert svc["normalized_cross_zone_bytes_per_second_saved_stderr"] < normalized / 2

@@ -31,12 +31,14 @@ Phases of :meth:`DemoRun.execute`:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -481,24 +483,54 @@ def teardown_kept(workdir: Path) -> list[str]:
     return done
 
 
+#: code of the Python callbacks the standard library registers with ``os.register_at_fork``
+#: for the parent (logging's lock: 3.11 ``_acquireLock``/``_releaseLock``, 3.13
+#: ``_prepareFork``/``_afterFork``). CPython runs them around every fork (``subprocess``,
+#: pyroute2's helpers) and prints and drops any exception they raise (``run_at_forkers``
+#: in Modules/posixmodule.c): a KeyboardInterrupt raised there would be lost.
+_FORK_HOOKS = frozenset(f.__code__ for name in ("_acquireLock", "_releaseLock", "_prepareFork", "_afterFork")
+                        if callable(f := getattr(logging, name, None)) and hasattr(f, "__code__"))
+#: how long a signal that arrived inside a fork callback waits before it is delivered again (s)
+REDELIVER_SECONDS = 0.05
+
+
+def in_fork_hook(frame: FrameType | None) -> bool:
+    """True when ``frame`` or a caller of it runs one of :data:`_FORK_HOOKS`."""
+    while frame is not None:
+        if frame.f_code in _FORK_HOOKS:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def sigterm_as_interrupt() -> Callable[[], None]:
-    """Make SIGTERM raise KeyboardInterrupt (like Ctrl-C) so ``finally`` blocks clean up;
-    returns a function restoring the previous handler."""
-    old = signal.getsignal(signal.SIGTERM)
+    """Make SIGTERM raise KeyboardInterrupt (like Ctrl-C) so ``finally`` blocks clean up, and
+    make neither signal get lost in a fork: one that arrives while the process forks is handled
+    inside the standard library's fork callbacks, where an exception is dropped
+    (:data:`_FORK_HOOKS`), so it is sent again :data:`REDELIVER_SECONDS` later instead. Returns
+    a function restoring the previous handlers."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     owner = os.getpid()
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if os.getpid() != owner:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # as Python's default handler does
             # a forked child (pyroute2 runs netlink in forked helpers and ends them with
             # SIGTERM) must die as by default, not unwind into our cleanup code
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        if in_fork_hook(frame):
+            threading.Timer(REDELIVER_SECONDS, os.kill, (owner, signum)).start()
+            return
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, handler)
+    for s in old:
+        signal.signal(s, handler)
 
     def restore() -> None:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
 
     return restore

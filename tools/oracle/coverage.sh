@@ -74,7 +74,7 @@ fi
 echo "oracle coverage: pytest $* (ZONEMETER_ORACLE_EXAMPLES=${ZONEMETER_ORACLE_EXAMPLES:-default})"
 rc=0
 (cd "$root" && GOCOVERDIR="$covdir" ZONEMETER_ORACLE_CACHE="$cover_root" \
-    "$python" -m pytest -q -s -p no:cacheprovider "$@") || rc=$?
+    "$python" -m pytest -q -s -n 0 -p no:cacheprovider "$@") || rc=$?
 ls "$covdir"/covcounters.* >/dev/null 2>&1 || die "no counter files in $covdir (pytest exit $rc)"
 
 echo
