@@ -451,10 +451,13 @@ class Attributor:
                 port = d.port
                 lp = d.local_port
                 late = False
-                if lp and kind is not request and kind is not response:
+                if lp and kind is not request and kind is not response and (
+                        kind is not egress or lp != port):
                     # the kernel's endpoint set lacked (local, lp): a pod traffic delta
                     # from the server side; it is Service traffic if the metadata now
-                    # lists the endpoint (the client side skips it as a copy either way)
+                    # lists the endpoint (the client side skips it as a copy either way).
+                    # Leaving from lp to the same port is a peer's request, as the kernel
+                    # rules for known endpoints (bpf/classify.h): not promoted
                     ek = (lk, lp, d.protocol)
                     ep = local_eps.get(ek, _NOT_CACHED_EP)
                     if ep is _NOT_CACHED_EP:
