@@ -102,3 +102,30 @@ def test_attribution_holds_the_new_veths_bytes_until_its_pod_is_known() -> None:
     t = a.totals()
     by_pod = {k.workload: v for k, v in t.workload_bytes.items()}
     assert by_pod == {"old": 130, "new": 5000} and t.held_bytes == 0
+
+
+def test_remote_reuse_changes_only_the_pod_label() -> None:
+    """The bound that remains: a remote address (a pod of another node) is resolved as of
+    the drain. Bytes to the old holder drained after the watch delivered the reuse name the
+    new holder in the pair rows, but the workload series (zone, crossing, kind) is the same
+    for both holders, since the address stays on its node."""
+    clock = Clock(1000)
+    c = make(clock)
+    local, remote = ip("10.0.1.5"), ip("10.0.2.7")
+    c.apply("pods", "ADDED", k8s.pod("client", str(local), "n1", namespace="ns"))
+    c.apply("pods", "ADDED", k8s.pod("old", str(remote), "n2", namespace="ns"))
+    a = Attributor("n1", MetadataAdapter(c), NoHints(), hold_unresolved_seconds=60)
+    rows = []
+    for at, label in ((1001, "before"), (1003, "after")):
+        if label == "after":  # the old holder's bytes, drained after the reuse was seen
+            clock.t = 1002
+            c.apply("pods", "DELETED", k8s.pod("old", str(remote), "n2", namespace="ns"))
+            c.apply("pods", "ADDED", k8s.pod("new", str(remote), "n2", namespace="ns"))
+        a.attribute([FlowDelta(FlowKind.EGRESS, local, remote, 5432, 6, 700, 2, ifindex=3)], at)
+        a.close_interval(at + 0.5)
+        rows.append({(r.client, r.server) for r in a.totals().top_pairs})
+    assert rows == [{("ns/client", "ns/old")}, {("ns/client", "ns/new")}]
+    series = a.totals().workload_bytes
+    assert len(series) == 1 and sum(series.values()) == 1400
+    key = next(iter(series))
+    assert (key.workload, key.remote_zone, key.crossing) == ("client", "zone-b", "cross_zone")
