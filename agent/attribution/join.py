@@ -454,7 +454,9 @@ class Attributor:
                 port = d.port
                 lp = d.local_port
                 hook = d.ifindex
-                hk = lk + (hook << 129) if hook else lk  # the local side on its veth
+                # the local side on its veth: unique, since an ifindex is a u32 (lk of
+                # IPv6 is negative: its low 32 bits are zero after the shift all the same)
+                hk = (lk << 32) | hook
                 late = False
                 if lp and kind is not request and kind is not response and (
                         kind is not egress or lp != port):
