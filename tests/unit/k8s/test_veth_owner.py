@@ -129,3 +129,26 @@ def test_remote_reuse_changes_only_the_pod_label() -> None:
     assert len(series) == 1 and sum(series.values()) == 1400
     key = next(iter(series))
     assert (key.workload, key.remote_zone, key.crossing) == ("client", "zone-b", "cross_zone")
+
+
+def test_a_veth_recreated_under_the_deleted_pods_ifindex() -> None:
+    """A CNI that creates the host side in the pod's namespace and moves it (AWS VPC CNI)
+    can give the new pod's veth the deleted pod's ifindex. The binding to a tenure that
+    ended more than VETH_REUSE_SECONDS before a drain is taken to be a new veth's: bytes
+    drained within that time still go to the old pod (the bound for such CNIs), later
+    ones to the next holder, and the index keeps that binding."""
+    from agent.k8s.pods import VETH_REUSE_SECONDS
+
+    clock = Clock(1000)
+    c = make(clock)
+    c.apply("pods", "ADDED", k8s.pod("old", str(A), "n1", namespace="ns"))
+    assert c.resolve_veth(A, 7, 1001)[0].name == "old"
+    clock.t = 1002
+    c.apply("pods", "DELETED", k8s.pod("old", str(A), "n1", namespace="ns"))
+    clock.t = 1003
+    c.apply("pods", "ADDED", k8s.pod("new", str(A), "n1", namespace="ns"))
+    assert c.resolve_veth(A, 7, 1002 + VETH_REUSE_SECONDS - 1)[0].name == "old"
+    peer, settled = c.resolve_veth(A, 7, 1002 + VETH_REUSE_SECONDS + 1)
+    assert settled and peer.name == "new"
+    assert c.resolve_veth(A, 7, 1100)[0].name == "new"  # the new pod's for its life
+    assert c.resolve_veth(A, 7, 1002 + VETH_REUSE_SECONDS - 1)[0].name == "new"
