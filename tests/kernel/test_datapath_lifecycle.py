@@ -494,14 +494,16 @@ def _ifindex(lab: Lab, pod: str) -> int:
     return int(json.loads(out)[0]["ifindex"])
 
 
-def test_late_endpoint_keys_keep_the_server_port_whatever_the_client_port(lab: Lab) -> None:
+@pytest.mark.parametrize("attach", ["clsact", "tcx"])
+def test_late_endpoint_keys_keep_the_server_port_whatever_the_client_port(lab: Lab,
+                                                                         attach: str) -> None:
     """No endpoint in the kernel map (a late one): the server's side keeps its port next to
     the client's for a client port outside the ephemeral range (its SYN entered on it) and
     for a server port inside the range (its SYN-ACK left from it: zm_server_ports); the
     client's side keeps only the remote port, so no key per connection. Every key names
     the host veth of its local pod."""
     a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
-    with Datapath(_config(lab, "a")) as dp:
+    with Datapath(_config(lab, "a", attach=attach)) as dp:
         dp.attach()
         dp.drain()
         _tcp_exchange(lab, "a1", "a2", 9410, 20000, 3000, 5000)    # fixed client port
