@@ -49,11 +49,17 @@ class FlowDelta:
         packets: packets as sent on the wire (GSO segments counted one by one).
         overflow: the flow table was full and these bytes went to the overflow entry of
             this kind and address family; addresses and port are then unspecified.
-        local_port: EGRESS/INGRESS only: the local pod's port (host byte order) when the
-            remote port was ephemeral (``port`` is then 0) and the local one was not, i.e.
-            the local pod was most likely the server; else 0. Lets attribution recognise
+        local_port: EGRESS/INGRESS only: the local pod's port (host byte order) when it
+            may be a server port (a TCP SYN entered the pod on it, a SYN-ACK of a local
+            pod left from it, or the remote port was ephemeral and this one is not:
+            bpf/classify.h ``zm_local_port``); else 0. Lets attribution recognise
             Service traffic to an endpoint the kernel's endpoint set did not hold yet
             (:meth:`agent.attribution.Attributor.attribute`).
+        ifindex: the host-side veth the bytes crossed (this node's interface index), 0
+            when unknown (overflow entries, records not from the kernel). The local
+            address is resolved to the pod of that veth, so a reused address's bytes go
+            to the pod that held it when they were counted (docs/datapath.md, "The veth
+            in the key").
     """
 
     kind: FlowKind
@@ -65,6 +71,7 @@ class FlowDelta:
     packets: int
     overflow: bool = False
     local_port: int = 0
+    ifindex: int = 0
 
 
 class PeerKind(enum.Enum):

@@ -22,6 +22,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import ipaddress
 import random
@@ -89,7 +90,7 @@ def build(pods: int, nodes: int, services: int, rng: random.Random
 
 def deltas(batch: int, local_pods: list[IPAddress], meta: DictMetadata, all_pods: list[IPAddress],
            node_ips: list[IPAddress], cluster_ips: list[tuple[IPAddress, int]],
-           rng: random.Random) -> list[FlowDelta]:
+           rng: random.Random, veth: bool = False) -> list[FlowDelta]:
     local_eps = [k for k in meta.endpoints if k[0] in set(local_pods)]
     out = []
     R, S, E, IN = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS, FlowKind.INGRESS
@@ -120,6 +121,9 @@ def deltas(batch: int, local_pods: list[IPAddress], meta: DictMetadata, all_pods
             ext = ipaddress.IPv4Address(rng.randint(0x08000000, 0x09000000))
             out.append(FlowDelta(E, lp, ext, 443, 6, nb, 1))
             out.append(FlowDelta(IN, lp, ext, 443, 6, nb * 5, 1))
+    if veth:  # as the kernel keys them: each local pod behind a veth of its own
+        index = {a: 100 + i for i, a in enumerate(local_pods)}
+        out = [dataclasses.replace(d, ifindex=index[d.local]) for d in out]
     return out
 
 
@@ -139,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remotes", type=int, default=0,
                     help="draw remote pods from this many (0: all pods); a real node's "
                     "endpoints see a bounded set of clients, so per-call caches hit more")
+    ap.add_argument("--veth", action="store_true",
+                    help="deltas carry their local pod's veth (FlowDelta.ifindex), as drained")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.batches):
         drain = i // args.per_drain
         # generated outside the timing, one batch alive at a time (like a real drain)
-        b = deltas(args.batch, local, meta, all_pods, node_ips, cluster_ips, rng)
+        b = deltas(args.batch, local, meta, all_pods, node_ips, cluster_ips, rng, args.veth)
         seen += sum(d.bytes for d in b)
         start, cpu = time.perf_counter(), time.process_time()
         at.attribute(b, 1_764_470_000.0 + 10 * drain)

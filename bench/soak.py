@@ -226,20 +226,33 @@ class ChurnRun:
         except Exception:  # noqa: BLE001 - ended by us (SIGTERM): the lab counted what it sent
             pass
 
-    def replace_api(self, slot: int, new: str) -> bool:
+    def replace_api(self, slot: int, new: str, stale_seconds: float = 0.0) -> bool:
         """Rolling-update step: replace the api pod of ``slot`` by ``new``; True when the
-        new pod took the old pod's address."""
+        new pod took the old pod's address.
+
+        ``stale_seconds`` > 0: the new pod starts calling its db ``settle_seconds`` after
+        it exists (its veth attached) and sends this long before the snapshot announces
+        it, so the agents drain its bytes while their metadata still shows the old pod
+        deleted and no new holder of the address."""
         old = self.api[slot]
         h = self._db_flows.pop(old, None)
         if h is not None:
             h.stop()
             self._collect(h)
         before = str(self.lab.pod_ip(old))
-        after = self.cluster.replace_pod(old, new, settle_seconds=self.settle_seconds)
+
+        def early() -> None:
+            time.sleep(self.settle_seconds)
+            self._start_db(new)
+            time.sleep(stale_seconds)
+
+        after = self.cluster.replace_pod(old, new, settle_seconds=self.settle_seconds,
+                                         before_announce=early if stale_seconds > 0 else None)
         self.api[slot] = new
         self.replacements += 1
         self.reused += before == after
-        self._start_db(new)
+        if stale_seconds <= 0:
+            self._start_db(new)
         return before == after
 
     def traffic_running(self) -> bool:

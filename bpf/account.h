@@ -74,20 +74,21 @@ static __always_inline void zm_account_lost(__u64 bytes, __u64 packets)
 		zm_add_value(lost, bytes, packets);
 }
 
-/* Returns 1 when the two flow keys are equal (both 8-byte aligned: five 64-bit words),
+/* Returns 1 when the two flow keys are equal (both 8-byte aligned: six 64-bit words),
  * else 0. */
 static __always_inline int zm_key_eq(const struct zm_flow_key *a, const struct zm_flow_key *b)
 {
 	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
-	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4] &&
+	       x[5] == y[5];
 }
 
-/* Returns this CPU's cache slot for key (a multiplicative hash of its five words), or
+/* Returns this CPU's cache slot for key (a multiplicative hash of its six words), or
  * NULL when no cache is active. */
 static __always_inline struct zm_cache_slot *zm_cache_slot_for(const struct zm_flow_key *key)
 {
 	const __u64 *w = (const __u64 *)key;
-	__u64 h = (w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4]) * 0x9E3779B97F4A7C15ULL;
+	__u64 h = (w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4] ^ w[5]) * 0x9E3779B97F4A7C15ULL;
 	return zm_cache_slot_at((__u32)(h >> 32) & (ZM_CACHE_SLOTS - 1));
 }
 

@@ -14,6 +14,10 @@
  *       1 when some local endpoint uses port, else 0
  *   static __always_inline void *zm_active_flows(void);
  *       the flow table the programs write to, or NULL when none is set
+ *   static __always_inline int zm_server_port(__be16 port);
+ *       1 when some local pod answered a TCP SYN from port (zm_server_ports), else 0
+ *   static __always_inline void zm_server_port_learn(__be16 port);
+ *       marks port in zm_server_ports
  */
 #ifndef ZONEMETER_CLASSIFY_H
 #define ZONEMETER_CLASSIFY_H
@@ -45,6 +49,45 @@ static __always_inline int zm_endpoint_lookup_at(const __u8 *addr, __be16 port, 
 	return zm_endpoint_lookup(&ek) != NULL;
 }
 
+/* TCP flags of a handshake's first two segments (RFC 9293 3.1). */
+#define ZM_TCP_SYN 0x02
+#define ZM_TCP_ACK 0x10
+
+/*
+ * Returns the local pod's port to keep in a non-Service key (EGRESS/INGRESS), or 0: the
+ * port a late endpoint (one the agent had not written to zm_endpoints yet: a new pod, an
+ * agent restart, an API outage) serves on, so the agent can still recognise the bytes as
+ * Service traffic once its metadata lists the endpoint, whatever the client's port and
+ * the endpoint's. Kept when
+ *   - the packet is a TCP SYN entering the pod (it dials the local port), or
+ *   - some local pod answered a SYN from that port (a SYN-ACK left it: zm_server_ports,
+ *     learned here, never cleared), or
+ *   - the remote port was ephemeral (remote_port 0) and the local one is not.
+ * A client's ephemeral port is kept only when it happens to equal a learned server port:
+ * at most one key more per such port, never one per connection. UDP servers are known by
+ * the last rule only (docs/datapath.md, "Late endpoints").
+ * p: the parsed packet (has_ports set); into_local as zm_classify_and_count; remote_port
+ * the key's port; local_port the local pod's port (__be16).
+ */
+static __always_inline __be16 zm_local_port(const struct zm_pkt *p, int into_local,
+					    __be16 remote_port, __be16 local_port)
+{
+	if (!local_port)
+		return 0;
+	if (p->proto == IPPROTO_TCP) {
+		__u8 hs = p->tcp_flags & (ZM_TCP_SYN | ZM_TCP_ACK);
+		if (into_local && hs == ZM_TCP_SYN)
+			return local_port;
+		if (!into_local && hs == (ZM_TCP_SYN | ZM_TCP_ACK))
+			zm_server_port_learn(local_port);
+	}
+	if (zm_server_port(local_port))
+		return local_port;
+	if (!remote_port && (into_local ? p->sport : p->dport))
+		return zm_remote_port(local_port);
+	return 0;
+}
+
 /* Returns the bytes the packet took on the wire from its IP header on: skb->len - l3_off,
  * plus for a GSO packet the L3+L4 headers (hdr_len) of its gso_segs - 1 further segments;
  * *packets is set to the number of packets on the wire (gso_segs, at least 1). */
@@ -73,7 +116,7 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 {
 	/* The parser writes the addresses straight into the key: the destination is the
 	 * local side when the packet enters the local pod, the source when it leaves it. */
-	struct zm_flow_key key __attribute__((aligned(8))); /* read as five u64 words */
+	struct zm_flow_key key __attribute__((aligned(8))); /* read as six u64 words */
 	__builtin_memset(&key, 0, sizeof(key));
 	struct zm_pkt p;
 	__builtin_memset(&p, 0, sizeof(p));
@@ -100,6 +143,7 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	__be16 svc_port = into_local ? p.dport : p.sport;
 	key.proto = p.proto;
 	key.family = p.family;
+	key.ifindex = skb->ifindex;
 	if (p.has_ports && zm_endpoint_port(svc_port) && (into_local || p.sport != p.dport)) {
 		key.kind = into_local ? ZM_KIND_REQUEST : ZM_KIND_RESPONSE;
 		key.port = svc_port;
@@ -123,14 +167,8 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		key.kind = ZM_KIND_EGRESS;
 		key.port = zm_remote_port(p.dport);
 	}
-	/* The remote side's port is ephemeral: the local pod is likely the server. Keep its
-	 * port (when not ephemeral itself) so the agent can still tell Service traffic to an
-	 * endpoint missing from zm_endpoints (written late: a new pod, an agent restart or an
-	 * API outage) from plain pod traffic. Same number of keys: the remote port is 0. */
-	if (!key.port && p.has_ports && (into_local ? p.sport : p.dport)) {
-		key.port = zm_remote_port(svc_port);
-		key.port_is_local = key.port ? 1 : 0;
-	}
+	if (p.has_ports)
+		key.local_port = zm_local_port(&p, into_local, key.port, svc_port);
 	zm_count(flows, zm_cache_slot_for(&key), &key, bytes, packets);
 }
 

@@ -51,6 +51,12 @@ ZM_MAP("hash", struct zm_endpoint_key, __u32, zm_endpoints, ZM_ENDPOINT_CAPACITY
  * endpoint uses (the client's ephemeral port): one hash lookup fewer per packet. */
 ZM_MAP("array", int, __u32, zm_endpoint_ports, 65536);
 
+/* Index: a port in host byte order; value 1 once a TCP SYN-ACK left a local pod from that
+ * port (the pod accepts connections there), else 0. Written by the programs only
+ * (classify.h, zm_local_port), never cleared: the ports local pods serve on, whether or
+ * not the agent knows of an endpoint there yet. */
+ZM_MAP("array", int, __u32, zm_server_ports, 65536);
+
 /* Packets that found neither a flow entry nor an overflow entry (the agent did not seed
  * the overflow entries, or no table is active). Index 0; should stay zero, reported.
  * Cumulative since the map was created (with pinning: since the pins were created). */

@@ -38,7 +38,7 @@ struct zm_pkt {
 	__u8 proto;       /* IP protocol number of the L4 header (after IPv6 extensions) */
 	__u8 family;      /* enum zm_family */
 	__u8 has_ports;   /* 1 when sport/dport were read from an L4 header */
-	__u8 reserved;    /* always 0 */
+	__u8 tcp_flags;   /* TCP: byte 13 of the header (CWR..FIN, RFC 9293 3.1), else 0 */
 	__u32 hdr_len;    /* L3 + L4 header bytes, repeated in every GSO segment on the wire */
 };
 
@@ -83,12 +83,13 @@ static __always_inline int zm_parse_l4(struct __sk_buff *skb, __u32 off, struct 
 	p->dport = ports[1];
 	p->has_ports = 1;
 	if (p->proto == IPPROTO_TCP) {
-		__u8 doff_buf;
-		/* data offset: high nibble of byte 12, in 32-bit words */
-		const __u8 *doff = zm_header(skb, off + 12, &doff_buf, 1);
-		if (!doff)
+		__u8 th_buf[2];
+		/* data offset: high nibble of byte 12, in 32-bit words; the flags: byte 13 */
+		const __u8 *th = zm_header(skb, off + 12, th_buf, sizeof(th_buf));
+		if (!th)
 			return -1;
-		p->hdr_len += (*doff >> 4) * 4;
+		p->hdr_len += (th[0] >> 4) * 4;
+		p->tcp_flags = th[1];
 	} else if (p->proto == IPPROTO_UDP) {
 		p->hdr_len += sizeof(struct udphdr);
 	} else {

@@ -30,6 +30,23 @@ static __always_inline int zm_endpoint_port(__be16 port)
 	return used && *used;
 }
 
+/* Returns 1 when a local pod answered a TCP SYN from port (__be16), else 0. */
+static __always_inline int zm_server_port(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *seen = zm_server_ports.lookup(&idx);
+	return seen && *seen;
+}
+
+/* Marks port (__be16) as one a local pod accepts TCP connections on. Returns nothing. */
+static __always_inline void zm_server_port_learn(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *seen = zm_server_ports.lookup(&idx);
+	if (seen && !*seen)
+		*seen = 1;
+}
+
 /* Returns the flow table the programs currently write to, or NULL when none is set. */
 static __always_inline void *zm_active_flows(void)
 {

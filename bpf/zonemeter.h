@@ -49,7 +49,7 @@
  * fields). Stored in the pinned zm_layout map; a restarted agent that finds another
  * value (or other map sizes) recreates the pins instead of misreading them. Bump it with
  * any change to the structs below or to the maps in maps.h. */
-#define ZM_LAYOUT_VERSION 2
+#define ZM_LAYOUT_VERSION 3
 
 /* Slots of the per-CPU flow cache in front of each flow table (power of two). */
 #define ZM_CACHE_SLOTS 256
@@ -79,34 +79,38 @@ enum zm_family {
 	_Static_assert(__builtin_offsetof(struct type, field) == (off), \
 		       "offsetof(struct " #type ", " #field ") != " #off)
 
-/* Key of a flow entry. 40 bytes, no implicit padding; zeroed before use so no byte
- * carries garbage into the hash. */
+/* Key of a flow entry. 48 bytes (six 64-bit words), no implicit padding; zeroed before
+ * use so no byte carries garbage into the hash. */
 struct zm_flow_key {
 	__u8 local[16];     /* 0:  this node's side: endpoint (REQUEST/RESPONSE) or pod; network order */
 	__u8 remote[16];    /* 16: the peer: client (REQUEST/RESPONSE) or other side; network order */
 	__be16 port;        /* 32: endpoint port (REQUEST/RESPONSE); EGRESS/INGRESS: the remote port,
-	                     * or the local pod's port when port_is_local is 1, or 0 */
-	__u8 proto;         /* 34: IP protocol number (IPPROTO_TCP 6, UDP 17, SCTP 132, others) */
-	__u8 kind;          /* 35: enum zm_kind */
-	__u8 family;        /* 36: enum zm_family */
-	__u8 overflow;      /* 37: 1 for the per-(kind, family) overflow entry: addresses, port, proto 0 */
-	__u8 port_is_local; /* 38: EGRESS/INGRESS only: 1 when the remote port is ephemeral and port
-	                     * holds the local pod's (server) port instead, so the agent can still
-	                     * recognise Service traffic to an endpoint it had not yet written to
-	                     * zm_endpoints when the packet passed (was padding, always 0, in
-	                     * layout 2's first programs: old entries read as 0) */
-	__u8 reserved_39;   /* 39: always 0 */
+	                     * or 0 when it lies in the ephemeral range or the protocol has none */
+	__be16 local_port;  /* 34: EGRESS/INGRESS only: the local pod's port when it may be a server
+	                     * port (classify.h, zm_local_port), so the agent can still recognise
+	                     * Service traffic to an endpoint it had not yet written to zm_endpoints
+	                     * when the packet passed; else 0 */
+	__u8 proto;         /* 36: IP protocol number (IPPROTO_TCP 6, UDP 17, SCTP 132, others) */
+	__u8 kind;          /* 37: enum zm_kind */
+	__u8 family;        /* 38: enum zm_family */
+	__u8 overflow;      /* 39: 1 for the per-(kind, family) overflow entry: all else 0 */
+	__u32 ifindex;      /* 40: host byte order: the host-side veth the packet crossed
+	                     * (skb->ifindex); a replacement pod has a new veth, so its bytes never
+	                     * share an entry with its address's previous holder (docs/datapath.md,
+	                     * "The veth in the key") */
+	__u32 reserved_44;  /* 44: always 0 */
 };
-ZM_ASSERT_SIZE(zm_flow_key, 40);
+ZM_ASSERT_SIZE(zm_flow_key, 48);
 ZM_ASSERT_OFFSET(zm_flow_key, local, 0);
 ZM_ASSERT_OFFSET(zm_flow_key, remote, 16);
 ZM_ASSERT_OFFSET(zm_flow_key, port, 32);
-ZM_ASSERT_OFFSET(zm_flow_key, proto, 34);
-ZM_ASSERT_OFFSET(zm_flow_key, kind, 35);
-ZM_ASSERT_OFFSET(zm_flow_key, family, 36);
-ZM_ASSERT_OFFSET(zm_flow_key, overflow, 37);
-ZM_ASSERT_OFFSET(zm_flow_key, port_is_local, 38);
-ZM_ASSERT_OFFSET(zm_flow_key, reserved_39, 39);
+ZM_ASSERT_OFFSET(zm_flow_key, local_port, 34);
+ZM_ASSERT_OFFSET(zm_flow_key, proto, 36);
+ZM_ASSERT_OFFSET(zm_flow_key, kind, 37);
+ZM_ASSERT_OFFSET(zm_flow_key, family, 38);
+ZM_ASSERT_OFFSET(zm_flow_key, overflow, 39);
+ZM_ASSERT_OFFSET(zm_flow_key, ifindex, 40);
+ZM_ASSERT_OFFSET(zm_flow_key, reserved_44, 44);
 
 /* Value of a flow entry: host byte order, updated with atomic adds. 16 bytes. */
 struct zm_flow_value {
@@ -119,17 +123,17 @@ ZM_ASSERT_OFFSET(zm_flow_value, packets, 8);
 
 /* One slot of the per-CPU flow cache (zm_cache_a/b): the last flow this CPU counted whose
  * key hashed to the slot, and what it counted since the flow entered the slot and that
- * is not in the flow table yet. 56 bytes, no implicit padding (key at 0, 40 bytes; the
- * counters 8-aligned at 40 and 48). packets == 0: the slot holds nothing. */
+ * is not in the flow table yet. 64 bytes, no implicit padding (key at 0, 48 bytes; the
+ * counters 8-aligned at 48 and 56). packets == 0: the slot holds nothing. */
 struct zm_cache_slot {
 	struct zm_flow_key key; /* 0:  as in the flow table */
-	__u64 bytes;            /* 40: host order, as zm_flow_value.bytes */
-	__u64 packets;          /* 48: host order, as zm_flow_value.packets */
+	__u64 bytes;            /* 48: host order, as zm_flow_value.bytes */
+	__u64 packets;          /* 56: host order, as zm_flow_value.packets */
 };
-ZM_ASSERT_SIZE(zm_cache_slot, 56);
+ZM_ASSERT_SIZE(zm_cache_slot, 64);
 ZM_ASSERT_OFFSET(zm_cache_slot, key, 0);
-ZM_ASSERT_OFFSET(zm_cache_slot, bytes, 40);
-ZM_ASSERT_OFFSET(zm_cache_slot, packets, 48);
+ZM_ASSERT_OFFSET(zm_cache_slot, bytes, 48);
+ZM_ASSERT_OFFSET(zm_cache_slot, packets, 56);
 
 /* Key of the local endpoint map: a Service endpoint on this node. 20 bytes. */
 struct zm_endpoint_key {

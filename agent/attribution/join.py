@@ -346,6 +346,9 @@ class Attributor:
         self._held_bytes = 0
         self.node = node
         self._meta = metadata
+        # optional: resolves a local address by the veth its bytes crossed (IP reuse)
+        self._resolve_veth: Callable[[IPAddress, int, float, bool], tuple[Peer, bool]] | None = (
+            getattr(metadata, "resolve_veth", None))
         self._hints = hints
         self._top_n = top_n
         self._pair_capacity = pair_capacity
@@ -450,24 +453,31 @@ class Attributor:
                 rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
                 port = d.port
                 lp = d.local_port
+                hook = d.ifindex
+                # the local side on its veth: unique, since an ifindex is a u32 (lk of
+                # IPv6 is negative: its low 32 bits are zero after the shift all the same)
+                hk = (lk << 32) | hook
                 late = False
-                if lp and kind is not request and kind is not response:
+                if lp and kind is not request and kind is not response and (
+                        kind is not egress or lp != port):
                     # the kernel's endpoint set lacked (local, lp): a pod traffic delta
                     # from the server side; it is Service traffic if the metadata now
-                    # lists the endpoint (the client side skips it as a copy either way)
-                    ek = (lk, lp, d.protocol)
+                    # lists the endpoint (the client side skips it as a copy either way).
+                    # Leaving from lp to the same port is a peer's request, as the kernel
+                    # rules for known endpoints (bpf/classify.h): not promoted
+                    ek = (hk, lp, d.protocol)
                     ep = local_eps.get(ek, _NOT_CACHED_EP)
                     if ep is _NOT_CACHED_EP:
-                        ep = local_eps[ek] = self._local_endpoint(b, local, lk, ek)
+                        ep = local_eps[ek] = self._local_endpoint(b, local, lk, hook, ek, final)
                     if ep is not None:
                         kind = request if kind is FlowKind.INGRESS else response
                         port = lp
                         late = True
                 if kind is request or kind is response:
-                    ek = (lk, port, d.protocol)
+                    ek = (hk, port, d.protocol)
                     ep = local_eps.get(ek, _NOT_CACHED_EP)
                     if ep is _NOT_CACHED_EP:
-                        ep = local_eps[ek] = self._local_endpoint(b, local, lk, ek)
+                        ep = local_eps[ek] = self._local_endpoint(b, local, lk, hook, ek, final)
                     if ep is None:
                         self._add(self._unattributed, R_ENDPOINT_WITHOUT_SERVICE, nb)
                         continue
@@ -521,9 +531,9 @@ class Attributor:
                             diag[D_HOLD_FULL] = diag.get(D_HOLD_FULL, 0) + nb
                         skipped[skip_reason] = skipped.get(skip_reason, 0) + nb
                         continue
-                    loc = locals_.get(lk)
+                    loc = locals_.get(hk)
                     if loc is None:
-                        loc = locals_[lk] = self._local(b, local, lk)
+                        loc = locals_[hk] = self._local(b, local, lk, hook, final)
                     lns, lworkload, lkind, llabel, lunresolved = loc
                     if tag == _SERVER_SIDE:
                         _, svc, rzl, crossing, reason, ig, rlabel = r
@@ -695,18 +705,31 @@ class Attributor:
         b.endpoints[ek] = r
         return r
 
-    def _local_endpoint(self, b: _Batch, ip: IPAddress, lk: int,
-                        ek: tuple[int, int, int]) -> _Ep | None:
-        """A local endpoint's Service and label, with an empty hint-check cache."""
+    def _local_endpoint(self, b: _Batch, ip: IPAddress, lk: int, hook: int,
+                        hek: tuple[int, int, int], final: bool) -> _Ep | None:
+        """A local endpoint's Service and label (its pod as its veth ``hook`` says), with
+        an empty hint-check cache; ``hek``: (address key on its veth, port, protocol)."""
+        ek = (lk, hek[1], hek[2])
         svc = b.endpoints.get(ek, _NOT_CACHED)
         if svc is _NOT_CACHED:
             svc = self._endpoint(b, ip, ek)
         if svc is None:
             return None
-        label = b.labels.get(lk)
+        hk = hek[0]
+        label = b.labels.get(hk)
         if label is None:
-            label = b.labels[lk] = _label(self._peer(b, ip, lk), ip)
+            label = b.labels[hk] = _label(self._local_peer(b, ip, lk, hook, final)[0], ip)
         return (svc, label, {})
+
+    def _local_peer(self, b: _Batch, ip: IPAddress, lk: int, hook: int, final: bool
+                    ) -> tuple[Peer, bool]:
+        """A local address resolved by its veth ``hook`` when the metadata can (the pod
+        that held it when the bytes were counted), else by time: ``(peer, settled)``."""
+        rv = self._resolve_veth
+        if hook and rv is not None and not (ip.is_link_local or ip.is_multicast
+                                            or ip.is_unspecified):
+            return rv(ip, hook, b.at, final)
+        return self._peer(b, ip, lk), True
 
     def _client(self, b: _Batch, ip: IPAddress, k: int) -> _Client:
         """Classify the client of a REQUEST/RESPONSE delta (the server is on this node)."""
@@ -721,12 +744,14 @@ class Attributor:
         return (cz or UNKNOWN, crossing, reason, c.node, check, _label(c, ip),
                 c.kind is PeerKind.UNKNOWN)
 
-    def _local(self, b: _Batch, ip: IPAddress, k: int) -> _Local:
-        """The workload labels and pair label of a local pod."""
-        p = self._peer(b, ip, k)
+    def _local(self, b: _Batch, ip: IPAddress, k: int, hook: int, final: bool) -> _Local:
+        """The workload labels and pair label of a local pod (on its veth ``hook``);
+        unresolved while its veth's pod is not known yet."""
+        p, settled = self._local_peer(b, ip, k, hook, final)
         if p.kind is PeerKind.POD:
             return (p.namespace or UNKNOWN, p.workload or p.name or UNKNOWN,
-                    p.workload_kind or ("Pod" if p.name else UNKNOWN), _label(p, ip), False)
+                    p.workload_kind or ("Pod" if p.name else UNKNOWN), _label(p, ip),
+                    not settled)
         return (UNKNOWN, UNKNOWN, UNKNOWN, str(ip), p.kind is PeerKind.UNKNOWN)
 
     def _remote(self, b: _Batch, d: FlowDelta, rk: int) -> _Remote:

@@ -127,7 +127,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hold-unresolved-seconds", type=float,
                    default=DEFAULT_HOLD_UNRESOLVED_SECONDS, metavar="SECONDS",
                    help="hold bytes of pod addresses the metadata does not know yet (a new "
-                   "pod, an API outage) for up to this long, then count them as unknown "
+                   "pod, an API outage, a reused address's new veth) for up to this long, "
+                   "then count them as they resolve (unknown when still unresolved) "
                    "(default %(default)g; 0: count at once; at most 100000 deltas held)")
     p.add_argument("--series-retention", type=float, default=DEFAULT_SERIES_RETENTION,
                    metavar="SECONDS",

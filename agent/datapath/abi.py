@@ -19,6 +19,7 @@ import ctypes as ct
 import ipaddress
 import socket
 import struct
+import sys
 
 from agent.records import FlowKind, IPAddress
 
@@ -34,7 +35,7 @@ FAMILY_INET6 = 6
 #: ``ZM_OVERFLOW_SLOTS``: one overflow entry per (kind, family)
 OVERFLOW_SLOTS = len(KIND_BY_VALUE) * 2
 #: ``ZM_LAYOUT_VERSION``: stored in the pinned ``zm_layout`` map (see bpf/zonemeter.h)
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 #: ``ZM_CACHE_SLOTS``: slots per CPU of each per-CPU flow cache
 CACHE_SLOTS = 256
 
@@ -42,18 +43,19 @@ _V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
 
 
 class FlowKey(ct.Structure):
-    """``struct zm_flow_key`` (40 bytes; offsets in the comments)."""
+    """``struct zm_flow_key`` (48 bytes; offsets in the comments)."""
 
     _fields_ = [
         ("local", ct.c_uint8 * 16),     # 0: network order, IPv4 mapped
         ("remote", ct.c_uint8 * 16),    # 16: network order, IPv4 mapped
         ("port", ct.c_uint16),          # 32: __be16: network order
-        ("proto", ct.c_uint8),          # 34: IP protocol number
-        ("kind", ct.c_uint8),           # 35: enum zm_kind (VALUE_BY_KIND)
-        ("family", ct.c_uint8),         # 36: enum zm_family (FAMILY_INET/INET6)
-        ("overflow", ct.c_uint8),       # 37: 1 for an overflow entry
-        ("port_is_local", ct.c_uint8),  # 38: 1: port is the local pod's (EGRESS/INGRESS)
-        ("reserved_39", ct.c_uint8),    # 39: always 0
+        ("local_port", ct.c_uint16),    # 34: __be16: the local pod's port (EGRESS/INGRESS) or 0
+        ("proto", ct.c_uint8),          # 36: IP protocol number
+        ("kind", ct.c_uint8),           # 37: enum zm_kind (VALUE_BY_KIND)
+        ("family", ct.c_uint8),         # 38: enum zm_family (FAMILY_INET/INET6)
+        ("overflow", ct.c_uint8),       # 39: 1 for an overflow entry
+        ("ifindex", ct.c_uint32),       # 40: host order: the host-side veth
+        ("reserved_44", ct.c_uint32),   # 44: always 0
     ]
 
 
@@ -67,12 +69,12 @@ class FlowValue(ct.Structure):
 
 
 class CacheSlot(ct.Structure):
-    """``struct zm_cache_slot`` (56 bytes): one slot of a per-CPU flow cache, per CPU."""
+    """``struct zm_cache_slot`` (64 bytes): one slot of a per-CPU flow cache, per CPU."""
 
     _fields_ = [
         ("key", FlowKey),             # 0: as in the flow table (byte order as FlowKey)
-        ("bytes", ct.c_uint64),       # 40: host order
-        ("packets", ct.c_uint64),     # 48: host order; 0 = empty slot
+        ("bytes", ct.c_uint64),       # 48: host order
+        ("packets", ct.c_uint64),     # 56: host order; 0 = empty slot
     ]
 
 
@@ -88,14 +90,23 @@ class EndpointKey(ct.Structure):
 
 
 #: ``struct zm_flow_key`` read with :mod:`struct`, big-endian: each 16-byte address as
-#: two big-endian u64 (the address as an integer, high half first), the port in host
-#: order, single bytes unaffected; ``>`` also means no alignment padding, so the
-#: reserved byte is skipped (``x``). Fields: local hi/lo, remote hi/lo, port, proto,
-#: kind, family, overflow, port_is_local.
-FLOW_KEY_WIRE = struct.Struct(">QQQQHBBBBBx")
+#: two big-endian u64 (the address as an integer, high half first), the two ports in
+#: host order, single bytes unaffected, the ifindex as a big-endian u32 (it is host order
+#: in the key: :func:`ifindex_from_wire` turns the value read into the ifindex); ``>``
+#: also means no alignment padding, so the reserved word is skipped (``4x``). Fields:
+#: local hi/lo, remote hi/lo, port, local_port, proto, kind, family, overflow, ifindex.
+FLOW_KEY_WIRE = struct.Struct(">QQQQHHBBBBI4x")
 #: ``struct zm_flow_value`` read with :mod:`struct`: host order u64 bytes, packets
 FLOW_VALUE_WIRE = struct.Struct("=QQ")
 assert FLOW_KEY_WIRE.size == ct.sizeof(FlowKey) and FLOW_VALUE_WIRE.size == ct.sizeof(FlowValue)
+
+
+def ifindex_from_wire(raw: int) -> int:
+    """Return the ifindex of a key whose ifindex field :data:`FLOW_KEY_WIRE` read as ``raw``
+    (a big-endian reading of a host-order u32: byte-swapped on little-endian hosts)."""
+    if sys.byteorder == "big":
+        return raw
+    return int.from_bytes(raw.to_bytes(4, "big"), "little")
 
 
 def addr_to_bytes(addr: IPAddress) -> bytes:

@@ -49,6 +49,7 @@ from agent.datapath.abi import (
     CacheSlot,
     FlowKey,
     FlowValue,
+    ifindex_from_wire,
     overflow_key,
 )
 from agent.datapath.pins import call_errno, libbcc, map_info
@@ -132,6 +133,8 @@ class FlowTables:
         # address objects shared by the records of this and later drains (see _convert)
         self._v4: dict[int, IPAddress] = {}
         self._v6: dict[int, IPAddress] = {}
+        # ifindex as read by FLOW_KEY_WIRE -> ifindex (a node has a few hundred veths)
+        self._ifindexes: dict[int, int] = {}
         for fd in self._fds:
             self._seed(fd)
         current = self._kernel_active(self._active_fd, self._fds) if reuse else None
@@ -419,13 +422,14 @@ class FlowTables:
         v6 = ipaddress.IPv6Address
         kinds = KIND_BY_VALUE
         fd, unfrozen = FlowDelta, _Unfrozen
+        ifindexes = self._ifindexes
         out: list[FlowDelta] = []
         overflows = 0
         paused = gc.isenabled()
         if paused:
             gc.disable()
         try:
-            for (lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_is_local), (
+            for (lhi, llo, rhi, rlo, port, local_port, proto, kind, family, overflow, rawif), (
                     nbytes, npackets) in zip(
                     FLOW_KEY_WIRE.iter_unpack(keys), FLOW_VALUE_WIRE.iter_unpack(values), strict=True):
                 if overflow:
@@ -457,12 +461,12 @@ class FlowTables:
                 d.kind = kinds[kind]
                 d.local = la
                 d.remote = ra
-                if port_is_local:
-                    d.port = 0
-                    d.local_port = port
-                else:
-                    d.port = port
-                    d.local_port = 0
+                d.port = port
+                d.local_port = local_port
+                ifindex = ifindexes.get(rawif)
+                if ifindex is None:
+                    ifindex = ifindexes[rawif] = ifindex_from_wire(rawif)
+                d.ifindex = ifindex
                 d.protocol = proto
                 d.bytes = nbytes
                 d.packets = npackets
@@ -475,6 +479,8 @@ class FlowTables:
             if len(v4cache) + len(v6cache) > ADDRESS_CACHE_MAX:
                 v4cache.clear()
                 v6cache.clear()
+            if len(ifindexes) > ADDRESS_CACHE_MAX:
+                ifindexes.clear()
         self._entries = n - overflows
         return out
 
@@ -507,9 +513,9 @@ class _Unfrozen:
 
 
 (_SET_KIND, _SET_LOCAL, _SET_REMOTE, _SET_PORT, _SET_PROTOCOL, _SET_BYTES, _SET_PACKETS,
- _SET_OVERFLOW, _SET_LOCAL_PORT) = (getattr(FlowDelta, f).__set__ for f in (
+ _SET_OVERFLOW, _SET_LOCAL_PORT, _SET_IFINDEX) = (getattr(FlowDelta, f).__set__ for f in (
     "kind", "local", "remote", "port", "protocol", "bytes", "packets", "overflow",
-    "local_port"))
+    "local_port", "ifindex"))
 
 
 def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
@@ -530,4 +536,5 @@ def _fast_delta(kind: FlowKind, local: IPAddress, remote: IPAddress, port: int,
     _SET_PACKETS(d, packets)
     _SET_OVERFLOW(d, False)
     _SET_LOCAL_PORT(d, 0)
+    _SET_IFINDEX(d, 0)
     return d

@@ -480,6 +480,29 @@ class ClusterMetadata:
                 self._memo[k] = peer
             return peer
 
+    def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool = True
+                     ) -> tuple[Peer, bool]:
+        """Resolve a local address whose bytes the host veth ``ifindex`` carried.
+
+        Args:
+            ip: the local address (a pod of this node).
+            ifindex: the veth's interface index (:attr:`agent.records.FlowDelta.ifindex`).
+            at: when the bytes were drained (seconds since the epoch, cache clock).
+            final: no later retry: bind the likeliest pod rather than report unsettled.
+
+        Returns:
+            ``(peer, settled)``: the pod whose veth it is (``PodTable.veth_owner``), or
+            :meth:`resolve` when no pod held the address within the grace period;
+            ``settled`` False when the veth's pod is not known yet (the peer is then the
+            holder at ``at``, and nothing was bound). Never raises.
+        """
+        k = tagged_address_key(ip)
+        with self._lock:
+            pod, settled = self._pod_table.veth_owner(k, ifindex, at, final)
+            if pod is not None:
+                return self._pod_peer(pod), settled
+        return self.resolve(ip, at), True
+
     def _pod_peer(self, pod: PodRecord) -> Peer:
         zone = region = None
         reason = None

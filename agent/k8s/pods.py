@@ -51,6 +51,20 @@ class Tenure:
     deleted_at: float | None
 
 
+#: seconds after the end of the tenure a veth is bound to beyond which bytes counted
+#: under that veth's ifindex are taken to be a new veth's: a CNI that creates the host
+#: side of a veth in the pod's namespace and then moves it (AWS VPC CNI) lets it keep
+#: the index it had there when that index is free on the host, e.g. the deleted pod's.
+#: The old pod's own late bytes are drained within 0.25 s of the watch reporting its end
+#: (docs/reliability.md), far inside this.
+VETH_REUSE_SECONDS = 10.0
+
+
+def _tenure(rec: PodRecord) -> tuple[str, str, float]:
+    """Identity of a pod's hold on its addresses: a pod recreated under its name is a new one."""
+    return (rec.namespace, rec.name, rec.since)
+
+
 class PodTable:
     """The cache's pods: by namespace and name, live holders by address, finished tenures.
 
@@ -69,6 +83,8 @@ class PodTable:
         hostnet_by_ip: address key -> node of a host-network pod using it.
         hostnet_gen: bumped whenever the host-network address set changes.
         released: bumped whenever a pod's tenure of an address ends.
+        veths: address key -> the host veths its bytes were counted on and the tenure
+            each is bound to (:meth:`veth_owner`).
     """
 
     def __init__(self, grace_seconds: float, max_deleted: int, clock: Callable[[], float],
@@ -83,6 +99,11 @@ class PodTable:
         self.hostnet_by_ip: dict[int, str] = {}
         self.hostnet_gen = 0
         self.released = 0
+        # address key -> {ifindex << 16 | incarnation: (pod, None) bound, (pod, tenure
+        # count) provisional, or None: seen, not bound yet} (veth_owner); cleared beyond
+        # _max_veths addresses
+        self.veths: dict[int, dict[int, tuple[PodRecord, int | None] | None]] = {}
+        self._max_veths = max(4 * max_deleted, 65536)
 
     def get(self, namespace: str, name: str) -> PodRecord | None:
         """The pod, or None."""
@@ -190,6 +211,93 @@ class PodTable:
         if earlier:
             return earlier[-1].pod
         return live or past[0].pod
+
+    def veth_owner(self, k: int, ifindex: int, at: float, final: bool
+                   ) -> tuple[PodRecord | None, bool]:
+        """The pod whose bytes the host veth ``ifindex`` carried from the address with key
+        ``k``: ``(pod, settled)``; ``(None, True)`` when no pod held the address in the
+        grace period (the caller resolves it as any address).
+
+        The kernel keys every flow by its veth (bpf/zonemeter.h ``ifindex``), and a pod
+        replacing another on the same address has a new veth, whose ifindex is larger
+        (the kernel hands interface indexes out in increasing order: ``dev_index_reserve``
+        in net/core/dev.c). So the veths an address was seen on, in ifindex order, belong
+        to its tenures in order (docs/datapath.md, "The veth in the key"); an index whose
+        binding's tenure ended more than :data:`VETH_REUSE_SECONDS` before ``at`` is a new
+        veth under the same index, ordered after it. A veth is bound
+        to a tenure once the order allows only one; the binding then holds whatever the
+        API says later. Unsettled (``settled`` False, nothing bound, the holder at ``at``
+        returned): the veth's tenure is not known yet (a new veth while the API still
+        shows the previous holder, whose veth is known), or several new veths and tenures
+        meet at once; the caller holds the bytes and asks again. With ``final`` the
+        likeliest tenure is bound provisionally: the binding is redone once the address's
+        tenures change.
+        """
+        seen = self.veths.get(k)
+        if seen is None:
+            if len(self.veths) >= self._max_veths:
+                self.veths.clear()
+            seen = self.veths[k] = {}
+        past = self.deleted.get(k) or ()
+        live = self.live_by_ip.get(k)
+        seq: list[PodRecord] = []
+        for rec in [*(t.pod for t in past), *([live] if live is not None else [])]:
+            if not seq or _tenure(seq[-1]) != _tenure(rec):
+                seq.append(rec)
+        # veths are ordered by (ifindex, incarnation): a veth re-created under the index
+        # of a deleted one is a later incarnation of that index
+        order = max((o for o in seen if o >> 16 == ifindex), default=ifindex << 16)
+        got = seen.get(order)
+        if got is not None:
+            rec, stamp = got
+            if stamp is None:
+                end = None if live is not None and _tenure(live) == _tenure(rec) else next(
+                    (t.deleted_at for t in reversed(past) if _tenure(t.pod) == _tenure(rec)), 0.0)
+                if end is None or at <= end + VETH_REUSE_SECONDS:
+                    return rec, True
+                # its tenure ended long before these bytes: the index names a new veth
+                order += 1
+            elif stamp == len(seq):
+                return rec, True
+            else:
+                seen[order] = None  # provisional, and the tenures changed: decide again
+        if not seq:
+            return None, True
+        seen.setdefault(order, None)
+        pos = {_tenure(r): i for i, r in enumerate(seq)}
+        # the veths bound for good just below and above this one bound its window
+        lo, hi = -1, len(seq)
+        lo_o, hi_o = -1, 1 << 48
+        for o, b in seen.items():
+            if b is None or b[1] is not None:
+                continue
+            p = pos.get(_tenure(b[0]))
+            if p is None:  # that tenure left the grace period
+                continue
+            if lo_o < o < order:
+                lo, lo_o = p, o
+            elif order < o < hi_o:
+                hi, hi_o = p, o
+        cands = seq[lo + 1:hi]
+        # other veths in the same window still to be bound share its tenures
+        unbound = [o for o, b in seen.items() if o != order and lo_o < o < hi_o
+                   and (b is None or b[1] is not None)]
+        owner = self.owner_at(k, at, past) or seq[-1]
+        # veths newer than this one in the window take the newer tenures
+        rank = sum(1 for o in unbound if o > order)
+        if cands and len(cands) == len(unbound) + 1:  # as many veths as tenures: in order
+            rec = cands[len(cands) - 1 - rank]
+            seen[order] = (rec, None)
+            return rec, True
+        if not final:
+            return owner, False
+        # the likeliest: the newest tenure for the newest veth, older ones in order
+        rec = cands[max(0, len(cands) - 1 - rank)] if cands else owner
+        seen[order] = (rec, len(seq))
+        if len(seen) > 8:  # a few veths per address are enough to order its tenures
+            for o in sorted(seen)[:len(seen) - 8]:
+                del seen[o]
+        return rec, True
 
     def live_workloads(self, want: set[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
         """The workloads of ``want`` (``(namespace, workload, workload_kind)``) that at least

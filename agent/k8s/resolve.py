@@ -41,6 +41,12 @@ class MetadataAdapter:
             return _SERVICE_IP_PEER
         return peer
 
+    def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool
+                     ) -> tuple[Peer, bool]:
+        """Resolve a local pod address by the host veth its bytes crossed; see
+        ``ClusterMetadata.resolve_veth`` (``(peer, settled)``)."""
+        return self.cache.resolve_veth(ip, ifindex, at, final)
+
     def _is_service_ip(self, ip: IPAddress) -> bool:
         return self.cache.is_cluster_ip(ip) or ip in self.cache.door_index().service_ips
 

@@ -60,3 +60,26 @@ def test_rolling_update_with_address_reuse_attributes_every_byte(tmp_path: Path)
     # outside the lab's ground truth: only the new interfaces' IPv6 link-local chatter
     assert set(res.workload_other) <= {"unknown"}
     assert sum(res.workload_other.values()) < 1000 * res.replacements
+
+
+def test_address_reused_while_the_metadata_is_stale_goes_to_the_new_pod(tmp_path: Path) -> None:
+    """The new pod takes the deleted pod's address at once (no gap) and sends for 3 s
+    (three drains at ``--interval 1``) before the snapshot announces it: the agents'
+    metadata shows the old pod deleted and no new holder, which by time would credit the
+    new pod's bytes to the old one. The kernel keys them by the new pod's veth: they are
+    held until the metadata names its pod, and each owner gets exactly its own bytes."""
+    with ChurnRun(tmp_path, interval=1.0) as cr:
+        cr.start_traffic(14)
+        _wait_until_every_api_pod_sent(cr)
+        for slot in (1, 4):  # one replica on n1, one on n2
+            assert cr.replace_api(slot, f"api-v2-{slot}", stale_seconds=3.0), slot
+        while cr.traffic_running():
+            time.sleep(0.2)
+        res = cr.finish()
+    assert (res.replacements, res.reused, res.failed_requests) == (2, 2, 0)
+    for slot in (1, 4):
+        assert res.workload_truth.get(f"api-{slot}", 0) > 0, slot
+        assert res.workload_truth.get(f"api-v2-{slot}", 0) > 0, slot
+    assert res.workload_agents == res.workload_truth
+    assert res.service_agents == res.service_truth
+    assert not res.unattributed

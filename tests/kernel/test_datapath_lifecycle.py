@@ -422,7 +422,7 @@ def test_endpoint_changes_take_effect_within_one_drain_interval(lab: Lab) -> Non
 
 def test_server_side_pod_traffic_keeps_the_local_port(lab: Lab) -> None:
     """Pod traffic whose remote port is ephemeral keeps the local pod's (server) port
-    (``port_is_local``), so attribution can recognise Service traffic to an endpoint the
+    (``local_port``), so attribution can recognise Service traffic to an endpoint the
     endpoint map does not hold yet; the client's side keeps the remote port as before."""
     a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
     flow = Flow("a1", "a2", pod_ip(lab, "a2", 4), 9400, 9400, "tcp", 4)
@@ -441,6 +441,91 @@ def test_server_side_pod_traffic_keeps_the_local_port(lab: Lab) -> None:
     # each side saw the same bytes (one veth each way on this node)
     assert server[FlowKind.INGRESS].bytes == client[FlowKind.EGRESS].bytes > 3000
     assert server[FlowKind.EGRESS].bytes == client[FlowKind.INGRESS].bytes > 5000
+
+
+def _tcp_exchange(lab: Lab, client: str, server: str, port: int, client_port: int,
+                  request: int, response: int) -> None:
+    """One TCP connection client -> server:port from client_port (0: an ephemeral one),
+    request bytes answered with response bytes."""
+    import socket
+    import threading
+
+    from agent.datapath import run_in_netns
+
+    sip, cip = pod_ip(lab, server, 4), pod_ip(lab, client, 4)
+    ready = threading.Event()
+
+    def serve() -> None:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((sip, port))
+            s.listen(1)
+            s.settimeout(5)
+            ready.set()
+            conn, _ = s.accept()
+            with conn:
+                got = 0
+                while got < request:
+                    got += len(conn.recv(65536))
+                conn.sendall(b"r" * response)
+
+    def dial() -> None:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((cip, client_port))
+            s.settimeout(5)
+            s.connect((sip, port))
+            s.sendall(b"q" * request)
+            got = 0
+            while got < response:
+                got += len(s.recv(65536))
+
+    th = threading.Thread(target=run_in_netns, args=(lab.pod_netns(server), serve))
+    th.start()
+    assert ready.wait(5)
+    run_in_netns(lab.pod_netns(client), dial)
+    th.join(5)
+
+
+def _ifindex(lab: Lab, pod: str) -> int:
+    netns, veth = lab.host_veth(pod)
+    out = subprocess.run(["ip", "-n", netns, "-j", "link", "show", "dev", veth],
+                         capture_output=True, text=True, check=True).stdout
+    return int(json.loads(out)[0]["ifindex"])
+
+
+@pytest.mark.parametrize("attach", ["clsact", "tcx"])
+def test_late_endpoint_keys_keep_the_server_port_whatever_the_client_port(lab: Lab,
+                                                                         attach: str) -> None:
+    """No endpoint in the kernel map (a late one): the server's side keeps its port next to
+    the client's for a client port outside the ephemeral range (its SYN entered on it) and
+    for a server port inside the range (its SYN-ACK left from it: zm_server_ports); the
+    client's side keeps only the remote port, so no key per connection. Every key names
+    the host veth of its local pod."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
+    with Datapath(_config(lab, "a", attach=attach)) as dp:
+        dp.attach()
+        dp.drain()
+        _tcp_exchange(lab, "a1", "a2", 9410, 20000, 3000, 5000)    # fixed client port
+        for _ in range(8):  # ephemeral-range server port, eight client ports
+            _tcp_exchange(lab, "a1", "a2", 50051, 0, 2000, 4000)
+        deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
+    veth = {a1: _ifindex(lab, "a1"), a2: _ifindex(lab, "a2")}
+    assert veth[a1] != veth[a2]
+    for d in deltas:
+        assert d.ifindex == veth[d.local], d
+    keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
+    assert keys == {
+        (True, FlowKind.INGRESS, 20000, 9410), (True, FlowKind.EGRESS, 20000, 9410),
+        (False, FlowKind.EGRESS, 9410, 0), (False, FlowKind.INGRESS, 9410, 0),
+        (True, FlowKind.INGRESS, 0, 50051), (True, FlowKind.EGRESS, 0, 50051),
+        (False, FlowKind.EGRESS, 0, 0), (False, FlowKind.INGRESS, 0, 0),
+    }, keys
+    server = sum(d.bytes for d in deltas if d.local == a2 and d.local_port == 50051)
+    client = sum(d.bytes for d in deltas if d.local == a1 and d.port == 0)
+    # eight connections, every packet, in one key per side and direction: no key per connection
+    assert len(deltas) == 8
+    assert server == client > 8 * (2000 + 4000)
 
 
 def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Lab) -> None:

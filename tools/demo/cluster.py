@@ -31,7 +31,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -505,14 +505,18 @@ class DemoCluster:
 
     # ------------------------------------------------------------------ pods come and go
 
-    def replace_pod(self, old: str, new: str, settle_seconds: float = 0.5) -> str:
+    def replace_pod(self, old: str, new: str, settle_seconds: float = 0.5,
+                    before_announce: Callable[[], None] | None = None) -> str:
         """Delete pod ``old`` and create ``new`` like it (same node, namespace, labels,
         ports), which takes the lowest free address of the node: ``old``'s.
 
         Order keeps the data plane's choices inside the model's at every moment, so no byte
         is judged hint-ignored by a stale model: proxies stop using ``old`` first, then the
         pod goes, then the new pod is announced in the snapshot (``settle_seconds`` for
-        agents to read it) before the proxies start using it.
+        agents to read it) before the proxies start using it. ``before_announce``, when
+        given, runs once the new pod exists and before the snapshot announces it: the
+        agents' metadata is stale meanwhile (the old pod deleted, no new holder of the
+        address), as during an API outage.
 
         Returns:
             The new pod's IPv4 address.
@@ -537,6 +541,8 @@ class DemoCluster:
                 s.key: list(self.lab.service_endpoints(s.key, n.name))
                 for s in self.lab.topology.services})
         added = self.lab.add_pod(spec)
+        if before_announce is not None:
+            before_announce()
         self.replaced_by[old] = new
         self.clients = [new if c == old else c for c in self.clients]
         self.write_snapshot()

@@ -362,7 +362,8 @@ class Model:
             local_eps = self._local_endpoints(cnode)
             # the client's own (addr, sport) is never an endpoint: sport is ephemeral
             assert (caddr, c.sport, c.proto) not in local_eps
-            # the kernel keeps the local port when the remote one is ephemeral (port_is_local)
+            # the kernel keeps the local port when the remote one is ephemeral and it is not
+            # (a client's ephemeral port is no server port of this node: never learned)
             lport = c.sport if rport == 0 and c.dport and c.sport not in EPHEMERAL else 0
             for kind, n in ((FlowKind.EGRESS, c.req), (FlowKind.INGRESS, c.resp)):
                 self._emit(cnode, FlowDelta(kind, caddr, dst, rport, c.proto, n, max(1, n // 1400),
@@ -374,7 +375,11 @@ class Model:
                     self._emit(snode, FlowDelta(kind, saddr, caddr, bport, c.proto, n, 1))
             else:
                 cport = c.sport if c.sport not in EPHEMERAL else 0
-                lport = bport if cport == 0 and c.sport and bport not in EPHEMERAL else 0
+                # the kernel keeps the server's port of a TCP connection (its SYN entered
+                # on it, its SYN-ACK left from it), of other protocols when the client's
+                # port is ephemeral and the server's is not (bpf/classify.h zm_local_port)
+                lport = bport if c.proto == 6 or (cport == 0 and c.sport
+                                                  and bport not in EPHEMERAL) else 0
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, caddr, cport, c.proto, n, 1,
                                                 local_port=lport))

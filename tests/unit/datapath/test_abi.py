@@ -105,8 +105,8 @@ def test_endpoint_key_rejects_bad_port() -> None:
 def test_overflow_key_has_only_kind_family_flag() -> None:
     key = bt.overflow_key(FlowKind.EGRESS, 6)
     raw = bytes(key)
-    assert raw[:35] == bytes(35)
-    assert raw[35:38] == bytes([2, 6, 1]) and raw[38:] == bytes(2)
+    assert raw[:37] == bytes(37)
+    assert raw[37:40] == bytes([2, 6, 1]) and raw[40:] == bytes(8)
 
 
 def _static_asserts() -> tuple[dict[str, int], dict[str, int]]:
@@ -149,11 +149,12 @@ def test_struct_readers_read_what_ctypes_writes() -> None:
     ct.memmove(key.local, bt.addr_to_bytes(ipaddress.ip_address("10.1.2.3")), 16)
     ct.memmove(key.remote, bt.addr_to_bytes(ipaddress.ip_address("2001:db8::9")), 16)
     key.port, key.proto, key.kind, key.family = socket.htons(8080), 6, 3, 4
-    key.overflow, key.port_is_local = 0, 1
-    lhi, llo, rhi, rlo, port, proto, kind, family, overflow, port_is_local = (
+    key.overflow, key.local_port, key.ifindex = 0, socket.htons(50051), 0x01020304
+    lhi, llo, rhi, rlo, port, local_port, proto, kind, family, overflow, ifindex = (
         bt.FLOW_KEY_WIRE.unpack(bytes(key)))
     assert (lhi << 64 | llo) == int(ipaddress.ip_address("::ffff:10.1.2.3"))
     assert (rhi << 64 | rlo) == int(ipaddress.ip_address("2001:db8::9"))
-    assert (port, proto, kind, family, overflow, port_is_local) == (8080, 6, 3, 4, 0, 1)
+    assert (port, local_port, proto, kind, family, overflow) == (8080, 50051, 6, 3, 4, 0)
+    assert bt.ifindex_from_wire(ifindex) == 0x01020304
     value = bt.FlowValue(bytes=2**40 + 7, packets=3)
     assert bt.FLOW_VALUE_WIRE.unpack(bytes(value)) == (2**40 + 7, 3)

@@ -76,6 +76,7 @@ def test_convert_builds_the_records_the_constructor_would() -> None:
     t._values = (FlowValue * 6)()
     t._overflow_bytes = 0
     t._v4, t._v6 = {}, {}
+    t._ifindexes = {}
     for i, (kind, local, remote, port, proto, nbytes, packets) in enumerate(rows):
         k = t._keys[i]
         la, ra = ipaddress.ip_address(local), ipaddress.ip_address(remote)
@@ -115,6 +116,7 @@ def _tables_with(rows: list[tuple[str, str, int]]) -> object:
     t._values = (FlowValue * len(rows))()
     t._overflow_bytes = 0
     t._v4, t._v6 = {}, {}
+    t._ifindexes = {}
     for i, (local, remote, packets) in enumerate(rows):
         la, ra = ipaddress.ip_address(local), ipaddress.ip_address(remote)
         ct.memmove(t._keys[i].local, addr_to_bytes(la), 16)
