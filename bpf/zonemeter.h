@@ -49,7 +49,7 @@
  * fields). Stored in the pinned zm_layout map; a restarted agent that finds another
  * value (or other map sizes) recreates the pins instead of misreading them. Bump it with
  * any change to the structs below or to the maps in maps.h. */
-#define ZM_LAYOUT_VERSION 2
+#define ZM_LAYOUT_VERSION 3
 
 /* Slots of the per-CPU flow cache in front of each flow table (power of two). */
 #define ZM_CACHE_SLOTS 256

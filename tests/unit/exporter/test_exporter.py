@@ -115,6 +115,8 @@ zonemeter_diagnostic_bytes_total{name="hold_full"} 0.0
 # TYPE zonemeter_series_expired_total counter
 zonemeter_series_expired_total{family="zonemeter_service_bytes_total"} 0.0
 zonemeter_series_expired_total{family="zonemeter_workload_bytes_total"} 2.0
+# HELP zonemeter_checkpoint_discarded_total Checkpoint files the agent could not use and started from zero instead, by reason (unreadable, corrupt, version: another format or kernel layout, node: another node's); absent without --checkpoint-path.
+# TYPE zonemeter_checkpoint_discarded_total counter
 # HELP zonemeter_flow_table_entries Entries in the kernel flow table at the last drain.
 # TYPE zonemeter_flow_table_entries gauge
 zonemeter_flow_table_entries 12.0
@@ -174,6 +176,7 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_skipped_bytes": "counter",
         "zonemeter_diagnostic_bytes": "counter",
         "zonemeter_series_expired": "counter",
+            "zonemeter_checkpoint_discarded": "counter",
         "zonemeter_hook_counted_bytes": "counter",
         "zonemeter_interface_bytes": "counter",
         "zonemeter_hook_unseen_bytes": "counter",
@@ -222,7 +225,7 @@ def test_keyed_families_label_the_fields_of_their_key_record_in_order() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 22 and all(not m.samples for m in described)
+    assert len(described) == 23 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:
