@@ -174,18 +174,15 @@ class FlowTables:
         self._leftover = False  # the next drain first looks at the idle side
         self._caches = caches
         self._cache_active = 0
-        ncpu = 0
         if caches is not None:
             from bcc.utils import get_possible_cpus
 
-            ncpu = len(get_possible_cpus())
             # a per-CPU array value is one CacheSlot per possible CPU
-            self._cache_buf = (CacheSlot * ncpu)()
-            self._cache_zero = (CacheSlot * ncpu)()
-        # buffers reused across drains: a drain of 100,000 entries allocates nothing big;
-        # a side's cache slots are read into the same buffers after its table's entries
-        self._keys = (FlowKey * (self._max + CACHE_SLOTS * ncpu))()
-        self._values = (FlowValue * (self._max + CACHE_SLOTS * ncpu))()
+            self._cache_buf = (CacheSlot * len(get_possible_cpus()))()
+            self._cache_zero = (CacheSlot * len(get_possible_cpus()))()
+        # buffers reused across drains: a drain of 100,000 entries allocates nothing big
+        self._keys = (FlowKey * self._max)()
+        self._values = (FlowValue * self._max)()
         # address objects shared by the records of this and later drains (see _convert)
         self._v4: dict[int, IPAddress] = {}
         self._v6: dict[int, IPAddress] = {}
@@ -322,12 +319,12 @@ class FlowTables:
             self._leftover = True  # the table switched: read the old side next time
             raise failed[0]
 
-    def _read_cache(self, cache_fd: int, n: int) -> tuple[int, list[int]]:
-        """Copy every used slot of the idle per-CPU cache cache_fd into the buffers from
-        entry n on (one entry per CPU whose slot holds counts); nothing is changed.
+    def _read_cache(self, cache_fd: int) -> tuple[list[tuple[bytes, int, int]], list[int]]:
+        """Read every used slot of the idle per-CPU cache cache_fd; nothing is changed.
 
         Returns:
-            (entries in the buffers now, indexes of the used slots).
+            ``([(flow key bytes, bytes, packets)] one per CPU whose slot holds counts,
+            indexes of the used slots)``.
 
         Raises:
             RuntimeFailure: the kernel refused a read.
@@ -336,6 +333,7 @@ class FlowTables:
         buf = self._cache_buf
         idx = ct.c_int(0)
         used: list[int] = []
+        out: list[tuple[bytes, int, int]] = []
         for i in range(CACHE_SLOTS):
             idx.value = i
             if lib.bpf_lookup_elem(cache_fd, ct.byref(idx), ct.byref(buf)) < 0:
@@ -346,13 +344,44 @@ class FlowTables:
                 if not cpu_slot.packets:
                     continue
                 hit = True
-                self._keys[n] = cpu_slot.key
-                self._values[n].bytes = cpu_slot.bytes
-                self._values[n].packets = cpu_slot.packets
-                n += 1
+                out.append((bytes(cpu_slot.key), cpu_slot.bytes, cpu_slot.packets))
             if hit:
                 used.append(i)
-        return n, used
+        return out, used
+
+    def _merge_cache(self, n: int, slots: list[tuple[bytes, int, int]]) -> int:
+        """Add the cache counts ``slots`` to the n table entries in the buffers, as the
+        kernel would have had they been flushed into the table: into the flow's entry;
+        else a new entry while the table holds fewer than ``capacity`` flows; else the
+        overflow entry of the flow's (kind, family). Only the buffers change (the idle
+        side in the kernel is emptied by :meth:`commit`), so a drain returns at most
+        ``capacity + 8`` records. Returns the entries in the buffers now."""
+        if not slots:
+            return n
+        size = ct.sizeof(FlowKey)
+        raw = memoryview(self._keys).cast("B")
+        index = {bytes(raw[i * size:(i + 1) * size]): i for i in range(n)}
+        kind_at, family_at, overflow_at = (FlowKey.kind.offset, FlowKey.family.offset,
+                                           FlowKey.overflow.offset)
+        flows = n - sum(1 for k in index if k[overflow_at])
+        values = self._values
+        for key, nbytes, npackets in slots:
+            at = index.get(key)
+            if at is None:
+                if flows < self.capacity:
+                    at = index[key] = n
+                    ct.memmove(ct.byref(self._keys, at * size), key, size)
+                    values[at].bytes = values[at].packets = 0
+                    n += 1
+                    flows += 1
+                else:
+                    okey = bytes(overflow_key(KIND_BY_VALUE[key[kind_at]], key[family_at]))
+                    at = index.get(okey)
+                    if at is None:
+                        raise RuntimeFailure("flow table full and its overflow entry missing")
+            values[at].bytes += nbytes
+            values[at].packets += npackets
+        return n
 
     def _take_batch(self, fd: int, delete: bool = False) -> int:
         """Copy (``delete``: and delete) every entry of fd into the buffers; returns the
@@ -441,12 +470,9 @@ class FlowTables:
     def _read_side(self, side: int) -> list[FlowDelta]:
         """Records of everything idle side ``side`` holds (table and cache); unchanged."""
         n = self._read_table(self._fds[side])
-        table_n = n
         if self._caches is not None:
-            n, _ = self._read_cache(self._caches[0][side], n)
-        out = self._convert(n)
-        self._entries -= n - table_n  # cache slots are never overflow entries
-        return out
+            n = self._merge_cache(n, self._read_cache(self._caches[0][side])[0])
+        return self._convert(n)
 
     def _clear_side(self, side: int) -> None:
         """Empty idle side ``side`` (table entries deleted, overflow entries seeded
@@ -467,7 +493,7 @@ class FlowTables:
         self._seed(fd)
         if self._caches is not None:
             cache_fd = self._caches[0][side]
-            _, used = self._read_cache(cache_fd, 0)
+            _, used = self._read_cache(cache_fd)
             idx = ct.c_int(0)
             for i in used:
                 idx.value = i
@@ -523,8 +549,7 @@ class FlowTables:
         the next drain).
 
         Returns:
-            one :class:`FlowDelta` per flow key with a non-zero count (a flow may come
-            twice, from the table and from a per-CPU cache slot), plus one
+            one :class:`FlowDelta` per flow key with a non-zero count, plus one
             ``overflow=True`` delta per (kind, family) whose overflow entry is non-zero.
             Bytes are L3 bytes on the wire (docs/datapath.md); ports host order.
 
@@ -649,7 +674,7 @@ class FlowTables:
             if len(v4cache) + len(v6cache) > ADDRESS_CACHE_MAX:
                 v4cache.clear()
                 v6cache.clear()
-        self._entries = n - overflows  # _read_side corrects it when cache slots follow
+        self._entries = n - overflows
         return out
 
     def lost(self) -> tuple[int, int]:
