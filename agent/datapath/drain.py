@@ -170,6 +170,8 @@ class FlowTables:
         self.hold = hold
         self._epoch_fd = epoch_fd
         self._pending: int | None = None  # idle side read, not emptied yet
+        # (side, its table's entries) whose keys the buffers still hold from the read
+        self._buffered: tuple[int, int] | None = None
         self._folded = [0, 0]
         self._leftover = False  # the next drain first looks at the idle side
         self._caches = caches
@@ -383,15 +385,14 @@ class FlowTables:
             values[at].packets += npackets
         return n
 
-    def _take_batch(self, fd: int, delete: bool = False) -> int:
-        """Copy (``delete``: and delete) every entry of fd into the buffers; returns the
-        count (``BPF_MAP_LOOKUP_BATCH`` / ``BPF_MAP_LOOKUP_AND_DELETE_BATCH``).
+    def _take_batch(self, fd: int) -> int:
+        """Copy every entry of fd into the buffers (``BPF_MAP_LOOKUP_BATCH``; nothing is
+        deleted); returns the count.
 
         Raises:
             OSError: the kernel refused the batch operation (caller falls back).
         """
         lib = libbcc()
-        call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
         total = 0
         token = ct.c_uint32(0)
         count = ct.c_uint32(0)
@@ -399,7 +400,7 @@ class FlowTables:
         key_size, value_size = ct.sizeof(FlowKey), ct.sizeof(FlowValue)
         while total < self._max:
             count.value = self._max - total
-            res = call(
+            res = lib.bpf_lookup_batch(
                 fd, None if first else ct.byref(token), ct.byref(token),
                 ct.byref(self._keys, key_size * total),
                 ct.byref(self._values, value_size * total), ct.byref(count))
@@ -470,6 +471,7 @@ class FlowTables:
     def _read_side(self, side: int) -> list[FlowDelta]:
         """Records of everything idle side ``side`` holds (table and cache); unchanged."""
         n = self._read_table(self._fds[side])
+        self._buffered = (side, n)  # merged cache entries only come after these n keys
         if self._caches is not None:
             n = self._merge_cache(n, self._read_cache(self._caches[0][side])[0])
         return self._convert(n)
@@ -485,7 +487,10 @@ class FlowTables:
             RuntimeFailure: the kernel refused a read or write.
         """
         fd = self._fds[side]
-        n = self._read_table(fd)
+        buffered, self._buffered = self._buffered, None
+        # the keys of the read are still in the buffers (the side is idle: unchanged);
+        # else (a side another agent read) list them again
+        n = buffered[1] if buffered is not None and buffered[0] == side else self._read_table(fd)
         half = n // 2
         self._delete(fd, 0, half)
         _crash_point("mid_clear")
