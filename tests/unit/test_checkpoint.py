@@ -273,3 +273,27 @@ def test_attributor_state_round_trips(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="attribution state"):
         loop2.attributor.restore({**state, "bytes_seen": -1})
     assert loop2.attributor.totals().bytes_seen == a.bytes_seen  # unchanged on error
+
+
+def test_checkpoint_path_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from agent.cli.agent import checkpoint_path_for
+    from agent.errors import InputError
+
+    def args(**kw: Any) -> argparse.Namespace:
+        return argparse.Namespace(**{"checkpoint_path": None, "netns": None, **kw})
+
+    assert checkpoint_path_for(args(checkpoint_path="none")) is None
+    assert checkpoint_path_for(args(netns="zm-node-a")) is None  # the lab's throw-away nodes
+    explicit = tmp_path / "new" / "cp"
+    assert checkpoint_path_for(args(checkpoint_path=str(explicit))) == str(explicit)
+    assert explicit.parent.is_dir()
+    monkeypatch.setattr(cpm, "DEFAULT_CHECKPOINT_PATH", str(tmp_path / "absent" / "cp"))
+    monkeypatch.setattr("agent.cli.agent.DEFAULT_CHECKPOINT_PATH", str(tmp_path / "absent" / "cp"))
+    assert checkpoint_path_for(args()) is None  # no /var/lib/zonemeter: no checkpoint
+    monkeypatch.setattr("agent.cli.agent.DEFAULT_CHECKPOINT_PATH", str(tmp_path / "cp"))
+    assert checkpoint_path_for(args()) == str(tmp_path / "cp")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="--checkpoint-path"):
+        checkpoint_path_for(args(checkpoint_path=str(tmp_path / "file" / "cp")))
