@@ -478,7 +478,10 @@ def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: Hi
         return None, None
     checkpoint = Checkpointer(path, args.node_name, LAYOUT_VERSION)
     restore = checkpoint.load()
-    probe = Attributor(args.node_name, MetadataAdapter(cache), hints)
+    # built as AgentLoop builds its own (expiry on: its counts are restored too)
+    probe = Attributor(args.node_name, MetadataAdapter(cache), hints,
+                       hold_unresolved_seconds=args.hold_unresolved_seconds,
+                       series_retention=args.series_retention)
     restore_attributor(probe, checkpoint, restore)
     if restore is not None and sum(checkpoint.discarded.values()) > sum(restore.discarded.values()):
         restore = None  # its attribution state was malformed: discarded just now

@@ -297,3 +297,63 @@ def test_checkpoint_path_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (tmp_path / "file").write_text("")
     with pytest.raises(InputError, match="--checkpoint-path"):
         checkpoint_path_for(args(checkpoint_path=str(tmp_path / "file" / "cp")))
+
+
+def test_a_restarted_agent_serves_the_checkpointed_counters_from_its_first_scrape(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs of ``zonemeter agent --checkpoint-path`` (fake datapath): the second one's
+    very first /metrics answer, before it drained anything, has the first run's counters."""
+    import signal
+    import threading
+    import time
+    import urllib.request
+
+    import agent.datapath
+    from agent import cli
+    from tests.fixtures.topologies import write_snapshot
+    from tests.unit.cli.test_agent import _free_port
+
+    made: list[HandOverDatapath] = []
+
+    def factory(config: Any) -> HandOverDatapath:
+        made.append(HandOverDatapath())
+        return made[-1]
+
+    monkeypatch.setattr(agent.datapath, "Datapath", factory)
+    snap = write_snapshot(tmp_path / "cluster.json")
+    cp = tmp_path / "state" / "cp"
+    series = ('zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",'
+              'direction="response",namespace="shop",port="80",server_zone="zone-b",'
+              'service="web"} 4000.0')
+
+    def run(feed: bool) -> str:
+        port = _free_port()
+        first: dict[str, str] = {}
+
+        def driver() -> None:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and "text" not in first:
+                try:
+                    first["text"] = urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
+                except OSError:
+                    time.sleep(0.02)
+            while time.monotonic() < deadline and not made[-1].events.count("drain"):
+                time.sleep(0.02)
+            if feed:
+                made[-1].pending = list(DELTAS)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+        th = threading.Thread(target=driver)
+        th.start()
+        rc = cli.main(["agent", "--node-name", "nb", "--snapshot", str(snap),
+                       "--metrics-address", f"127.0.0.1:{port}", "--interval", "60",
+                       "--pin-path", "none", "--checkpoint-path", str(cp)])
+        th.join()
+        assert rc == 0
+        return first["text"]
+
+    assert series not in run(feed=True)  # nothing counted yet; the final tick drains DELTAS
+    assert json.loads(cp.read_text())["seq"] >= 2
+    assert series in run(feed=False)  # before the second run's first drain
+    assert made[-1].resumed == [HandOver(77, (0, 0))]
