@@ -135,6 +135,7 @@ class AgentLoop:
         self.ticks = 0
         self.checkpoint = checkpoint
         self._unsaved = False  # a checkpoint failed: the drained table is still pending
+        self._uncommitted = False  # saved, but emptying the drained table failed
         if checkpoint is not None:
             handover = restore_attributor(self.attributor, checkpoint, restore)
             resume = getattr(datapath, "resume", None)
@@ -211,6 +212,8 @@ class AgentLoop:
         deltas: list[FlowDelta] = []
         if self._unsaved:  # the previous checkpoint failed: its table waits in the kernel
             self._persist()
+        elif self._uncommitted:  # saved, not emptied: the datapath drains nothing before
+            self._commit()
         try:
             deltas = self.datapath.drain()
         except Exception as err:  # noqa: BLE001
@@ -258,9 +261,12 @@ class AgentLoop:
             return
         try:
             commit()
-        except Exception as err:  # noqa: BLE001 - the side stays pending: retried next drain
+        except Exception as err:  # noqa: BLE001 - the side stays pending: retried next tick
+            self._uncommitted = True
             self.log_once("commit:" + type(err).__name__, "emptying the drained table failed",
                           exc=err)
+        else:
+            self._uncommitted = False
 
     def _persist(self) -> None:
         """Retry a failed checkpoint, then the commit it allows."""

@@ -357,3 +357,22 @@ def test_a_restarted_agent_serves_the_checkpointed_counters_from_its_first_scrap
     assert json.loads(cp.read_text())["seq"] >= 2
     assert series in run(feed=False)  # before the second run's first drain
     assert made[-1].resumed == [HandOver(77, (0, 0))]
+
+
+def test_a_failed_commit_is_retried_before_the_next_drain(tmp_path: Path) -> None:
+    dp = HandOverDatapath()
+    loop, _, _ = _loop(tmp_path / "cp", dp)
+    fails = [True]
+
+    def commit() -> bool:
+        dp.events.append("commit")
+        if fails.pop(0) if fails else False:
+            raise cpm.RuntimeFailure("cannot empty flow cache slot 3: EPERM")
+        return True
+
+    dp.commit = commit  # type: ignore[method-assign]
+    loop.tick()
+    loop.tick()
+    assert [e for e in dp.events if e in ("drain", "commit")] == [
+        "drain", "commit",            # failed: the table is still pending in the datapath
+        "commit", "drain", "commit"]  # retried first (the checkpoint is durable already)
