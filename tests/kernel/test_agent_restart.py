@@ -215,21 +215,25 @@ class Watcher:
             for node, url in self.urls.items():
                 try:
                     status, text = _get(url + "/metrics")
-                except OSError:
-                    continue  # no agent on that port right now
-                if status != 200:
+                    if status != 200:
+                        continue
+                    samples = [s for fam in text_string_to_metric_families(text)
+                               for s in fam.samples]
+                except Exception:  # noqa: BLE001 - no agent there now, or killed mid-answer
                     continue
                 self.scrapes += 1
-                for fam in text_string_to_metric_families(text):
-                    for s in fam.samples:
-                        if s.name not in CHECKPOINTED:
-                            continue
-                        key = (node, s.name, tuple(sorted(s.labels.items())))
-                        old = self.last.get(key)
-                        if old is not None and s.value < old:
-                            self.decreases.append(f"{key}: {old} -> {s.value}")
-                        self.last[key] = s.value
+                for s in samples:
+                    if s.name not in CHECKPOINTED:
+                        continue
+                    key = (node, s.name, tuple(sorted(s.labels.items())))
+                    old = self.last.get(key)
+                    if old is not None and s.value < old:
+                        self.decreases.append(f"{key}: {old} -> {s.value}")
+                    self.last[key] = s.value
             self._stop.wait(0.05)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop.set()
@@ -340,6 +344,7 @@ def test_kill_9_at_any_point_neither_loses_nor_doubles_nor_resets(  # type: igno
             if {k: v for k, v in got.items() if v} == want or time.monotonic() > deadline:
                 break
             time.sleep(FAST)
+        assert watcher.alive()  # it watched until the end
         watcher.stop()
         logs = {n: (tmp_path / f"agent-{n}.log").read_text() for n in NODES}
         assert {k: v for k, v in got.items() if v} == want, (seed, plans)
