@@ -53,7 +53,7 @@ MAX_BYTES = 256 * 1024 * 1024
 #: ``version`` (another file format version or kernel layout), ``node`` (another node's)
 DISCARD_REASONS = ("unreadable", "corrupt", "version", "node")
 #: where ``ZONEMETER_TEST_CRASH_AT`` can stop the agent, in the order a drain reaches them
-CRASH_POINTS = ("after_switch", "after_read", "mid_checkpoint", "after_checkpoint",
+CRASH_POINTS = ("mid_switch", "after_switch", "after_read", "mid_checkpoint", "after_checkpoint",
                 "mid_clear", "after_clear")
 
 _crash_seen: dict[str, int] = {}

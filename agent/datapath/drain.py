@@ -304,6 +304,8 @@ class FlowTables:
                 self._point_cache(1 - self._cache_active)
             except RuntimeFailure as err:
                 failed.append(err)
+            else:
+                _crash_point("mid_switch")  # the table's switch may or may not be done
 
         worker = threading.Thread(target=switch_cache, name="zm-cache-switch", daemon=True)
         try:
