@@ -283,8 +283,9 @@ def checkpoint_path_for(args: argparse.Namespace) -> str | None:
 
 def cleanup(args: argparse.Namespace) -> int:
     """``zonemeter agent --cleanup``: remove our tc filters (in ``--netns`` or the host
-    namespace) and the pins under the resolved ``--pin-path``; print what was removed as
-    one JSON line; exit 0.
+    namespace), the pins under the resolved ``--pin-path`` and the checkpoint at the
+    resolved ``--checkpoint-path`` (the counters start from zero after a reinstall);
+    print what was removed as one JSON line; exit 0.
 
     Raises:
         InputError: a malformed pin path, or one that is not on a BPF filesystem.
@@ -299,15 +300,25 @@ def cleanup(args: argparse.Namespace) -> int:
     if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
         raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
     path, _ = pin_path_for(args)
+    checkpoint = checkpoint_path_for(args)
     lock = _lock_for_cleanup(path)
+    removed: list[str] = []
     try:
         res = Datapath.cleanup(path, args.netns)
+        for name in (checkpoint, f"{checkpoint}.tmp") if checkpoint is not None else ():
+            try:
+                os.unlink(name)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                raise RuntimeFailure(f"cannot remove checkpoint {name}: {err.strerror}") from None
     finally:
         if lock is not None:
             os.close(lock)
     print(json.dumps({"msg": "cleanup done", "pin_path": path, "netns": args.netns,
                       "filters_removed": [f"{n}/{side}" for n, side in res.filters],
-                      "pins_removed": list(res.pins)}))
+                      "pins_removed": list(res.pins), "checkpoint_removed": removed}))
     return 0
 
 

@@ -557,6 +557,10 @@ def test_cleanup_daemonset_validates_and_only_cleans(version: str, objects: list
     assert init["image"] == _agent_container(objects)["image"]
     bpffs = [m for m in init["volumeMounts"] if m["mountPath"] == "/sys/fs/bpf"]
     assert bpffs and bpffs[0]["mountPropagation"] == "HostToContainer"
+    # and the checkpoint's directory, which --cleanup empties too
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    state = [m for m in init["volumeMounts"] if m["mountPath"] == "/var/lib/zonemeter"]
+    assert state and volumes[state[0]["name"]]["hostPath"]["path"] == "/var/lib/zonemeter"
 
 
 # ---------------------------------------------------------------- real kustomize
