@@ -6,8 +6,10 @@ Per interval (docs/agent.md)::
     dirty Services     -> HintModel.refresh (evaluate_cluster on those only; all on node changes)
     Datapath.drain()   -> Attributor.attribute(deltas, at) -> close_interval(at)
                        -> HookCoverage.add(counted bytes, Datapath.interface_bytes())
+    Checkpointer.save(Attributor.state(), Datapath.handover())        (with a checkpoint)
     AttributionTotals + HintModel.localities() + datapath stats + synced state -> ExportSnapshot
     Exporter.update(snapshot)                                  (served on /metrics, /flows)
+    Datapath.commit()  (the drained kernel table is emptied only now; with a checkpoint)
 
 No threads and no signals here (testable); ``zonemeter agent`` (:mod:`agent.cli.agent`)
 drives it. This loop is the one place that catches every exception: a failing stage is
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.attribution import Attributor
-from agent.datapath import TableStats
+from agent.checkpoint import Checkpoint, Checkpointer, crash_point
+from agent.datapath import HandOver, TableStats
 from agent.datapath.coverage import STARVED_RATIO, WINDOW_SECONDS, HookCoverage, InterfaceCounters
 from agent.errors import InputError
 from agent.exporter import Exporter, ExportSnapshot
@@ -35,7 +38,8 @@ from agent.records import AttributionTotals, CoverageState, FlowDelta, IPAddress
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "TickResult", "build_snapshot"]
+__all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "TickResult", "build_snapshot",
+           "restore_attributor"]
 
 DEFAULT_INTERVAL = 10.0
 
@@ -96,6 +100,12 @@ class AgentLoop:
         hold_unresolved_seconds: see ``Attributor``.
         series_retention: seconds; see ``Attributor`` (0: series never expire).
         monotonic: the clock ``series_retention`` is measured on (monotonic seconds).
+        checkpoint: where the totals are made durable after each drain (None: nowhere).
+            With a datapath that has ``resume``/``handover``/``commit``
+            (:class:`agent.datapath.Datapath`), a drained kernel table is emptied only
+            after the checkpoint that includes it was written (docs/datapath.md).
+        restore: the checkpoint ``checkpoint.load()`` returned: counters continue from it
+            (a malformed one is discarded, counted and logged; the loop starts from zero).
     """
 
     def __init__(self, node: str, datapath: DatapathLike, cache: ClusterMetadata, hints: HintModel,
@@ -103,7 +113,9 @@ class AgentLoop:
                  clock: Callable[[], float] = time.time,
                  perf: Callable[[], float] = time.perf_counter, top_n: int = 50,
                  hold_unresolved_seconds: float = 0.0, series_retention: float = 0.0,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 checkpoint: Checkpointer | None = None, restore: Checkpoint | None = None
+                 ) -> None:
         self.node = node
         self.datapath = datapath
         self.cache = cache
@@ -121,6 +133,14 @@ class AgentLoop:
         self._once = LogOnce(log)
         self.coverage = HookCoverage()
         self.ticks = 0
+        self.checkpoint = checkpoint
+        self._unsaved = False  # a checkpoint failed: the drained table is still pending
+        self._uncommitted = False  # saved, but emptying the drained table failed
+        if checkpoint is not None:
+            handover = restore_attributor(self.attributor, checkpoint, restore)
+            resume = getattr(datapath, "resume", None)
+            if resume is not None:
+                resume(handover)
 
     def log_once(self, key: str, msg: str, *args: object, exc: BaseException | None = None) -> None:
         """Log an error of the loop once per ``key`` (e.g. ``"drain:" + error type``)."""
@@ -190,23 +210,68 @@ class AgentLoop:
         except Exception as err:  # noqa: BLE001
             self.log_once("hints:" + type(err).__name__, "hint model failed", exc=err)
         deltas: list[FlowDelta] = []
+        if self._unsaved:  # the previous checkpoint failed: its table waits in the kernel
+            self._persist()
+        elif self._uncommitted:  # saved, not emptied: the datapath drains nothing before
+            self._commit()
         try:
             deltas = self.datapath.drain()
         except Exception as err:  # noqa: BLE001
             self.log_once("drain:" + type(err).__name__, "drain failed", exc=err)
         else:
             self._measure_coverage(at, deltas)
+        crash_point("after_read")
         try:
             self.attributor.attribute(deltas, at)
             self.attributor.close_interval(at)
         except Exception as err:  # noqa: BLE001 - a bug, not bad input: the next interval goes on
             self.log_once("attribute:" + type(err).__name__, "attribution failed", exc=err)
         totals = self.attributor.totals()
+        saved = self._save() if self.checkpoint is not None else False
         duration = self._perf() - t0
         self.exporter.update(self.snapshot(totals, at, duration))
+        if saved:
+            crash_point("after_checkpoint")
+            self._commit()
         self.ticks += 1
         nbytes = sum(d.bytes for d in deltas)
         return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
+
+    def _save(self) -> bool:
+        """Write the checkpoint of the current totals; False (logged once) when it failed:
+        then the drained kernel table stays until a later checkpoint succeeds."""
+        assert self.checkpoint is not None
+        handover = getattr(self.datapath, "handover", None)
+        try:
+            ho = handover() if handover is not None else None
+            self.checkpoint.save(self.attributor.state(), None if ho is None else
+                                 {"pins_id": ho.pins_id, "folded": list(ho.folded)})
+        except Exception as err:  # noqa: BLE001 - disk full or read-only: keep counting
+            self._unsaved = True
+            self.log_once("checkpoint:" + type(err).__name__, "checkpoint failed: %s; drained "
+                          "tables stay in the kernel until one succeeds", err)
+            return False
+        self._unsaved = False
+        return True
+
+    def _commit(self) -> None:
+        """Let the datapath empty the table the saved checkpoint includes."""
+        commit = getattr(self.datapath, "commit", None)
+        if commit is None:
+            return
+        try:
+            commit()
+        except Exception as err:  # noqa: BLE001 - the side stays pending: retried next tick
+            self._uncommitted = True
+            self.log_once("commit:" + type(err).__name__, "emptying the drained table failed",
+                          exc=err)
+        else:
+            self._uncommitted = False
+
+    def _persist(self) -> None:
+        """Retry a failed checkpoint, then the commit it allows."""
+        if self._save():
+            self._commit()
 
     def _measure_coverage(self, at: float, deltas: list[FlowDelta]) -> None:
         """Fold the drain into the hook coverage; log when the hook starts and stops being
@@ -239,7 +304,7 @@ class AgentLoop:
             bytes that were held.
         """
         held = self.attributor.totals().held_bytes
-        if not held:
+        if not held or self.checkpoint is not None:  # a checkpoint keeps held deltas
             return 0
         at = self._clock()
         self.attributor.attribute((), at + self.hold_unresolved_seconds + 1.0)
@@ -282,14 +347,17 @@ class AgentLoop:
         return build_snapshot(totals, locality=self.hints.localities(), table=table, attached=attached,
                               synced=self.cache.synced(), duration=duration, at=at,
                               interval=self.interval, coverage=self.coverage.state(),
-                              hint_model=self.hints.model_info(self.node))
+                              hint_model=self.hints.model_info(self.node),
+                              checkpoint_discarded=(self.checkpoint.discarded
+                                                    if self.checkpoint is not None else None))
 
 
 def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, Locality] | None = None,
                    table: TableStats | None, attached: int, synced: Mapping[str, bool],
                    duration: float, at: float, interval: float,
                    coverage: CoverageState | None = None,
-                   hint_model: tuple[str, str, str, str] | None = None) -> ExportSnapshot:
+                   hint_model: tuple[str, str, str, str] | None = None,
+                   checkpoint_discarded: Mapping[str, int] | None = None) -> ExportSnapshot:
     """The :class:`ExportSnapshot` of one interval: the totals and locality as their stages
     produced them, plus self-health (docs/metrics.md says where each byte goes).
 
@@ -305,6 +373,8 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         coverage: hook coverage (:class:`agent.datapath.coverage.HookCoverage`).
         hint_model: ``HintModel.model_info(node)``: (kubernetes_version,
             kube_proxy_version, source, kube_proxy_source), or None.
+        checkpoint_discarded: ``Checkpointer.discarded`` (``{reason: count}``), or None
+            without a checkpoint.
     """
     return ExportSnapshot(
         totals=totals,
@@ -318,4 +388,27 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         interval_seconds=interval,
         coverage=coverage or CoverageState(),
         hint_model=hint_model,
+        checkpoint_discarded=checkpoint_discarded or {},
     )
+
+
+def restore_attributor(attributor: Attributor, checkpoint: Checkpointer,
+                       restore: Checkpoint | None) -> HandOver | None:
+    """Load ``restore`` (a checkpoint read by ``checkpoint.load()``) into ``attributor``.
+
+    Returns:
+        its kernel hand-over marker, or None (no checkpoint, or one without a marker, or
+        one whose attribution state is malformed: then discarded as ``corrupt``, logged
+        once and counted, and the attributor is left at zero).
+    """
+    if restore is None:
+        return None
+    try:
+        attributor.restore(restore.attribution)
+    except ValueError as err:
+        checkpoint.discard("corrupt", str(err))
+        return None
+    ho = restore.handover
+    if ho is None:
+        return None
+    return HandOver(int(ho["pins_id"]), (int(ho["folded"][0]), int(ho["folded"][1])))

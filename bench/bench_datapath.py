@@ -17,7 +17,7 @@ alternated round by round (medians, with min..max spread):
    configurations alike. The figure is the median of the rounds' ratios; for comparison
    the same bursts are also reported as adjacent pairs (A B, then B A), the method of
    earlier runs;
-3. drain: 100,000 flow entries read, deleted and converted to FlowDelta records (wall
+3. drain: 100,000 flow entries read, converted to FlowDelta records and deleted (wall
    time, and the process's CPU time, which other jobs on shared cores do not inflate) by
    one ``drain()`` call. As in the agent's tick (agent/loop.py: the deltas are a local
    of ``tick``), the previous drain's records are freed before the next drain starts;
@@ -373,7 +373,7 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
     # where a drain's wall time goes: the steps of FlowTables.drain, timed per call
     phases: dict[str, list[float]] = {}
     tables: Any = dp.tables
-    for step in ("_switch_both", "_fold", "_take_batch", "_convert"):
+    for step in ("_switch_both", "_read_cache", "_take_batch", "_convert", "_clear_side"):
         def timed(*a: Any, _f: Any = getattr(tables, step), _s: str = step) -> Any:  # noqa: B008 - binds this step's method
             t0 = time.perf_counter()
             try:

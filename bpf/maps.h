@@ -66,6 +66,15 @@ ZM_MAP("array", int, struct zm_flow_value, zm_lost, 1);
  * programs; it tells a restarted agent whether pinned maps have the layout it expects. */
 ZM_MAP("array", int, __u32, zm_layout, 1);
 
+/* The hand-over marker between agents (docs/datapath.md, "Exactly once across a crash").
+ * Index 0: a random non-zero id of this set of pins, written by the agent that created
+ * them; index 1 + i: the generation of flow table i (zm_flows_a, zm_flows_b) together
+ * with flow cache i, bumped by the agent each time it has emptied them. The agent's
+ * checkpoint file records, per table, the generation whose contents its totals include:
+ * an idle table whose generation equals the checkpoint's was already counted and is
+ * only emptied, any other idle table is counted once more. Not used by the programs. */
+ZM_MAP("array", int, __u64, zm_epoch, 3);
+
 /* Index 0, per CPU: the hook (ifindex * 2 + direction + 1) whose TCX program of ours
  * last ran on this CPU, cleared by the clsact program of ours on the same hook, which
  * then counts nothing: on a device switching between clsact and TCX (an agent upgrade)

@@ -183,6 +183,17 @@ def _ro(d: Mapping[str, int]) -> Mapping[str, int]:
     return types.MappingProxyType(dict(d))
 
 
+def _count(value: object) -> int:
+    """``value`` as a byte or event count (a non-negative int; bool refused).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"count {value!r} is not a non-negative integer")
+    return value
+
+
 def _label(peer: Peer, ip: IPAddress) -> str:
     kind = peer.kind
     if kind is PeerKind.POD and peer.name:
@@ -656,6 +667,79 @@ class Attributor:
             series_expired=_ro(exp.expired if exp else _NONE_EXPIRED),
             expired_bytes=_ro(exp.expired_bytes if exp else _NONE_EXPIRED),
         )
+
+    def state(self) -> dict[str, Any]:
+        """The cumulative state a checkpoint keeps (:mod:`agent.checkpoint`), JSON-ready.
+
+        Returns:
+            ``{"service": [[namespace, service, ..., bytes], ...], "ignored": [...],
+            "workload": [...], "unattributed"|"unknown"|"skipped"|"diag": {reason: bytes},
+            "bytes_seen", "deltas_seen", "invalid": int, "expired", "expired_bytes":
+            {family: int}, "held": [[drain at (Unix s), [[kind, local, remote, port,
+            local_port, protocol, bytes, packets, overflow], ...]], ...]}``. Bounded by the
+            live series (expiry) and ``hold_capacity`` held deltas. Per-interval state
+            (top pairs) and lookup caches are not kept.
+        """
+        exp = self._expiry
+        return {
+            "service": [[*k, v] for k, v in self._service.items()],
+            "ignored": [[*k, v] for k, v in self._ignored.items()],
+            "workload": [[*k, v] for k, v in self._workload.items()],
+            "unattributed": dict(self._unattributed), "unknown": dict(self._unknown),
+            "skipped": dict(self._skipped), "diag": dict(self._diag),
+            "bytes_seen": self._bytes_seen, "deltas_seen": self._deltas_seen,
+            "invalid": self._invalid,
+            "expired": dict(exp.expired) if exp else {},
+            "expired_bytes": dict(exp.expired_bytes) if exp else {},
+            "held": [[at, [[d.kind.value, str(d.local), str(d.remote), d.port, d.local_port,
+                            d.protocol, d.bytes, d.packets, d.overflow] for d in ds]]
+                     for at, ds in self._pending],
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Replace the cumulative state with ``state`` (what :meth:`state` returned in a
+        previous process), so counters continue where they were.
+
+        Raises:
+            ValueError: ``state`` is malformed (a missing field, a key of the wrong width,
+                a negative or non-integer count, a bad address); nothing is changed then.
+        """
+        try:
+            def series(name: str, width: int) -> dict[Any, int]:
+                out: dict[Any, int] = {}
+                for row in state[name]:
+                    if len(row) != width + 1 or not all(isinstance(x, str) for x in row[:width]):
+                        raise ValueError(f"{name}: a row is not {width} labels and bytes")
+                    out[tuple(row[:width])] = _count(row[width])
+                return out
+
+            def reasons(name: str) -> dict[str, int]:
+                return {str(k): _count(v) for k, v in dict(state[name]).items()}
+
+            service, ignored, workload = (series("service", 7), series("ignored", 4),
+                                          series("workload", 8))
+            maps = {n: reasons(n) for n in ("unattributed", "unknown", "skipped", "diag",
+                                            "expired", "expired_bytes")}
+            counts = [_count(state[n]) for n in ("bytes_seen", "deltas_seen", "invalid")]
+            held: list[tuple[float, list[FlowDelta]]] = []
+            for at, rows in state["held"]:
+                held.append((float(at), [FlowDelta(FlowKind(k), ipaddress.ip_address(lo),
+                                                   ipaddress.ip_address(re), int(p), int(pr),
+                                                   _count(nb), _count(npk), bool(ov), int(lp))
+                                         for k, lo, re, p, lp, pr, nb, npk, ov in rows]))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"attribution state: {err}") from err
+        self._service, self._ignored, self._workload = service, ignored, workload
+        self._service_keys, self._ignored_keys, self._workload_keys = {}, {}, {}
+        self._unattributed, self._unknown = maps["unattributed"], maps["unknown"]
+        self._skipped, self._diag = maps["skipped"], maps["diag"]
+        self._bytes_seen, self._deltas_seen, self._invalid = counts
+        self._pending = held
+        self._held_bytes = sum(d.bytes for _, ds in held for d in ds)
+        if self._expiry is not None:
+            for f in EXPIRY_FAMILIES:
+                self._expiry.expired[f] = maps["expired"].get(f, 0)
+                self._expiry.expired_bytes[f] = maps["expired_bytes"].get(f, 0)
 
     # ------------------------------------------------------------------ helpers (cache misses)
 

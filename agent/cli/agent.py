@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent import exporter as ex
+from agent.checkpoint import DEFAULT_CHECKPOINT_PATH, Checkpointer
 from agent.datapath import ATTACH_MODES
 from agent.errors import InputError, RuntimeFailure
 from agent.hints import DEFAULT_VERSION, HintModel
@@ -142,6 +143,11 @@ def register(subparsers: Any) -> None:
                    help="pin the flow tables here (a BPF filesystem) so the kernel keeps "
                    "counting across agent restarts; 'none' disables pinning (default: "
                    f"{DEFAULT_PIN_ROOT}/<node-name>, or none with --netns)")
+    p.add_argument("--checkpoint-path", metavar="FILE",
+                   help="keep the cumulative counters in this file, rewritten atomically "
+                   "after every drain, so a restart or kill -9 neither resets nor loses "
+                   "them; 'none' disables (default: "
+                   f"{DEFAULT_CHECKPOINT_PATH} when its directory exists, none with --netns)")
     p.add_argument("--cleanup", action="store_true",
                    help="remove what released agents left (our tc filters and the pins "
                    "under --pin-path) and exit")
@@ -250,10 +256,37 @@ def pin_path_for(args: argparse.Namespace) -> tuple[str | None, bool]:
     return f"{DEFAULT_PIN_ROOT}/{args.node_name}", False
 
 
+def checkpoint_path_for(args: argparse.Namespace) -> str | None:
+    """Resolve ``--checkpoint-path``: the file, or None (no checkpoint).
+
+    Default: :data:`agent.checkpoint.DEFAULT_CHECKPOINT_PATH` when its directory exists
+    (the DaemonSet mounts it from the host); none with ``--netns`` (the lab's throw-away
+    nodes, as for ``--pin-path``). ``none`` disables it.
+
+    Raises:
+        InputError: an explicit path whose directory does not exist and cannot be made.
+    """
+    value = getattr(args, "checkpoint_path", None)
+    if value is not None:
+        if value.lower() == "none":
+            return None
+        directory = os.path.dirname(os.path.abspath(value))
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as err:
+            raise InputError(f"cannot create directory {directory}: {err.strerror}",
+                             source="--checkpoint-path") from None
+        return str(value)
+    if args.netns is not None or not os.path.isdir(os.path.dirname(DEFAULT_CHECKPOINT_PATH)):
+        return None
+    return DEFAULT_CHECKPOINT_PATH
+
+
 def cleanup(args: argparse.Namespace) -> int:
     """``zonemeter agent --cleanup``: remove our tc filters (in ``--netns`` or the host
-    namespace) and the pins under the resolved ``--pin-path``; print what was removed as
-    one JSON line; exit 0.
+    namespace), the pins under the resolved ``--pin-path`` and the checkpoint at the
+    resolved ``--checkpoint-path`` (the counters start from zero after a reinstall);
+    print what was removed as one JSON line; exit 0.
 
     Raises:
         InputError: a malformed pin path, or one that is not on a BPF filesystem.
@@ -268,15 +301,25 @@ def cleanup(args: argparse.Namespace) -> int:
     if args.netns is not None and not os.path.exists(f"/run/netns/{args.netns}"):
         raise InputError(f"no network namespace /run/netns/{args.netns}", source="--netns")
     path, _ = pin_path_for(args)
+    checkpoint = checkpoint_path_for(args)
     lock = _lock_for_cleanup(path)
+    removed: list[str] = []
     try:
         res = Datapath.cleanup(path, args.netns)
+        for name in (checkpoint, f"{checkpoint}.tmp") if checkpoint is not None else ():
+            try:
+                os.unlink(name)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                raise RuntimeFailure(f"cannot remove checkpoint {name}: {err.strerror}") from None
     finally:
         if lock is not None:
             os.close(lock)
     print(json.dumps({"msg": "cleanup done", "pin_path": path, "netns": args.netns,
                       "filters_removed": [f"{n}/{side}" for n, side in res.filters],
-                      "pins_removed": list(res.pins)}))
+                      "pins_removed": list(res.pins), "checkpoint_removed": removed}))
     return 0
 
 
@@ -364,6 +407,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             "kubernetes_version": version, "source": version_source,
             "kube_proxy_version": proxy_version or "auto"}})
         exporter = ex.Exporter()
+        checkpoint, restore = _open_checkpoint(args, source.cache, hints, exporter)
         attached = threading.Event()
         readiness = ex.make_readiness(attached.is_set, source.cache.synced)
         try:
@@ -383,7 +427,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             try:
                 loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
                                  hold_unresolved_seconds=args.hold_unresolved_seconds,
-                                 series_retention=args.series_retention)
+                                 series_retention=args.series_retention,
+                                 checkpoint=checkpoint, restore=restore)
                 # Live cluster: attach only once the endpoints are known, else Service bytes
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.
@@ -425,6 +470,40 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         source.stop()
     log.info("stopped")
     return 0
+
+
+def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: HintModel,
+                     exporter: Any) -> tuple[Checkpointer | None, Any]:
+    """Open ``--checkpoint-path`` and read it; export the restored counters at once, so
+    the first scrape of a restarted agent already sees them (never a reset).
+
+    Returns:
+        ``(Checkpointer or None, Checkpoint or None)`` for :class:`AgentLoop`.
+    """
+    from agent.attribution import Attributor
+    from agent.datapath.abi import LAYOUT_VERSION
+    from agent.k8s import MetadataAdapter
+    from agent.loop import build_snapshot, restore_attributor
+
+    path = checkpoint_path_for(args)
+    if path is None:
+        return None, None
+    checkpoint = Checkpointer(path, args.node_name, LAYOUT_VERSION)
+    restore = checkpoint.load()
+    # built as AgentLoop builds its own (expiry on: its counts are restored too)
+    probe = Attributor(args.node_name, MetadataAdapter(cache), hints,
+                       hold_unresolved_seconds=args.hold_unresolved_seconds,
+                       series_retention=args.series_retention)
+    restore_attributor(probe, checkpoint, restore)
+    if restore is not None and sum(checkpoint.discarded.values()) > sum(restore.discarded.values()):
+        restore = None  # its attribution state was malformed: discarded just now
+    exporter.update(build_snapshot(probe.totals(), table=None, attached=0, synced=cache.synced(),
+                                   duration=0.0, at=time.time(), interval=args.interval,
+                                   checkpoint_discarded=checkpoint.discarded))
+    log.info("checkpoint", extra={"fields": {
+        "path": path, "restored": restore is not None,
+        "seq": restore.seq if restore is not None else 0}})
+    return checkpoint, restore
 
 
 def model_version(args: argparse.Namespace, source: Any) -> tuple[str, str]:

@@ -27,7 +27,7 @@ from agent.datapath.attach import (
     link_pin_name,
 )
 from agent.datapath.config import ATTACH_MODES, BPF_DIR, TC_SOURCE, DatapathConfig, check_pin_path, flags_for
-from agent.datapath.drain import FlowTables, TableStats
+from agent.datapath.drain import FlowTables, HandOver, TableStats
 from agent.datapath.netns import read_ephemeral_range, run_in_netns
 from agent.datapath.pins import PINNED_MAPS, MapInfo, lock_pins, map_info, obj_get, on_bpf_fs
 
@@ -38,6 +38,7 @@ __all__ = [
     "PARENT_EGRESS",
     "PARENT_INGRESS",
     "PINNED_MAPS",
+    "HandOver",
     "TC_SOURCE",
     "CleanupResult",
     "Datapath",

@@ -36,6 +36,8 @@ FAMILY_INET6 = 6
 OVERFLOW_SLOTS = len(KIND_BY_VALUE) * 2
 #: ``ZM_LAYOUT_VERSION``: stored in the pinned ``zm_layout`` map (see bpf/zonemeter.h)
 LAYOUT_VERSION = 3
+#: entries of the pinned ``zm_epoch`` marker map: pins id, then one generation per table
+EPOCH_SLOTS = 3
 #: ``ZM_CACHE_SLOTS``: slots per CPU of each per-CPU flow cache
 CACHE_SLOTS = 256
 

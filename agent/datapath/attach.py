@@ -46,7 +46,7 @@ from agent.datapath.config import (
     check_pin_path,
     flags_for,
 )
-from agent.datapath.drain import FlowTables, TableStats
+from agent.datapath.drain import FlowTables, HandOver, TableStats
 from agent.datapath.netns import read_ephemeral_range, run_in_netns
 from agent.datapath.pins import PINNED_MAPS, lock_pins, make_pin_dir, on_bpf_fs, prepare_pins
 from agent.errors import InputError, RuntimeFailure
@@ -299,7 +299,8 @@ class Datapath:
             b[b"zm_active"].get_fd(), b[b"zm_lost"].get_fd(), self.config.flow_capacity,
             reuse=self.reused,
             caches=((b[b"zm_cache_a"].get_fd(), b[b"zm_cache_b"].get_fd()),
-                    b[b"zm_cache_active"].get_fd()))
+                    b[b"zm_cache_active"].get_fd()),
+            epoch_fd=b[b"zm_epoch"].get_fd())
         self._endpoint_map = b[b"zm_endpoints"]
         self._endpoint_ports = b[b"zm_endpoint_ports"]
         if self.reused:
@@ -848,6 +849,23 @@ class Datapath:
             self._if_counters = now
             self._if_gained = gained
         return deltas
+
+    def resume(self, handover: HandOver | None) -> None:
+        """Hand-over mode of a checkpointing agent: from now on a drained side stays in
+        the kernel until :meth:`commit`, and ``handover`` (the previous agent's, from its
+        checkpoint; None: none) says whether the idle side is in its totals already
+        (:meth:`FlowTables.resume`)."""
+        self.tables.hold = True
+        self.tables.resume(handover)
+
+    def handover(self) -> HandOver:
+        """The :class:`HandOver` to write into a checkpoint with the current totals."""
+        return self.tables.handover()
+
+    def commit(self) -> bool:
+        """Empty the side the last drain read, once its totals are durable (True: there
+        was one). Raises RuntimeFailure when the kernel refused (retried next time)."""
+        return self.tables.commit()
 
     def interface_bytes(self) -> dict[int, InterfaceBytes]:
         """Return what each attached host-side veth carried between the two latest

@@ -1,7 +1,8 @@
 """Drain the double-buffered kernel flow tables into :class:`agent.records.FlowDelta` records.
 
 The programs in ``bpf/tc.c`` write to whichever of two identical hash maps
-(``zm_flows_a``/``zm_flows_b``) the one-slot array-of-maps ``zm_active`` points at.
+(``zm_flows_a``/``zm_flows_b``) the one-slot array-of-maps ``zm_active`` points at, through
+the per-CPU flow cache ``zm_cache_active`` points at. Table i and cache i form side i.
 :meth:`FlowTables.drain`:
 
 1. points ``zm_active`` at the other (empty) table, and ``zm_cache_active`` at the other
@@ -9,21 +10,24 @@ The programs in ``bpf/tc.c`` write to whichever of two identical hash maps
    they wait for one grace period, not two (:meth:`FlowTables._switch_both`). The kernel
    waits for every running BPF program before the ``bpf()`` update of an array-of-maps
    returns (``maybe_wait_bpf_programs``: ``synchronize_rcu``), so from then on nothing
-   writes to the old table or the old cache; the old cache is then folded into the old
-   table;
-2. reads and deletes the old table with ``BPF_MAP_LOOKUP_AND_DELETE_BATCH`` (fallback
-   when the kernel refuses batch operations: collect the keys with ``get_next_key``, then
-   look up and delete them one by one; exact too, because the table is idle);
-3. seeds the old table's overflow entries again so it is ready for the next swap.
+   writes to the old side;
+2. reads the old table (``BPF_MAP_LOOKUP_BATCH``; fallback when the kernel refuses batch
+   operations: ``get_next_key`` then one lookup per key) and the old cache's used slots,
+   **without deleting anything**;
+3. :meth:`FlowTables.commit` empties the old side (``BPF_MAP_DELETE_BATCH``, overflow
+   entries seeded again, cache slots zeroed) and then bumps the side's generation in the
+   pinned marker map ``zm_epoch``. Without ``hold`` this follows the read at once; a
+   checkpointing agent (:mod:`agent.checkpoint`) calls it only once the totals that
+   include the side are on disk, so a crash at any point neither loses nor doubles a
+   byte (docs/datapath.md, "Exactly once across a crash").
 
 With pinned maps (``DatapathConfig.pin_path``) a restarted agent builds
-``FlowTables(..., reuse=True)``: it keeps whichever table the kernel is writing to, and
-its first drain also empties the idle table, which holds what a previous agent killed
-in the middle of a drain had not read yet.
+``FlowTables(..., reuse=True)``: it keeps whichever side the kernel is writing to, and
+its first drain looks at the idle side: when the checkpoint's :class:`HandOver` says that
+side's generation is in its totals already, it is only emptied; otherwise it is counted.
 
-Hence no increment can land between read and delete, and none is lost. Overflow
-entries (one per kind and address family, pre-seeded so the kernel always finds them
-when the table is full) come out as ``FlowDelta(overflow=True)``.
+Overflow entries (one per kind and address family, pre-seeded so the kernel always finds
+them when the table is full) come out as ``FlowDelta(overflow=True)``.
 
 Which of these deltas a node keeps (the exactly-once rule) is decided in
 :mod:`agent.attribution` (:func:`agent.attribution.counted_here`), never here.
@@ -35,6 +39,7 @@ import ctypes as ct
 import errno
 import gc
 import ipaddress
+import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -92,11 +97,45 @@ class TableStats:
     batch: bool
 
 
+@dataclass(frozen=True, slots=True)
+class HandOver:
+    """The kernel half of a checkpoint: which table contents the agent's totals include.
+
+    Written into the checkpoint file with the totals (:mod:`agent.checkpoint`) and given
+    back to :meth:`FlowTables.resume` by the next agent (docs/datapath.md, "Exactly once
+    across a crash").
+
+    Attributes:
+        pins_id: ``zm_epoch[0]``, a random non-zero id of this set of maps (maps created
+            anew, after a reboot or a layout change, get another id, and the folded
+            generations below no longer apply to them).
+        folded: per table (``zm_flows_a``, ``zm_flows_b``, each with its flow cache): the
+            generation (``zm_epoch[1 + i]``) whose contents the totals include; 0: none.
+    """
+
+    pins_id: int
+    folded: tuple[int, int]
+
+
+def _crash_point(name: str) -> None:
+    """Test hook (lazy import: the datapath does not depend on the agent's checkpoint)."""
+    from agent.checkpoint import crash_point
+
+    crash_point(name)
+
+
 class FlowTables:
     """The double-buffered flow tables of one loaded program set.
 
     Built by :class:`agent.datapath.attach.Datapath` from the map file descriptors; other
     stages only see the :class:`FlowDelta` records :meth:`drain` returns.
+
+    A "side" i is flow table i with flow cache i; the side the kernel writes to is
+    active, the other idle (frozen: nothing writes to it). A drain reads an idle side
+    **without deleting**; the side is emptied by :meth:`commit` (at once when ``hold`` is
+    False, else once the caller made the totals that include it durable) and its
+    generation in ``zm_epoch`` is then bumped. A side is only made active again after it
+    was emptied and bumped.
 
     Args:
         table_fds: fds of ``zm_flows_a`` and ``zm_flows_b`` (same definition).
@@ -104,9 +143,11 @@ class FlowTables:
         lost_fd: fd of the one-slot array ``zm_lost`` (cumulative, never reset).
         capacity: ``ZM_FLOW_CAPACITY``; each table has capacity + 8 slots.
         reuse: the maps were pinned by a previous agent and still count: keep the table
-            the kernel writes to, and let the first drain also empty the idle one.
+            the kernel writes to, and let the first drain look at the idle side too.
         caches: ``((zm_cache_a fd, zm_cache_b fd), zm_cache_active fd)``: the per-CPU flow
             caches in front of the tables (bpf/maps.h), or None for programs without.
+        epoch_fd: fd of the ``zm_epoch`` marker array (None: no marker, pins id 0).
+        hold: keep a drained side until :meth:`commit` (a checkpointing agent).
 
     Raises:
         RuntimeFailure: the kernel refused to seed or switch the tables.
@@ -114,7 +155,8 @@ class FlowTables:
 
     def __init__(self, table_fds: tuple[int, int], active_fd: int, lost_fd: int,
                  capacity: int, reuse: bool = False,
-                 caches: tuple[tuple[int, int], int] | None = None) -> None:
+                 caches: tuple[tuple[int, int], int] | None = None,
+                 epoch_fd: int | None = None, hold: bool = False) -> None:
         self._fds = table_fds
         self._active_fd = active_fd
         self._lost_fd = lost_fd
@@ -126,10 +168,24 @@ class FlowTables:
         self._entries = 0
         self._drains = 0
         self._overflow_bytes = 0
+        self.hold = hold
+        self._epoch_fd = epoch_fd
+        self._pending: int | None = None  # idle side read, not emptied yet
+        # (side, its table's entries) whose keys the buffers still hold from the read
+        self._buffered: tuple[int, int] | None = None
+        self._folded = [0, 0]
+        self._leftover = False  # the next drain first looks at the idle side
+        self._caches = caches
+        self._cache_active = 0
+        if caches is not None:
+            from bcc.utils import get_possible_cpus
+
+            # a per-CPU array value is one CacheSlot per possible CPU
+            self._cache_buf = (CacheSlot * len(get_possible_cpus()))()
+            self._cache_zero = (CacheSlot * len(get_possible_cpus()))()
         # buffers reused across drains: a drain of 100,000 entries allocates nothing big
         self._keys = (FlowKey * self._max)()
         self._values = (FlowValue * self._max)()
-        self._leftover = False
         # address objects shared by the records of this and later drains (see _convert)
         self._v4: dict[int, IPAddress] = {}
         self._v6: dict[int, IPAddress] = {}
@@ -137,27 +193,29 @@ class FlowTables:
         self._ifindexes: dict[int, int] = {}
         for fd in self._fds:
             self._seed(fd)
+        self.pins_id = 0
+        if epoch_fd is not None:
+            self.pins_id = self._epoch(0) if reuse else 0
+            if not self.pins_id:  # new maps: a new id, both sides at generation 1
+                for i in (1, 2):
+                    self._set_epoch(i, 1)
+                self.pins_id = secrets.randbits(63) | 1
+                self._set_epoch(0, self.pins_id)
         current = self._kernel_active(self._active_fd, self._fds) if reuse else None
         if current is None:
             self._point_active(0)
         else:
             self._active = current
             self._leftover = True
-        self._caches = caches
-        self._cache_active = 0
-        self._cache_leftover = False
         if caches is not None:
-            from bcc.utils import get_possible_cpus
-
-            # a per-CPU array value is one CacheSlot per possible CPU
-            self._cache_buf = (CacheSlot * len(get_possible_cpus()))()
-            self._cache_zero = (CacheSlot * len(get_possible_cpus()))()
             cur = self._kernel_active(caches[1], caches[0]) if reuse else None
-            if cur is None:
-                self._point_cache(0)
+            if cur is None or cur != self._active:
+                # none yet, or a previous agent died between its two switches: finish the
+                # switch (cache on the table's side); either way each side's counts stay
+                # in that side's cache or in some table, to be read with that side
+                self._point_cache(self._active)
             else:
                 self._cache_active = cur
-                self._cache_leftover = True
 
     @staticmethod
     def _kernel_active(outer_fd: int, fds: tuple[int, int]) -> int | None:
@@ -171,6 +229,26 @@ class FlowTables:
         return ids.index(inner.value) if inner.value in ids else None
 
     # -- kernel operations ------------------------------------------------------------
+
+    def _epoch(self, index: int) -> int:
+        """``zm_epoch[index]`` (0 without the marker map)."""
+        if self._epoch_fd is None:
+            return 0
+        slot, value = ct.c_int(index), ct.c_uint64(0)
+        if libbcc().bpf_lookup_elem(self._epoch_fd, ct.byref(slot), ct.byref(value)) < 0:
+            raise RuntimeFailure(f"cannot read zm_epoch[{index}]: "
+                                 f"{errno.errorcode.get(ct.get_errno())}")
+        return int(value.value)
+
+    def _set_epoch(self, index: int, value: int) -> None:
+        """Write ``zm_epoch[index]`` (no-op without the marker map)."""
+        if self._epoch_fd is None:
+            return
+        slot, val = ct.c_int(index), ct.c_uint64(value)
+        res = libbcc().bpf_update_elem(self._epoch_fd, ct.byref(slot), ct.byref(val), 0)
+        if res < 0:
+            raise RuntimeFailure(f"cannot write zm_epoch[{index}]: "
+                                 f"{errno.errorcode.get(call_errno(res))}")
 
     def _seed(self, fd: int) -> None:
         """Insert the 8 zero overflow entries into table fd (existing ones are kept)."""
@@ -214,14 +292,13 @@ class FlowTables:
         switches does not matter for exactness: a count lands in the old or the new cache
         and is flushed from there into the old or the new table; once both calls have
         returned no program holds the old cache or the old table, and the old cache is
-        folded into the old table before it is read. Every count is thus read exactly
-        once, by this drain or the next one.
+        read with the old table. Every count is thus read exactly once, by this drain or
+        the next one.
 
         Raises:
             RuntimeFailure: the kernel refused a switch. If only the cache switch failed,
-                the table did switch: its old table is kept for the next drain (as after
-                a restart), so nothing is lost; a cache left unfolded keeps its counts,
-                which reach a table when the cache is active again.
+                the table did switch: the next drain points the cache at the table's side
+                and reads the old side first (as after a restart), so nothing is lost.
         """
         failed: list[RuntimeFailure] = []
 
@@ -230,6 +307,8 @@ class FlowTables:
                 self._point_cache(1 - self._cache_active)
             except RuntimeFailure as err:
                 failed.append(err)
+            else:
+                _crash_point("mid_switch")  # the table's switch may or may not be done
 
         worker = threading.Thread(target=switch_cache, name="zm-cache-switch", daemon=True)
         try:
@@ -244,58 +323,76 @@ class FlowTables:
             if started:
                 worker.join()
         if failed:
-            self._leftover = True  # the table switched: drain the old one next time
+            self._leftover = True  # the table switched: read the old side next time
             raise failed[0]
 
-    def _fold(self, cache_fd: int, table_fd: int) -> None:
-        """Move every slot of the idle per-CPU cache cache_fd into the idle table table_fd
-        (added to the flow's entry, or a new entry, or when the table is full the
-        overflow entry of the flow's (kind, family)), and empty the slots.
+    def _read_cache(self, cache_fd: int) -> tuple[list[tuple[bytes, int, int]], list[int]]:
+        """Read every used slot of the idle per-CPU cache cache_fd; nothing is changed.
+
+        Returns:
+            ``([(flow key bytes, bytes, packets)] one per CPU whose slot holds counts,
+            indexes of the used slots)``.
 
         Raises:
-            RuntimeFailure: the kernel refused a read or write.
+            RuntimeFailure: the kernel refused a read.
         """
         lib = libbcc()
-        buf, zero = self._cache_buf, self._cache_zero
+        buf = self._cache_buf
         idx = ct.c_int(0)
-        value = FlowValue()
+        used: list[int] = []
+        out: list[tuple[bytes, int, int]] = []
         for i in range(CACHE_SLOTS):
             idx.value = i
             if lib.bpf_lookup_elem(cache_fd, ct.byref(idx), ct.byref(buf)) < 0:
                 raise RuntimeFailure(f"cannot read flow cache slot {i}: "
                                      f"{errno.errorcode.get(ct.get_errno())}")
-            used = False
+            hit = False
             for cpu_slot in buf:
                 if not cpu_slot.packets:
                     continue
-                used = True
-                key = cpu_slot.key
-                if lib.bpf_lookup_elem(table_fd, ct.byref(key), ct.byref(value)) == 0:
-                    value.bytes += cpu_slot.bytes
-                    value.packets += cpu_slot.packets
-                    res = lib.bpf_update_elem(table_fd, ct.byref(key), ct.byref(value), _BPF_EXIST)
+                hit = True
+                out.append((bytes(cpu_slot.key), cpu_slot.bytes, cpu_slot.packets))
+            if hit:
+                used.append(i)
+        return out, used
+
+    def _merge_cache(self, n: int, slots: list[tuple[bytes, int, int]]) -> int:
+        """Add the cache counts ``slots`` to the n table entries in the buffers, as the
+        kernel would have had they been flushed into the table: into the flow's entry;
+        else a new entry while the table holds fewer than ``capacity`` flows; else the
+        overflow entry of the flow's (kind, family). Only the buffers change (the idle
+        side in the kernel is emptied by :meth:`commit`), so a drain returns at most
+        ``capacity + 8`` records. Returns the entries in the buffers now."""
+        if not slots:
+            return n
+        size = ct.sizeof(FlowKey)
+        raw = memoryview(self._keys).cast("B")
+        index = {bytes(raw[i * size:(i + 1) * size]): i for i in range(n)}
+        kind_at, family_at, overflow_at = (FlowKey.kind.offset, FlowKey.family.offset,
+                                           FlowKey.overflow.offset)
+        flows = n - sum(1 for k in index if k[overflow_at])
+        values = self._values
+        for key, nbytes, npackets in slots:
+            at = index.get(key)
+            if at is None:
+                if flows < self.capacity:
+                    at = index[key] = n
+                    ct.memmove(ct.byref(self._keys, at * size), key, size)
+                    values[at].bytes = values[at].packets = 0
+                    n += 1
+                    flows += 1
                 else:
-                    value.bytes, value.packets = cpu_slot.bytes, cpu_slot.packets
-                    res = lib.bpf_update_elem(table_fd, ct.byref(key), ct.byref(value), _BPF_NOEXIST)
-                    if res < 0 and call_errno(res) == errno.E2BIG:  # full: the overflow entry
-                        okey = overflow_key(KIND_BY_VALUE[key.kind], key.family)
-                        if lib.bpf_lookup_elem(table_fd, ct.byref(okey), ct.byref(value)) < 0:
-                            raise RuntimeFailure("flow table full and its overflow entry missing")
-                        value.bytes += cpu_slot.bytes
-                        value.packets += cpu_slot.packets
-                        res = lib.bpf_update_elem(table_fd, ct.byref(okey), ct.byref(value),
-                                                  _BPF_EXIST)
-                if res < 0:
-                    raise RuntimeFailure(f"cannot fold the flow cache into the table: "
-                                         f"{errno.errorcode.get(call_errno(res))}")
-            if used:
-                res = lib.bpf_update_elem(cache_fd, ct.byref(idx), ct.byref(zero), 0)
-                if res < 0:
-                    raise RuntimeFailure(f"cannot empty flow cache slot {i}: "
-                                         f"{errno.errorcode.get(call_errno(res))}")
+                    okey = bytes(overflow_key(KIND_BY_VALUE[key[kind_at]], key[family_at]))
+                    at = index.get(okey)
+                    if at is None:
+                        raise RuntimeFailure("flow table full and its overflow entry missing")
+            values[at].bytes += nbytes
+            values[at].packets += npackets
+        return n
 
     def _take_batch(self, fd: int) -> int:
-        """Lookup-and-delete every entry of fd into the buffers; returns the count.
+        """Copy every entry of fd into the buffers (``BPF_MAP_LOOKUP_BATCH``; nothing is
+        deleted); returns the count.
 
         Raises:
             OSError: the kernel refused the batch operation (caller falls back).
@@ -308,7 +405,7 @@ class FlowTables:
         key_size, value_size = ct.sizeof(FlowKey), ct.sizeof(FlowValue)
         while total < self._max:
             count.value = self._max - total
-            res = lib.bpf_lookup_and_delete_batch(
+            res = lib.bpf_lookup_batch(
                 fd, None if first else ct.byref(token), ct.byref(token),
                 ct.byref(self._keys, key_size * total),
                 ct.byref(self._values, value_size * total), ct.byref(count))
@@ -318,13 +415,13 @@ class FlowTables:
                 code = call_errno(res)
                 if code == errno.ENOENT:  # table exhausted: done
                     break
-                raise OSError(code, f"BPF_MAP_LOOKUP_AND_DELETE_BATCH: {errno.errorcode.get(code)}")
+                raise OSError(code, f"BPF_MAP_LOOKUP_BATCH: {errno.errorcode.get(code)}")
             if count.value == 0:
                 break
         return total
 
     def _take_one_by_one(self, fd: int) -> int:
-        """Fallback of :meth:`_take_batch`: keys first, then lookup + delete each."""
+        """Fallback of :meth:`_take_batch`: keys first, then look each up (no delete)."""
         lib = libbcc()
         keys: list[FlowKey] = []
         cur = FlowKey()
@@ -339,16 +436,127 @@ class FlowTables:
             value = FlowValue()
             if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(value)) < 0:
                 continue
-            lib.bpf_delete_elem(fd, ct.byref(key))
             self._keys[total] = key
             self._values[total] = value
             total += 1
         return total
 
+    def _read_table(self, fd: int) -> int:
+        """Copy every entry of the idle table fd into the buffers; returns the count.
+
+        Raises:
+            RuntimeFailure: the kernel refused to read the table.
+        """
+        if self._batch:
+            try:
+                return self._take_batch(fd)
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP,
+                                     errno.ENOSYS, errno.EPERM):
+                    raise RuntimeFailure(f"cannot drain flow table: {err}") from err
+                self._batch = False
+        return self._take_one_by_one(fd)
+
+    def _delete(self, fd: int, start: int, stop: int) -> None:
+        """Delete the buffered keys [start, stop) from table fd (batch, else one by one;
+        a key already gone is no error: a clear can be repeated)."""
+        lib = libbcc()
+        if stop <= start:
+            return
+        if self._batch:
+            count = ct.c_uint32(stop - start)
+            res = lib.bpf_delete_batch(fd, ct.byref(self._keys, ct.sizeof(FlowKey) * start),
+                                       ct.byref(count))
+            if res >= 0:
+                return
+            start += count.value  # the kernel stops at the first key it cannot delete
+        for i in range(start, stop):
+            lib.bpf_delete_elem(fd, ct.byref(self._keys[i]))
+
+    def _read_side(self, side: int) -> list[FlowDelta]:
+        """Records of everything idle side ``side`` holds (table and cache); unchanged."""
+        n = self._read_table(self._fds[side])
+        self._buffered = (side, n)  # merged cache entries only come after these n keys
+        if self._caches is not None:
+            n = self._merge_cache(n, self._read_cache(self._caches[0][side])[0])
+        return self._convert(n)
+
+    def _clear_side(self, side: int) -> None:
+        """Empty idle side ``side`` (table entries deleted, overflow entries seeded
+        again at zero, cache slots zeroed), then bump its generation in ``zm_epoch``.
+
+        Idempotent up to the bump: a crash anywhere before it leaves the generation that
+        the checkpoint records as folded, so the next agent empties the side again.
+
+        Raises:
+            RuntimeFailure: the kernel refused a read or write.
+        """
+        fd = self._fds[side]
+        buffered, self._buffered = self._buffered, None
+        # the keys of the read are still in the buffers (the side is idle: unchanged);
+        # else (a side another agent read) list them again
+        n = buffered[1] if buffered is not None and buffered[0] == side else self._read_table(fd)
+        half = n // 2
+        self._delete(fd, 0, half)
+        _crash_point("mid_clear")
+        self._delete(fd, half, n)
+        self._seed(fd)
+        if self._caches is not None:
+            cache_fd = self._caches[0][side]
+            _, used = self._read_cache(cache_fd)
+            idx = ct.c_int(0)
+            for i in used:
+                idx.value = i
+                res = libbcc().bpf_update_elem(cache_fd, ct.byref(idx), ct.byref(self._cache_zero), 0)
+                if res < 0:
+                    raise RuntimeFailure(f"cannot empty flow cache slot {i}: "
+                                         f"{errno.errorcode.get(call_errno(res))}")
+        _crash_point("after_clear")
+        self._set_epoch(1 + side, self._epoch(1 + side) + 1)
+
     # -- public -----------------------------------------------------------------------
 
+    def resume(self, handover: HandOver | None) -> None:
+        """Take the previous agent's checkpointed :class:`HandOver`: an idle side whose
+        generation it records as folded is only emptied by the first drain, not counted.
+        A hand-over of other maps (another ``pins_id``) or None is ignored: the idle side
+        is counted."""
+        with self._lock:
+            if handover is not None and handover.pins_id == self.pins_id and self.pins_id:
+                self._folded = list(handover.folded)
+
+    def handover(self) -> HandOver:
+        """The :class:`HandOver` to checkpoint with totals that include every drain so far."""
+        with self._lock:
+            return HandOver(self.pins_id, (self._folded[0], self._folded[1]))
+
+    def commit(self) -> bool:
+        """Empty the side the last drain read (the caller's totals that include it are
+        durable now). Returns False when nothing was pending.
+
+        Raises:
+            RuntimeFailure: the kernel refused; the side stays pending (retried next time).
+        """
+        with self._lock:
+            return self._commit()
+
+    def _commit(self) -> bool:
+        side = self._pending
+        if side is None:
+            return False
+        self._clear_side(side)
+        self._pending = None
+        return True
+
     def drain(self) -> list[FlowDelta]:
-        """Return the bytes and packets counted since the previous drain, and reset them.
+        """Return the bytes and packets counted since the previous drain.
+
+        With ``hold`` the side read stays as it is until :meth:`commit`, and a drain
+        while it is still pending returns ``[]`` without switching (the kernel goes on
+        counting into the active side). The first drain after a restart looks at the
+        idle side: folded already (:meth:`resume`): it is emptied and the drain goes on;
+        else its contents are returned (with ``hold``, alone: the active side follows at
+        the next drain).
 
         Returns:
             one :class:`FlowDelta` per flow key with a non-zero count, plus one
@@ -356,45 +564,43 @@ class FlowTables:
             Bytes are L3 bytes on the wire (docs/datapath.md); ports host order.
 
         Raises:
-            RuntimeFailure: the kernel refused to switch tables.
+            RuntimeFailure: the kernel refused to switch, read or empty tables.
         """
         with self._lock:
+            if self._pending is not None:
+                if self.hold:
+                    return []
+                self._commit()
             deltas: list[FlowDelta] = []
-            old = self._active
-            fold: list[int] = []
-            if self._leftover:  # idle since a previous agent's swap: nothing writes to it
+            if self._caches is not None and self._cache_active != self._active:
+                self._point_cache(self._active)  # after a failed switch: sides in line again
+            if self._leftover:  # idle since a previous agent's (or a failed) switch
                 self._leftover = False
-                deltas = self._take_and_convert(self._fds[1 - old])
+                side = 1 - self._active
+                gen = self._epoch(1 + side)
+                if gen and self._folded[side] == gen:
+                    self._clear_side(side)  # in the checkpoint already: empty it only
+                else:
+                    deltas = self._read_side(side)
+                    self._folded[side] = gen
+                    self._pending = side
+                    if self.hold:
+                        self._drains += 1
+                        return deltas
+                    self._commit()
+            old = self._active
             if self._caches is not None:
-                if self._cache_leftover:  # idle since a previous agent's swap, like the table
-                    self._cache_leftover = False
-                    fold.append(1 - self._cache_active)
-                fold.append(self._cache_active)
                 self._switch_both()
             else:
                 self._point_active(1 - old)
-            for index in fold:  # nothing writes to these any more
-                assert self._caches is not None
-                self._fold(self._caches[0][index], self._fds[old])
-            deltas += self._take_and_convert(self._fds[old])
+            _crash_point("after_switch")
+            deltas += self._read_side(old)
+            self._folded[old] = self._epoch(1 + old)
+            self._pending = old
+            if not self.hold:
+                self._commit()
             self._drains += 1
             return deltas
-
-    def _take_and_convert(self, fd: int) -> list[FlowDelta]:
-        """Empty the idle table fd into records; seed its overflow entries again."""
-        n = 0
-        if self._batch:
-            try:
-                n = self._take_batch(fd)
-            except OSError as err:
-                if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP,
-                                     errno.ENOSYS, errno.EPERM):
-                    raise RuntimeFailure(f"cannot drain flow table: {err}") from err
-                self._batch = False
-        if not self._batch:
-            n = self._take_one_by_one(fd)
-        self._seed(fd)
-        return self._convert(n)
 
     def _convert(self, n: int) -> list[FlowDelta]:
         """Turn the first n buffered entries into records.

@@ -25,6 +25,7 @@ from typing import cast
 
 from agent.datapath.abi import (
     CACHE_SLOTS,
+    EPOCH_SLOTS,
     LAYOUT_VERSION,
     OVERFLOW_SLOTS,
     CacheSlot,
@@ -43,7 +44,7 @@ _MAP_HASH, _MAP_ARRAY, _MAP_PERCPU_ARRAY, _MAP_ARRAY_OF_MAPS = 1, 2, 6, 12  # BP
 #: every map bpf/maps.h pins under pin_path (file name = map name)
 PINNED_MAPS = ("zm_flows_a", "zm_flows_b", "zm_active", "zm_cache_a", "zm_cache_b",
                "zm_cache_active", "zm_endpoints", "zm_endpoint_ports", "zm_server_ports",
-               "zm_lost", "zm_layout")
+               "zm_lost", "zm_layout", "zm_epoch")
 
 def libbcc() -> ctypes.CDLL:
     """Return BCC's libbcc (its libbpf wrappers ``bpf_lookup_elem``, ``bpf_obj_get_info``...).
@@ -153,6 +154,7 @@ def expected_maps(config: DatapathConfig) -> dict[str, tuple[int, int, int, int]
         "zm_server_ports": (_MAP_ARRAY, 4, 4, 65536),
         "zm_lost": (_MAP_ARRAY, 4, ctypes.sizeof(FlowValue), 1),
         "zm_layout": (_MAP_ARRAY, 4, 4, 1),
+        "zm_epoch": (_MAP_ARRAY, 4, 8, EPOCH_SLOTS),
     }
 
 

@@ -182,6 +182,12 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "bytes for --series-retention seconds, by the metric (family) they belonged to.",
         ("family",), lambda s, _: _by_name(s.totals.series_expired)),
     MetricFamily(
+        "zonemeter_checkpoint_discarded_total", COUNTER,
+        "Checkpoint files the agent could not use and started from zero instead, by reason "
+        "(unreadable, corrupt, version: another format or kernel layout, node: another "
+        "node's); absent without --checkpoint-path.",
+        ("reason",), lambda s, _: _by_name(s.checkpoint_discarded)),
+    MetricFamily(
         "zonemeter_flow_table_entries", GAUGE,
         "Entries in the kernel flow table at the last drain.",
         (), lambda s, _: _scalar(s.flow_table_entries)),

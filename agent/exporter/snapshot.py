@@ -33,6 +33,8 @@ class ExportSnapshot:
         hint_model: what the hint model assumes: ``(kubernetes_version, kube_proxy_version,
             source, kube_proxy_source)`` (``HintModel.model_info`` of this node), or None
             before the model exists.
+        checkpoint_discarded: ``{reason: count}`` of checkpoint files discarded
+            (:data:`agent.checkpoint.DISCARD_REASONS`); empty without a checkpoint.
     """
 
     totals: AttributionTotals = field(default_factory=AttributionTotals)
@@ -46,9 +48,10 @@ class ExportSnapshot:
     interval_seconds: float = 0.0
     coverage: CoverageState = field(default_factory=CoverageState)
     hint_model: tuple[str, str, str, str] | None = None
+    checkpoint_discarded: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("locality", "metadata_synced"):
+        for name in ("locality", "metadata_synced", "checkpoint_discarded"):
             value = getattr(self, name)
             if not isinstance(value, types.MappingProxyType):
                 object.__setattr__(self, name, types.MappingProxyType(dict(value or {})))

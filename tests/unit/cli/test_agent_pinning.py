@@ -93,3 +93,21 @@ def test_cleanup_calls_datapath_cleanup(monkeypatch: pytest.MonkeyPatch,
     assert calls == [("/sys/fs/bpf/zonemeter/nb", None)]
     out = capsys.readouterr().out
     assert '"filters_removed": ["veth1/ingress"]' in out and "zm_flows_a" in out
+
+
+def test_cleanup_removes_the_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import agent.datapath
+
+    monkeypatch.setattr(agent.datapath.Datapath, "cleanup", staticmethod(
+        lambda pin_path, netns=None, **_: agent.datapath.CleanupResult((), ())))
+    cp = tmp_path / "cp"
+    cp.write_text("{}")
+    (tmp_path / "cp.tmp").write_text("{")  # a write a kill -9 cut short
+    assert cli.main(["agent", "--node-name", "nb", "--pin-path", "none", "--cleanup",
+                     "--checkpoint-path", str(cp)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["checkpoint_removed"] == [str(cp), f"{cp}.tmp"]
+    assert list(tmp_path.iterdir()) == []

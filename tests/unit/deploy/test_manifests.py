@@ -333,7 +333,15 @@ def test_daemonset_host_mounts(objects: list[dict[str, Any]]) -> None:
         "/host/lib/modules": "/lib/modules",
         "/usr/src": "/usr/src",
         "/sys/fs/bpf": "/sys/fs/bpf",
+        "/var/lib/zonemeter": "/var/lib/zonemeter",
     }
+    # The checkpoint directory (agent.checkpoint.DEFAULT_CHECKPOINT_PATH's), created on
+    # first use, writable: the counters outlive the pod.
+    from agent.checkpoint import DEFAULT_CHECKPOINT_PATH
+
+    assert DEFAULT_CHECKPOINT_PATH.startswith("/var/lib/zonemeter/")
+    assert volumes[mounts["/var/lib/zonemeter"]["name"]]["hostPath"]["type"] == "DirectoryOrCreate"
+    assert mounts["/var/lib/zonemeter"].get("readOnly", False) is False
     # Kernel headers are only read.
     assert mounts["/host/lib/modules"]["readOnly"] is True
     assert mounts["/usr/src"]["readOnly"] is True
@@ -345,7 +353,7 @@ def test_daemonset_host_mounts(objects: list[dict[str, Any]]) -> None:
     assert "emptyDir" in volumes[mounts["/lib/modules"]["name"]]
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
     # No other host path (no /, /proc, /var/run, container runtime sockets).
-    assert len([v for v in volumes.values() if "hostPath" in v]) == 3
+    assert len([v for v in volumes.values() if "hostPath" in v]) == 4
 
 
 def test_namespace_admits_the_agent_under_pod_security(objects: list[dict[str, Any]]) -> None:
@@ -549,6 +557,10 @@ def test_cleanup_daemonset_validates_and_only_cleans(version: str, objects: list
     assert init["image"] == _agent_container(objects)["image"]
     bpffs = [m for m in init["volumeMounts"] if m["mountPath"] == "/sys/fs/bpf"]
     assert bpffs and bpffs[0]["mountPropagation"] == "HostToContainer"
+    # and the checkpoint's directory, which --cleanup empties too
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    state = [m for m in init["volumeMounts"] if m["mountPath"] == "/var/lib/zonemeter"]
+    assert state and volumes[state[0]["name"]]["hostPath"]["path"] == "/var/lib/zonemeter"
 
 
 # ---------------------------------------------------------------- real kustomize

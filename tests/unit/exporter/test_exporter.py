@@ -120,6 +120,8 @@ zonemeter_diagnostic_bytes_total{name="hold_full"} 0.0
 # TYPE zonemeter_series_expired_total counter
 zonemeter_series_expired_total{family="zonemeter_service_bytes_total"} 0.0
 zonemeter_series_expired_total{family="zonemeter_workload_bytes_total"} 2.0
+# HELP zonemeter_checkpoint_discarded_total Checkpoint files the agent could not use and started from zero instead, by reason (unreadable, corrupt, version: another format or kernel layout, node: another node's); absent without --checkpoint-path.
+# TYPE zonemeter_checkpoint_discarded_total counter
 # HELP zonemeter_flow_table_entries Entries in the kernel flow table at the last drain.
 # TYPE zonemeter_flow_table_entries gauge
 zonemeter_flow_table_entries 12.0
@@ -180,6 +182,7 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_skipped_bytes": "counter",
         "zonemeter_diagnostic_bytes": "counter",
         "zonemeter_series_expired": "counter",
+            "zonemeter_checkpoint_discarded": "counter",
         "zonemeter_hook_counted_bytes": "counter",
         "zonemeter_interface_bytes": "counter",
         "zonemeter_hook_unseen_bytes": "counter",
