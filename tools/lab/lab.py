@@ -42,6 +42,7 @@ from agent.errors import InputError, RuntimeFailure
 from tools.lab import groundtruth
 from tools.lab import snapshot as lab_snapshot
 from tools.lab.flows import FlowHandle, FlowResult, FlowSpec, LabTraffic
+from tools.lab.kube import KUBERNETES_MODES, PROXY_MODES, LabKubernetes
 from tools.lab.netns import NODE_SYSCTLS, POD_SYSCTLS, disable_offloads, netns_mod, sysctl
 from tools.lab.proc import ROOT, ancestors, child_env, is_lab_server, nsexec, run, terminate
 from tools.lab.proxy import LabProxy
@@ -53,7 +54,7 @@ from tools.lab.truth import LabGroundTruth
 __all__ = ["DEFAULT_STATE_DIR", "FlowHandle", "FlowResult", "FlowSpec", "Lab", "list_prefixes"]
 
 
-class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
+class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
     """A lab cluster on this machine (see the module docstring for the wiring).
 
     Args:
@@ -63,6 +64,11 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
         state_dir: where the state file goes.
         server_max_seconds: lifetime of the pod servers (seconds); they stop by themselves
             after it even if nobody calls :meth:`down`.
+        kubernetes: ``"emulated"`` (our own picture of Kubernetes: a snapshot file, the
+            kube-proxy emulation) or ``"real"`` (etcd, kube-apiserver, kube-controller-manager
+            and kube-proxy, see :mod:`tools.lab.kube`).
+        proxy_mode: the real kube-proxy's mode, ``"iptables"`` or ``"nftables"``.
+        kube_version: the Kubernetes release of the real mode (default: the pinned one).
 
     Use as a context manager (``with Lab(topo) as lab:``) or call :meth:`up` and
     :meth:`down`. Every method that needs root raises :class:`RuntimeFailure` when a
@@ -71,7 +77,18 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
 
     def __init__(self, topology: Topology, prefix: str | None = None,
                  state_dir: Path | str = DEFAULT_STATE_DIR,
-                 server_max_seconds: float = 3600.0) -> None:
+                 server_max_seconds: float = 3600.0, kubernetes: str = "emulated",
+                 proxy_mode: str = "iptables", kube_version: str | None = None) -> None:
+        if kubernetes not in KUBERNETES_MODES:
+            raise InputError(f"must be one of {', '.join(KUBERNETES_MODES)}", obj="lab",
+                             field=f"kubernetes {kubernetes!r}")
+        if proxy_mode not in PROXY_MODES:
+            raise InputError(f"must be one of {', '.join(PROXY_MODES)}", obj="lab",
+                             field=f"kube-proxy mode {proxy_mode!r}")
+        self.kubernetes = kubernetes
+        self.proxy_mode = proxy_mode
+        self.kube_version = kube_version
+        self.relay_port = 0
         self.topology = topology
         self.prefix = prefix or f"zm{secrets.token_hex(2)}"
         if not PREFIX.match(self.prefix):
@@ -116,6 +133,8 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
         if any(n.startswith(self.prefix + "-") for n in existing):
             raise RuntimeFailure(f"lab prefix {self.prefix} is in use "
                                  f"(zonemeter lab down --prefix {self.prefix})")
+        if self.kubernetes == "real":
+            self.control_plane()  # the binaries are built, or one line naming the build command
         self._write_state()
         try:
             self._build()
@@ -165,6 +184,7 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
                     removed.append(name)
         state = Path(state_dir) / f"{prefix}.json"
         state.unlink(missing_ok=True)
+        LabKubernetes.remove_kube_dir(Path(state_dir), prefix)
         return removed
 
     @classmethod
@@ -181,7 +201,10 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
             raise InputError("no running lab with this prefix", source=str(path),
                              field="prefix") from None
         lab = cls(Topology.from_dict(data["topology"], source=str(path)), prefix=prefix,
-                  state_dir=state_dir, server_max_seconds=data.get("server_max_seconds", 3600))
+                  state_dir=state_dir, server_max_seconds=data.get("server_max_seconds", 3600),
+                  kubernetes=data.get("kubernetes", "emulated"), proxy_mode=data.get("proxy_mode", "iptables"),
+                  kube_version=data.get("kube_version"))
+        lab.relay_port = int(data.get("relay_port", 0))
         for item in data.get("endpoint_overrides", []):
             lab._overrides[(item["service"], item["node"])] = tuple(item["endpoints"])
         lab._servers = {str(k): int(v) for k, v in data.get("servers", {}).items()}
@@ -212,6 +235,8 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
             if p.ports:
                 self._install_ground_truth(p)
         self._start_servers()
+        if self.kubernetes == "real":
+            self._build_kubernetes()
         self._write_state()  # with the server pids
 
     def _start_servers(self, pods: Iterable[Pod] | None = None) -> None:
@@ -351,6 +376,7 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
             "prefix": self.prefix,
             "mode": topo.options.mode,
             "ipv6": topo.options.ipv6,
+            "kubernetes": self.kubernetes_status(),
             "netns": {n: n in present for n in self.all_netns()},
             "nodes": [{"name": n.name, "zone": n.zone, "netns": self.node_netns(n.name),
                        "ip": str(n.ip), **({"ip6": str(n.ip6)} if n.ip6 else {}),
