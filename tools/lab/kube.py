@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -333,6 +334,35 @@ class LabKubernetes(LabNamespaces):
             out += nsexec(ns, ["ip6tables-save"]).stdout
         return out
 
+    def programmed_endpoints(self, node: str) -> dict[tuple[str, str, int], list[str]]:
+        """What the proxy of ``node`` sends each ClusterIP:port to, read back from its rules.
+
+        Works on the real kube-proxy's iptables rules (``KUBE-SERVICES`` jumps to a
+        ``KUBE-SVC-*``/``KUBE-SVL-*`` chain whose rules, commented ``"<svc> -> ip:port"``, jump to
+        the endpoints' ``KUBE-SEP-*``; kube-proxy pkg/proxy/iptables/proxier.go,
+        ``syncProxyRules``), on its nftables rules (the ``service-ips`` map sends
+        ``ip . proto . port`` to a ``service-*`` chain that jumps to ``endpoint-*__ip/port``
+        chains; pkg/proxy/nftables/proxier.go), and on the lab's emulation (same iptables shape).
+
+        Returns:
+            ``{(cluster IP, "TCP"|"UDP", port): ["ip:port", ...]}`` sorted; an empty list where
+            the proxy drops or rejects (no usable endpoint).
+
+        Raises:
+            RuntimeFailure: the rules could not be read.
+        """
+        text = self.programmed(node) if self.uses_kube_proxy(node) else self._emulated_rules(node)
+        if self.uses_kube_proxy(node) and self.proxy_mode == "nftables":
+            return _parse_nft(text)
+        return _parse_iptables(text)
+
+    def _emulated_rules(self, node: str) -> str:
+        ns = self.node_netns(node)
+        out = nsexec(ns, ["iptables-save"]).stdout
+        if self.topology.options.ipv6:
+            out += nsexec(ns, ["ip6tables-save"]).stdout
+        return out
+
     def wait_kube_proxies(self, timeout_s: float = 60.0) -> None:
         """Until every real kube-proxy has written a rule for every ClusterIP of the lab.
 
@@ -372,3 +402,59 @@ class LabKubernetes(LabNamespaces):
                 "netns": self.kube_netns, "adminKubeconfig": str(self.admin_kubeconfig),
                 "agentKubeconfig": str(self.agent_kubeconfig), "kubectl": str(cp.binaries.kubectl),
                 "kubeProxyNodes": [n.name for n in self.topology.nodes if self.uses_kube_proxy(n.name)]}
+
+
+_IPT_SERVICE = re.compile(r"^-A KUBE-SERVICES -d (\S+?)(?:/\d+)? -p (\w+) .*--dport (\d+) -j (KUBE-SV[CL]-\w+)")
+_IPT_NONE = re.compile(r"^-A KUBE-SERVICES -d (\S+?)(?:/\d+)? -p (\w+) .*--dport (\d+) .*-j (?:REJECT|DROP)")
+_IPT_ENDPOINT = re.compile(r'^-A (KUBE-SV[CL]-\w+) .*--comment "?[^"]* -> (\S+?)"? .*-j KUBE-SEP-')
+
+
+def _parse_iptables(text: str) -> dict[tuple[str, str, int], list[str]]:
+    """:meth:`LabKubernetes.programmed_endpoints` from ``iptables-save`` text."""
+    chains: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _IPT_ENDPOINT.match(line)
+        if m:
+            chains.setdefault(m.group(1), []).append(m.group(2))
+    out: dict[tuple[str, str, int], list[str]] = {}
+    for line in text.splitlines():
+        m = _IPT_SERVICE.match(line)
+        if m:
+            out[(m.group(1), m.group(2).upper(), int(m.group(3)))] = sorted(chains.get(m.group(4), []))
+            continue
+        m = _IPT_NONE.match(line)
+        if m:
+            out.setdefault((m.group(1), m.group(2).upper(), int(m.group(3))), [])
+    return out
+
+
+_NFT_ELEMENT = re.compile(r"([0-9a-fA-F.:]+) \. (tcp|udp|sctp) \. (\d+) : goto (service-\S+?)(?=[,\s}]|$)")
+_NFT_CHAIN = re.compile(r"^\s*chain (\S+) \{")
+_NFT_ENDPOINT = re.compile(r"goto (endpoint-\S+?__(\S+?)/(\d+))(?=[,\s}]|$)")
+
+
+def _parse_nft(text: str) -> dict[tuple[str, str, int], list[str]]:
+    """:meth:`LabKubernetes.programmed_endpoints` from ``nft list ruleset`` text (kube-proxy's
+    ``ip``/``ip6 kube-proxy`` tables)."""
+    chains: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        m = _NFT_CHAIN.match(line)
+        if m:
+            current = m.group(1)
+            continue
+        if current and current.startswith("service-"):
+            for e in _NFT_ENDPOINT.finditer(line):
+                ip, port = e.group(2), e.group(3)
+                chains.setdefault(current, []).append(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+    out: dict[tuple[str, str, int], list[str]] = {}
+    in_map = False
+    for line in text.splitlines():
+        if re.match(r"^\s*map service-ips \{", line):
+            in_map = True
+        elif in_map and re.match(r"^\s*\}", line):
+            in_map = False
+        if in_map:
+            for m in _NFT_ELEMENT.finditer(line):
+                out[(m.group(1), m.group(2).upper(), int(m.group(3)))] = sorted(chains.get(m.group(4), []))
+    return out

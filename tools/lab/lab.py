@@ -29,6 +29,7 @@ attach to a running lab with :meth:`Lab.attach`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -366,12 +367,25 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
 
     # ------------------------------------------------------------------ status
 
+    def _status_endpoints(self, svc: Any, node: str,
+                          programmed: Mapping[str, Mapping[tuple[str, str, int], list[str]]]) -> list[str]:
+        """Endpoint pods of ``svc``'s first port that ``node``'s proxy uses: the real kube-proxy's
+        rules where it runs, else the emulation's choice."""
+        if node not in programmed:
+            return list(self.service_endpoints(svc.key, node))
+        sp = svc.ports[0]
+        addrs = programmed[node].get((str(svc.cluster_ip), sp.protocol, sp.port), [])
+        return [self.client_name(ipaddress.ip_address(a.rsplit(":", 1)[0].strip("[]"))) for a in addrs]
+
     def status(self) -> dict[str, Any]:
         """Return a JSON-able description: prefix, mode, namespaces present/missing,
         nodes with addresses, pods with addresses and veths, Services with ClusterIPs and
         the endpoints each node's proxy selects."""
         present = set(netns_mod().listnetns())
         topo = self.topology
+        # in the real mode, what each kube-proxy programmed (read back from its rules)
+        programmed = {n.name: self.programmed_endpoints(n.name) for n in topo.nodes
+                      if self.uses_kube_proxy(n.name)}
         return {
             "prefix": self.prefix,
             "mode": topo.options.mode,
@@ -392,7 +406,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
                           **({"clusterIP6": str(s.cluster_ip6)} if s.cluster_ip6 else {}),
                           "ports": [f"{sp.port}->{sp.target_port}/{sp.protocol}"
                                     for sp in s.ports],
-                          "endpointsByNode": {n.name: list(self.service_endpoints(s.key, n.name))
+                          "endpointsByNode": {n.name: self._status_endpoints(s, n.name, programmed)
                                               for n in topo.nodes}}
                          for s in topo.services],
         }
