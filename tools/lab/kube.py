@@ -404,7 +404,7 @@ class LabKubernetes(LabNamespaces):
                 "kubeProxyNodes": [n.name for n in self.topology.nodes if self.uses_kube_proxy(n.name)]}
 
 
-_IPT_SERVICE = re.compile(r"^-A KUBE-SERVICES -d (\S+?)(?:/\d+)? -p (\w+) .*--dport (\d+) -j (KUBE-SV[CL]-\w+)")
+_IPT_SERVICE = re.compile(r"^-A KUBE-SERVICES -d (\S+?)(?:/\d+)? -p (\w+) .*--dport (\d+) (?:.* )?-j (KUBE-SV[CL]-\w+)")
 _IPT_NONE = re.compile(r"^-A KUBE-SERVICES -d (\S+?)(?:/\d+)? -p (\w+) .*--dport (\d+) .*-j (?:REJECT|DROP)")
 _IPT_ENDPOINT = re.compile(r'^-A (KUBE-SV[CL]-\w+) .*--comment "?[^"]* -> (\S+?)"? .*-j KUBE-SEP-')
 
@@ -428,33 +428,47 @@ def _parse_iptables(text: str) -> dict[tuple[str, str, int], list[str]]:
     return out
 
 
-_NFT_ELEMENT = re.compile(r"([0-9a-fA-F.:]+) \. (tcp|udp|sctp) \. (\d+) : goto (service-\S+?)(?=[,\s}]|$)")
+_NFT_ELEMENT = re.compile(r"([0-9a-fA-F.:]+) \. (tcp|udp|sctp) \. (\d+)(?: comment \"[^\"]*\")? : (?:goto (service-\S+?)(?=[,\s}]|$)|\w+)")
 _NFT_CHAIN = re.compile(r"^\s*chain (\S+) \{")
-_NFT_ENDPOINT = re.compile(r"goto (endpoint-\S+?__(\S+?)/(\d+))(?=[,\s}]|$)")
+_NFT_MAP = re.compile(r"^\s*map (\S+) \{")
+#: an endpoint in a service chain: a DNAT map entry ``0 : ip . port``, a single ``dnat to ip:port``,
+#: or (older releases) a jump to an ``endpoint-*__ip/port`` chain
+_NFT_DNAT_MAP = re.compile(r"\d+ : ([0-9a-fA-F.:]+) \. (\d+)")
+_NFT_DNAT_ONE = re.compile(r"dnat (?:ip6? )?to (?:\[([0-9a-fA-F:]+)\]|([0-9.]+)):(\d+)")
+_NFT_ENDPOINT = re.compile(r"goto endpoint-\S+?__(\S+?)/(\d+)(?=[,\s}]|$)")
+
+
+def _ep(ip: str, port: str) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _parse_nft(text: str) -> dict[tuple[str, str, int], list[str]]:
     """:meth:`LabKubernetes.programmed_endpoints` from ``nft list ruleset`` text (kube-proxy's
-    ``ip``/``ip6 kube-proxy`` tables)."""
+    ``ip``/``ip6 kube-proxy`` tables: the ``service-ips`` and ``no-endpoint-services`` maps and
+    the ``service-*`` chains, pkg/proxy/nftables/proxier.go ``syncProxyRules``)."""
     chains: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines():
-        m = _NFT_CHAIN.match(line)
-        if m:
-            current = m.group(1)
-            continue
-        if current and current.startswith("service-"):
-            for e in _NFT_ENDPOINT.finditer(line):
-                ip, port = e.group(2), e.group(3)
-                chains.setdefault(current, []).append(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
     out: dict[tuple[str, str, int], list[str]] = {}
-    in_map = False
+    targets: dict[tuple[str, str, int], str] = {}
+    chain = mapname = None
     for line in text.splitlines():
-        if re.match(r"^\s*map service-ips \{", line):
-            in_map = True
-        elif in_map and re.match(r"^\s*\}", line):
-            in_map = False
-        if in_map:
-            for m in _NFT_ELEMENT.finditer(line):
-                out[(m.group(1), m.group(2).upper(), int(m.group(3)))] = sorted(chains.get(m.group(4), []))
+        if m := _NFT_CHAIN.match(line):
+            chain, mapname = m.group(1), None
+            continue
+        if m := _NFT_MAP.match(line):
+            chain, mapname = None, m.group(1)
+            continue
+        if chain and chain.startswith("service-"):
+            eps = chains.setdefault(chain, [])
+            eps += [_ep(e.group(1), e.group(2)) for e in _NFT_DNAT_MAP.finditer(line)]
+            eps += [_ep(e.group(1) or e.group(2), e.group(3)) for e in _NFT_DNAT_ONE.finditer(line)]
+            eps += [_ep(e.group(1), e.group(2)) for e in _NFT_ENDPOINT.finditer(line)]
+        elif mapname in ("service-ips", "no-endpoint-services"):
+            for e in _NFT_ELEMENT.finditer(line):
+                key = (e.group(1), e.group(2).upper(), int(e.group(3)))
+                if mapname == "service-ips" and e.group(4):
+                    targets[key] = e.group(4)
+                else:
+                    out.setdefault(key, [])
+    for key, target in targets.items():
+        out[key] = sorted(chains.get(target, []))
     return out
