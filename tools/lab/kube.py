@@ -428,7 +428,8 @@ def _parse_iptables(text: str) -> dict[tuple[str, str, int], list[str]]:
     return out
 
 
-_NFT_ELEMENT = re.compile(r"([0-9a-fA-F.:]+) \. (tcp|udp|sctp) \. (\d+)(?: comment \"[^\"]*\")? : (?:goto (service-\S+?)(?=[,\s}]|$)|\w+)")
+_NFT_ELEMENT = re.compile(r"([0-9a-fA-F.:]+) \. (tcp|udp|sctp) \. (\d+)(?: comment \"[^\"]*\")? : "
+                          r"(?:goto (service-\S+?)(?=[,\s}]|$)|\w+)")
 _NFT_CHAIN = re.compile(r"^\s*chain (\S+) \{")
 _NFT_MAP = re.compile(r"^\s*map (\S+) \{")
 #: an endpoint in a service chain: a DNAT map entry ``0 : ip . port``, a single ``dnat to ip:port``,

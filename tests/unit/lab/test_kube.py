@@ -1,3 +1,4 @@
+# ruff: noqa: E501, E101 - the rule texts are verbatim copies of what kube-proxy wrote (tabs as nft prints)
 """Reading back what a node's proxy programmed (tools/lab/kube.py ``programmed_endpoints``), from
 the lab's own emulation and from rules the real kube-proxy 1.37 wrote in a lab node (iptables and
 nftables modes, trimmed copies), and the lab's choice of Kubernetes mode."""
