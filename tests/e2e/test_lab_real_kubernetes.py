@@ -6,6 +6,8 @@ EndpointSlices and their hints are the real controller's; one real ``zonemeter a
 reads the apiserver with the token of deploy/daemonset's ServiceAccount (RBAC applied with
 ``kubectl apply -k``). Two phases of ClusterIP traffic from every client, TCP and UDP:
 
+Once with kube-proxy in iptables mode, once in nftables mode.
+
 1. ``shop/web`` as the default topology has it (no topology annotation): no hints, every node's
    kube-proxy uses all three endpoints;
 2. after ``service.kubernetes.io/topology-mode: Auto`` is set on it with kubectl: the real
@@ -16,7 +18,9 @@ equal the lab's nftables ground truth, so nothing is counted twice or missed; no
 hint-ignored (the real kube-proxy honours hints). After phase 2: the hints on the real slices
 equal what ``zonemeter explain`` against the same apiserver says the controller writes, the
 endpoints every real kube-proxy programmed equal explain's proxy view per node, and the agents'
-``locality_in_effect`` equals explain's. A write with the agents' token is refused with 403.
+``locality_in_effect`` equals explain's; after a server pod is deleted, the recomputed hints and
+the kube-proxies' endpoints, the controller's last event and the agents' locality again equal
+explain's. A write with the agents' token is refused with 403.
 """
 
 from __future__ import annotations
@@ -48,11 +52,12 @@ COUNT = 15
 Key = tuple[str, str, str, str]  # client zone, server zone, crossing, direction
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+@pytest.fixture(scope="module", params=["iptables", "nftables"])
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     work = tmp_path_factory.mktemp("realkube")
     topo = Topology.from_yaml(DEFAULT_TOPOLOGY)
-    with Lab(topo, state_dir=work / "state", kubernetes="real", server_max_seconds=600) as lab:
+    with Lab(topo, state_dir=work / "state", kubernetes="real", proxy_mode=request.param,
+             server_max_seconds=600) as lab:
         yield lab
 
 
@@ -183,3 +188,23 @@ def test_default_topology_counts_exactly_and_follows_the_real_controller(lab: La
         assert sorted(ex["proxy"][n.name]["cluster_endpoints"]) == lab.programmed_endpoints(n.name)[cip], n.name
     assert ex["locality_in_effect"] == m2.in_effect[("shop", "web")]
     assert m2.unattributed.get("attribution_error", 0) == 0
+
+    # a server pod goes: 2 endpoints in 2 zones. The real controller recomputes (and, for this
+    # cluster, drops) the hints in the same sync that removes the endpoint; the model must agree,
+    # down to the event it emits
+    gone = str(topo.pod("web-a2").ip)
+    lab.remove_pod("web-a2")
+    _wait("web-a2 gone from the slices", lambda: gone not in _real_hints(lab))
+    hints = _real_hints(lab)
+    ex = _explain(lab)
+    model = {a: (sorted(h["forZones"]) if h else None) for a, h in ex["controller"]["hints"].items()}
+    assert model == hints, f"after removing web-a2: model hints {model} != real controller's {hints}"
+    real_events = [e for e in json.loads(lab.kubectl("get", "events", "-n", "shop", "-o", "json").stdout)["items"]
+                   if e["involvedObject"]["name"] == "web" and e["reason"].startswith("TopologyAwareHints")]
+    last = max(real_events, key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["resourceVersion"]))
+    assert [(e["reason"], e["message"]) for e in ex["controller"]["events"]] == [(last["reason"], last["message"])]
+    _wait("kube-proxies following the new slices", lambda: all(
+        lab.programmed_endpoints(n.name)[cip] == sorted(ex["proxy"][n.name]["cluster_endpoints"])
+        for n in topo.nodes))
+    _wait("agents' locality following the real slices", lambda: fleet.scrape().in_effect.get(("shop", "web")) ==
+          ex["locality_in_effect"], timeout_s=10 * INTERVAL)

@@ -147,7 +147,13 @@ def run(args: argparse.Namespace) -> int:
         _print_status(lab.status(), args.output)
         return 0
     if verb == "snapshot":
-        if args.out:
+        if lab.kubernetes == "real":  # what the apiserver holds, slices by the real controller
+            text = json.dumps(lab.real_objects(), indent=1)
+            if args.out:
+                Path(args.out).write_text(text + "\n")
+            else:
+                print(text)
+        elif args.out:
             lab.write_snapshot(args.out)
         else:
             print(json.dumps(lab.snapshot(), indent=1))

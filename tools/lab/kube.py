@@ -245,7 +245,12 @@ class LabKubernetes(LabNamespaces):
         self._apply([_status_only(o) for o in nodes], "--subresource=status")
         self._apply([_strip(o) for o in built if o["kind"] == "Service"])
         self._wait_service_accounts(namespaces)
-        pods = [o for o in built if o["kind"] == "Pod"]
+        self._register_pods([o for o in built if o["kind"] == "Pod"])
+
+    def _register_pods(self, pods: list[dict[str, Any]]) -> None:
+        """Create Pods bound to their nodes, then report them running and Ready through the
+        status subresource, as their kubelet would."""
+        now = _now()
         for o in pods:
             o["status"]["startTime"] = now
             o["status"]["conditions"] = [{"type": t, "status": "True", "lastTransitionTime": now}
@@ -255,6 +260,38 @@ class LabKubernetes(LabNamespaces):
                 "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}}}]
         self._apply([_strip(o) for o in pods])
         self._apply([_status_only(o) for o in pods], "--subresource=status")
+
+    def _kube_add_pod(self, name: str) -> None:
+        """Register a pod the lab just built (real mode; nothing otherwise)."""
+        if self.kubernetes != "real":
+            return
+        built = lab_snapshot.build(self.topology)["items"]
+        self._register_pods([o for o in built if o["kind"] == "Pod" and o["metadata"]["name"] == name])
+
+    def _kube_remove_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod's object at once (real mode): its kubelet would confirm the kill; with
+        none, ``--grace-period=0 --force`` removes it without a terminating phase."""
+        if self.kubernetes != "real":
+            return
+        self.kubectl("delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
+
+    def check_real_topology(self) -> None:
+        """What the real mode cannot run, refused before anything is built.
+
+        Raises:
+            InputError: a Service lists its ``endpoints`` instead of a selector (the real
+                EndpointSlice controller writes slices only for Services with a selector).
+        """
+        for s in self.topology.services:
+            if s.selector is None:
+                raise InputError("the real EndpointSlice controller serves only Services with a selector; "
+                                 "give selector instead of endpoints (or use --kubernetes emulated)",
+                                 obj=f"Service {s.key}", field="endpoints")
+
+    def real_objects(self) -> dict[str, Any]:
+        """The apiserver's Nodes, Services, EndpointSlices and Pods as one ``List``
+        (``kubectl get nodes,services,endpointslices,pods -A -o json``)."""
+        return json.loads(self.kubectl("get", "nodes,services,endpointslices,pods", "-A", "-o", "json").stdout)  # type: ignore[no-any-return]
 
     def _wait_service_accounts(self, namespaces: list[str], timeout_s: float = 60.0) -> None:
         """The ServiceAccount admission plugin refuses Pods until the serviceaccount controller

@@ -135,6 +135,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
             raise RuntimeFailure(f"lab prefix {self.prefix} is in use "
                                  f"(zonemeter lab down --prefix {self.prefix})")
         if self.kubernetes == "real":
+            self.check_real_topology()
             self.control_plane()  # the binaries are built, or one line naming the build command
         self._write_state()
         try:
@@ -296,6 +297,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
                 self._install_ground_truth(pod)
                 self._start_servers([pod])
             self.program_all_nodes()
+            self._kube_add_pod(pod.name)
         except BaseException:
             self._remove_pod_runtime(pod)
             self.topology = old
@@ -325,6 +327,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
             ob, op = self._archived.get(key, (0, 0))
             self._archived[key] = (ob + b, op + p)
         self._baseline = {k: v for k, v in raw.items() if k[1] != name}
+        self._kube_remove_pod(pod.namespace, pod.name)
         self._remove_pod_runtime(pod)
         data = self.topology.to_dict()
         data["pods"] = [p for p in data["pods"] if p["name"] != name]
@@ -357,7 +360,8 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
     def snapshot(self, hints: lab_snapshot.HintsFn | None = None) -> dict[str, Any]:
         """Return the lab's Nodes, Pods, Services and EndpointSlices as a kubectl-style
         ``List`` (see :mod:`tools.lab.snapshot`); ``hints(service)`` supplies EndpointSlice
-        hints per endpoint pod."""
+        hints per endpoint pod. This is the emulated mode's picture; on real Kubernetes the
+        apiserver's objects are :meth:`real_objects`."""
         return lab_snapshot.build(self.topology, hints)
 
     def write_snapshot(self, path: Path | str,
