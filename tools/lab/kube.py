@@ -172,7 +172,7 @@ class LabKubernetes(LabNamespaces):
         cp.client_kubeconfig(self.admin_kubeconfig, "admin", self.relay_url)
         self._register_objects()
         self._apply_agent_rbac(cp)
-        self._wait_for_slices()
+        self.wait_for_slices()
         self._start_kube_proxies(cp)
 
     @property
@@ -268,12 +268,34 @@ class LabKubernetes(LabNamespaces):
         built = lab_snapshot.build(self.topology)["items"]
         self._register_pods([o for o in built if o["kind"] == "Pod" and o["metadata"]["name"] == name])
 
-    def _kube_remove_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod's object at once (real mode): its kubelet would confirm the kill; with
-        none, ``--grace-period=0 --force`` removes it without a terminating phase."""
+    def _kube_remove_pod(self, namespace: str, name: str, timeout_s: float = 30.0, grace_s: float = 0.5) -> None:
+        """Delete a pod's object (real mode) and wait until no real kube-proxy forwards to it any
+        more, before the caller removes the pod itself: what graceful termination gives a real
+        pod (its endpoints go while it still serves). There is no kubelet to confirm the kill,
+        so ``--grace-period=0 --force`` removes the object without a terminating phase; the
+        ``grace_s`` seconds after the last kube-proxy dropped it stand in for the grace period.
+
+        Raises:
+            RuntimeFailure: kubectl failed, or a kube-proxy still uses the pod after ``timeout_s``.
+        """
         if self.kubernetes != "real":
             return
+        pod = self.topology.pod(name)
         self.kubectl("delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
+        addrs = {str(a) for a in (pod.ip, pod.ip6) if a is not None}
+        deadline = time.monotonic() + timeout_s
+        for node in self.topology.nodes:
+            if not self.uses_kube_proxy(node.name):
+                continue
+            while any(e.rsplit(":", 1)[0].strip("[]") in addrs
+                      for eps in self.programmed_endpoints(node.name).values() for e in eps):
+                if time.monotonic() > deadline:
+                    raise RuntimeFailure(f"kube-proxy of node {node.name} still forwards to deleted Pod "
+                                         f"{namespace}/{name} after {timeout_s:.0f} s")
+                time.sleep(0.2)
+        # connections kube-proxy sent there before it dropped the endpoint finish (conntrack
+        # keeps their DNAT), as within a real pod's termination grace period
+        time.sleep(grace_s)
 
     def check_real_topology(self) -> None:
         """What the real mode cannot run, refused before anything is built.
@@ -314,8 +336,13 @@ class LabKubernetes(LabNamespaces):
         """Every EndpointSlice on the apiserver (``kubectl get endpointslices -A -o json`` items)."""
         return list(json.loads(self.kubectl("get", "endpointslices", "-A", "-o", "json").stdout)["items"])
 
-    def _wait_for_slices(self, timeout_s: float = 60.0) -> None:
-        """Until the EndpointSlice controller lists every lab endpoint of every Service as ready."""
+    def wait_for_slices(self, timeout_s: float = 60.0) -> None:
+        """Until the EndpointSlice controller lists every lab endpoint of every Service as ready
+        (and no other).
+
+        Raises:
+            RuntimeFailure: not within ``timeout_s`` (names the Services and their counts).
+        """
         want = {}
         for s in self.topology.services:
             families = 2 if s.cluster_ip6 is not None else 1
@@ -438,7 +465,8 @@ class LabKubernetes(LabNamespaces):
                 "proxyMode": self.proxy_mode, "apiserver": cp.server, "relay": self.relay_url,
                 "netns": self.kube_netns, "adminKubeconfig": str(self.admin_kubeconfig),
                 "agentKubeconfig": str(self.agent_kubeconfig), "kubectl": str(cp.binaries.kubectl),
-                "kubeProxyNodes": [n.name for n in self.topology.nodes if self.uses_kube_proxy(n.name)]}
+                "kubeProxyNodes": [n.name for n in self.topology.nodes if self.uses_kube_proxy(n.name)],
+                "emulatedProxyNodes": [n.name for n in self.topology.nodes if not self.uses_kube_proxy(n.name)]}
 
 
 _IPT_SERVICE = re.compile(r"^-A KUBE-SERVICES -d (\S+?)(?:/\d+)? -p (\w+) .*--dport (\d+) (?:.* )?-j (KUBE-SV[CL]-\w+)")

@@ -322,12 +322,14 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
             RuntimeFailure: a command failed.
         """
         pod = self.topology.pod(name)
+        # real mode: the object goes first and the real kube-proxies stop using the pod while it
+        # still serves; its counters are read after that, so nothing it served is lost
+        self._kube_remove_pod(pod.namespace, pod.name)
         raw = self._raw_counters()
         for key, (b, p) in self._since_baseline(raw).items():
             ob, op = self._archived.get(key, (0, 0))
             self._archived[key] = (ob + b, op + p)
         self._baseline = {k: v for k, v in raw.items() if k[1] != name}
-        self._kube_remove_pod(pod.namespace, pod.name)
         self._remove_pod_runtime(pod)
         data = self.topology.to_dict()
         data["pods"] = [p for p in data["pods"] if p["name"] != name]
