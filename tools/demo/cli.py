@@ -162,8 +162,9 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
                   + (f", the lab's emulation (ignores hints) on {', '.join(kube['emulatedProxyNodes'])}"
                      if kube["emulatedProxyNodes"] else ""))
         else:
-            print("kubernetes: emulated (snapshot file, hints and kube-proxy endpoints from "
-                  f"{run.cluster.hints.kind}, kube-proxy emulation)")
+            source = f" from the {kube['hints']}" if kube.get("hints") else ""
+            print(f"kubernetes: emulated (snapshot file, hints and kube-proxy endpoints{source}, "
+                  "kube-proxy emulation)")
         if result.prometheus is not None:
             p = result.prometheus
             print(f"prometheus {p.url}: sum by (service) (increase(zonemeter_service_bytes_total"
@@ -183,9 +184,10 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
             lines.append(f"  prometheus: {run.prometheus_url}/graph")
         lines.append(f"  lab: {cmd} lab status --prefix {run.cluster.prefix} "
                      f"--state-dir {q(run.cluster.lab.state_dir)}")
-        if run.cluster.lab.kubernetes == "real":
-            st = run.cluster.lab.kubernetes_status()
-            lines.append(f"  KUBECONFIG={q(st['adminKubeconfig'])} {q(st['kubectl'])} get endpointslices -A -o yaml")
+        kube = result.summary.get("kubernetes") or {"mode": "emulated"}
+        if kube["mode"] == "real":
+            lines.append(f"  KUBECONFIG={q(kube['adminKubeconfig'])} {q(kube['kubectl'])} "
+                         "get endpointslices -A -o yaml")
         lines.append(f"tear down: {cmd} demo --teardown {q(run.workdir)}")
         print("\n".join(lines), file=out)
 

@@ -378,6 +378,8 @@ class DemoRun:
                                 traffic_seconds=traffic_seconds)
         # which control plane and kube-proxy judged the run, with their versions
         summary["kubernetes"] = self.cluster.lab.kubernetes_status()
+        if summary["kubernetes"]["mode"] == "emulated":
+            summary["kubernetes"]["hints"] = self.cluster.hints.kind  # "oracle" or "model"
         result = DemoResult(summary=summary,
                             agents=agents, truth=truth, flows=flows,
                             per_node=dict(self.fleet.last_nodes),
