@@ -374,7 +374,7 @@ class RealSource(HintSource):
         """See :meth:`HintSource.controller`: ``snapshot`` is ignored; the apiserver's objects once
         the controller lists every lab endpoint (``Lab.real_objects``)."""
         self.lab.wait_for_slices()
-        objs = self.lab.real_objects()
+        objs: dict[str, Any] = self.lab.real_objects()
         nodes, services, slices, _ = objects(objs)
         for svc in services:
             mine = _slices_of(svc, slices)
