@@ -242,7 +242,12 @@ class LabKubernetes(LabNamespaces):
                               "kernelVersion": "", "osImage": "zonemeter lab", "machineID": "",
                               "systemUUID": "", "bootID": ""}
         self._apply([_strip(o) for o in nodes])
-        self._apply([_status_only(o) for o in nodes], "--subresource=status")
+        # a JSON merge patch per Node, as a kubelet's status update replaces the lists: server-side
+        # apply keys status.addresses by type and refuses a dual-stack node's two InternalIPs
+        # ("duplicate entries for key [type=\"InternalIP\"]")
+        for o in nodes:
+            self.kubectl("patch", "node", o["metadata"]["name"], "--subresource=status", "--type=merge",
+                         "-p", json.dumps({"status": o["status"]}))
         self._apply([_strip(o) for o in built if o["kind"] == "Service"])
         self._wait_service_accounts(namespaces)
         self._register_pods([o for o in built if o["kind"] == "Pod"])
@@ -415,16 +420,13 @@ class LabKubernetes(LabNamespaces):
         Raises:
             RuntimeFailure: the rules could not be read.
         """
-        text = self.programmed(node) if self.uses_kube_proxy(node) else self._emulated_rules(node)
-        if self.uses_kube_proxy(node) and self.proxy_mode == "nftables":
-            return _parse_nft(text)
-        return _parse_iptables(text)
-
-    def _emulated_rules(self, node: str) -> str:
         ns = self.node_netns(node)
-        out = nsexec(ns, ["iptables-save"]).stdout
+        if self.uses_kube_proxy(node) and self.proxy_mode == "nftables":
+            return _parse_nft(nsexec(ns, ["nft", "list", "ruleset"]).stdout)
+        # one family at a time: a Service port's chains have the same name in both
+        out = _parse_iptables(nsexec(ns, ["iptables-save"]).stdout)
         if self.topology.options.ipv6:
-            out += nsexec(ns, ["ip6tables-save"]).stdout
+            out.update(_parse_iptables(nsexec(ns, ["ip6tables-save"]).stdout))
         return out
 
     def wait_kube_proxies(self, timeout_s: float = 60.0) -> None:
@@ -495,6 +497,7 @@ def _parse_iptables(text: str) -> dict[tuple[str, str, int], list[str]]:
 
 _NFT_ELEMENT = re.compile(r"([0-9a-fA-F.:]+) \. (tcp|udp|sctp) \. (\d+)(?: comment \"[^\"]*\")? : "
                           r"(?:goto (service-\S+?)(?=[,\s}]|$)|\w+)")
+_NFT_TABLE = re.compile(r"^\s*table (\S+ \S+) \{")
 _NFT_CHAIN = re.compile(r"^\s*chain (\S+) \{")
 _NFT_MAP = re.compile(r"^\s*map (\S+) \{")
 #: an endpoint in a service chain: a DNAT map entry ``0 : ip . port``, a single ``dnat to ip:port``,
@@ -512,11 +515,16 @@ def _parse_nft(text: str) -> dict[tuple[str, str, int], list[str]]:
     """:meth:`LabKubernetes.programmed_endpoints` from ``nft list ruleset`` text (kube-proxy's
     ``ip``/``ip6 kube-proxy`` tables: the ``service-ips`` and ``no-endpoint-services`` maps and
     the ``service-*`` chains, pkg/proxy/nftables/proxier.go ``syncProxyRules``)."""
-    chains: dict[str, list[str]] = {}
+    # chains are per table: ``ip kube-proxy`` and ``ip6 kube-proxy`` use the same names
+    chains: dict[tuple[str, str], list[str]] = {}
     out: dict[tuple[str, str, int], list[str]] = {}
-    targets: dict[tuple[str, str, int], str] = {}
+    targets: dict[tuple[str, str, int], tuple[str, str]] = {}
+    table = ""
     chain = mapname = None
     for line in text.splitlines():
+        if m := _NFT_TABLE.match(line):
+            table, chain, mapname = m.group(1), None, None
+            continue
         if m := _NFT_CHAIN.match(line):
             chain, mapname = m.group(1), None
             continue
@@ -524,7 +532,7 @@ def _parse_nft(text: str) -> dict[tuple[str, str, int], list[str]]:
             chain, mapname = None, m.group(1)
             continue
         if chain and chain.startswith("service-"):
-            eps = chains.setdefault(chain, [])
+            eps = chains.setdefault((table, chain), [])
             eps += [_ep(e.group(1), e.group(2)) for e in _NFT_DNAT_MAP.finditer(line)]
             eps += [_ep(e.group(1) or e.group(2), e.group(3)) for e in _NFT_DNAT_ONE.finditer(line)]
             eps += [_ep(e.group(1), e.group(2)) for e in _NFT_ENDPOINT.finditer(line)]
@@ -532,7 +540,7 @@ def _parse_nft(text: str) -> dict[tuple[str, str, int], list[str]]:
             for e in _NFT_ELEMENT.finditer(line):
                 key = (e.group(1), e.group(2).upper(), int(e.group(3)))
                 if mapname == "service-ips" and e.group(4):
-                    targets[key] = e.group(4)
+                    targets[key] = (table, e.group(4))
                 else:
                     out.setdefault(key, [])
     for key, target in targets.items():

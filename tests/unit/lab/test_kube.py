@@ -65,6 +65,30 @@ table ip kube-proxy {
 """
 
 
+#: kube-proxy v1.37.2, nftables mode, dual stack (lab --ipv6): both tables name their chains alike
+REAL_NFT_DUAL = """\
+table ip kube-proxy {
+	map service-ips {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		elements = { 10.96.0.10 . tcp . 80 : goto service-KHN6ECMT-shop/web/tcp/http }
+	}
+	chain service-KHN6ECMT-shop/web/tcp/http {
+		meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.3 . 8080, 1 : 10.244.3.3 . 8080 }
+	}
+}
+table ip6 kube-proxy {
+	map service-ips {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		comment "ClusterIP, ExternalIP and LoadBalancer IP traffic"
+		elements = { fd00:96::a . tcp . 80 : goto service-KHN6ECMT-shop/web/tcp/http }
+	}
+	chain service-KHN6ECMT-shop/web/tcp/http {
+		meta l4proto tcp dnat ip6 to numgen random mod 3 map { 0 : fd00:244:0:1::3 . 8080, 1 : fd00:244:0:2::3 . 8080, 2 : fd00:244:0:3::3 . 8080 }
+	}
+}
+"""
+
+
 def test_real_iptables_rules_read_back() -> None:
     assert _parse_iptables(REAL_IPTABLES) == {
         ("10.96.0.10", "TCP", 80): ["10.244.1.3:8080", "10.244.2.3:8080", "10.244.3.3:8080"],
@@ -79,6 +103,13 @@ def test_real_nftables_rules_read_back() -> None:
         ("10.96.0.10", "TCP", 80): ["10.244.1.3:8080", "10.244.2.3:8080"],
         ("10.96.0.1", "TCP", 443): ["192.168.100.254:6443"],
         ("10.96.0.12", "TCP", 80): [],
+    }
+
+
+def test_dual_stack_nftables_keeps_the_families_apart() -> None:
+    assert _parse_nft(REAL_NFT_DUAL) == {
+        ("10.96.0.10", "TCP", 80): ["10.244.1.3:8080", "10.244.3.3:8080"],
+        ("fd00:96::a", "TCP", 80): ["[fd00:244:0:1::3]:8080", "[fd00:244:0:2::3]:8080", "[fd00:244:0:3::3]:8080"],
     }
 
 
