@@ -6,7 +6,8 @@ EndpointSlices and their hints are the real controller's; one real ``zonemeter a
 reads the apiserver with the token of deploy/daemonset's ServiceAccount (RBAC applied with
 ``kubectl apply -k``). Two phases of ClusterIP traffic from every client, TCP and UDP:
 
-Once with kube-proxy in iptables mode, once in nftables mode.
+Once with kube-proxy in iptables mode, once in nftables mode on a dual-stack lab (traffic to
+the IPv4 ClusterIP; the IPv6 slices, hints and rules are checked against explain too).
 
 1. ``shop/web`` as the default topology has it (no topology annotation): no hints, every node's
    kube-proxy uses all three endpoints;
@@ -52,11 +53,15 @@ COUNT = 15
 Key = tuple[str, str, str, str]  # client zone, server zone, crossing, direction
 
 
-@pytest.fixture(scope="module", params=["iptables", "nftables"])
+@pytest.fixture(scope="module", params=[("iptables", False), ("nftables", True)],
+                ids=["iptables", "nftables-dualstack"])
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     work = tmp_path_factory.mktemp("realkube")
-    topo = Topology.from_yaml(DEFAULT_TOPOLOGY)
-    with Lab(topo, state_dir=work / "state", kubernetes="real", proxy_mode=request.param,
+    mode, ipv6 = request.param
+    data = yaml.safe_load(DEFAULT_TOPOLOGY)
+    data["options"]["ipv6"] = ipv6
+    topo = Topology.from_dict(data, source="default topology")
+    with Lab(topo, state_dir=work / "state", kubernetes="real", proxy_mode=mode,
              server_max_seconds=600) as lab:
         yield lab
 
@@ -101,12 +106,34 @@ def _web(m: AgentMetrics) -> dict[Key, int]:
             if (ns, svc) == ("shop", "web") and b}
 
 
-def _explain(lab: Lab) -> dict[str, Any]:
+def _explain(lab: Lab) -> dict[str, dict[str, Any]]:
+    """``zonemeter explain`` of shop/web against the lab's apiserver: address type -> entry."""
     p = subprocess.run([sys.executable, "-m", "agent", "explain", "--kubeconfig", str(lab.admin_kubeconfig),
                         "--service", "shop/web", "-o", "json"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    (svc,) = json.loads(p.stdout)["services"]
-    return svc  # type: ignore[no-any-return]
+    return {e["address_type"]: e for e in json.loads(p.stdout)["services"]}
+
+
+def _families(lab: Lab) -> dict[str, tuple[str, str, int]]:
+    """Address type -> the (ClusterIP, protocol, port) key of shop/web's http port."""
+    out = {"IPv4": (str(lab.cluster_ip("shop/web")), "TCP", 80)}
+    if lab.topology.options.ipv6:
+        out["IPv6"] = (str(lab.cluster_ip("shop/web", 6)), "TCP", 80)
+    return out
+
+
+def _ep(address: str) -> str:
+    return f"[{address}]:8080" if ":" in address else f"{address}:8080"
+
+
+def _model_hints(ex: dict[str, dict[str, Any]]) -> dict[str, list[str] | None]:
+    return {a: (sorted(h["forZones"]) if h else None)
+            for e in ex.values() for a, h in e["controller"]["hints"].items()}
+
+
+def _proxies_match_explain(lab: Lab, ex: dict[str, dict[str, Any]]) -> bool:
+    return all(lab.programmed_endpoints(n.name)[cip] == sorted(ex[at]["proxy"][n.name]["cluster_endpoints"])
+               for n in lab.topology.nodes for at, cip in _families(lab).items())
 
 
 def _real_hints(lab: Lab) -> dict[str, list[str] | None]:
@@ -151,9 +178,10 @@ def test_default_topology_counts_exactly_and_follows_the_real_controller(lab: La
     topo = lab.topology
     # phase 1: no topology annotation, so no hints; every real kube-proxy uses every endpoint
     assert set(_real_hints(lab).values()) == {None}
-    every = sorted(f"{topo.pod(p).ip}:8080" for p in ("web-a1", "web-a2", "web-b1"))
-    for n in topo.nodes:
-        assert lab.programmed_endpoints(n.name)[(str(lab.cluster_ip("shop/web")), "TCP", 80)] == every
+    for family, (at, cip) in zip((4, 6), _families(lab).items(), strict=False):
+        every = sorted(_ep(str(topo.pod(p).address(family))) for p in ("web-a1", "web-a2", "web-b1"))
+        for n in topo.nodes:
+            assert lab.programmed_endpoints(n.name)[cip] == every, (at, n.name)
     truth1 = _phase(lab)
     assert {k[2] for k in truth1} == {"same_node", "same_zone", "cross_zone"}, truth1
     m1 = fleet.scrape_settled(after=time.time())
@@ -165,10 +193,13 @@ def test_default_topology_counts_exactly_and_follows_the_real_controller(lab: La
     lab.kubectl("annotate", "service", "web", "-n", "shop", "service.kubernetes.io/topology-mode=Auto")
     _wait("hints on the real slices", lambda: None not in _real_hints(lab).values())
     hints = _real_hints(lab)
-    by_zone = {z: sorted(f"{a}:8080" for a, h in hints.items() if h and z in h) for z in ("zone-a", "zone-b")}
-    cip = (str(lab.cluster_ip("shop/web")), "TCP", 80)
+
+    def by_zone(zone: str, at: str) -> list[str]:
+        return sorted(_ep(a) for a, h in hints.items() if h and zone in h and (":" in a) == (at == "IPv6"))
+
     _wait("kube-proxies following the hints", lambda: all(
-        lab.programmed_endpoints(n.name)[cip] == by_zone[n.zone] for n in topo.nodes))
+        lab.programmed_endpoints(n.name)[cip] == by_zone(n.zone, at)
+        for n in topo.nodes for at, cip in _families(lab).items()))
     _wait("agents' locality in effect", lambda: fleet.scrape().in_effect.get(("shop", "web")) ==
           {"zone-a": True, "zone-b": True}, timeout_s=10 * INTERVAL)
     m1 = fleet.scrape_settled()
@@ -182,29 +213,29 @@ def test_default_topology_counts_exactly_and_follows_the_real_controller(lab: La
 
     # what the hint model says about the same apiserver, against what the real components did
     ex = _explain(lab)
-    model = {a: (sorted(h["forZones"]) if h else None) for a, h in ex["controller"]["hints"].items()}
+    assert set(ex) == set(_families(lab))
+    model = _model_hints(ex)
     assert model == hints, f"model hints {model} != real controller's {hints}"
-    for n in topo.nodes:
-        assert sorted(ex["proxy"][n.name]["cluster_endpoints"]) == lab.programmed_endpoints(n.name)[cip], n.name
-    assert ex["locality_in_effect"] == m2.in_effect[("shop", "web")]
+    assert _proxies_match_explain(lab, ex)
+    assert ex["IPv4"]["locality_in_effect"] == m2.in_effect[("shop", "web")]
     assert m2.unattributed.get("attribution_error", 0) == 0
 
     # a server pod goes: 2 endpoints in 2 zones. The real controller recomputes (and, for this
     # cluster, drops) the hints in the same sync that removes the endpoint; the model must agree,
     # down to the event it emits
-    gone = str(topo.pod("web-a2").ip)
+    gone = {str(a) for a in (topo.pod("web-a2").ip, topo.pod("web-a2").ip6) if a is not None}
     lab.remove_pod("web-a2")
-    _wait("web-a2 gone from the slices", lambda: gone not in _real_hints(lab))
+    _wait("web-a2 gone from the slices", lambda: not gone & set(_real_hints(lab)))
     hints = _real_hints(lab)
     ex = _explain(lab)
-    model = {a: (sorted(h["forZones"]) if h else None) for a, h in ex["controller"]["hints"].items()}
+    model = _model_hints(ex)
     assert model == hints, f"after removing web-a2: model hints {model} != real controller's {hints}"
     real_events = [e for e in json.loads(lab.kubectl("get", "events", "-n", "shop", "-o", "json").stdout)["items"]
                    if e["involvedObject"]["name"] == "web" and e["reason"].startswith("TopologyAwareHints")]
     last = max(real_events, key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["resourceVersion"]))
-    assert [(e["reason"], e["message"]) for e in ex["controller"]["events"]] == [(last["reason"], last["message"])]
-    _wait("kube-proxies following the new slices", lambda: all(
-        lab.programmed_endpoints(n.name)[cip] == sorted(ex["proxy"][n.name]["cluster_endpoints"])
-        for n in topo.nodes))
+    # the address families are reconciled one after the other: the newest event is one of theirs
+    assert (last["reason"], last["message"]) in [(e["reason"], e["message"])
+                                                 for x in ex.values() for e in x["controller"]["events"]]
+    _wait("kube-proxies following the new slices", lambda: _proxies_match_explain(lab, ex))
     _wait("agents' locality following the real slices", lambda: fleet.scrape().in_effect.get(("shop", "web")) ==
-          ex["locality_in_effect"], timeout_s=10 * INTERVAL)
+          ex["IPv4"]["locality_in_effect"], timeout_s=10 * INTERVAL)
