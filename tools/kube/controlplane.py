@@ -19,7 +19,7 @@ or as a context manager (``with ControlPlane(...) as cp:``). From the command li
         --service-cidr 10.96.0.0/16 --workdir /tmp/cp     # runs until SIGINT/SIGTERM
 
 Certificates and keys come from the ``openssl`` CLI (Debian's openssl package): one CA, the
-apiserver's serving certificate, client certificates for the admin and for
+apiserver's serving certificate, client certificates for the admin, kube-proxy and
 kube-controller-manager, and the service-account signing key pair. They are lab credentials,
 valid for two days, written with mode 0600 under the work directory.
 """
