@@ -27,7 +27,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.errors import RuntimeFailure
+from agent.errors import InputError, RuntimeFailure
 from tools.lab import Lab
 
 #: repository root (the agent runs as ``python -m agent`` from here)
@@ -166,19 +166,29 @@ class AgentProcess:
         return f"http://{self.address}"
 
 
-def agent_argv(lab: Lab, node: str, snapshot: Path, address: str, interval: float,
+def agent_argv(lab: Lab, node: str, snapshot: Path | None, address: str, interval: float,
                python: str = sys.executable, command: list[str] | None = None,
-               extra: tuple[str, ...] = ()) -> list[str]:
+               extra: tuple[str, ...] = (), kubeconfig: Path | None = None) -> list[str]:
     """Return the command line of the agent for ``node`` (the agent verb's flags, docs/agent.md).
 
-    ``command`` replaces ``[python, "-m", "agent"]`` (another build of the agent); ``extra``
-    flags go after the generated ones (e.g. ``("--series-retention", "60")``)."""
+    The agent reads its metadata from ``snapshot`` (``--snapshot``) or, when ``kubeconfig`` is
+    given, from the apiserver it names (``--kubeconfig``: a lab on real Kubernetes). ``command``
+    replaces ``[python, "-m", "agent"]`` (another build of the agent); ``extra`` flags go after
+    the generated ones (e.g. ``("--series-retention", "60")``).
+
+    Raises:
+        InputError: neither or both of ``snapshot`` and ``kubeconfig``.
+    """
+    if (snapshot is None) == (kubeconfig is None):
+        raise InputError("give exactly one of a snapshot file and a kubeconfig", obj=f"agent of node {node}",
+                         field="metadata source")
+    source = ["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--snapshot", str(snapshot)]
     netns, uplink = lab.uplink(node)
     exclude = [uplink]
     vx = lab.vxlan_device(node)
     if vx is not None:
         exclude.append(vx[1])
-    return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, "--snapshot", str(snapshot),
+    return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, *source,
             "--netns", netns, "--metrics-address", address, "--interval", f"{interval:g}",
             "--exclude-interfaces", ",".join(exclude), *extra]
 
@@ -196,16 +206,20 @@ class AgentFleet:
 
     Args:
         lab: the running lab.
-        snapshot: the snapshot file the agents read.
+        snapshot: the snapshot file the agents read (``None`` with ``kubeconfig``).
         logdir: each agent's stdout/stderr goes to ``<logdir>/agent-<node>.log``.
         interval: the agents' export interval (seconds).
         command: the agent program (default ``python -m agent``; the environment variable
             ``ZONEMETER_DEMO_AGENT``, split on spaces, overrides it).
         extra_args: more ``zonemeter agent`` flags for every agent.
+        kubeconfig: the agents read the apiserver with it instead of a snapshot (a lab on real
+            Kubernetes: :attr:`tools.lab.Lab.agent_kubeconfig`).
     """
 
-    def __init__(self, lab: Lab, snapshot: Path, logdir: Path, interval: float = 2.0,
-                 command: list[str] | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, lab: Lab, snapshot: Path | None, logdir: Path, interval: float = 2.0,
+                 command: list[str] | None = None, extra_args: tuple[str, ...] = (),
+                 kubeconfig: Path | None = None) -> None:
+        self.kubeconfig = kubeconfig
         self.extra_args = tuple(extra_args)
         env_cmd = os.environ.get("ZONEMETER_DEMO_AGENT", "").split()
         self.command = command or env_cmd or None
@@ -238,7 +252,7 @@ class AgentFleet:
                 with open(log, "wb") as fh:
                     proc = subprocess.Popen(
                         agent_argv(self.lab, node.name, self.snapshot, address, self.interval,
-                                   command=self.command, extra=self.extra_args),
+                                   command=self.command, extra=self.extra_args, kubeconfig=self.kubeconfig),
                         stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
                         env=_env(), start_new_session=True)
                 self.agents.append(AgentProcess(node.name, address, proc, log))

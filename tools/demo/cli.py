@@ -33,6 +33,7 @@ examples:
   zonemeter demo --prometheus --keep      # leave agents + Prometheus running to explore
   zonemeter demo --teardown /tmp/zonemeter-demo-XXXX   # end a --keep run
   zonemeter demo --topology my-cluster.yaml --mode vxlan --ipv6
+  zonemeter demo --kubernetes real --keep # real control plane and kube-proxy; prints a kubectl line
 
 The live table goes to standard error, the final summary to standard output.
 Needs root (network namespaces, iptables, BPF).
@@ -69,6 +70,12 @@ def register(subparsers: Any) -> None:
                    help="where the lab's EndpointSlice hints and kube-proxy endpoints come from: "
                    "the upstream code (tools/oracle), zonemeter's model, or auto: the oracle "
                    "when built (default)")
+    p.add_argument("--kubernetes", choices=("emulated", "real"), default="emulated",
+                   help="emulated (default: snapshot file, kube-proxy emulation) or real: etcd, "
+                   "kube-apiserver, the EndpointSlice controller and kube-proxy built by "
+                   "tools/kube/build.sh decide, and the agents read the apiserver (docs/lab.md)")
+    p.add_argument("--kube-proxy-mode", choices=("iptables", "nftables"), default="iptables",
+                   help="mode of the real kube-proxy (--kubernetes real; default iptables)")
     p.add_argument("--teardown", type=Path, metavar="DIR",
                    help="stop what a --keep run left in DIR and exit")
     p.set_defaults(func=run)
@@ -148,6 +155,16 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
         failed = sum(f.failed for f in result.flows)
         ok = sum(f.ok for f in result.flows)
         print(f"requests: {ok:,} completed, {failed:,} failed")
+        kube = result.summary.get("kubernetes") or {"mode": "emulated"}
+        if kube["mode"] == "real":
+            print(f"kubernetes: real {kube['version']} (etcd {kube['etcd']}): hints by the real EndpointSlice "
+                  f"controller, kube-proxy {kube['proxyMode']} on {', '.join(kube['kubeProxyNodes'])}"
+                  + (f", the lab's emulation (ignores hints) on {', '.join(kube['emulatedProxyNodes'])}"
+                     if kube["emulatedProxyNodes"] else ""))
+        else:
+            source = f" from the {kube['hints']}" if kube.get("hints") else ""
+            print(f"kubernetes: emulated (snapshot file, hints and kube-proxy endpoints{source}, "
+                  "kube-proxy emulation)")
         if result.prometheus is not None:
             p = result.prometheus
             print(f"prometheus {p.url}: sum by (service) (increase(zonemeter_service_bytes_total"
@@ -167,6 +184,10 @@ def _report(result: DemoResult, run: DemoRun, args: argparse.Namespace, zones: l
             lines.append(f"  prometheus: {run.prometheus_url}/graph")
         lines.append(f"  lab: {cmd} lab status --prefix {run.cluster.prefix} "
                      f"--state-dir {q(run.cluster.lab.state_dir)}")
+        kube = result.summary.get("kubernetes") or {"mode": "emulated"}
+        if kube["mode"] == "real":
+            lines.append(f"  KUBECONFIG={q(kube['adminKubeconfig'])} {q(kube['kubectl'])} "
+                         "get endpointslices -A -o yaml")
         lines.append(f"tear down: {cmd} demo --teardown {q(run.workdir)}")
         print("\n".join(lines), file=out)
 
@@ -184,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
     zones = [z.name for z in spec.topology.zones]
     options = DemoOptions(duration_seconds=args.duration, interval_seconds=args.interval,
                           refresh_seconds=max(2.0, args.interval), prometheus=args.prometheus,
-                          keep=args.keep, workdir=args.workdir, hints=args.hints)
+                          keep=args.keep, workdir=args.workdir, hints=args.hints,
+                          kubernetes=args.kubernetes, kube_proxy_mode=args.kube_proxy_mode)
     restore = sigterm_as_interrupt()
     owner = os.getpid()
     run_ = DemoRun(spec, options)
@@ -208,8 +230,9 @@ def run(args: argparse.Namespace) -> int:
             result = run_.execute(progress=progress, phase=phase)
             modes.update({k: m.mode for k, m in run_.cluster.models.items()})
             print(f"zonemeter demo: done in {time.monotonic() - started:.0f} s", file=sys.stderr)
+            follows = "the real components" if args.kubernetes == "real" else "upstream"
             for text in run_.cluster.disagreements:
-                print(f"zonemeter demo: model bug (the lab follows upstream): {text}",
+                print(f"zonemeter demo: model bug (the lab follows {follows}): {text}",
                       file=sys.stderr)
             _report(result, run_, args, zones, modes)
     except KeyboardInterrupt:

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from agent import hints as hint_model
-from agent.errors import RuntimeFailure
-from tools.demo.hintsource import KUBERNETES_VERSION, HintSource, hint_source, objects
+from agent.errors import InputError, RuntimeFailure
+from tools.demo.hintsource import KUBERNETES_VERSION, HintSource, RealSource, hint_source, objects
 from tools.demo.topology import DemoSpec, TrafficPlan, service_port
 from tools.lab import FlowHandle, FlowSpec, Lab
 from tools.lab import snapshot as lab_snapshot
@@ -255,6 +255,9 @@ class DemoCluster:
             :func:`tools.demo.hintsource.hint_source`), or a :class:`HintSource`.
         prefix, state_dir: passed to :class:`Lab`.
         server_max_seconds: lifetime of the lab's servers.
+        kubernetes, proxy_mode: passed to :class:`Lab`; with ``kubernetes="real"`` the hints
+            and selections are the real components' (:class:`tools.demo.hintsource.RealSource`)
+            and ``hints`` is not asked.
 
     Raises:
         InputError: unknown ``hints``.
@@ -263,12 +266,17 @@ class DemoCluster:
 
     def __init__(self, spec: DemoSpec, workdir: Path, *, hints: str | HintSource,
                  prefix: str | None = None, state_dir: Path | str | None = None,
-                 server_max_seconds: float = 3600.0) -> None:
-        self.hints: HintSource = hint_source(hints) if isinstance(hints, str) else hints
+                 server_max_seconds: float = 3600.0, kubernetes: str = "emulated",
+                 proxy_mode: str = "iptables") -> None:
         kwargs: dict[str, Any] = {"server_max_seconds": server_max_seconds}
         if state_dir is not None:
             kwargs["state_dir"] = state_dir
-        self.lab = Lab(spec.topology, prefix=prefix, **kwargs)
+        self.lab = Lab(spec.topology, prefix=prefix, kubernetes=kubernetes, proxy_mode=proxy_mode, **kwargs)
+        self.hints: HintSource
+        if kubernetes == "real":
+            self.hints = RealSource(self.lab)
+        else:
+            self.hints = hint_source(hints) if isinstance(hints, str) else hints
         self.traffic: TrafficPlan = spec.traffic
         self.workdir = Path(workdir)
         self.snapshot_path = self.workdir / "snapshot.json"
@@ -384,6 +392,10 @@ class DemoCluster:
             InputError: unknown Service, or a value the lab topology refuses (named as
                 ``Service <ns/name>`` and the field).
         """
+        if self.lab.kubernetes == "real":
+            raise InputError("on real Kubernetes a planned change cannot be evaluated before it is applied; "
+                             "change the Service with kubectl (Lab.kubectl) and let the controller decide",
+                             obj=f"Service {service}", field="locality")
         if not self.models:
             self.write_snapshot()
         svc = self.lab.topology.service(service)
@@ -523,7 +535,8 @@ class DemoCluster:
         """
         topo = self.lab.topology
         pod = topo.pod(old)
-        for n in topo.nodes:
+        emulated = [n for n in topo.nodes if not self.lab.uses_kube_proxy(n.name)]
+        for n in emulated:  # a real kube-proxy follows the apiserver by itself
             self.lab.set_node_endpoints(n.name, {
                 s.key: [e for e in self.lab.service_endpoints(s.key, n.name) if e != old]
                 for s in topo.services})
@@ -536,7 +549,7 @@ class DemoCluster:
                            **({"name": pp.name} if pp.name else {})} for pp in pod.ports]}
         # add_pod programs every node with the default (all endpoints): pin the current
         # selection first so the new endpoint is not used before the agents know it
-        for n in self.lab.topology.nodes:
+        for n in emulated:
             self.lab.set_node_endpoints(n.name, {
                 s.key: list(self.lab.service_endpoints(s.key, n.name))
                 for s in self.lab.topology.services})

@@ -342,3 +342,94 @@ def hint_source(choice: str = "auto", version: str = KUBERNETES_VERSION) -> Hint
         return OracleSource(version, prefix + f"upstream oracle {version} (tools/oracle)")
     why = "--hints model" if choice == "model" else f"oracle not built: {build}"
     return ModelSource(version, prefix + f"zonemeter's model ({why})")
+
+
+class RealSource(HintSource):
+    """The real components of a lab on real Kubernetes (``Lab(kubernetes="real")``): the hints
+    are what the real EndpointSlice controller wrote on the apiserver, the selections what each
+    node's real kube-proxy programmed (read back from its rules). A node that runs the lab's
+    emulation instead (``ignoreHints: true``) has no real kube-proxy to ask: its selection is the
+    model's, i.e. what a kube-proxy that honours hints would use there (so bytes its data plane
+    sends elsewhere are hint-ignored, as with the other sources). Where the model, evaluated on
+    the same objects, answers otherwise (hints per endpoint, a node's endpoints) the difference
+    is kept in :attr:`disagreements`; the real answer is what the demo judges by.
+
+    Args:
+        lab: the running lab (real mode).
+        settle_s: how long to wait for the kube-proxies to match the model before a remaining
+            difference is recorded as a disagreement (they program asynchronously).
+    """
+
+    kind = "real"
+
+    def __init__(self, lab: Any, settle_s: float = 10.0) -> None:
+        cp = lab.control_plane()
+        super().__init__(KUBERNETES_VERSION, "hints and kube-proxy endpoints: the real EndpointSlice controller and "
+                         f"kube-proxy {cp.binaries.kube_version} ({lab.proxy_mode} mode) on an apiserver in "
+                         f"{lab.kube_netns}")
+        self.lab = lab
+        self.settle_s = settle_s
+
+    def controller(self, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        """See :meth:`HintSource.controller`: ``snapshot`` is ignored; the apiserver's objects once
+        the controller lists every lab endpoint (``Lab.real_objects``)."""
+        self.lab.wait_for_slices()
+        objs: dict[str, Any] = self.lab.real_objects()
+        nodes, services, slices, _ = objects(objs)
+        for svc in services:
+            mine = _slices_of(svc, slices)
+            try:
+                model, _events = hint_model.controller_hints(svc, mine, nodes, version=self.version)
+            except InputError as err:
+                self._disagree(f"Service {_key(svc)}: the model refuses what the real controller serves ({err})")
+                continue
+            ours, real = _endpoint_hints(model), _endpoint_hints(mine)
+            for pk in sorted(set(ours) | set(real)):
+                m, t = ours.get(pk, ((), ())), real.get(pk, ((), ()))
+                if m != t:
+                    self._disagree(f"Service {_key(svc)}: {pk[0]} hints of Pod {pk[1]}: model forZones {list(m[0])} "
+                                   f"forNodes {list(m[1])}, real controller forZones {list(t[0])} "
+                                   f"forNodes {list(t[1])}")
+        return objs
+
+    def proxy(self, snapshot: Mapping[str, Any],
+              diags: Sequence[hint_model.ServiceDiagnosis]) -> dict[str, dict[str, dict[str, frozenset[str]]]]:
+        """See :meth:`HintSource.proxy`: the real kube-proxy's rules for the Service's ports (all
+        must agree), the model's answer on emulated nodes."""
+        import time
+
+        self.lab.wait_kube_proxies()
+        model = model_addresses(diags)
+        topo = self.lab.topology
+        deadline = time.monotonic() + self.settle_s
+        while True:
+            out: dict[str, dict[str, dict[str, frozenset[str]]]] = {}
+            diffs: list[str] = []
+            programmed = {n.name: self.lab.programmed_endpoints(n.name) for n in topo.nodes
+                          if self.lab.uses_kube_proxy(n.name)}
+            for svc in topo.services:
+                for at, cip in (("IPv4", svc.cluster_ip), ("IPv6", svc.cluster_ip6)):
+                    if cip is None:
+                        continue
+                    mine = model.get(svc.key, {}).get(at, {})
+                    per_node: dict[str, frozenset[str]] = {}
+                    for n in topo.nodes:
+                        if n.name not in programmed:
+                            per_node[n.name] = mine.get(n.name, frozenset())
+                            continue
+                        lists = {frozenset(_split_endpoint(e) for e in programmed[n.name].get(
+                            (str(cip), sp.protocol, sp.port), [])) for sp in svc.ports}
+                        if len(lists) > 1:
+                            raise RuntimeFailure(f"real kube-proxy, Service {svc.key} ({at}): node {n.name} selects "
+                                                 "different endpoints per Service port; the demo judges one list")
+                        per_node[n.name] = next(iter(lists), frozenset())
+                        if per_node[n.name] != mine.get(n.name, frozenset()):
+                            diffs.append(f"Service {svc.key} ({at}) node {n.name}: kube-proxy endpoints: model "
+                                         f"{sorted(mine.get(n.name, frozenset()))}, real kube-proxy "
+                                         f"{sorted(per_node[n.name])}")
+                    out.setdefault(svc.key, {})[at] = per_node
+            if not diffs or time.monotonic() > deadline:
+                for d in diffs:
+                    self._disagree(d)
+                return out
+            time.sleep(0.3)

@@ -73,7 +73,11 @@ class DemoOptions:
         agent_args: more ``zonemeter agent`` flags for every agent (benchmarks).
         hints: where the lab's hints and kube-proxy selections come from: ``auto`` (the
             upstream oracle when built, else the model), ``oracle`` or ``model``
-            (:func:`tools.demo.hintsource.hint_source`).
+            (:func:`tools.demo.hintsource.hint_source`); not asked with ``kubernetes="real"``.
+        kubernetes: ``emulated`` (the lab's own picture) or ``real`` (etcd, kube-apiserver,
+            kube-controller-manager and kube-proxy; the agents read the apiserver with the
+            token of deploy/daemonset's ServiceAccount), see docs/lab.md.
+        kube_proxy_mode: the real kube-proxy's mode, ``iptables`` or ``nftables``.
     """
 
     duration_seconds: float = 30.0
@@ -88,6 +92,8 @@ class DemoOptions:
     state_dir: Path | None = None
     agent_args: tuple[str, ...] = ()
     hints: str = "auto"
+    kubernetes: str = "emulated"
+    kube_proxy_mode: str = "iptables"
 
 
 @dataclass(slots=True)
@@ -157,10 +163,14 @@ class DemoRun:
         self.cluster = DemoCluster(spec, self.workdir, hints=self.options.hints,
                                    prefix=self.options.prefix,
                                    state_dir=self.options.state_dir,
-                                   server_max_seconds=max(3600.0, self.options.duration_seconds * 4))
-        self.fleet = AgentFleet(self.cluster.lab, self.cluster.snapshot_path,
+                                   server_max_seconds=max(3600.0, self.options.duration_seconds * 4),
+                                   kubernetes=self.options.kubernetes,
+                                   proxy_mode=self.options.kube_proxy_mode)
+        real = self.options.kubernetes == "real"
+        self.fleet = AgentFleet(self.cluster.lab, None if real else self.cluster.snapshot_path,
                                 self.workdir / "logs", self.options.interval_seconds,
-                                extra_args=self.options.agent_args)
+                                extra_args=self.options.agent_args,
+                                kubeconfig=self.cluster.lab.agent_kubeconfig if real else None)
         self.prometheus_url: str | None = None
         self._prom: subprocess.Popen[bytes] | None = None
         self._handles: list[FlowHandle] = []
@@ -368,6 +378,10 @@ class DemoRun:
         truth = self.cluster.truth()
         summary = build_summary(duration, agents, truth, self.cluster.models, baseline=baseline,
                                 traffic_seconds=traffic_seconds)
+        # which control plane and kube-proxy judged the run, with their versions
+        summary["kubernetes"] = self.cluster.lab.kubernetes_status()
+        if summary["kubernetes"]["mode"] == "emulated":
+            summary["kubernetes"]["hints"] = self.cluster.hints.kind  # "oracle" or "model"
         result = DemoResult(summary=summary,
                             agents=agents, truth=truth, flows=flows,
                             per_node=dict(self.fleet.last_nodes),

@@ -19,7 +19,7 @@ or as a context manager (``with ControlPlane(...) as cp:``). From the command li
         --service-cidr 10.96.0.0/16 --workdir /tmp/cp     # runs until SIGINT/SIGTERM
 
 Certificates and keys come from the ``openssl`` CLI (Debian's openssl package): one CA, the
-apiserver's serving certificate, client certificates for the admin and for
+apiserver's serving certificate, client certificates for the admin, kube-proxy and
 kube-controller-manager, and the service-account signing key pair. They are lab credentials,
 valid for two days, written with mode 0600 under the work directory.
 """
@@ -249,6 +249,12 @@ class ControlPlane:
                     p.kill()
                     p.wait()
 
+    def detach(self) -> None:
+        """Forget the started components without stopping them: they run on after this process
+        exits (``zonemeter lab up``), and whoever removes their namespace ends them
+        (``zonemeter lab down``). :meth:`stop` then stops nothing."""
+        self._procs.clear()
+
     def restart(self, component: str, timeout_s: float = 180.0) -> None:
         """Stop one component (SIGTERM) and start it again with the same flags and data.
 
@@ -330,6 +336,8 @@ class ControlPlane:
         # system:kube-controller-manager (plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go).
         self._sign("admin", "/O=system:masters/CN=zonemeter-admin", "clientAuth", [])
         self._sign("kube-controller-manager", "/CN=system:kube-controller-manager", "clientAuth", [])
+        # kube-proxy's user: the bootstrap policy binds system:node-proxier to it
+        self._sign("kube-proxy", "/CN=system:kube-proxy", "clientAuth", [])
         self._sign("front-proxy-client", "/CN=front-proxy-client", "clientAuth", [], ca="front-proxy-ca")
         for f in d.iterdir():
             os.chmod(f, 0o600)
@@ -337,6 +345,56 @@ class ControlPlane:
         # the controller manager talks to the apiserver over the namespace's loopback
         self._write_kubeconfig(self.workdir / "kube-controller-manager.kubeconfig", "kube-controller-manager",
                                f"https://127.0.0.1:{APISERVER_PORT}")
+
+    def client_kubeconfig(self, path: Path, user: str, server: str | None = None) -> Path:
+        """Write a kubeconfig for one of the client certificates :meth:`start` made.
+
+        Args:
+            path: where to write it (mode 0600).
+            user: ``admin``, ``kube-controller-manager`` or ``kube-proxy``.
+            server: the apiserver URL as the user reaches it; default :attr:`server`.
+
+        Returns:
+            ``path``.
+
+        Raises:
+            ControlPlaneError: no such client certificate (not started, or an unknown user).
+        """
+        if not (self.pki / f"{user}.crt").is_file():
+            raise ControlPlaneError(f"no client certificate for {user!r} in {self.pki}")
+        self._write_kubeconfig(path, user, server or self.server)
+        return path
+
+    def token_kubeconfig(self, path: Path, namespace: str, account: str, server: str | None = None,
+                         duration: str = "48h") -> Path:
+        """Write a kubeconfig holding a token the apiserver issues for a ServiceAccount.
+
+        The token comes from the TokenRequest API (``kubectl create token``), as a projected
+        service-account token of a Pod would.
+
+        Args:
+            path: where to write it (mode 0600).
+            namespace, account: the ServiceAccount (it must exist).
+            server: the apiserver URL as the user reaches it; default :attr:`server`.
+            duration: the token's lifetime (a Go duration, e.g. ``"48h"``).
+
+        Returns:
+            ``path``.
+
+        Raises:
+            ControlPlaneError: the token request failed (no such account).
+        """
+        token = self.kubectl("create", "token", account, "-n", namespace, f"--duration={duration}").stdout.strip()
+        path.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: zonemeter-lab\n  cluster:\n    server: {server or self.server}\n"
+            f"    certificate-authority: {self.pki / 'ca.crt'}\n"
+            f"users:\n- name: {account}\n  user:\n    token: {token}\n"
+            f"contexts:\n- name: {account}@zonemeter-lab\n  context:\n    cluster: zonemeter-lab\n"
+            f"    user: {account}\n"
+            f"current-context: {account}@zonemeter-lab\n")
+        os.chmod(path, 0o600)
+        return path
 
     def _sign(self, name: str, subject: str, usage: str, sans: list[str], ca: str = "ca") -> None:
         d = self.pki

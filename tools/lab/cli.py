@@ -4,6 +4,7 @@ Examples::
 
     zonemeter lab up                                 # default 2-zone, 3-node topology
     zonemeter lab up --topology lab.yaml --prefix zmdemo --mode vxlan --ipv6
+    zonemeter lab up --kubernetes real               # real control plane and kube-proxy
     zonemeter lab status --prefix zmdemo -o json
     zonemeter lab traffic --prefix zmdemo --from client-a1 --to shop/web --port 80 --count 50
     zonemeter lab snapshot --prefix zmdemo --out lab.json   # Kubernetes objects
@@ -19,6 +20,7 @@ from typing import Any
 
 from agent.errors import InputError
 from tools.lab.examples import DEFAULT_TOPOLOGY
+from tools.lab.kube import KUBERNETES_MODES, PROXY_MODES
 from tools.lab.lab import DEFAULT_STATE_DIR, Lab, list_prefixes
 from tools.lab.state import started_by
 from tools.lab.topology import Topology
@@ -39,11 +41,17 @@ def register(subparsers: Any) -> None:
     up = sub.add_parser("up", help="build a lab (leaves it running)", parents=[common], formatter_class=raw,
                         epilog="examples:\n  zonemeter lab up\n"
                         "  zonemeter lab up --topology lab.yaml --prefix zmdemo --mode vxlan --ipv6\n"
+                        "  zonemeter lab up --kubernetes real --kube-proxy-mode nftables\n"
                         "  zonemeter lab up -o json            # status as JSON once built")
     up.add_argument("--topology", help="topology YAML file (default: built-in 2 zones, 3 nodes)")
     up.add_argument("--prefix", help="name prefix (default zm + 4 random hex digits)")
     up.add_argument("--mode", choices=("flat", "vxlan"), help="override options.mode")
     up.add_argument("--ipv6", action="store_true", help="override options.ipv6 to true")
+    up.add_argument("--kubernetes", choices=KUBERNETES_MODES, default="emulated",
+                    help="emulated (default: snapshot file, kube-proxy emulation) or real (etcd, "
+                    "kube-apiserver, kube-controller-manager, kube-proxy built by tools/kube/build.sh)")
+    up.add_argument("--kube-proxy-mode", choices=PROXY_MODES, default="iptables",
+                    help="mode of the real kube-proxy (--kubernetes real; default iptables)")
     up.add_argument("--server-seconds", type=float, default=86400.0,
                     help="lifetime of the pod servers in seconds (default 86400)")
     up.add_argument("-o", "--output", choices=("table", "json"), default="table")
@@ -139,7 +147,13 @@ def run(args: argparse.Namespace) -> int:
         _print_status(lab.status(), args.output)
         return 0
     if verb == "snapshot":
-        if args.out:
+        if lab.kubernetes == "real":  # what the apiserver holds, slices by the real controller
+            text = json.dumps(lab.real_objects(), indent=1)
+            if args.out:
+                Path(args.out).write_text(text + "\n")
+            else:
+                print(text)
+        elif args.out:
             lab.write_snapshot(args.out)
         else:
             print(json.dumps(lab.snapshot(), indent=1))
@@ -168,7 +182,8 @@ def _up(args: argparse.Namespace) -> int:
             svc.pop("clusterIP6", None)
         topo = Topology.from_dict(data, source=args.topology or "<default topology>")
     lab = Lab(topo, prefix=args.prefix, state_dir=args.state_dir,
-              server_max_seconds=args.server_seconds)
+              server_max_seconds=args.server_seconds, kubernetes=args.kubernetes,
+              proxy_mode=args.kube_proxy_mode)
     lab.started_by = "lab up"
     lab.up()
     _print_status(lab.status(), args.output)
@@ -233,6 +248,14 @@ def _print_status(status: dict[str, Any], output: str) -> None:
     missing = [n for n, ok in status["netns"].items() if not ok]
     print(f"lab {status['prefix']}  mode={status['mode']}  ipv6={status['ipv6']}  "
           f"namespaces={len(status['netns']) - len(missing)}/{len(status['netns'])}")
+    kube = status.get("kubernetes", {"mode": "emulated"})
+    if kube["mode"] == "real":
+        print(f"kubernetes: real {kube['version']} (etcd {kube['etcd']}), kube-proxy {kube['proxyMode']} on "
+              f"{', '.join(kube['kubeProxyNodes']) or 'no node'}; apiserver {kube['apiserver']} in {kube['netns']}")
+        print(f"  KUBECONFIG={kube['adminKubeconfig']} {kube['kubectl']} get endpointslices -A -o yaml")
+        print(f"  agents: --kubeconfig {kube['agentKubeconfig']}")
+    else:
+        print("kubernetes: emulated (snapshot file, kube-proxy emulation)")
     print(f"\n{'NODE':<12} {'ZONE':<12} {'IP':<16} {'POD CIDR':<18} NETNS")
     for n in status["nodes"]:
         print(f"{n['name']:<12} {n['zone']:<12} {n['ip']:<16} {n['podCIDR']:<18} {n['netns']}")

@@ -29,6 +29,7 @@ attach to a running lab with :meth:`Lab.attach`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -42,6 +43,7 @@ from agent.errors import InputError, RuntimeFailure
 from tools.lab import groundtruth
 from tools.lab import snapshot as lab_snapshot
 from tools.lab.flows import FlowHandle, FlowResult, FlowSpec, LabTraffic
+from tools.lab.kube import KUBERNETES_MODES, PROXY_MODES, LabKubernetes
 from tools.lab.netns import NODE_SYSCTLS, POD_SYSCTLS, disable_offloads, netns_mod, sysctl
 from tools.lab.proc import ROOT, ancestors, child_env, is_lab_server, nsexec, run, terminate
 from tools.lab.proxy import LabProxy
@@ -53,7 +55,7 @@ from tools.lab.truth import LabGroundTruth
 __all__ = ["DEFAULT_STATE_DIR", "FlowHandle", "FlowResult", "FlowSpec", "Lab", "list_prefixes"]
 
 
-class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
+class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
     """A lab cluster on this machine (see the module docstring for the wiring).
 
     Args:
@@ -63,6 +65,11 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
         state_dir: where the state file goes.
         server_max_seconds: lifetime of the pod servers (seconds); they stop by themselves
             after it even if nobody calls :meth:`down`.
+        kubernetes: ``"emulated"`` (our own picture of Kubernetes: a snapshot file, the
+            kube-proxy emulation) or ``"real"`` (etcd, kube-apiserver, kube-controller-manager
+            and kube-proxy, see :mod:`tools.lab.kube`).
+        proxy_mode: the real kube-proxy's mode, ``"iptables"`` or ``"nftables"``.
+        kube_version: the Kubernetes release of the real mode (default: the pinned one).
 
     Use as a context manager (``with Lab(topo) as lab:``) or call :meth:`up` and
     :meth:`down`. Every method that needs root raises :class:`RuntimeFailure` when a
@@ -71,7 +78,18 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
 
     def __init__(self, topology: Topology, prefix: str | None = None,
                  state_dir: Path | str = DEFAULT_STATE_DIR,
-                 server_max_seconds: float = 3600.0) -> None:
+                 server_max_seconds: float = 3600.0, kubernetes: str = "emulated",
+                 proxy_mode: str = "iptables", kube_version: str | None = None) -> None:
+        if kubernetes not in KUBERNETES_MODES:
+            raise InputError(f"must be one of {', '.join(KUBERNETES_MODES)}", obj="lab",
+                             field=f"kubernetes {kubernetes!r}")
+        if proxy_mode not in PROXY_MODES:
+            raise InputError(f"must be one of {', '.join(PROXY_MODES)}", obj="lab",
+                             field=f"kube-proxy mode {proxy_mode!r}")
+        self.kubernetes = kubernetes
+        self.proxy_mode = proxy_mode
+        self.kube_version = kube_version
+        self.relay_port = 0
         self.topology = topology
         self.prefix = prefix or f"zm{secrets.token_hex(2)}"
         if not PREFIX.match(self.prefix):
@@ -116,6 +134,9 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
         if any(n.startswith(self.prefix + "-") for n in existing):
             raise RuntimeFailure(f"lab prefix {self.prefix} is in use "
                                  f"(zonemeter lab down --prefix {self.prefix})")
+        if self.kubernetes == "real":
+            self.check_real_topology()
+            self.control_plane()  # the binaries are built, or one line naming the build command
         self._write_state()
         try:
             self._build()
@@ -165,6 +186,7 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
                     removed.append(name)
         state = Path(state_dir) / f"{prefix}.json"
         state.unlink(missing_ok=True)
+        LabKubernetes.remove_kube_dir(Path(state_dir), prefix)
         return removed
 
     @classmethod
@@ -181,7 +203,10 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
             raise InputError("no running lab with this prefix", source=str(path),
                              field="prefix") from None
         lab = cls(Topology.from_dict(data["topology"], source=str(path)), prefix=prefix,
-                  state_dir=state_dir, server_max_seconds=data.get("server_max_seconds", 3600))
+                  state_dir=state_dir, server_max_seconds=data.get("server_max_seconds", 3600),
+                  kubernetes=data.get("kubernetes", "emulated"), proxy_mode=data.get("proxy_mode", "iptables"),
+                  kube_version=data.get("kube_version"))
+        lab.relay_port = int(data.get("relay_port", 0))
         for item in data.get("endpoint_overrides", []):
             lab._overrides[(item["service"], item["node"])] = tuple(item["endpoints"])
         lab._servers = {str(k): int(v) for k, v in data.get("servers", {}).items()}
@@ -212,6 +237,8 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
             if p.ports:
                 self._install_ground_truth(p)
         self._start_servers()
+        if self.kubernetes == "real":
+            self._build_kubernetes()
         self._write_state()  # with the server pids
 
     def _start_servers(self, pods: Iterable[Pod] | None = None) -> None:
@@ -270,6 +297,7 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
                 self._install_ground_truth(pod)
                 self._start_servers([pod])
             self.program_all_nodes()
+            self._kube_add_pod(pod.name)
         except BaseException:
             self._remove_pod_runtime(pod)
             self.topology = old
@@ -294,6 +322,9 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
             RuntimeFailure: a command failed.
         """
         pod = self.topology.pod(name)
+        # real mode: the object goes first and the real kube-proxies stop using the pod while it
+        # still serves; its counters are read after that, so nothing it served is lost
+        self._kube_remove_pod(pod.namespace, pod.name)
         raw = self._raw_counters()
         for key, (b, p) in self._since_baseline(raw).items():
             ob, op = self._archived.get(key, (0, 0))
@@ -331,7 +362,8 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
     def snapshot(self, hints: lab_snapshot.HintsFn | None = None) -> dict[str, Any]:
         """Return the lab's Nodes, Pods, Services and EndpointSlices as a kubectl-style
         ``List`` (see :mod:`tools.lab.snapshot`); ``hints(service)`` supplies EndpointSlice
-        hints per endpoint pod."""
+        hints per endpoint pod. This is the emulated mode's picture; on real Kubernetes the
+        apiserver's objects are :meth:`real_objects`."""
         return lab_snapshot.build(self.topology, hints)
 
     def write_snapshot(self, path: Path | str,
@@ -341,16 +373,30 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
 
     # ------------------------------------------------------------------ status
 
+    def _status_endpoints(self, svc: Any, node: str,
+                          programmed: Mapping[str, Mapping[tuple[str, str, int], list[str]]]) -> list[str]:
+        """Endpoint pods of ``svc``'s first port that ``node``'s proxy uses: the real kube-proxy's
+        rules where it runs, else the emulation's choice."""
+        if node not in programmed:
+            return list(self.service_endpoints(svc.key, node))
+        sp = svc.ports[0]
+        addrs = programmed[node].get((str(svc.cluster_ip), sp.protocol, sp.port), [])
+        return [self.client_name(ipaddress.ip_address(a.rsplit(":", 1)[0].strip("[]"))) for a in addrs]
+
     def status(self) -> dict[str, Any]:
         """Return a JSON-able description: prefix, mode, namespaces present/missing,
         nodes with addresses, pods with addresses and veths, Services with ClusterIPs and
         the endpoints each node's proxy selects."""
         present = set(netns_mod().listnetns())
         topo = self.topology
+        # in the real mode, what each kube-proxy programmed (read back from its rules)
+        programmed = {n.name: self.programmed_endpoints(n.name) for n in topo.nodes
+                      if self.uses_kube_proxy(n.name)}
         return {
             "prefix": self.prefix,
             "mode": topo.options.mode,
             "ipv6": topo.options.ipv6,
+            "kubernetes": self.kubernetes_status(),
             "netns": {n: n in present for n in self.all_netns()},
             "nodes": [{"name": n.name, "zone": n.zone, "netns": self.node_netns(n.name),
                        "ip": str(n.ip), **({"ip6": str(n.ip6)} if n.ip6 else {}),
@@ -366,7 +412,7 @@ class Lab(LabAddressing, LabProxy, LabTraffic, LabGroundTruth, LabState):
                           **({"clusterIP6": str(s.cluster_ip6)} if s.cluster_ip6 else {}),
                           "ports": [f"{sp.port}->{sp.target_port}/{sp.protocol}"
                                     for sp in s.ports],
-                          "endpointsByNode": {n.name: list(self.service_endpoints(s.key, n.name))
+                          "endpointsByNode": {n.name: self._status_endpoints(s, n.name, programmed)
                                               for n in topo.nodes}}
                          for s in topo.services],
         }

@@ -70,6 +70,8 @@ class LabNamespaces:
     topology: Topology
     prefix: str
     state_dir: Path
+    #: ``"emulated"`` or ``"real"`` (tools/lab/kube.py): real adds the control-plane namespace
+    kubernetes: str = "emulated"
 
     # ------------------------------------------------------------------ naming
 
@@ -119,9 +121,11 @@ class LabNamespaces:
         return self.node_netns(node), f"{self.prefix}x"
 
     def all_netns(self) -> list[str]:
-        """Return every namespace name this lab creates (fabric, nodes, pods)."""
+        """Return every namespace name this lab creates (fabric, nodes, pods, control plane)."""
         names = [self.fabric_netns] + [self.node_netns(n.name) for n in self.topology.nodes]
         names += [self.pod_netns(p.name) for p in self.topology.pods if not p.host_network]
+        if self.kubernetes == "real":
+            names.append(f"{self.prefix}-cp")
         return names
 
     # ------------------------------------------------------------------ building

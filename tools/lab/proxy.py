@@ -24,6 +24,11 @@ class LabProxy(LabState):
     """kube-proxy emulation of every node (part of :class:`tools.lab.Lab`); the per-node
     endpoint overrides live in the lab's state (:class:`tools.lab.state.LabState`)."""
 
+    def uses_kube_proxy(self, node: str) -> bool:
+        """Whether ``node`` runs the real kube-proxy instead of this emulation (never here;
+        :class:`tools.lab.kube.LabKubernetes` decides in the real mode)."""
+        return False
+
     def default_endpoints(self, service: str, node: str) -> tuple[str, ...]:
         """Return the endpoint pods kube-proxy on ``node`` uses before any override: every
         endpoint, or only ``node``'s own under ``internalTrafficPolicy: Local``.
@@ -65,6 +70,9 @@ class LabProxy(LabState):
         """Like :meth:`set_service_endpoints` for several Services of one node, applied in
         one iptables-restore per family."""
         self.topology.node(node)
+        if self.uses_kube_proxy(node):
+            raise InputError("runs the real kube-proxy: its endpoints are what the apiserver says",
+                             obj=f"Node {node}", field="ignoreHints")
         for service, endpoints in services.items():
             svc = self.topology.service(service)
             if endpoints is None:
@@ -108,6 +116,8 @@ class LabProxy(LabState):
         applies that policy before and independently of hints).
         """
         for node in self.topology.nodes:
+            if self.uses_kube_proxy(node.name):
+                continue
             choice: dict[str, Iterable[str] | None] = {}
             for svc in self.topology.services:
                 choice[svc.key] = None if node.ignore_hints else select(svc, node)
@@ -116,9 +126,14 @@ class LabProxy(LabState):
     def program_node(self, node: str) -> None:
         """(Re)write ``node``'s nat and filter tables from :meth:`proxy_rules`.
 
+        Nothing is written on a node that runs the real kube-proxy (:meth:`uses_kube_proxy`):
+        its tables are kube-proxy's.
+
         Raises:
             RuntimeFailure: iptables-restore failed.
         """
+        if self.uses_kube_proxy(node):
+            return
         rules = self.proxy_rules(node)
         ns = self.node_netns(node)
         nsexec(ns, ["iptables-restore", "-w"], input=kubeproxy.render(rules, 4))

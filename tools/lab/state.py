@@ -67,6 +67,10 @@ class LabState(LabNamespaces):
             "prefix": self.prefix,
             "server_max_seconds": self.server_max_seconds,
             "started_by": getattr(self, "started_by", "python"),
+            "kubernetes": self.kubernetes,
+            "proxy_mode": getattr(self, "proxy_mode", "iptables"),
+            "kube_version": getattr(self, "kube_version", None),
+            "relay_port": getattr(self, "relay_port", 0),
             "topology": self.topology.to_dict(),
             "servers": self._servers,
             "endpoint_overrides": [{"service": s, "node": n, "endpoints": list(e)}

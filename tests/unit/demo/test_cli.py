@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.errors import InputError
 from tools.demo.agents import agent_argv
 from tools.demo.topology import load_demo
 from tools.lab import Lab
@@ -82,6 +83,13 @@ def test_agent_command_line_follows_contract() -> None:
     extra = agent_argv(lab, "b2", Path("s"), "a:1", 2.0, python="py",
                        extra=("--series-retention", "60"))
     assert extra[-4:] == ["--exclude-interfaces", "zmcliu3", "--series-retention", "60"]
+    # on real Kubernetes the agent reads the apiserver instead of a snapshot
+    real = agent_argv(lab, "b2", None, "a:1", 2.0, python="py", kubeconfig=Path("/k/agent.kubeconfig"))
+    assert real[4:8] == ["--node-name", "b2", "--kubeconfig", "/k/agent.kubeconfig"]
+    assert "--snapshot" not in real
+    for snap, kc in ((None, None), (Path("s"), Path("k"))):
+        with pytest.raises(InputError, match="exactly one"):
+            agent_argv(lab, "b2", snap, "a:1", 2.0, kubeconfig=kc)
 
 
 def test_teardown_says_the_workdir_stays(tmp_path: Path,

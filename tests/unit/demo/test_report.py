@@ -127,3 +127,28 @@ def test_json_output_still_names_the_workdir_on_stderr(
     assert captured.err.splitlines() == [
         f"zonemeter demo: why: {sys.executable} -m agent explain --snapshot "
         f"{tmp_path / 'snapshot.json'} (snapshot and agent logs stay in {tmp_path})"]
+
+
+def test_real_kubernetes_is_named_with_versions_and_a_kubectl_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result, run = finished_run(tmp_path)
+    kc, kubectl = tmp_path / "lab kube" / "admin.kubeconfig", "/var/cache/zonemeter/kube/v1.37.2/kubectl"
+    result.summary["kubernetes"] = {"mode": "real", "version": "v1.37.2", "etcd": "v3.7.0", "proxyMode": "nftables",
+                                    "kubeProxyNodes": ["a1", "b1"], "emulatedProxyNodes": ["c2"],
+                                    "adminKubeconfig": str(kc), "kubectl": kubectl}
+    demo_cli._report(result, run, argparse.Namespace(output="table", keep=True), ["zone-a", "zone-b", "zone-c"], {})
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    assert ("kubernetes: real v1.37.2 (etcd v3.7.0): hints by the real EndpointSlice controller, kube-proxy "
+            "nftables on a1, b1, the lab's emulation (ignores hints) on c2") in lines
+    # quoted as a shell needs it: the work directory may contain spaces
+    assert f"KUBECONFIG='{kc}' {kubectl} get endpointslices -A -o yaml" in lines
+
+
+def test_emulated_kubernetes_names_the_hint_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result, run = finished_run(tmp_path)
+    result.summary["kubernetes"] = {"mode": "emulated", "hints": "oracle"}
+    demo_cli._report(result, run, argparse.Namespace(output="table", keep=True), ["zone-a", "zone-b", "zone-c"], {})
+    out = capsys.readouterr().out
+    assert ("kubernetes: emulated (snapshot file, hints and kube-proxy endpoints from the oracle, kube-proxy "
+            "emulation)") in out.splitlines()
+    assert "KUBECONFIG" not in out
