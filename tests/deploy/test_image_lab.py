@@ -369,6 +369,7 @@ def run_agent(lab: Any, image: str, tmp_path: Path, bpffs: Path, seccomp: Path, 
         (tmp_path / "no-src").mkdir()
         host_paths = {"/lib/modules": str(tmp_path / "no-modules"), "/usr/src": str(tmp_path / "no-src")}
     host_paths["/sys/fs/bpf"] = str(bpffs)
+    host_paths["/var/lib/zonemeter"] = str(state_dir(bpffs))
     argv = podman_argv(
         pod, container, name=f"zm-image-test-{lab.prefix}", image=image,
         netns=lab.node_netns(NODE), node=NODE, host_paths=host_paths, seccomp=seccomp,
@@ -379,13 +380,23 @@ def run_agent(lab: Any, image: str, tmp_path: Path, bpffs: Path, seccomp: Path, 
     return Container(argv)
 
 
+def state_dir(bpffs: Path) -> Path:
+    """The directory standing for the node's ``/var/lib/zonemeter`` (the checkpoint's
+    hostPath), beside the test's bpffs."""
+    path = bpffs.parent / "var-lib-zonemeter"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def run_cleanup(lab: Any, image: str, bpffs: Path, seccomp: Path) -> tuple[int, str]:
     """Run the cleanup DaemonSet's init container on node a1; return (exit code, log)."""
     pod = cleanup_pod()
     (init,) = pod["initContainers"]
     argv = podman_argv(pod, init, name=f"zm-image-cleanup-{lab.prefix}", image=image,
                        netns=lab.node_netns(NODE), node=NODE,
-                       host_paths={"/sys/fs/bpf": str(bpffs)}, seccomp=seccomp,
+                       host_paths={"/sys/fs/bpf": str(bpffs),
+                                   "/var/lib/zonemeter": str(state_dir(bpffs))},
+                       seccomp=seccomp,
                        extra_mounts=[], extra_args=[], machine=machine_options())
     c = Container(argv)
     try:
@@ -489,11 +500,14 @@ def test_image_counts_a_lab_node_like_the_host_agent(lab: Any, image: str, tmp_p
         pins = bpffs / "zonemeter" / NODE
         assert pins.is_dir() and any(pins.iterdir())
         assert our_filters(lab) != []
+        # the checkpoint on the node's /var/lib/zonemeter carries the totals across restarts
+        assert (state_dir(bpffs) / "checkpoint").is_file()
         code, log = run_cleanup(lab, image, bpffs, seccomp)
         assert code == 0, log
         assert '"msg": "cleanup done"' in log, log
         assert our_filters(lab) == []
         assert not pins.exists() or not any(pins.iterdir())
+        assert not (state_dir(bpffs) / "checkpoint").exists()
     finally:
         c.remove()
 
