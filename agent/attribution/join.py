@@ -160,6 +160,10 @@ class MetadataView(Protocol):
         """The node called ``name`` as a NODE peer (zone, region), or None if unknown."""
         ...
 
+    # Optional: ``resolve_host_port(ip, port, protocol) -> Peer | None``, the host-network
+    # pod that serves a node address's port (``MetadataAdapter.resolve_host_port``); a view
+    # without it leaves node addresses as ``node/NAME``.
+
 
 
 class HintView(Protocol):
@@ -357,6 +361,8 @@ class Attributor:
         self._held_bytes = 0
         self.node = node
         self._meta = metadata
+        self._host_port: Callable[[IPAddress, int, int], Peer | None] | None = getattr(
+            metadata, "resolve_host_port", None)
         # optional: resolves a local address by the veth its bytes crossed (IP reuse)
         self._resolve_veth: Callable[[IPAddress, int, float, bool], tuple[Peer, bool]] | None = (
             getattr(metadata, "resolve_veth", None))
@@ -574,12 +580,16 @@ class Attributor:
                         if kind is not egress and not ingress_here:
                             skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
                             continue
-                        if kind is egress:
-                            wkey = (lns, lworkload, lkind, czl, rzl, rkind, crossing, "egress")
-                            pk = (llabel, rlabel, "", "", czl, rzl, crossing, "")
-                        else:
-                            wkey = (lns, lworkload, lkind, czl, rzl, rkind, crossing, "ingress")
+                        wkey = (lns, lworkload, lkind, czl, rzl, rkind, crossing,
+                                "egress" if kind is egress else "ingress")
+                        # one connection, one pair row whichever way its bytes go: the
+                        # local pod is the server when its own port may be a server port
+                        # and the remote's is ephemeral (0) or higher (docs/attribution.md,
+                        # "Top pairs")
+                        if lp and (not port or lp < port):
                             pk = (rlabel, llabel, "", "", rzl, czl, crossing, "")
+                        else:
+                            pk = (llabel, rlabel, "", "", czl, rzl, crossing, "")
                         workload[wkey] = workload.get(wkey, 0) + nb
                     if reason is not None:
                         unknown[reason] = unknown.get(reason, 0) + nb
@@ -864,6 +874,12 @@ class Attributor:
             # a direct dial of an endpoint without veth: did it bypass this node's selection?
             ig = self._is_ignored(b, svc_, self.node, remote)
             return self._server_side(b, svc_, peer, ig, _label(peer, remote))
+        if peer.kind is PeerKind.NODE and port and self._host_port is not None:
+            # a node address on a port exactly one host-network pod there declares is
+            # that pod (docs/attribution.md, "Host-network servers by port")
+            hp = self._host_port(remote, port, proto)
+            if hp is not None:
+                peer = hp
         pk = peer.kind
         podlike = (pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network
         crossing = _crossing(b.oz, b.orr, self.node, PeerKind.POD,
