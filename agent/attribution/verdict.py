@@ -24,7 +24,7 @@ hint-ignored byte one cause:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["CAUSES", "HintVerdict", "hint_verdicts", "verdict_sentence"]
@@ -133,11 +133,3 @@ def verdict_sentence(v: HintVerdict, seconds: float | None = None) -> str:
     return (f"{rate} from node {v.client_node} ignored the hints; no agent evidence says "
             f"whether its clients used the ClusterIP or dialled endpoints")
 
-
-def verdicts_of(services: Iterable[tuple[str, str]], verdicts: Iterable[HintVerdict]
-                ) -> dict[tuple[str, str], list[HintVerdict]]:
-    """Group verdicts by ``(namespace, service)``; every Service of ``services`` present."""
-    out: dict[tuple[str, str], list[HintVerdict]] = {s: [] for s in services}
-    for v in verdicts:
-        out.setdefault((v.namespace, v.service), []).append(v)
-    return out

@@ -743,3 +743,22 @@ def test_link_scope_traffic_is_the_nodes_never_cross_zone(cluster, remote: str, 
     (key, n), = t.workload_bytes.items()
     assert n == 96
     assert (key.remote_kind, key.crossing, key.remote_zone, key.client_zone) == ("node", "same_node", A, A)
+
+
+def test_state_round_trips_and_an_older_checkpoint_restores_its_hint_ignored_series(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n3")
+    at.attribute([req("10.1.3.20", "192.168.0.1", 8080, 64)], T0)  # node n1 dials api: ignored
+    state = at.state()
+    again = attributor(cluster, "n3")
+    again.restore(state)
+    assert dict(again.totals().hint_ignored_bytes) == dict(at.totals().hint_ignored_bytes) == {
+        HintIgnoredKey("shop", "api", A, B, "n1", "node"): 64}
+    # the previous version's rows had four labels and no client path series
+    old = {**state, "ignored": [["shop", "api", A, B, 64]]}
+    del old["paths"]
+    again.restore(old)
+    assert dict(again.totals().hint_ignored_bytes) == {
+        HintIgnoredKey("shop", "api", A, B, "unknown", "unknown"): 64}
+    assert dict(again.totals().client_path_bytes) == {}
+    with pytest.raises(ValueError):
+        again.restore({**state, "ignored": [["shop", "api", A, 64]]})
