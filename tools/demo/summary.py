@@ -52,6 +52,7 @@ byte is counted once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,6 +88,10 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
     """
     seconds = traffic_seconds if traffic_seconds else duration_seconds
     verdicts = hint_verdicts(agents.hint_ignored_by_node, agents.client_paths, proxy_versions)
+    # the sentences' bytes/s: the measured window's bytes (warm-up left out), as the cost's
+    window = {(v.namespace, v.service, v.client_node, v.cause): v.bytes for v in hint_verdicts(
+        _less(agents.hint_ignored_by_node, baseline.hint_ignored_by_node if baseline else {}),
+        _less(agents.client_paths, baseline.client_paths if baseline else {}))}
     services = []
     double = agents.workload_bytes
     for key, model in models.items():
@@ -124,7 +129,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
                 got.get("cross_zone", 0) - _cross_zone(baseline, ns, name), seconds),
             "expected_cross_zone": {z: expected[z] for z in sorted(expected)},
             "observed_cross_zone": observed_cross_zone(agents, baseline, ns, name),
-            "hint_ignored_causes": _causes(ns, name, verdicts, t, seconds),
+            "hint_ignored_causes": _causes(ns, name, verdicts, window, t, seconds),
         })
     workloads = workload_rows(agents, baseline, seconds)
     usd_services = round(sum(s["usd_per_month_at_aws_price"] for s in services), 2)
@@ -136,10 +141,18 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "double_counted_bytes": int(double)}
 
 
-def _causes(ns: str, name: str, verdicts: list[Any], t: ServiceTruth,
-            seconds: float) -> list[dict[str, Any]]:
+def _less(now: Mapping[tuple[str, str, str, str], int], before: Mapping[tuple[str, str, str, str], int]
+          ) -> dict[tuple[str, str, str, str], int]:
+    """``now - before`` per key, keys with nothing left dropped."""
+    return {k: n - before.get(k, 0) for k, n in now.items() if n > before.get(k, 0)}
+
+
+def _causes(ns: str, name: str, verdicts: list[Any], window: Mapping[tuple[str, str, str, str], int],
+            t: ServiceTruth, seconds: float) -> list[dict[str, Any]]:
     """The ``hint_ignored_causes`` rows of one Service (see the module docstring): the
-    agents' verdicts, then lab nodes the agents named no cause for (bytes 0)."""
+    agents' verdicts (bytes since agent start, as the ground truth; the sentence's bytes/s
+    from ``window``, the measured traffic's bytes per verdict), then lab nodes the agents
+    named no cause for (bytes 0)."""
     rows = []
     named = set()
     for v in verdicts:
@@ -150,7 +163,8 @@ def _causes(ns: str, name: str, verdicts: list[Any], t: ServiceTruth,
                      "ground_truth_bytes": t.hint_ignored_by_node.get(v.client_node, 0),
                      "ground_truth_cause": t.hint_cause.get(v.client_node),
                      "kube_proxy_version": v.kube_proxy_version,
-                     "sentence": verdict_sentence(v, seconds)})
+                     "sentence": verdict_sentence(dataclasses.replace(v, bytes=window.get(
+                         (v.namespace, v.service, v.client_node, v.cause), 0)), seconds)})
     for node in sorted(set(t.hint_ignored_by_node) - named):
         rows.append({"client_node": node, "cause": None, "bytes": 0,
                      "ground_truth_bytes": t.hint_ignored_by_node[node],
@@ -309,7 +323,7 @@ def _workload_lines(summary: Mapping[str, Any], top: int = 5) -> list[str]:
     """Non-Service bytes beside the Services: the heaviest cross-zone workload rows and the
     cost total of both (nothing when the summary has no ``workloads``)."""
     rows = summary.get("workloads")
-    if not rows:
+    if rows is None:
         return []
     usd = summary.get("usd_per_month_at_aws_price", {})
     out = [f"non-Service bytes (zonemeter_workload_bytes_total): "

@@ -124,6 +124,13 @@ def test_verdict_names_the_node_and_cause_beside_the_lab() -> None:
                     "(600 bytes/s, kube-proxy v1.26.3 there)"}]
     assert "    data-plane: locality configured, but node c2's data plane ignores the hints" \
         in "\n".join(findings(s))
+    # the sentence's rate is the measured window's: the warm-up's 3,000 bytes left out
+    base = merge([parse_metrics(NODE_B1.replace('client_kind="pod"} 6000.0', 'client_kind="pod"} 3000.0')),
+                  parse_metrics(NODE_C2.replace("} 6100.0", "} 3000.0"))])
+    warm = build_summary(10.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model(),
+                         baseline=base, traffic_seconds=10.0)
+    [c] = warm["services"][0]["hint_ignored_causes"]
+    assert c["bytes"] == 6000 and "(300 bytes/s)" in c["sentence"]
     # without the client node's evidence the agents cannot name the cause
     alone = build_summary(10.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
                           _model())
