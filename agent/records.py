@@ -179,12 +179,47 @@ class ServiceBytesKey:
 
 @dataclass(frozen=True, slots=True, order=True)
 class HintIgnoredKey:
-    """Labels of ``zonemeter_service_hint_ignored_bytes_total`` (both directions summed)."""
+    """Labels of ``zonemeter_service_hint_ignored_bytes_total`` (both directions summed).
+
+    Attributes:
+        namespace, service: the Service.
+        client_zone, server_zone: zone labels (``unknown`` when missing).
+        client_node: the node whose kube-proxy selection the bytes ignored (the client's
+            node; for a node-address client, the node owning the address).
+        client_kind: ``pod`` (a pod with its own address) or ``node`` (the client's
+            address is a node's: a host-network client, or a NodePort/LoadBalancer hop
+            masqueraded to the node that received it); docs/attribution.md, "Why bytes
+            ignored the hints".
+    """
 
     namespace: str
     service: str
     client_zone: str
     server_zone: str
+    client_node: str = "unknown"
+    client_kind: str = "pod"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ClientPathKey:
+    """Labels of ``zonemeter_service_client_path_bytes_total``: how this node's pods reached
+    a Service that kube-proxy on this node filters by topology (the client's node's
+    evidence for why bytes ignored the hints; docs/attribution.md).
+
+    Attributes:
+        namespace, service: the Service.
+        client_node: this node (the agent's own), so the series joins the hint-ignored
+            series on ``client_node``.
+        path: ``clusterip`` (a pod dialled a Service address: ClusterIP, NodePort,
+            externalIP or LoadBalancer IP; the node's data plane picked the endpoint) or
+            ``direct`` (a pod dialled an endpoint address that kube-proxy on this node
+            would not select: the client chose the endpoint itself).
+    """
+
+    namespace: str
+    service: str
+    client_node: str
+    path: str
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -321,6 +356,9 @@ class AttributionTotals:
         node: the node the Attributor runs on.
         service_bytes: ``Mapping[ServiceBytesKey, int]`` bytes.
         hint_ignored_bytes: ``Mapping[HintIgnoredKey, int]`` bytes (a subset of service_bytes).
+        client_path_bytes: ``Mapping[ClientPathKey, int]`` bytes of this node's pods' own
+            copies of Service traffic, by path (a subset of ``skipped_bytes`` and
+            ``service_bytes``: evidence, never billed again).
         workload_bytes: ``Mapping[WorkloadBytesKey, int]`` bytes of non-Service traffic.
         unattributed_bytes: ``Mapping[reason, int]``: bytes in no other series
             (``flow_table_full``, ``endpoint_without_service``, ``attribution_error``).
@@ -353,6 +391,7 @@ class AttributionTotals:
     node: str = ""
     service_bytes: Mapping[ServiceBytesKey, int] = field(default_factory=dict)
     hint_ignored_bytes: Mapping[HintIgnoredKey, int] = field(default_factory=dict)
+    client_path_bytes: Mapping[ClientPathKey, int] = field(default_factory=dict)
     workload_bytes: Mapping[WorkloadBytesKey, int] = field(default_factory=dict)
     unattributed_bytes: Mapping[str, int] = field(default_factory=dict)
     unknown_crossing_bytes: Mapping[str, int] = field(default_factory=dict)
@@ -381,7 +420,7 @@ class AttributionTotals:
         Returns:
             ``{"node", "bytes_seen", "deltas_seen", "invalid_deltas", "held_bytes",
             "service_bytes": [{key fields..., "bytes"}], "hint_ignored_bytes": [...],
-            "workload_bytes": [...], "unattributed_bytes": {reason: bytes},
+            "client_path_bytes": [...], "workload_bytes": [...], "unattributed_bytes": {reason: bytes},
             "unknown_crossing_bytes": {...}, "skipped_bytes": {...},
             "diagnostics_bytes": {...}, "top_pairs": [...], "top_interval": [start, end] |
             None, "series_expired": {family: series}, "expired_bytes": {family: bytes}}``;
@@ -399,6 +438,7 @@ class AttributionTotals:
             "held_bytes": self.held_bytes,
             "service_bytes": rows(self.service_bytes),
             "hint_ignored_bytes": rows(self.hint_ignored_bytes),
+            "client_path_bytes": rows(self.client_path_bytes),
             "workload_bytes": rows(self.workload_bytes),
             "unattributed_bytes": dict(sorted(self.unattributed_bytes.items())),
             "unknown_crossing_bytes": dict(sorted(self.unknown_crossing_bytes.items())),

@@ -67,6 +67,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from agent.attribution import Attributor
+from agent.attribution.join import HINT_IGNORED_NODES
 from agent.exporter import Exporter
 from agent.loop import build_snapshot
 from agent.records import (
@@ -289,18 +290,22 @@ def count_series(text: str, pod_names: set[str]) -> tuple[dict[str, int], list[s
     return counts, leaks
 
 
-def bound(services: int, zones: int, hinted: int) -> dict[str, int]:
+def bound(services: int, zones: int, hinted: int, other_nodes: int = 0) -> dict[str, int]:
     """Series bound of this traffic model on a node holding endpoints of ``services``.
 
     service_bytes: Services x ports (1) x (client zone, crossing) pairs seen at an endpoint
     node (same_node, same_zone, cross_zone per other zone, external) x 2 directions;
-    hint_ignored: hinted Services x other client zones; locality: Services x zones, 1, 1;
+    hint_ignored: at most hinted Services x their client nodes in other zones
+    (``other_nodes``), capped at ``HINT_IGNORED_NODES`` nodes plus one ``other`` per
+    other zone (an upper bound: a Service may not hear from every node); locality:
+    Services x zones, 1, 1;
     workload_bytes: workloads with a local pod x ((pod remotes: zones + 1, egress only) +
     (node remotes: zones + 1, both directions) + (CIDR zone, CIDR region, external: both)).
     """
     return {
         "zonemeter_service_bytes": services * 1 * (zones + 2) * 2,
-        "zonemeter_service_hint_ignored_bytes": hinted * (zones - 1),
+        "zonemeter_service_hint_ignored_bytes": hinted * (
+            other_nodes if other_nodes <= HINT_IGNORED_NODES else HINT_IGNORED_NODES + zones - 1),
         "zonemeter_service_locality_in_effect": services * zones,
         "zonemeter_service_locality_info": services,
         "zonemeter_service_locality_last_change_timestamp_seconds": services,
@@ -335,7 +340,8 @@ def measure(pods: int, conns: int, services: int, zones: int, seed: int = 1,
         "series": {f: counts.get(f, 0) for f in FAMILIES},
         "series_other": sum(v for f, v in counts.items() if f not in FAMILIES),
         "series_total": sum(counts.values()),
-        "bound": bound(services, zones, (services + 1) // 2),
+        "bound": bound(services, zones, (services + 1) // 2,
+                       sum(1 for n in range(max(2 * zones, pods // 100)) if n % zones)),
         "leak_count": len(leaks), "leaks": leaks[:10], "seconds": round(time.perf_counter() - t0, 2),
     }
 

@@ -14,6 +14,7 @@ from agent.attribution.join import HOSTNET_TTL, LOOKUP_ERRORS, Attributor, HintV
 from agent.attribution.vocabulary import (
     CROSSINGS,
     EXPIRY_FAMILIES,
+    FAMILY_CLIENT_PATH,
     FAMILY_HINT_IGNORED,
     FAMILY_SERVICE,
     FAMILY_WORKLOAD,
@@ -22,7 +23,7 @@ from agent.attribution.vocabulary import (
     UNKNOWN,
     counted_here,
 )
-from agent.records import AttributionTotals, HintIgnoredKey, PairRow, ServiceBytesKey, WorkloadBytesKey
+from agent.records import AttributionTotals, ClientPathKey, HintIgnoredKey, PairRow, ServiceBytesKey, WorkloadBytesKey
 
 #: attribution's names for the shared counter keys (agent/records.py)
 ServiceKey = ServiceBytesKey
@@ -31,6 +32,7 @@ WorkloadKey = WorkloadBytesKey
 __all__ = [
     "CROSSINGS",
     "EXPIRY_FAMILIES",
+    "FAMILY_CLIENT_PATH",
     "FAMILY_HINT_IGNORED",
     "FAMILY_SERVICE",
     "FAMILY_WORKLOAD",
@@ -42,6 +44,7 @@ __all__ = [
     "UNKNOWN",
     "AttributionTotals",
     "Attributor",
+    "ClientPathKey",
     "HintIgnoredKey",
     "HintView",
     "MetadataView",

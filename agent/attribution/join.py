@@ -58,9 +58,12 @@ from agent.attribution.vocabulary import (
     D_OVERFLOW_UNFILTERED,
     DEFAULT_REASON,
     EXPIRY_FAMILIES,
+    FAMILY_CLIENT_PATH,
     FAMILY_HINT_IGNORED,
     FAMILY_SERVICE,
     FAMILY_WORKLOAD,
+    P_CLUSTERIP,
+    P_DIRECT,
     R_ATTRIBUTION_ERROR,
     R_CLUSTERIP_TO_HOST_NETWORK,
     R_ENDPOINT_WITHOUT_SERVICE,
@@ -78,6 +81,7 @@ from agent.errors import ZonemeterError
 from agent.logs import LogOnce
 from agent.records import (
     AttributionTotals,
+    ClientPathKey,
     FlowDelta,
     FlowKind,
     HintIgnoredKey,
@@ -93,11 +97,16 @@ from agent.records import (
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["HOSTNET_TTL", "LOOKUP_ERRORS", "Attributor", "HintView", "MetadataView"]
+__all__ = ["HINT_IGNORED_NODES", "HOSTNET_TTL", "LOOKUP_ERRORS", "Attributor", "HintView", "MetadataView"]
 
 #: seconds a "do this Service's selected endpoints lack a veth?" decision is reused across
 #: drains (only decisions in which every endpoint resolved; see _clusterip_hostnet)
 HOSTNET_TTL = 300.0
+
+#: distinct ``client_node`` values of one Service's hint-ignored series on one agent; the
+#: bytes of further client nodes go to ``client_node="other"`` (docs/metrics.md, Series count)
+HINT_IGNORED_NODES = 16
+OTHER_NODE = "other"
 
 #: what a metadata or hint view raises when its data is unavailable or inconsistent for a
 #: moment (an index rebuilt under a lookup, a restarting cache, an API call that failed):
@@ -159,6 +168,10 @@ class MetadataView(Protocol):
     def node(self, name: str) -> Peer | None:
         """The node called ``name`` as a NODE peer (zone, region), or None if unknown."""
         ...
+
+    # Optional: ``resolve_host_port(ip, port, protocol) -> Peer | None``, the host-network
+    # pod that serves a node address's port (``MetadataAdapter.resolve_host_port``); a view
+    # without it leaves node addresses as ``node/NAME``.
 
 
 
@@ -248,13 +261,14 @@ _Ep = tuple[_Svc, str, dict[str, bool]]
 _NOT_CACHED_EP: _Ep = (_NOT_CACHED, "", {})
 #: the client of a REQUEST/RESPONSE delta: (client_zone label, crossing, unknown-crossing
 #: reason or None, client node for the hint check or None, hint check applies, pair label,
-#: unresolved)
-_Client = tuple[str, str, str | None, str | None, bool, str, bool]
+#: unresolved, client kind label ``pod``/``node``)
+_Client = tuple[str, str, str | None, str | None, bool, str, bool, str]
 #: an EGRESS/INGRESS remote, tagged by its first item:
-#: (_SKIP, skipped reason, unsettled: decided on endpoints that did not all resolve)
+#: (_SKIP, skipped reason, unsettled: decided on endpoints that did not all resolve,
+#: client path key (namespace, service, this node, path) or None)
 _SKIP = 0
-#: (_SERVER_SIDE, svc, server_zone label, crossing, reason, hint-ignored, pair label):
-#: Service traffic counted at the client (the endpoint has no veth)
+#: (_SERVER_SIDE, svc, server_zone label, crossing, reason, hint-ignored, pair label,
+#: client path key or None): Service traffic counted at the client (the endpoint has no veth)
 _SERVER_SIDE = 1
 #: (_PEER_SIDE, remote_zone label, remote_kind, crossing, reason, INGRESS counted here
 #: (``counted_here(INGRESS, ...)``), pair label, unresolved): non-Service traffic
@@ -357,6 +371,8 @@ class Attributor:
         self._held_bytes = 0
         self.node = node
         self._meta = metadata
+        self._host_port: Callable[[IPAddress, int, int], Peer | None] | None = getattr(
+            metadata, "resolve_host_port", None)
         # optional: resolves a local address by the veth its bytes crossed (IP reuse)
         self._resolve_veth: Callable[[IPAddress, int, float, bool], tuple[Peer, bool]] | None = (
             getattr(metadata, "resolve_veth", None))
@@ -365,7 +381,8 @@ class Attributor:
         self._pair_capacity = pair_capacity
         # cumulative counters, keyed by plain tuples on the hot path
         self._service: dict[tuple[str, str, str, str, str, str, str], int] = {}
-        self._ignored: dict[tuple[str, str, str, str], int] = {}
+        self._ignored: dict[tuple[str, str, str, str, str, str], int] = {}
+        self._paths: dict[tuple[str, str, str, str], int] = {}
         self._workload: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
         self._unattributed: dict[str, int] = {}
         self._unknown: dict[str, int] = {}
@@ -378,6 +395,7 @@ class Attributor:
         # tuple -> frozen key, so totals() allocates each key object once
         self._service_keys: dict[tuple[str, ...], ServiceBytesKey] = {}
         self._ignored_keys: dict[tuple[str, ...], HintIgnoredKey] = {}
+        self._path_keys: dict[tuple[str, ...], ClientPathKey] = {}
         self._workload_keys: dict[tuple[str, ...], WorkloadBytesKey] = {}
         # per-interval pairs
         self._pairs: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
@@ -436,7 +454,8 @@ class Attributor:
         szl = b.oz or UNKNOWN
         request, response, egress = FlowKind.REQUEST, FlowKind.RESPONSE, FlowKind.EGRESS
         local_eps, clients, remotes, locals_ = b.local_eps, b.clients, b.remotes, b.locals
-        service, workload, ignored = self._service, self._workload, self._ignored
+        service, workload, ignored, paths = self._service, self._workload, self._ignored, self._paths
+        node = self.node
         unknown, diag, skipped = self._unknown, self._diag, self._skipped
         pairs, cap = self._pairs, self._pair_capacity
         v4 = ipaddress.IPv4Address
@@ -496,7 +515,7 @@ class Attributor:
                     cl = clients.get(rk)
                     if cl is None:
                         cl = clients[rk] = self._client(b, remote, rk)
-                    czl, crossing, reason, cnode, check, clabel, unresolved = cl
+                    czl, crossing, reason, cnode, check, clabel, unresolved, ckind = cl
                     if unresolved and not final:
                         if room > 0:
                             room -= 1
@@ -520,8 +539,12 @@ class Attributor:
                     if ambiguous:
                         diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
                     if ig:
-                        ikey = (ns, sname, czl, szl)
-                        ignored[ikey] = ignored.get(ikey, 0) + nb
+                        ikey = (ns, sname, czl, szl, cnode or UNKNOWN, ckind)
+                        v = ignored.get(ikey)
+                        if v is None:
+                            ikey = self._ignored_key(ikey)
+                            v = ignored.get(ikey, 0)
+                        ignored[ikey] = v + nb
                     elif check and cnode is None:
                         diag[D_HINT_CHECK_NO_CLIENT_NODE] = diag.get(D_HINT_CHECK_NO_CLIENT_NODE, 0) + nb
                     pk = (clabel, slabel, ns, sname, czl, szl, crossing, sport)
@@ -533,7 +556,7 @@ class Attributor:
                         r = remotes[rkey] = self._remote(b, d, rk)
                     tag = r[0]
                     if tag == _SKIP:
-                        _, skip_reason, unsettled = r
+                        _, skip_reason, unsettled, path = r
                         if unsettled and not final:  # endpoints not resolved yet: maybe no veth
                             if room > 0:
                                 room -= 1
@@ -541,13 +564,15 @@ class Attributor:
                                 continue
                             diag[D_HOLD_FULL] = diag.get(D_HOLD_FULL, 0) + nb
                         skipped[skip_reason] = skipped.get(skip_reason, 0) + nb
+                        if path is not None:
+                            paths[path] = paths.get(path, 0) + nb
                         continue
                     loc = locals_.get(hk)
                     if loc is None:
                         loc = locals_[hk] = self._local(b, local, lk, hook, final)
                     lns, lworkload, lkind, llabel, lunresolved = loc
                     if tag == _SERVER_SIDE:
-                        _, svc, rzl, crossing, reason, ig, rlabel = r
+                        _, svc, rzl, crossing, reason, ig, rlabel, path = r
                         runresolved = False
                     else:
                         _, rzl, rkind, crossing, reason, ingress_here, rlabel, runresolved = r
@@ -567,19 +592,29 @@ class Attributor:
                         if ambiguous:
                             diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
                         if ig:
-                            ikey = (ns, sname, czl, rzl)
-                            ignored[ikey] = ignored.get(ikey, 0) + nb
+                            ikey = (ns, sname, czl, rzl, node, "pod")
+                            v = ignored.get(ikey)
+                            if v is None:
+                                ikey = self._ignored_key(ikey)
+                                v = ignored.get(ikey, 0)
+                            ignored[ikey] = v + nb
+                        if path is not None:
+                            paths[path] = paths.get(path, 0) + nb
                         pk = (llabel, rlabel, ns, sname, czl, rzl, crossing, sport)
                     else:
                         if kind is not egress and not ingress_here:
                             skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
                             continue
-                        if kind is egress:
-                            wkey = (lns, lworkload, lkind, czl, rzl, rkind, crossing, "egress")
-                            pk = (llabel, rlabel, "", "", czl, rzl, crossing, "")
-                        else:
-                            wkey = (lns, lworkload, lkind, czl, rzl, rkind, crossing, "ingress")
+                        wkey = (lns, lworkload, lkind, czl, rzl, rkind, crossing,
+                                "egress" if kind is egress else "ingress")
+                        # one connection, one pair row whichever way its bytes go: the
+                        # local pod is the server when its own port may be a server port
+                        # and the remote's is ephemeral (0) or higher (docs/attribution.md,
+                        # "Top pairs")
+                        if lp and (not port or lp < port):
                             pk = (rlabel, llabel, "", "", rzl, czl, crossing, "")
+                        else:
+                            pk = (llabel, rlabel, "", "", czl, rzl, crossing, "")
                         workload[wkey] = workload.get(wkey, 0) + nb
                     if reason is not None:
                         unknown[reason] = unknown.get(reason, 0) + nb
@@ -644,6 +679,7 @@ class Attributor:
         return self._expiry.sweep((
             (FAMILY_SERVICE, self._service, self._service_keys, 2),
             (FAMILY_HINT_IGNORED, self._ignored, self._ignored_keys, 2),
+            (FAMILY_CLIENT_PATH, self._paths, self._path_keys, 2),
             (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3)))
 
     def totals(self) -> AttributionTotals:
@@ -653,6 +689,7 @@ class Attributor:
             node=self.node,
             service_bytes=self._keyed(self._service, self._service_keys, ServiceBytesKey),
             hint_ignored_bytes=self._keyed(self._ignored, self._ignored_keys, HintIgnoredKey),
+            client_path_bytes=self._keyed(self._paths, self._path_keys, ClientPathKey),
             workload_bytes=self._keyed(self._workload, self._workload_keys, WorkloadBytesKey),
             unattributed_bytes=_ro(self._unattributed),
             unknown_crossing_bytes=_ro(self._unknown),
@@ -684,6 +721,7 @@ class Attributor:
         return {
             "service": [[*k, v] for k, v in self._service.items()],
             "ignored": [[*k, v] for k, v in self._ignored.items()],
+            "paths": [[*k, v] for k, v in self._paths.items()],
             "workload": [[*k, v] for k, v in self._workload.items()],
             "unattributed": dict(self._unattributed), "unknown": dict(self._unknown),
             "skipped": dict(self._skipped), "diag": dict(self._diag),
@@ -705,9 +743,12 @@ class Attributor:
                 a negative or non-integer count, a bad address); nothing is changed then.
         """
         try:
-            def series(name: str, width: int) -> dict[Any, int]:
+            def series(name: str, width: int, old: int | None = None) -> dict[Any, int]:
                 out: dict[Any, int] = {}
-                for row in state[name]:
+                for row in state.get(name, ()) if old is not None else state[name]:
+                    if old is not None and len(row) == old + 1:
+                        # a row of an older checkpoint: labels it lacked are unknown
+                        row = [*row[:old], *([UNKNOWN] * (width - old)), row[old]]
                     if len(row) != width + 1 or not all(isinstance(x, str) for x in row[:width]):
                         raise ValueError(f"{name}: a row is not {width} labels and bytes")
                     out[tuple(row[:width])] = _count(row[width])
@@ -716,8 +757,9 @@ class Attributor:
             def reasons(name: str) -> dict[str, int]:
                 return {str(k): _count(v) for k, v in dict(state[name]).items()}
 
-            service, ignored, workload = (series("service", 7), series("ignored", 4),
+            service, ignored, workload = (series("service", 7), series("ignored", 6, 4),
                                           series("workload", 8))
+            paths = series("paths", 4, 4)
             maps = {n: reasons(n) for n in ("unattributed", "unknown", "skipped", "diag",
                                             "expired", "expired_bytes")}
             counts = [_count(state[n]) for n in ("bytes_seen", "deltas_seen", "invalid")]
@@ -730,6 +772,7 @@ class Attributor:
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"attribution state: {err}") from err
         self._service, self._ignored, self._workload = service, ignored, workload
+        self._paths, self._path_keys = paths, {}
         self._service_keys, self._ignored_keys, self._workload_keys = {}, {}, {}
         self._unattributed, self._unknown = maps["unattributed"], maps["unknown"]
         self._skipped, self._diag = maps["skipped"], maps["diag"]
@@ -826,7 +869,8 @@ class Attributor:
         # kube-proxy on the client's node decides; CIDR and external clients have none
         check = c.kind is PeerKind.POD or c.kind is PeerKind.NODE or c.kind is PeerKind.UNKNOWN
         return (cz or UNKNOWN, crossing, reason, c.node, check, _label(c, ip),
-                c.kind is PeerKind.UNKNOWN)
+                c.kind is PeerKind.UNKNOWN,
+                "node" if c.kind is PeerKind.NODE or c.host_network else "pod")
 
     def _local(self, b: _Batch, ip: IPAddress, k: int, hook: int, final: bool) -> _Local:
         """The workload labels and pair label of a local pod (on its veth ``hook``);
@@ -844,26 +888,35 @@ class Attributor:
         sa = self._meta.service_address(remote, port, proto)
         if sa is not None:
             skip, server, settled = self._clusterip_hostnet(b, sa)
+            path = self._path(b, sa.namespace, sa.service, P_CLUSTERIP)
             if server is None:
-                return (_SKIP, skip, not settled)
+                return (_SKIP, skip, not settled, path)
             svc = (sa.namespace, sa.service, str(sa.port), False)
             label = _label(server, remote) if server.node else f"{sa.namespace}/{sa.service}"
             # kube-proxy on this node picked among the endpoints it selects: not ignored
-            return self._server_side(b, svc, server, False, label)
+            return self._server_side(b, svc, server, False, label, path)
         ek = (rk, port, proto)
         svc_ = b.endpoints.get(ek, _NOT_CACHED)
         if svc_ is _NOT_CACHED:
             svc_ = self._endpoint(b, remote, ek)
         peer = self._peer(b, remote, rk)
         if svc_ is not None:
+            # a direct dial: did it bypass this node's selection? (the client's node's
+            # evidence that the client chose the endpoint itself)
+            ig = self._is_ignored(b, svc_, self.node, remote)
+            path = (svc_[0], svc_[1], self.node, P_DIRECT) if ig else None
             # an endpoint with a veth is a frontend: its node counts these bytes as
             # request/response (the answer is the same for EGRESS and INGRESS)
             if not counted_here(FlowKind.EGRESS, remote_is_frontend=not _no_veth(peer),
                                 remote_is_pod=True):
-                return (_SKIP, S_ENDPOINT_CLIENT_COPY, False)
-            # a direct dial of an endpoint without veth: did it bypass this node's selection?
-            ig = self._is_ignored(b, svc_, self.node, remote)
-            return self._server_side(b, svc_, peer, ig, _label(peer, remote))
+                return (_SKIP, S_ENDPOINT_CLIENT_COPY, False, path)
+            return self._server_side(b, svc_, peer, ig, _label(peer, remote), path)
+        if peer.kind is PeerKind.NODE and port and self._host_port is not None:
+            # a node address on a port exactly one host-network pod there declares is
+            # that pod (docs/attribution.md, "Host-network servers by port")
+            hp = self._host_port(remote, port, proto)
+            if hp is not None:
+                peer = hp
         pk = peer.kind
         podlike = (pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network
         crossing = _crossing(b.oz, b.orr, self.node, PeerKind.POD,
@@ -876,7 +929,8 @@ class Attributor:
         return (_PEER_SIDE, peer.zone or UNKNOWN, rkind, crossing, reason, ingress_here, _label(peer, remote),
                 pk is PeerKind.UNKNOWN)
 
-    def _server_side(self, b: _Batch, svc: _Svc, server: Peer, ignored: bool, label: str) -> _Remote:
+    def _server_side(self, b: _Batch, svc: _Svc, server: Peer, ignored: bool, label: str,
+                     path: tuple[str, str, str, str] | None) -> _Remote:
         """Service traffic counted at the client (host-network endpoint, no veth there)."""
         sz = server.zone
         crossing = _crossing(b.oz, b.orr, self.node, PeerKind.POD,
@@ -885,7 +939,26 @@ class Attributor:
         if crossing == UNKNOWN:
             reason = R_NODE_WITHOUT_ZONE if b.oz is None else (
                 server.reason or DEFAULT_REASON[server.kind])
-        return (_SERVER_SIDE, svc, sz or UNKNOWN, crossing, reason, ignored, label)
+        return (_SERVER_SIDE, svc, sz or UNKNOWN, crossing, reason, ignored, label, path)
+
+    def _ignored_key(self, key: tuple[str, str, str, str, str, str]
+                     ) -> tuple[str, str, str, str, str, str]:
+        """``key`` for a new hint-ignored series, or the same with ``client_node="other"``
+        when the Service already has :data:`HINT_IGNORED_NODES` client nodes here (the
+        series count stays bounded by Services, not nodes: docs/metrics.md, Series count).
+        Scans the Service's series: only on a key's first bytes."""
+        ns, svc, _, _, cnode, _ = key
+        nodes = {k[4] for k in self._ignored if k[0] == ns and k[1] == svc}
+        if cnode in nodes or len(nodes - {OTHER_NODE}) < HINT_IGNORED_NODES:
+            return key
+        return (*key[:4], OTHER_NODE, key[5])
+
+    def _path(self, b: _Batch, ns: str, svc: str, path: str) -> tuple[str, str, str, str] | None:
+        """The client path key of this node's pods' traffic to a Service, or None when
+        kube-proxy on this node does not filter the Service by topology (no hint to
+        ignore there, so no evidence worth a series)."""
+        pv = self._view(b, ns, svc, self.node)
+        return (ns, svc, self.node, path) if pv is not None and pv.topology_mode else None
 
     def _view(self, b: _Batch, ns: str, svc: str, node: str) -> ProxyView | None:
         k = (ns, svc, node)

@@ -12,6 +12,9 @@ from agent.records import FlowKind, PeerKind
 __all__ = [
     "CROSSINGS",
     "EXPIRY_FAMILIES",
+    "P_CLUSTERIP",
+    "P_DIRECT",
+    "FAMILY_CLIENT_PATH",
     "FAMILY_HINT_IGNORED",
     "FAMILY_SERVICE",
     "FAMILY_WORKLOAD",
@@ -75,7 +78,15 @@ DIAGNOSTIC_NAMES = frozenset({D_AMBIGUOUS_SERVICE, D_HINT_CHECK_NO_CLIENT_NODE, 
 FAMILY_SERVICE = "zonemeter_service_bytes_total"
 FAMILY_HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
 FAMILY_WORKLOAD = "zonemeter_workload_bytes_total"
-EXPIRY_FAMILIES: tuple[str, ...] = (FAMILY_SERVICE, FAMILY_HINT_IGNORED, FAMILY_WORKLOAD)
+FAMILY_CLIENT_PATH = "zonemeter_service_client_path_bytes_total"
+EXPIRY_FAMILIES: tuple[str, ...] = (FAMILY_SERVICE, FAMILY_HINT_IGNORED, FAMILY_WORKLOAD,
+                                    FAMILY_CLIENT_PATH)
+
+#: ``path`` of ``zonemeter_service_client_path_bytes_total`` (docs/attribution.md, "Why
+#: bytes ignored the hints"): a pod dialled a Service address / an endpoint outside this
+#: node's selection
+P_CLUSTERIP = "clusterip"
+P_DIRECT = "direct"
 
 #: the unknown-crossing reason of a peer that resolved without one, by its kind
 DEFAULT_REASON = {

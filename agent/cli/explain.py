@@ -80,8 +80,51 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hints-populated", metavar="NS/NAME,...", default=None,
                    help="Services the controller's topology cache already marks as having Auto "
                    "hints (controls Enabled/Disabled events; default: inferred from the slices)")
+    p.add_argument("--prometheus", metavar="URL", default=None,
+                   help="a Prometheus scraping the agents: add, per Service, why its hint-ignored "
+                   "bytes of the last --window ignored the hints, by client node and cause "
+                   "(docs/attribution.md, Why bytes ignored the hints)")
+    p.add_argument("--window", metavar="DURATION", default="1h",
+                   help="with --prometheus: how far back to look (default %(default)s)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.set_defaults(func=run_explain)
+
+
+def traffic_verdicts(client: Any, seconds: float, at: float,
+                     proxy_versions: dict[str, str] | None = None) -> list[Any]:
+    """Why the hint-ignored bytes of the ``seconds`` before ``at`` ignored the hints: two
+    instant queries (``increase()`` of ``zonemeter_service_hint_ignored_bytes_total`` by
+    client node and kind, of ``zonemeter_service_client_path_bytes_total`` by client node
+    and path) turned into :class:`agent.attribution.verdict.HintVerdict` rows.
+
+    Args:
+        client: an :class:`agent.report.prom.PromClient` (or anything with its ``query``).
+        seconds: the window, seconds.
+        at: its end, Unix seconds.
+        proxy_versions: node -> kube-proxy version its Node reports, named in verdicts.
+
+    Raises:
+        InputError: from the client (unreachable Prometheus, refused query).
+    """
+    from agent.attribution.verdict import hint_verdicts
+
+    w = f"{int(round(seconds * 1000))}ms"
+
+    def series(promql: str, last: str) -> dict[tuple[str, str, str, str], int]:
+        out: dict[tuple[str, str, str, str], int] = {}
+        for smp in client.query(promql, at):
+            lb = smp.labels
+            if smp.value == smp.value and smp.value > 0:  # not NaN
+                k = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_node", "unknown"),
+                     lb.get(last, ""))
+                out[k] = out.get(k, 0) + int(round(smp.value))
+        return out
+
+    ignored = series("sum by (namespace, service, client_node, client_kind) "
+                     f"(increase(zonemeter_service_hint_ignored_bytes_total[{w}]))", "client_kind")
+    paths = series("sum by (namespace, service, client_node, path) "
+                   f"(increase(zonemeter_service_client_path_bytes_total[{w}]))", "path")
+    return hint_verdicts(ignored, paths, proxy_versions)
 
 
 def _load(args: argparse.Namespace, problems: list[ExplainProblem] | None = None
@@ -178,17 +221,58 @@ def run_explain(args: argparse.Namespace) -> int:
                                  feature_gates=gates, hints_populated=populated,
                                  kube_proxy_version=proxy_version, problems=problems)
         version = str(KubeVersion.parse(version, gates))
+        verdicts = None
+        seconds = 0.0
+        if args.prometheus is not None:
+            import time
+
+            from agent.report.prom import PromClient
+            from agent.report.timespec import parse_duration
+
+            seconds = parse_duration(args.window)
+            verdicts = traffic_verdicts(PromClient(args.prometheus), seconds, time.time(),
+                                        dict(versions.get("kube_proxy_versions", {})))
         if args.output == "json":
             doc = to_document(diags, version, args.node, versions, problems)
+            if verdicts is not None:
+                doc["hint_ignored_causes"] = _verdicts_json(verdicts, seconds)
             # indented for people; compact (C encoder, one write) when it is large
             sys.stdout.write(json.dumps(doc, indent=2 if len(diags) <= _INDENT_MAX else None) + "\n")
         else:
-            sys.stdout.write(render_table(diags, version, args.node, versions,
-                                          detail=args.service is not None, problems=problems))
+            text = render_table(diags, version, args.node, versions,
+                                detail=args.service is not None, problems=problems)
+            if verdicts is not None:
+                text += render_verdicts(verdicts, seconds, args.window, args.service)
+            sys.stdout.write(text)
     finally:
         if was_enabled:
             gc.enable()
     return EXIT_PROBLEMS if problems else 0
+
+
+def _verdicts_json(verdicts: list[Any], seconds: float) -> list[dict[str, Any]]:
+    """The ``hint_ignored_causes`` key of the explain JSON with ``--prometheus``."""
+    from agent.attribution.verdict import verdict_sentence
+
+    return [{"namespace": v.namespace, "service": v.service, "client_node": v.client_node,
+             "cause": v.cause, "bytes": v.bytes, "bytes_per_second": v.bytes / seconds,
+             "kube_proxy_version": v.kube_proxy_version,
+             "sentence": verdict_sentence(v, seconds)} for v in verdicts]
+
+
+def render_verdicts(verdicts: list[Any], seconds: float, window: str,
+                    service: str | None = None) -> str:
+    """The table's lines for ``--prometheus``: per Service (only ``service`` when given) with
+    hint-ignored bytes in the window, one line per client node and cause."""
+    from agent.attribution.verdict import verdict_sentence
+
+    rows = [v for v in verdicts if service is None or f"{v.namespace}/{v.service}" == service]
+    out = [f"why bytes ignored the hints (last {window}, from Prometheus):"]
+    if not rows:
+        out.append("  no hint-ignored bytes")
+    for v in rows:
+        out.append(f"  {v.namespace}/{v.service}: {v.cause}: {verdict_sentence(v, seconds)}")
+    return "\n".join(out) + "\n"
 
 
 def _pct(share: float | None) -> str:

@@ -23,6 +23,7 @@ from agent.exporter.http import (
 from agent.exporter.snapshot import ExportSnapshot
 from agent.records import (
     AttributionTotals,
+    ClientPathKey,
     HintIgnoredKey,
     Locality,
     PairRow,
@@ -37,6 +38,7 @@ __all__ = [
     "AttributionTotals",
     "ExportSnapshot",
     "Exporter",
+    "ClientPathKey",
     "HintIgnoredKey",
     "Locality",
     "MetricFamily",

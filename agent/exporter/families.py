@@ -22,7 +22,7 @@ from agent.attribution.vocabulary import (
     UNKNOWN_CROSSING_REASONS,
 )
 from agent.exporter.snapshot import ExportSnapshot
-from agent.records import HintIgnoredKey, ServiceBytesKey, WorkloadBytesKey
+from agent.records import ClientPathKey, HintIgnoredKey, ServiceBytesKey, WorkloadBytesKey
 
 __all__ = ["COUNTER", "FAMILIES", "GAUGE", "UNKNOWN", "MetricFamily", "Sample", "label"]
 
@@ -115,12 +115,14 @@ def _scalar(value: float) -> Iterable[Sample]:
 
 
 SERVICE_LABELS = ("namespace", "service", "port", "client_zone", "server_zone", "crossing", "direction")
-HINT_IGNORED_LABELS = ("namespace", "service", "client_zone", "server_zone")
+HINT_IGNORED_LABELS = ("namespace", "service", "client_zone", "server_zone", "client_node", "client_kind")
+CLIENT_PATH_LABELS = ("namespace", "service", "client_node", "path")
 WORKLOAD_LABELS = ("namespace", "workload", "workload_kind", "client_zone", "remote_zone", "remote_kind",
                    "crossing", "direction")
 #: the record whose fields give each keyed family's label values, in this order
 KEYED_LABELS: Mapping[tuple[str, ...], type] = {
-    SERVICE_LABELS: ServiceBytesKey, HINT_IGNORED_LABELS: HintIgnoredKey, WORKLOAD_LABELS: WorkloadBytesKey}
+    SERVICE_LABELS: ServiceBytesKey, HINT_IGNORED_LABELS: HintIgnoredKey,
+    CLIENT_PATH_LABELS: ClientPathKey, WORKLOAD_LABELS: WorkloadBytesKey}
 
 FAMILIES: tuple[MetricFamily, ...] = (
     MetricFamily(
@@ -131,8 +133,14 @@ FAMILIES: tuple[MetricFamily, ...] = (
     MetricFamily(
         "zonemeter_service_hint_ignored_bytes_total", COUNTER,
         "L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that "
-        "zone while topology hints were in effect.",
+        "zone while topology hints were in effect, by the client's node and kind (pod or node).",
         HINT_IGNORED_LABELS, lambda s, _: _keyed(s.totals.hint_ignored_bytes)),
+    MetricFamily(
+        "zonemeter_service_client_path_bytes_total", COUNTER,
+        "L3 bytes this node's pods exchanged with a Service its kube-proxy filters by topology, "
+        "by path: clusterip (a Service address) or direct (an endpoint outside this node's "
+        "selection); evidence for why bytes ignored the hints, never billed again.",
+        CLIENT_PATH_LABELS, lambda s, _: _keyed(s.totals.client_path_bytes)),
     MetricFamily(
         "zonemeter_service_locality_in_effect", GAUGE,
         "1 when kube-proxy keeps this Service's ClusterIP traffic from client_zone close: "

@@ -480,6 +480,28 @@ class ClusterMetadata:
                 self._memo[k] = peer
             return peer
 
+    def resolve_host_port(self, ip: IPAddress, port: int, protocol: int) -> Peer | None:
+        """The host-network pod serving ``ip:port/protocol``, when ``ip`` is a node's address
+        (or a host-network pod's) and exactly one live host-network pod on that node
+        declares the port (``containerPort``/``hostPort``, :func:`agent.k8s.parse.pod_host_ports`);
+        else None (the address is then the node, as :meth:`resolve` says). Never raises.
+
+        Declared ports are what the pod spec says, not what is listening: a pod that binds
+        a port it does not declare stays ``node/NAME``, and two pods declaring one port
+        (a rollout's old and new pod, ``hostPort`` clashes the scheduler normally
+        prevents) leave it ambiguous, hence the node.
+        """
+        if not port:
+            return None
+        k = tagged_address_key(ip)
+        with self._lock:
+            pods = self._pod_table
+            node_name = self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
+            if node_name is None:
+                return None
+            pod = pods.host_port_owner(node_name, port, protocol)
+            return self._pod_peer(pod) if pod is not None else None
+
     def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool = True
                      ) -> tuple[Peer, bool]:
         """Resolve a local address whose bytes the host veth ``ifindex`` carried.

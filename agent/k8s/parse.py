@@ -84,6 +84,10 @@ class PodRecord:
         terminal: phase Succeeded or Failed (its IPs are released).
         since: when the cache first saw the pod holding its IPs (seconds since the epoch,
             cache clock); 0.0 straight out of :func:`parse_pod`.
+        host_ports: host-network pods only: the ``(port, protocol number)`` pairs its
+            containers declare (``containerPort`` and ``hostPort`` of
+            ``spec.containers[].ports`` and ``spec.initContainers[].ports``; with host
+            networking both are ports of the node's address), sorted; ``()`` otherwise.
     """
 
     namespace: str
@@ -95,6 +99,7 @@ class PodRecord:
     host_network: bool
     terminal: bool
     since: float = 0.0
+    host_ports: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +233,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
         if ip is not None:
             ips.append(ip)
     workload, kind = workload_of(meta)
+    host_network = spec.get("hostNetwork") is True
     return PodRecord(
         namespace=_intern(meta.get("namespace")) or "default",
         name=meta["name"],
@@ -235,9 +241,43 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
         ips=tuple(ips),
         workload=sys.intern(workload),
         workload_kind=sys.intern(kind),
-        host_network=spec.get("hostNetwork") is True,
+        host_network=host_network,
         terminal=status.get("phase") in ("Succeeded", "Failed"),
+        host_ports=pod_host_ports(spec) if host_network else (),
     )
+
+
+#: ``ContainerPort.protocol`` names -> IP protocol numbers (default TCP, core/v1 types.go)
+_PORT_PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
+
+
+def pod_host_ports(spec: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
+    """The ``(port, protocol number)`` pairs a pod's containers declare, sorted.
+
+    Reads ``containerPort`` and ``hostPort`` of every ``ports[]`` entry of
+    ``spec.containers`` and ``spec.initContainers`` (sidecars serve too); ``protocol``
+    defaults to TCP (core/v1 ``ContainerPort``). With ``hostNetwork`` the API server's
+    defaulting sets ``hostPort`` to ``containerPort`` (``pkg/apis/core/v1/defaults.go``
+    ``SetDefaults_Pod``), so both name the port on the node's address. Malformed entries
+    (not objects, ports outside 1..65535, unknown protocols) are skipped, never raised:
+    a declared port is a resolution hint, not something the agent must understand.
+    """
+    out: set[tuple[int, int]] = set()
+    for group in ("containers", "initContainers"):
+        containers = spec.get(group)
+        for c in containers if isinstance(containers, list) else ():
+            ports = c.get("ports") if isinstance(c, dict) else None
+            for p in ports if isinstance(ports, list) else ():
+                if not isinstance(p, dict):
+                    continue
+                proto = _PORT_PROTOCOLS.get(p.get("protocol") or "TCP")
+                if proto is None:
+                    continue
+                for field_ in ("containerPort", "hostPort"):
+                    n = p.get(field_)
+                    if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 65536:
+                        out.add((n, proto))
+    return tuple(sorted(out))
 
 
 def _label2(labels: Mapping[str, Any], first: str, second: str) -> str | None:

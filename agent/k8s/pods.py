@@ -82,6 +82,9 @@ class PodTable:
         deleted: address key -> its newest finished tenures (at most 4), for the grace.
         hostnet_by_ip: address key -> node of a host-network pod using it.
         hostnet_gen: bumped whenever the host-network address set changes.
+        host_ports: ``(node, port, protocol number)`` -> ``{(namespace, name): record}`` of
+            the live host-network pods on that node declaring that port
+            (``PodRecord.host_ports``), for :meth:`host_port_owner`.
         released: bumped whenever a pod's tenure of an address ends.
         veths: address key -> the host veths its bytes were counted on and the tenure
             each is bound to (:meth:`veth_owner`).
@@ -98,6 +101,7 @@ class PodTable:
             maxsize=max_deleted, ttl=grace_seconds, timer=clock)
         self.hostnet_by_ip: dict[int, str] = {}
         self.hostnet_gen = 0
+        self.host_ports: dict[tuple[str, int, int], dict[tuple[str, str], PodRecord]] = {}
         self.released = 0
         # address key -> {ifindex << 16 | incarnation: (pod, None) bound, (pod, tenure
         # count) provisional, or None: seen, not bound yet} (veth_owner); cleared beyond
@@ -121,7 +125,32 @@ class PodTable:
             del self.by_name[namespace]
         if rec is not None:
             self.count -= 1
+            self._index_host_ports(rec, add=False)
             self.release(rec, rec.ips)
+
+    def _index_host_ports(self, rec: PodRecord, *, add: bool) -> None:
+        """Add ``rec``'s declared host-network ports to :attr:`host_ports`, or remove them."""
+        if not rec.host_network or not rec.node:
+            return
+        who = (rec.namespace, rec.name)
+        for port, proto in rec.host_ports:
+            k = (rec.node, port, proto)
+            if add:
+                self.host_ports.setdefault(k, {})[who] = rec
+            else:
+                owners = self.host_ports.get(k)
+                if owners is not None:
+                    owners.pop(who, None)
+                    if not owners:
+                        del self.host_ports[k]
+
+    def host_port_owner(self, node: str, port: int, protocol: int) -> PodRecord | None:
+        """The one live host-network pod on ``node`` declaring ``port``/``protocol``
+        (``containerPort``/``hostPort``), or None when none or several do."""
+        owners = self.host_ports.get((node, port, protocol))
+        if owners is None or len(owners) != 1:
+            return None
+        return next(iter(owners.values()))
 
     def upsert(self, rec: PodRecord) -> None:
         """Add or replace a pod; its addresses' previous holders become tenures."""
@@ -134,10 +163,15 @@ class PodTable:
         # a pod keeps its "since" while it keeps an address; a first address starts it
         since = old.since if old is not None and old_ips and new_ips else now
         rec = PodRecord(rec.namespace, rec.name, rec.node, rec.ips, rec.workload,
-                        rec.workload_kind, rec.host_network, rec.terminal, since)
+                        rec.workload_kind, rec.host_network, rec.terminal, since,
+                        rec.host_ports)
         names[rec.name] = rec
         if old is None:
             self.count += 1
+        if old is not None:
+            self._index_host_ports(old, add=False)
+        if not rec.terminal:
+            self._index_host_ports(rec, add=True)
         if old is not None:
             if old.host_network:
                 self.release(old, old.ips)

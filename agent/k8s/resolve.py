@@ -41,6 +41,11 @@ class MetadataAdapter:
             return _SERVICE_IP_PEER
         return peer
 
+    def resolve_host_port(self, ip: IPAddress, port: int, protocol: int) -> Peer | None:
+        """The host-network pod serving a node address's ``port``/``protocol`` when exactly
+        one on that node declares it; see ``ClusterMetadata.resolve_host_port``."""
+        return self.cache.resolve_host_port(ip, port, protocol)
+
     def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool
                      ) -> tuple[Peer, bool]:
         """Resolve a local pod address by the host veth its bytes crossed; see

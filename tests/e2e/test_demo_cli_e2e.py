@@ -22,7 +22,8 @@ def test_demo_json_run_and_cleanup(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"duration_seconds", "services", "double_counted_bytes", "kubernetes"}
+    assert set(doc) == {"duration_seconds", "services", "double_counted_bytes", "workloads",
+                        "usd_per_month_at_aws_price", "kubernetes"}
     assert doc["kubernetes"]["mode"] == "emulated" and doc["kubernetes"]["hints"] in ("oracle", "model")
     assert doc["double_counted_bytes"] == 0 and doc["duration_seconds"] >= 3
     names = [s["name"] for s in doc["services"]]

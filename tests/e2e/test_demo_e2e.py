@@ -170,6 +170,45 @@ def test_hint_ignored_bytes_are_c2s(name: str, request: pytest.FixtureRequest) -
 
 
 @pytest.mark.parametrize("name", RUNS)
+def test_verdict_names_c2_and_its_data_plane(name: str, request: pytest.FixtureRequest) -> None:
+    """c2's data plane ignores hints and its clients call ClusterIPs: every hint-ignored
+    byte is c2's, cause data-plane (c2's agent saw the ClusterIP copies), exactly the lab's
+    bytes from c2, and the findings say so in a sentence naming c2."""
+    from tools.demo.summary import findings
+    r: Run = request.getfixturevalue(name)
+    judged = 0
+    for key, s in r.services.items():
+        want = _c2_outside_selection(r, key)
+        if not want:
+            assert s["hint_ignored_causes"] == [], key
+            continue
+        judged += 1
+        [c] = s["hint_ignored_causes"]
+        assert (c["client_node"], c["cause"], c["ground_truth_cause"]) == ("c2", "data-plane", "data-plane"), key
+        assert c["bytes"] == c["ground_truth_bytes"] == s["hint_ignored_bytes"] == want, key
+        assert c["sentence"].startswith("locality configured, but node c2's data plane ignores the hints ("), key
+    assert judged >= 2  # checkout (other zones) and node-cache (other nodes)
+    text = "\n".join(findings(r.result.summary))
+    assert "data-plane: locality configured, but node c2's data plane ignores the hints" in text
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_non_service_bytes_are_in_the_json_and_priced(name: str, request: pytest.FixtureRequest) -> None:
+    """Every workload byte the agents export is in a ``workloads`` row (the demo sends only
+    Service traffic: what is there is the pods' link-scope traffic with their own node,
+    never cross-zone, so priced at 0), and the cost totals add up."""
+    r: Run = request.getfixturevalue(name)
+    summary = r.result.summary
+    rows = summary["workloads"]
+    assert sum(sum(w["bytes"].values()) for w in rows) == (
+        r.result.agents.workload_bytes + r.result.agents.node_link_bytes)
+    assert all(w["cross_zone_bytes"] == 0 and w["usd_per_month_at_aws_price"] == 0.0 for w in rows)
+    usd = summary["usd_per_month_at_aws_price"]
+    assert usd["services"] == round(sum(s["usd_per_month_at_aws_price"] for s in r.services.values()), 2) > 0
+    assert usd["total"] == round(usd["services"] + usd["workloads"], 2)
+
+
+@pytest.mark.parametrize("name", RUNS)
 def test_locality_state_and_reason_match_model(name: str, request: pytest.FixtureRequest) -> None:
     r: Run = request.getfixturevalue(name)
     for key, s in r.services.items():

@@ -279,6 +279,23 @@ def hint_series(texts: list[str]) -> tuple[dict[tuple[str, str], int], dict[str,
     return dict(ignored), in_effect, info
 
 
+def cause_series(texts: list[str]) -> tuple[dict[tuple[str, str, str, str], int],
+                                            dict[tuple[str, str, str, str], int]]:
+    """(hint-ignored bytes by (namespace, service, client_node, client_kind), client path
+    bytes by (namespace, service, client_node, path)), summed over the agents' texts."""
+    by_node: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    paths: dict[tuple[str, str, str, str], int] = defaultdict(int)
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                lb = s.labels
+                if s.name == "zonemeter_service_hint_ignored_bytes_total":
+                    by_node[(lb["namespace"], lb["service"], lb["client_node"], lb["client_kind"])] += int(s.value)
+                elif s.name == "zonemeter_service_client_path_bytes_total":
+                    paths[(lb["namespace"], lb["service"], lb["client_node"], lb["path"])] += int(s.value)
+    return dict(by_node), dict(paths)
+
+
 def test_hint_ignored_bytes_equal_the_ignoring_nodes_cross_zone_bytes(tmp_path: Path) -> None:
     """Hints per zone are in effect (the model says so), but node a2's data plane ignores
     them: every byte between client-a2 and web-b1 (zone-b), through the ClusterIP or
@@ -304,6 +321,17 @@ def test_hint_ignored_bytes_equal_the_ignoring_nodes_cross_zone_bytes(tmp_path: 
             a2_to_b1 = sum(v for (c, s, _), v in truth.items() if (c, s) == ("client-a2", "web-b1"))
             assert a2_to_b1 > 0
             assert ignored == {("zone-a", "zone-b"): a2_to_b1}
+            # all of it is a2's, and a2 runs no agent here: nobody saw whether its client
+            # used the ClusterIP or dialled web-b1, so the cause is unknown; a1's agent saw
+            # its own client's ClusterIP calls (evidence for a1, which ignored nothing)
+            from agent.attribution.verdict import hint_verdicts
+
+            by_node, paths = cause_series(texts)
+            assert by_node == {("shop", "web", "a2", "pod"): a2_to_b1}
+            assert paths.get(("shop", "web", "a1", "clusterip"), 0) > 0
+            assert not any(k[2] == "a2" for k in paths)
+            assert [(v.client_node, v.cause, v.bytes) for v in hint_verdicts(by_node, paths)] == [
+                ("a2", "unknown", a2_to_b1)]
             # honouring nodes never crossed zones
             assert all(v == 0 for (c, s, _), v in truth.items()
                        if c in ("client-a1", "client-b1") and s != c.replace("client", "web"))

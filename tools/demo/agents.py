@@ -43,10 +43,15 @@ LOCALITY_IN_EFFECT = "zonemeter_service_locality_in_effect"
 LOCALITY_INFO = "zonemeter_service_locality_info"
 EXPECTED_CROSS_ZONE = "zonemeter_service_expected_cross_zone_ratio"
 WORKLOAD_BYTES = "zonemeter_workload_bytes_total"
+CLIENT_PATH_BYTES = "zonemeter_service_client_path_bytes_total"
 UNATTRIBUTED_BYTES = "zonemeter_unattributed_bytes_total"
 ATTACHED_INTERFACES = "zonemeter_attached_interfaces"
 READ_SAMPLES = (SERVICE_BYTES, HINT_IGNORED_BYTES, LOCALITY_IN_EFFECT, LOCALITY_INFO,
-                EXPECTED_CROSS_ZONE, WORKLOAD_BYTES, UNATTRIBUTED_BYTES, ATTACHED_INTERFACES)
+                EXPECTED_CROSS_ZONE, WORKLOAD_BYTES, UNATTRIBUTED_BYTES, ATTACHED_INTERFACES,
+                CLIENT_PATH_BYTES)
+#: (namespace, workload, workload_kind, client_zone, remote_zone, remote_kind, crossing,
+#: direction): the labels of ``zonemeter_workload_bytes_total``
+WorkloadSeries = tuple[str, str, str, str, str, str, str, str]
 
 
 @dataclass(slots=True)
@@ -57,6 +62,11 @@ class AgentMetrics:
         service_bytes: (namespace, service, client_zone, server_zone, crossing, direction)
             -> bytes, summed over ``port``.
         hint_ignored: (namespace, service, client_zone, server_zone) -> bytes.
+        hint_ignored_by_node: (namespace, service, client_node, client_kind) -> bytes.
+        client_paths: (namespace, service, client_node, path) -> bytes of
+            ``zonemeter_service_client_path_bytes_total`` (the client node's evidence).
+        workload_series: every ``zonemeter_workload_bytes_total`` series
+            (:data:`WorkloadSeries` labels) -> bytes, the own-node link traffic included.
         in_effect: (namespace, service) -> {client_zone: bool}.
         info: (namespace, service) -> (mode, reason).
         expected: (namespace, service) -> {client_zone: expected cross-zone share 0..1}.
@@ -72,6 +82,9 @@ class AgentMetrics:
 
     service_bytes: dict[ServiceSeries, int] = field(default_factory=dict)
     hint_ignored: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    hint_ignored_by_node: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    client_paths: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    workload_series: dict[WorkloadSeries, int] = field(default_factory=dict)
     in_effect: dict[tuple[str, str], dict[str, bool]] = field(default_factory=dict)
     info: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     expected: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
@@ -100,6 +113,13 @@ def parse_metrics(text: str) -> AgentMetrics:
                 k4 = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_zone", ""),
                       lb.get("server_zone", ""))
                 m.hint_ignored[k4] = m.hint_ignored.get(k4, 0) + int(v)
+                kn = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_node", "unknown"),
+                      lb.get("client_kind", "pod"))
+                m.hint_ignored_by_node[kn] = m.hint_ignored_by_node.get(kn, 0) + int(v)
+            elif s.name == CLIENT_PATH_BYTES:
+                kp = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_node", ""),
+                      lb.get("path", ""))
+                m.client_paths[kp] = m.client_paths.get(kp, 0) + int(v)
             elif s.name == LOCALITY_IN_EFFECT:
                 m.in_effect.setdefault((lb["namespace"], lb["service"]), {})[
                     lb.get("client_zone", "unknown")] = v >= 1
@@ -109,6 +129,9 @@ def parse_metrics(text: str) -> AgentMetrics:
             elif s.name == LOCALITY_INFO:
                 m.info[(lb["namespace"], lb["service"])] = (lb.get("mode", ""), lb.get("reason", ""))
             elif s.name == WORKLOAD_BYTES:
+                kw = tuple(lb.get(n, "") for n in ("namespace", "workload", "workload_kind", "client_zone",
+                                                    "remote_zone", "remote_kind", "crossing", "direction"))
+                m.workload_series[kw] = m.workload_series.get(kw, 0) + int(v)  # type: ignore[index]
                 if lb.get("remote_kind") == "node" and lb.get("crossing") == "same_node":
                     m.node_link_bytes += int(v)
                 else:
@@ -130,6 +153,12 @@ def merge(parts: Iterable[AgentMetrics]) -> AgentMetrics:
             out.service_bytes[k6] = out.service_bytes.get(k6, 0) + n
         for k4, n in p.hint_ignored.items():
             out.hint_ignored[k4] = out.hint_ignored.get(k4, 0) + n
+        for k4, n in p.hint_ignored_by_node.items():
+            out.hint_ignored_by_node[k4] = out.hint_ignored_by_node.get(k4, 0) + n
+        for k4, n in p.client_paths.items():
+            out.client_paths[k4] = out.client_paths.get(k4, 0) + n
+        for kw, n in p.workload_series.items():
+            out.workload_series[kw] = out.workload_series.get(kw, 0) + n
         for k, z in p.in_effect.items():
             out.in_effect.setdefault(k, dict(z))
         for k, i in p.info.items():

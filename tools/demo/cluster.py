@@ -89,11 +89,17 @@ class ServiceTruth:
         by_series: (client_zone, server_zone, crossing, direction) -> bytes: the labels of
             ``zonemeter_service_bytes_total`` without namespace, service and port.
         hint_ignored: (client_zone, server_zone) -> bytes (both directions).
+        hint_ignored_by_node: client node -> its hint-ignored bytes (both directions).
+        hint_cause: client node -> the cause the lab played there: ``data-plane`` (the
+            demo's clients call ClusterIPs; a node with ``ignoreHints: true`` forwards them
+            outside the hinted set; docs/attribution.md, "Why bytes ignored the hints").
     """
 
     bytes: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CROSSINGS})
     by_series: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     hint_ignored: dict[tuple[str, str], int] = field(default_factory=dict)
+    hint_ignored_by_node: dict[str, int] = field(default_factory=dict)
+    hint_cause: dict[str, str] = field(default_factory=dict)
 
     @property
     def cross_zone_bytes(self) -> int:
@@ -615,5 +621,8 @@ class DemoCluster:
                     and current not in model.selection[cnode]:
                 hk = (cz, sz)
                 t.hint_ignored[hk] = t.hint_ignored.get(hk, 0) + n
+                t.hint_ignored_by_node[cnode] = t.hint_ignored_by_node.get(cnode, 0) + n
+                # the demo's clients only call ClusterIPs: their node's data plane chose
+                t.hint_cause[cnode] = "data-plane"
         return out
 

@@ -7,7 +7,14 @@ JSON (``zonemeter demo -o json``), exactly the schema of docs/demo.md::
                    "ground_truth_cross_zone_bytes": int, "hint_ignored_bytes": int,
                    "ground_truth_hint_ignored_bytes": int, "locality_in_effect": {zone: bool},
                    "reason": str, "warnings": [str], "usd_per_month_at_aws_price": float,
-                   "expected_cross_zone": {zone: float}, "observed_cross_zone": {zone: float}}],
+                   "expected_cross_zone": {zone: float}, "observed_cross_zone": {zone: float},
+                   "hint_ignored_causes": [{"client_node", "cause", "bytes",
+                                            "ground_truth_bytes", "ground_truth_cause",
+                                            "kube_proxy_version", "sentence"}]}],
+     "workloads": [{"namespace", "workload", "workload_kind", "remote_kind", "client_zone",
+                    "remote_zone", "bytes": {crossing: int}, "cross_zone_bytes": int,
+                    "usd_per_month_at_aws_price": float}],
+     "usd_per_month_at_aws_price": {"services": float, "workloads": float, "total": float},
      "double_counted_bytes": int}
 
 (``usd_per_month_at_aws_price`` is an extra key beyond the founders' schema (docs/demo.md): the measured
@@ -17,6 +24,15 @@ crossing; an extrapolation of the lab's traffic rate. ``expected_cross_zone`` (t
 zone, the measured window's cross-zone bytes over all its bytes of the Service, both
 directions; zones that sent nothing are absent) are extra keys too: every demo call has the
 same size, so a byte share is a call share.)
+
+``hint_ignored_causes`` (extra): the Service's hint-ignored bytes per client node and cause
+(``agent.attribution.verdict``: ``data-plane``, ``client-side``, ``external``, ``unknown``),
+the agents' split beside the lab's bytes from that node and the cause the lab played there,
+with the sentence the findings print. ``workloads`` (extra): non-Service bytes
+(``zonemeter_workload_bytes_total``, both directions) per workload, remote kind and zone pair,
+priced as the Services are (the measured window's cross-zone bytes less the warm-up's, at
+AWS's price; ``agent.report.pricing``); ``usd_per_month_at_aws_price`` at the top level sums
+the Services', the workloads' and both.
 
 ``bytes``, ``cross_zone_bytes``, ``hint_ignored_bytes``, ``locality_in_effect`` and
 ``reason`` are what the agents export (summed over nodes, as Prometheus would);
@@ -36,9 +52,11 @@ byte is counted once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from agent.attribution.verdict import hint_verdicts, verdict_sentence
 from agent.hints import REASON_SENTENCES
 from agent.report.pricing import NAMED_PRICES, Price
 from tools.demo.agents import AgentMetrics
@@ -52,8 +70,8 @@ _CROSSING_ORDER = ("same_node", "same_zone", "cross_zone", "cross_region", "exte
 
 def build_summary(duration_seconds: float, agents: AgentMetrics,
                   truth: Mapping[str, ServiceTruth], models: Mapping[str, ServiceModel],
-                  baseline: AgentMetrics | None = None, traffic_seconds: float | None = None
-                  ) -> dict[str, Any]:
+                  baseline: AgentMetrics | None = None, traffic_seconds: float | None = None,
+                  proxy_versions: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Return the JSON summary (see the module docstring).
 
     Args:
@@ -65,8 +83,15 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             are left out of the cost extrapolation: warm-up); None = count from agent start.
         traffic_seconds: how long the clients sent (seconds), the divisor of the cost
             extrapolation; None = ``duration_seconds``.
+        proxy_versions: node -> the kube-proxy version its Node reports, where known (named
+            in data-plane verdicts).
     """
     seconds = traffic_seconds if traffic_seconds else duration_seconds
+    verdicts = hint_verdicts(agents.hint_ignored_by_node, agents.client_paths, proxy_versions)
+    # the sentences' bytes/s: the measured window's bytes (warm-up left out), as the cost's
+    window = {(v.namespace, v.service, v.client_node, v.cause): v.bytes for v in hint_verdicts(
+        _less(agents.hint_ignored_by_node, baseline.hint_ignored_by_node if baseline else {}),
+        _less(agents.client_paths, baseline.client_paths if baseline else {}))}
     services = []
     double = agents.workload_bytes
     for key, model in models.items():
@@ -104,9 +129,86 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
                 got.get("cross_zone", 0) - _cross_zone(baseline, ns, name), seconds),
             "expected_cross_zone": {z: expected[z] for z in sorted(expected)},
             "observed_cross_zone": observed_cross_zone(agents, baseline, ns, name),
+            "hint_ignored_causes": _causes(ns, name, verdicts, window, t, seconds),
         })
+    workloads = workload_rows(agents, baseline, seconds)
+    usd_services = round(sum(s["usd_per_month_at_aws_price"] for s in services), 2)
+    usd_workloads = round(sum(w["usd_per_month_at_aws_price"] for w in workloads), 2)
     return {"duration_seconds": round(duration_seconds, 3), "services": services,
+            "workloads": workloads,
+            "usd_per_month_at_aws_price": {"services": usd_services, "workloads": usd_workloads,
+                                           "total": round(usd_services + usd_workloads, 2)},
             "double_counted_bytes": int(double)}
+
+
+def _less(now: Mapping[tuple[str, str, str, str], int], before: Mapping[tuple[str, str, str, str], int]
+          ) -> dict[tuple[str, str, str, str], int]:
+    """``now - before`` per key, keys with nothing left dropped."""
+    return {k: n - before.get(k, 0) for k, n in now.items() if n > before.get(k, 0)}
+
+
+def _causes(ns: str, name: str, verdicts: list[Any], window: Mapping[tuple[str, str, str, str], int],
+            t: ServiceTruth, seconds: float) -> list[dict[str, Any]]:
+    """The ``hint_ignored_causes`` rows of one Service (see the module docstring): the
+    agents' verdicts (bytes since agent start, as the ground truth; the sentence's bytes/s
+    from ``window``, the measured traffic's bytes per verdict), then lab nodes the agents
+    named no cause for (bytes 0)."""
+    rows = []
+    named = set()
+    for v in verdicts:
+        if (v.namespace, v.service) != (ns, name):
+            continue
+        named.add(v.client_node)
+        rows.append({"client_node": v.client_node, "cause": v.cause, "bytes": v.bytes,
+                     "ground_truth_bytes": t.hint_ignored_by_node.get(v.client_node, 0),
+                     "ground_truth_cause": t.hint_cause.get(v.client_node),
+                     "kube_proxy_version": v.kube_proxy_version,
+                     "sentence": verdict_sentence(dataclasses.replace(v, bytes=window.get(
+                         (v.namespace, v.service, v.client_node, v.cause), 0)), seconds)})
+    for node in sorted(set(t.hint_ignored_by_node) - named):
+        rows.append({"client_node": node, "cause": None, "bytes": 0,
+                     "ground_truth_bytes": t.hint_ignored_by_node[node],
+                     "ground_truth_cause": t.hint_cause.get(node), "kube_proxy_version": None,
+                     "sentence": ""})
+    return rows
+
+
+#: labels of a ``workloads`` row (``zonemeter_workload_bytes_total`` without crossing and
+#: direction)
+_WORKLOAD_ROW = ("namespace", "workload", "workload_kind", "remote_kind", "client_zone",
+                 "remote_zone")
+
+
+def workload_rows(agents: AgentMetrics, baseline: AgentMetrics | None,
+                  seconds: float) -> list[dict[str, Any]]:
+    """Non-Service bytes per (namespace, workload, workload_kind, remote_kind, client_zone,
+    remote_zone), both directions, every crossing, with the cost of the measured window's
+    cross-zone bytes (less ``baseline``'s, the warm-up) held for a month at AWS's price
+    (:func:`usd_per_month_at_aws_price`, the Services' arithmetic).
+
+    Returns:
+        rows sorted by cross-zone bytes (largest first), then labels; the keys are
+        :data:`_WORKLOAD_ROW`, ``bytes`` ({crossing: int}), ``cross_zone_bytes`` and
+        ``usd_per_month_at_aws_price``.
+    """
+    def grouped(m: AgentMetrics | None) -> dict[tuple[str, ...], dict[str, int]]:
+        out: dict[tuple[str, ...], dict[str, int]] = {}
+        for (ns, wl, kind, cz, rz, rkind, crossing, _), n in (m.workload_series if m else {}).items():
+            g = out.setdefault((ns, wl, kind, rkind, cz, rz), {})
+            g[crossing] = g.get(crossing, 0) + n
+        return out
+
+    now, before = grouped(agents), grouped(baseline)
+    rows = []
+    for key, by in now.items():
+        cz = by.get("cross_zone", 0)
+        rows.append({**dict(zip(_WORKLOAD_ROW, key, strict=True)),
+                     "bytes": {c: by[c] for c in _CROSSING_ORDER if c in by},
+                     "cross_zone_bytes": cz,
+                     "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
+                         cz - before.get(key, {}).get("cross_zone", 0), seconds)})
+    rows.sort(key=lambda r: (-r["cross_zone_bytes"], *(r[k] for k in _WORKLOAD_ROW)))
+    return rows
 
 
 def usd_per_month_at_aws_price(cross_zone_bytes: int, seconds: float) -> float:
@@ -211,9 +313,28 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
     lines.append("* extrapolation: this run's cross-zone bytes/s (measured traffic, warm-up "
                  "left out) held for a 30.44-day month at AWS's $0.01/GB each side = $0.02 per GB "
                  "crossing; the lab's rate, not your bill.")
+    lines += _workload_lines(summary)
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
     lines += findings(summary, warning_messages)
     return "\n".join(lines)
+
+
+def _workload_lines(summary: Mapping[str, Any], top: int = 5) -> list[str]:
+    """Non-Service bytes beside the Services: the heaviest cross-zone workload rows and the
+    cost total of both (nothing when the summary has no ``workloads``)."""
+    rows = summary.get("workloads")
+    if rows is None:
+        return []
+    usd = summary.get("usd_per_month_at_aws_price", {})
+    out = [f"non-Service bytes (zonemeter_workload_bytes_total): "
+           f"{_n(sum(r['cross_zone_bytes'] for r in rows))} cross-zone, "
+           f"${usd.get('workloads', 0.0):,.2f}/month at AWS*; Services + non-Service: "
+           f"${usd.get('total', 0.0):,.2f}/month"]
+    for r in [r for r in rows if r["cross_zone_bytes"]][:top]:
+        out.append(f"  {r['namespace']}/{r['workload']} ({r['workload_kind']}) -> "
+                   f"{r['remote_kind']} {r['client_zone']}->{r['remote_zone']}: "
+                   f"{_n(r['cross_zone_bytes'])} cross-zone, ${r['usd_per_month_at_aws_price']:,.2f}/month")
+    return out
 
 
 def findings(summary: Mapping[str, Any],
@@ -239,6 +360,9 @@ def findings(summary: Mapping[str, Any],
         if s["hint_ignored_bytes"]:
             out.append(f"  {key}: {_n(s['hint_ignored_bytes'])} bytes ignored the hints "
                        "(sent to endpoints kube-proxy would not select for the client's node)")
+            for c in s.get("hint_ignored_causes", ()):
+                if c["sentence"]:
+                    out.append(f"    {c['cause']}: {c['sentence']}")
         if s["warnings"]:
             out.append(f"  {key}: hint model warnings:")
             messages = (warning_messages or {}).get(key, {})

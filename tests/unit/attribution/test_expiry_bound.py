@@ -10,7 +10,10 @@ own workload: owner-less pods, Jobs) stays bounded under churn only through seri
 
 from __future__ import annotations
 
+from agent.attribution.join import HINT_IGNORED_NODES
 from bench.bench_series import FAMILIES, churn, count_series, measure
+
+HI = "zonemeter_service_hint_ignored_bytes"
 
 
 def test_series_do_not_grow_with_pods_or_connections() -> None:
@@ -18,9 +21,14 @@ def test_series_do_not_grow_with_pods_or_connections() -> None:
     big = measure(pods=4000, conns=10, services=10, zones=3)
     assert big["deltas"] > 10 * small["deltas"]  # the traffic really grew
     assert big["local_pods"] >= small["local_pods"]
-    assert big["series"] == small["series"]
-    assert big["series_total"] == small["series_total"]
-    assert small["series"] == small["bound"]  # every combination has bytes, none more
+    # hint-ignored series carry the client's node: they grow with nodes (4000 pods are 40
+    # nodes here), up to HINT_IGNORED_NODES per Service and client zone, never with pods
+    same = [f for f in FAMILIES if f != HI]
+    assert {f: big["series"][f] for f in same} == {f: small["series"][f] for f in same}
+    assert big["series_total"] - big["series"][HI] == small["series_total"] - small["series"][HI]
+    assert {f: small["series"][f] for f in same} == {f: small["bound"][f] for f in same}
+    assert small["series"][HI] == small["bound"][HI] == 5 * 4  # 4 client nodes in other zones
+    assert big["series"][HI] == big["bound"][HI] == 5 * (HINT_IGNORED_NODES + 2)
     assert small["leaks"] == [] and big["leaks"] == []
 
 
@@ -29,10 +37,14 @@ def test_series_grow_with_services_and_zones() -> None:
     more_services = measure(pods=800, conns=1, services=20, zones=3)
     more_zones = measure(pods=500, conns=1, services=10, zones=4)
     for fam in FAMILIES:
-        assert more_services["series"][fam] == 2 * base["series"][fam], fam
+        if fam != HI:
+            assert more_services["series"][fam] == 2 * base["series"][fam], fam
+    for m in (base, more_services, more_zones):
+        assert 0 < m["series"][HI] <= m["bound"][HI]
     assert more_zones["series"]["zonemeter_service_bytes"] > base["series"]["zonemeter_service_bytes"]
     assert more_zones["series"]["zonemeter_service_locality_in_effect"] == 10 * 4
-    assert more_zones["series"] == more_zones["bound"]
+    same = [f for f in FAMILIES if f != HI]
+    assert {f: more_zones["series"][f] for f in same} == {f: more_zones["bound"][f] for f in same}
 
 
 def test_leak_detector_flags_pod_names_and_addresses() -> None:

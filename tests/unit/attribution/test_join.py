@@ -380,7 +380,13 @@ def test_node_ignoring_hints_counts_hint_ignored_bytes() -> None:
     for a in agents.values():
         for k, v in a.totals().hint_ignored_bytes.items():
             ignored[k] = ignored.get(k, 0) + v
-    assert ignored == {HintIgnoredKey("shop", "api", A, B): 1000 + 30000 + 10 + 20}
+    assert ignored == {HintIgnoredKey("shop", "api", A, B, "n1", "pod"): 1000 + 30000 + 10 + 20}
+    # the client's node's evidence: its pod used the ClusterIP, and dialled 10.1.3.20
+    # (outside n1's selection) directly; shop/dns is not filtered by topology: no series
+    paths = {(k.client_node, k.service, k.path): v for a in agents.values()
+             for k, v in a.totals().client_path_bytes.items()}
+    assert paths == {("n1", "api", "clusterip"): 1000 + 30000 + 2000 + 40000,
+                     ("n1", "api", "direct"): 10 + 20, ("n3", "api", "clusterip"): 3 + 4}
 
 
 def test_hint_check_skipped_when_client_node_unknown(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -395,7 +401,7 @@ def test_host_network_client_judged_by_its_node(cluster) -> None:  # type: ignor
     at = attributor(cluster, "n3")
     # node n1 (zone a) dials api: n1's kube-proxy selects zone-a endpoints only
     at.attribute([req("10.1.3.20", "192.168.0.1", 8080, 64)], T0)
-    assert dict(at.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B): 64}
+    assert dict(at.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B, "n1", "node"): 64}
 
 
 # --------------------------------------------------------------------------- overflow, bad input
@@ -694,7 +700,7 @@ def test_non_canonical_selected_addresses_are_not_hint_ignored(cluster) -> None:
     assert not at.totals().hint_ignored_bytes
     at3 = Attributor("n3", meta, Spelled())  # type: ignore[arg-type]
     at3.attribute([req("10.1.3.20", "10.1.1.10", 8080, 30)], T0)   # really outside the set
-    assert dict(at3.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B): 30}
+    assert dict(at3.totals().hint_ignored_bytes) == {HintIgnoredKey("shop", "api", A, B, "n1", "pod"): 30}
 
 
 def test_batches_of_one_drain_share_lookups(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -737,3 +743,22 @@ def test_link_scope_traffic_is_the_nodes_never_cross_zone(cluster, remote: str, 
     (key, n), = t.workload_bytes.items()
     assert n == 96
     assert (key.remote_kind, key.crossing, key.remote_zone, key.client_zone) == ("node", "same_node", A, A)
+
+
+def test_state_round_trips_and_an_older_checkpoint_restores_its_hint_ignored_series(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n3")
+    at.attribute([req("10.1.3.20", "192.168.0.1", 8080, 64)], T0)  # node n1 dials api: ignored
+    state = at.state()
+    again = attributor(cluster, "n3")
+    again.restore(state)
+    assert dict(again.totals().hint_ignored_bytes) == dict(at.totals().hint_ignored_bytes) == {
+        HintIgnoredKey("shop", "api", A, B, "n1", "node"): 64}
+    # the previous version's rows had four labels and no client path series
+    old = {**state, "ignored": [["shop", "api", A, B, 64]]}
+    del old["paths"]
+    again.restore(old)
+    assert dict(again.totals().hint_ignored_bytes) == {
+        HintIgnoredKey("shop", "api", A, B, "unknown", "unknown"): 64}
+    assert dict(again.totals().client_path_bytes) == {}
+    with pytest.raises(ValueError):
+        again.restore({**state, "ignored": [["shop", "api", A, 64]]})

@@ -25,7 +25,7 @@ zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",clie
 zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-b",server_zone="zone-b",crossing="same_node",direction="request"} 700.0
 # HELP zonemeter_service_hint_ignored_bytes_total hint-ignored
 # TYPE zonemeter_service_hint_ignored_bytes_total counter
-zonemeter_service_hint_ignored_bytes_total{namespace="shop",service="checkout",client_zone="zone-c",server_zone="zone-b"} 6000.0
+zonemeter_service_hint_ignored_bytes_total{namespace="shop",service="checkout",client_zone="zone-c",server_zone="zone-b",client_node="c2",client_kind="pod"} 6000.0
 # HELP zonemeter_service_locality_in_effect in effect
 # TYPE zonemeter_service_locality_in_effect gauge
 zonemeter_service_locality_in_effect{namespace="shop",service="checkout",client_zone="zone-a"} 1.0
@@ -94,20 +94,81 @@ def _truth(req: int, resp: int, same_node: int) -> ServiceTruth:
                    ("zone-c", "zone-b", "cross_zone", "response"): resp,
                    ("zone-b", "zone-b", "same_node", "request"): same_node}
     t.hint_ignored = {("zone-c", "zone-b"): req + resp}
+    t.hint_ignored_by_node = {"c2": req + resp}
+    t.hint_cause = {"c2": "data-plane"}
     return t
+
+
+#: node c2's agent: its client pods called checkout's ClusterIP (the evidence for data-plane)
+NODE_C2 = """\
+# TYPE zonemeter_service_client_path_bytes_total counter
+zonemeter_service_client_path_bytes_total{namespace="shop",service="checkout",client_node="c2",path="clusterip"} 6100.0
+# TYPE zonemeter_workload_bytes_total counter
+zonemeter_workload_bytes_total{namespace="shop",workload="batch",workload_kind="Job",client_zone="zone-c",remote_zone="zone-a",remote_kind="cidr",crossing="cross_zone",direction="egress"} 4000000000.0
+zonemeter_workload_bytes_total{namespace="shop",workload="batch",workload_kind="Job",client_zone="zone-c",remote_zone="zone-a",remote_kind="cidr",crossing="cross_zone",direction="ingress"} 2000000000.0
+zonemeter_workload_bytes_total{namespace="shop",workload="batch",workload_kind="Job",client_zone="zone-c",remote_zone="zone-c",remote_kind="node",crossing="same_node",direction="egress"} 50.0
+"""
+
+
+def test_verdict_names_the_node_and_cause_beside_the_lab() -> None:
+    agents = merge([parse_metrics(NODE_B1), parse_metrics(NODE_C2)])
+    assert agents.hint_ignored_by_node == {("shop", "checkout", "c2", "pod"): 6000}
+    assert agents.client_paths == {("shop", "checkout", "c2", "clusterip"): 6100}
+    s = build_summary(10.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model(),
+                      traffic_seconds=10.0, proxy_versions={"c2": "v1.26.3"})
+    (svc,) = s["services"]
+    assert svc["hint_ignored_causes"] == [{
+        "client_node": "c2", "cause": "data-plane", "bytes": 6000, "ground_truth_bytes": 6000,
+        "ground_truth_cause": "data-plane", "kube_proxy_version": "v1.26.3",
+        "sentence": "locality configured, but node c2's data plane ignores the hints "
+                    "(600 bytes/s, kube-proxy v1.26.3 there)"}]
+    assert "    data-plane: locality configured, but node c2's data plane ignores the hints" \
+        in "\n".join(findings(s))
+    # the sentence's rate is the measured window's: the warm-up's 3,000 bytes left out
+    base = merge([parse_metrics(NODE_B1.replace('client_kind="pod"} 6000.0', 'client_kind="pod"} 3000.0')),
+                  parse_metrics(NODE_C2.replace("} 6100.0", "} 3000.0"))])
+    warm = build_summary(10.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model(),
+                         baseline=base, traffic_seconds=10.0)
+    [c] = warm["services"][0]["hint_ignored_causes"]
+    assert c["bytes"] == 6000 and "(300 bytes/s)" in c["sentence"]
+    # without the client node's evidence the agents cannot name the cause
+    alone = build_summary(10.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
+                          _model())
+    assert [(c["client_node"], c["cause"]) for c in alone["services"][0]["hint_ignored_causes"]] == [
+        ("c2", "unknown")]
+
+
+def test_non_service_bytes_are_priced_beside_the_services() -> None:
+    agents = merge([parse_metrics(NODE_B1), parse_metrics(NODE_C2)])
+    base = parse_metrics(NODE_C2.replace("4000000000.0", "1000000000.0"))
+    s = build_summary(100.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model(),
+                      baseline=base, traffic_seconds=100.0)
+    rows = {(w["workload"], w["remote_kind"], w["client_zone"], w["remote_zone"]): w for w in s["workloads"]}
+    cidr = rows[("batch", "cidr", "zone-c", "zone-a")]
+    assert cidr["bytes"] == {"cross_zone": 6_000_000_000} and cidr["cross_zone_bytes"] == 6_000_000_000
+    # the window's 3e9 cross-zone bytes (warm-up's 3e9 left out) over 100 s, priced as a Service's
+    assert cidr["usd_per_month_at_aws_price"] == usd_per_month_at_aws_price(3_000_000_000, 100.0) > 0
+    assert rows[("batch", "node", "zone-c", "zone-c")]["usd_per_month_at_aws_price"] == 0.0
+    usd = s["usd_per_month_at_aws_price"]
+    assert usd["workloads"] == cidr["usd_per_month_at_aws_price"]
+    assert usd["total"] == round(usd["services"] + usd["workloads"], 2)
+    table = render_table(s, ["zone-a", "zone-b", "zone-c"])
+    assert "non-Service bytes (zonemeter_workload_bytes_total): 6,000,000,000 cross-zone" in table
+    assert "shop/batch (Job) -> cidr zone-c->zone-a: 6,000,000,000 cross-zone" in table
 
 
 def test_summary_schema_and_exact_match() -> None:
     agents = parse_metrics(NODE_B1)
     s = build_summary(12.34567, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model())
-    assert set(s) == {"duration_seconds", "services", "double_counted_bytes"}
+    assert set(s) == {"duration_seconds", "services", "double_counted_bytes", "workloads",
+                      "usd_per_month_at_aws_price"}
     assert s["duration_seconds"] == 12.346
     (svc,) = s["services"]
     assert set(svc) == {"namespace", "name", "bytes", "cross_zone_bytes",
                         "ground_truth_cross_zone_bytes", "hint_ignored_bytes",
                         "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
                         "warnings", "usd_per_month_at_aws_price", "expected_cross_zone",
-                        "observed_cross_zone"}
+                        "observed_cross_zone", "hint_ignored_causes"}
     assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
     assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
     assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000

@@ -31,6 +31,7 @@ TEST_FILES = ("rules_test.yml", "rules_test_weekly.yml")
 CONTRACT_METRICS = {
     "zonemeter_service_bytes_total",
     "zonemeter_service_hint_ignored_bytes_total",
+    "zonemeter_service_client_path_bytes_total",
     "zonemeter_service_locality_in_effect",
     "zonemeter_service_expected_cross_zone_ratio",
     "zonemeter_service_locality_info",

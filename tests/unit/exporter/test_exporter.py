@@ -16,6 +16,7 @@ from agent.errors import InputError
 from agent.exporter import (
     FAMILIES,
     AttributionTotals,
+    ClientPathKey,
     Exporter,
     ExportSnapshot,
     HintIgnoredKey,
@@ -42,7 +43,8 @@ def full_snapshot() -> ExportSnapshot:
             ServiceBytesKey("shop", "cart", "80", "zone-a", "zone-b", "cross_zone", "request"): 1200,
             ServiceBytesKey("shop", "cart", "80", "zone-b", "zone-b", "same_zone", "request"): 300,
         },
-        hint_ignored_bytes={HintIgnoredKey("shop", "cart", "zone-a", "zone-b"): 1200},
+        hint_ignored_bytes={HintIgnoredKey("shop", "cart", "zone-a", "zone-b", "n-a", "pod"): 1200},
+        client_path_bytes={ClientPathKey("shop", "cart", "n-b", "clusterip"): 300},
         workload_bytes={WorkloadBytesKey("shop", "cart", "Deployment", "zone-a", "", "external",
                                           "external", "ingress"): 77},
         unattributed_bytes={"flow_table_full": 9},
@@ -72,9 +74,12 @@ EXPECTED = '''\
 zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",direction="request",namespace="shop",port="80",server_zone="zone-b",service="cart"} 1200.0
 zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",direction="response",namespace="shop",port="80",server_zone="zone-b",service="cart"} 5000.0
 zonemeter_service_bytes_total{client_zone="zone-b",crossing="same_zone",direction="request",namespace="shop",port="80",server_zone="zone-b",service="cart"} 300.0
-# HELP zonemeter_service_hint_ignored_bytes_total L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that zone while topology hints were in effect.
+# HELP zonemeter_service_hint_ignored_bytes_total L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that zone while topology hints were in effect, by the client's node and kind (pod or node).
 # TYPE zonemeter_service_hint_ignored_bytes_total counter
-zonemeter_service_hint_ignored_bytes_total{client_zone="zone-a",namespace="shop",server_zone="zone-b",service="cart"} 1200.0
+zonemeter_service_hint_ignored_bytes_total{client_kind="pod",client_node="n-a",client_zone="zone-a",namespace="shop",server_zone="zone-b",service="cart"} 1200.0
+# HELP zonemeter_service_client_path_bytes_total L3 bytes this node's pods exchanged with a Service its kube-proxy filters by topology, by path: clusterip (a Service address) or direct (an endpoint outside this node's selection); evidence for why bytes ignored the hints, never billed again.
+# TYPE zonemeter_service_client_path_bytes_total counter
+zonemeter_service_client_path_bytes_total{client_node="n-b",namespace="shop",path="clusterip",service="cart"} 300.0
 # HELP zonemeter_service_locality_in_effect 1 when kube-proxy keeps this Service's ClusterIP traffic from client_zone close: topology hints (same zone or node) or internalTrafficPolicy Local (node-local), else 0.
 # TYPE zonemeter_service_locality_in_effect gauge
 zonemeter_service_locality_in_effect{client_zone="zone-a",namespace="shop",service="cart"} 1.0
@@ -172,6 +177,7 @@ def test_metric_names_are_exactly_the_contract() -> None:
     assert names == {
         "zonemeter_service_bytes": "counter",
         "zonemeter_service_hint_ignored_bytes": "counter",
+        "zonemeter_service_client_path_bytes": "counter",
         "zonemeter_service_locality_in_effect": "gauge",
         "zonemeter_service_expected_cross_zone_ratio": "gauge",
         "zonemeter_service_locality_info": "gauge",
@@ -224,14 +230,14 @@ def test_keyed_families_label_the_fields_of_their_key_record_in_order() -> None:
     # the getters read label values from the key's fields: the table's label names must be
     # those fields, in that order, or values would land under the wrong names
     rows = {row.labels: row for row in FAMILIES if row.labels in KEYED_LABELS}
-    assert len(rows) == 3
+    assert len(rows) == 4
     for labels, record in KEYED_LABELS.items():
         assert labels == tuple(f.name for f in fields(record))
 
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 24 and all(not m.samples for m in described)
+    assert len(described) == 25 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:
@@ -315,7 +321,7 @@ def test_http_endpoints(served: tuple[MetricsServer, dict[str, object]]) -> None
     server, state = served
     status, ctype, body = _get(server.url + "/metrics")
     assert status == 200 and ctype.startswith("text/plain")
-    assert 'zonemeter_service_hint_ignored_bytes_total{client_zone="zone-a"' in body
+    assert 'zonemeter_service_hint_ignored_bytes_total{client_kind="pod",client_node="n-a",client_zone="zone-a"' in body
     assert _get(server.url + "/healthz")[:1] == (200,)
     status, _, body = _get(server.url + "/readyz")
     assert (status, body) == (503, "not ready: datapath not attached; metadata not synced: pods\n")

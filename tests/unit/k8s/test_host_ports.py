@@ -1,0 +1,104 @@
+"""Host-network servers by port: a node address plus a port exactly one host-network pod on
+that node declares resolves to that pod (agent.k8s parse, PodTable, MetadataAdapter), and
+attribution names it in the workload series' pair rows; one connection is one pair row."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from agent.attribution import Attributor
+from agent.hints import HintModel
+from agent.k8s import ClusterMetadata, MetadataAdapter
+from agent.k8s.parse import parse_pod, pod_host_ports
+from agent.k8s.snapshot import Snapshot
+from agent.records import FlowDelta, FlowKind, PeerKind
+from tests.fixtures import k8s
+from tests.fixtures.topologies import two_zone_cluster
+
+ip = ipaddress.ip_address
+T0 = 1_700_000_000.0
+
+
+def hostnet(name: str, node: str, node_ip: str, ports: list[dict[str, Any]],
+            phase: str = "Running") -> dict[str, Any]:
+    p = k8s.pod(name, node_ip, node, namespace="ingress", host_network=True,
+                owner=("DaemonSet", name.rsplit("-", 1)[0]), phase=phase)
+    p["spec"]["containers"][0]["ports"] = ports
+    return p
+
+
+def cache_with(*pods: dict[str, Any]) -> ClusterMetadata:
+    c = two_zone_cluster()
+    cache = ClusterMetadata()
+    cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
+                                 endpointslices=c["endpointslices"], pods=c["pods"] + list(pods)))
+    return cache
+
+
+def test_declared_ports_are_parsed_only_for_host_network_pods() -> None:
+    spec = {"containers": [{"ports": [{"containerPort": 443}, {"containerPort": 53, "protocol": "UDP"},
+                                      {"containerPort": 8443, "hostPort": 9443},
+                                      {"containerPort": 0}, {"containerPort": True}, "junk",
+                                      {"containerPort": 7, "protocol": "QUIC"}]}],
+            "initContainers": [{"ports": [{"containerPort": 10254}]}]}
+    assert pod_host_ports(spec) == ((53, 17), (443, 6), (8443, 6), (9443, 6), (10254, 6))
+    assert pod_host_ports({"containers": "not a list"}) == ()
+    pod = hostnet("ingress-x", "nb", "10.1.0.2", [{"containerPort": 443}])
+    assert parse_pod(pod).host_ports == ((443, 6),)
+    pod["spec"]["hostNetwork"] = False
+    assert parse_pod(pod).host_ports == ()
+
+
+def test_node_address_and_declared_port_resolve_to_the_one_pod() -> None:
+    cache = cache_with(hostnet("ingress-x", "nb", "10.1.0.2", [{"containerPort": 443}]),
+                       hostnet("dns-x", "nb", "10.1.0.2", [{"containerPort": 53, "protocol": "UDP"}]),
+                       hostnet("dns-y", "nb", "10.1.0.2", [{"containerPort": 53, "protocol": "UDP"}]))
+    m = MetadataAdapter(cache)
+    p = m.resolve_host_port(ip("10.1.0.2"), 443, 6)
+    assert p is not None and (p.kind, p.namespace, p.name, p.node, p.zone, p.host_network) == (
+        PeerKind.POD, "ingress", "ingress-x", "nb", "zone-b", True)
+    assert m.resolve_host_port(ip("10.1.0.2"), 443, 17) is None   # other protocol
+    assert m.resolve_host_port(ip("10.1.0.2"), 53, 17) is None    # two pods declare it
+    assert m.resolve_host_port(ip("10.1.0.1"), 443, 6) is None    # another node
+    assert m.resolve_host_port(ip("10.244.2.20"), 443, 6) is None  # a pod address
+    assert m.resolve_host_port(ip("10.1.0.2"), 0, 6) is None
+    # the pod goes: the node again; a terminal pod declares nothing
+    cache.apply("pods", "DELETED", hostnet("ingress-x", "nb", "10.1.0.2", [{"containerPort": 443}]))
+    assert m.resolve_host_port(ip("10.1.0.2"), 443, 6) is None
+    cache.apply("pods", "ADDED", hostnet("ingress-y", "nb", "10.1.0.2", [{"containerPort": 443}]))
+    p = m.resolve_host_port(ip("10.1.0.2"), 443, 6)
+    assert p is not None and p.name == "ingress-y"
+    cache2 = cache_with(hostnet("ingress-x", "nb", "10.1.0.2", [{"containerPort": 443}], phase="Succeeded"))
+    assert MetadataAdapter(cache2).resolve_host_port(ip("10.1.0.2"), 443, 6) is None
+
+
+def test_attribution_names_the_host_network_server_and_keeps_one_row_per_connection() -> None:
+    cache = cache_with(hostnet("ingress-x", "nb", "10.1.0.2", [{"containerPort": 443}]))
+    at = Attributor("na", MetadataAdapter(cache), HintModel(cache))
+    at.attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 443, 6, 100, 1),
+                  FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 443, 6, 900, 1),
+                  # the node's address on an undeclared port stays the node
+                  FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 10250, 6, 7, 1)], T0)
+    at.close_interval(T0 + 10)
+    t = at.totals()
+    rows = {(r.client, r.server): r.bytes for r in t.top_pairs}
+    assert rows == {("shop/client-a", "ingress/ingress-x"): 1000, ("shop/client-a", "node/nb"): 7}
+    kinds = {(k.remote_kind, k.direction): v for k, v in t.workload_bytes.items()}
+    assert kinds == {("node", "egress"): 107, ("node", "ingress"): 900}
+
+
+def test_a_local_server_is_the_server_of_its_row() -> None:
+    """Pod web-b on nb serves 8443 (not a Service port) to client-a on na: nb's agent sees
+    web-b's egress with its own (server) port kept and the client's ephemeral port as 0,
+    and names client-a the client, as na's agent does."""
+    cache = cache_with()
+    na = Attributor("na", MetadataAdapter(cache), HintModel(cache))
+    nb = Attributor("nb", MetadataAdapter(cache), HintModel(cache))
+    na.attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.244.2.20"), 8443, 6, 100, 1)], T0)
+    nb.attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.2.20"), ip("10.244.1.10"), 0, 6, 900, 1,
+                            local_port=8443)], T0)
+    for at in (na, nb):
+        at.close_interval(T0 + 10)
+    rows = [(r.client, r.server) for at in (na, nb) for r in at.totals().top_pairs]
+    assert rows == [("shop/client-a", "shop/web-b"), ("shop/client-a", "shop/web-b")]
