@@ -264,6 +264,13 @@ _Remote = tuple[Any, ...]
 _Local = tuple[str, str, str, str, bool]
 
 
+class _NotJudged(dict[str, bool]):
+    """The hint-check cache of an endpoint that is not judged: never hint-ignored."""
+
+    def get(self, key: str, default: object = None) -> bool:
+        return False
+
+
 @dataclass(slots=True)
 class _Batch:
     """Per-drain caches: metadata and hint answers are taken as stable for one drain time.
@@ -360,6 +367,9 @@ class Attributor:
         # optional: resolves a local address by the veth its bytes crossed (IP reuse)
         self._resolve_veth: Callable[[IPAddress, int, float, bool], tuple[Peer, bool]] | None = (
             getattr(metadata, "resolve_veth", None))
+        # optional: the endpoint is answered from the grace after its slices dropped it
+        self._endpoint_gone: Callable[[IPAddress, int, int], bool] | None = (
+            getattr(metadata, "endpoint_gone", None))
         self._hints = hints
         self._top_n = top_n
         self._pair_capacity = pair_capacity
@@ -803,6 +813,11 @@ class Attributor:
         label = b.labels.get(hk)
         if label is None:
             label = b.labels[hk] = _label(self._local_peer(b, ip, lk, hook, final)[0], ip)
+        gone = self._endpoint_gone
+        if gone is not None and gone(ip, hek[1], hek[2]):
+            # the hint model no longer has the endpoint in any selection: not judged
+            # (docs/attribution.md, "Endpoints just removed")
+            return (svc, label, _NotJudged())
         return (svc, label, {})
 
     def _local_peer(self, b: _Batch, ip: IPAddress, lk: int, hook: int, final: bool

@@ -641,6 +641,13 @@ class ClusterMetadata:
             self._ep_memo[ek] = result
             return result
 
+    def endpoint_gone(self, ip: IPAddress, port: int, protocol: int) -> bool:
+        """True when no EndpointSlice lists the endpoint now but one did within the grace
+        (:meth:`endpoint_services` still answers for it)."""
+        ek = endpoint_key(ip, port, protocol)
+        with self._lock:
+            return ek not in self._slice_index.endpoints and bool(self._gone_eps.get(ek))
+
     def _service_ports(self, entries: Iterable[EpEntry], port: int, protocol: int
                        ) -> tuple[ServicePort, ...]:
         """The Service ports of endpoint-index ``entries`` (sorted, without duplicates)."""

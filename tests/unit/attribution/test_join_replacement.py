@@ -122,3 +122,28 @@ def test_an_endpoint_gone_longer_than_the_grace_is_without_service() -> None:
     t = a.totals()
     assert t.unattributed_bytes["endpoint_without_service"] == REQUEST_BYTES + RESPONSE_BYTES
     assert _balanced(t)
+
+
+class FiltersEverything:
+    """kube-proxy on every node filters by zone and selects no endpoint address: every
+    judged Service byte would be hint-ignored."""
+
+    def proxy_view(self, namespace: str, service: str, node: str):  # type: ignore[no-untyped-def]
+        from agent.records import ProxyView
+        return ProxyView("PreferSameZone", frozenset(), "cluster")
+
+
+def test_a_removed_endpoints_bytes_are_not_judged_by_hints() -> None:
+    """After the removal the hint model lists the endpoint in no selection: the last
+    exchanges are the Service's, but not hint-ignored (the selection they were sent under
+    is gone); a listed endpoint is judged as before."""
+    clock = Clock(1000)
+    c = _cluster(clock)
+    a = Attributor("n1", MetadataAdapter(c), FiltersEverything())
+    a.attribute(_exchange(FlowKind.REQUEST, FlowKind.RESPONSE, 7), 1001)
+    assert sum(a.totals().hint_ignored_bytes.values()) == REQUEST_BYTES + RESPONSE_BYTES
+    c.apply("endpointslices", "MODIFIED", _slice())
+    a.attribute(_exchange(FlowKind.REQUEST, FlowKind.RESPONSE, 7), 1002)
+    t = a.totals()
+    assert _service_bytes(t) == 2 * (REQUEST_BYTES + RESPONSE_BYTES)
+    assert sum(t.hint_ignored_bytes.values()) == REQUEST_BYTES + RESPONSE_BYTES
