@@ -88,10 +88,11 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     # the same replacements: here the real kube-proxies stop using the old pod and start
     # using the new one as the apiserver changes, concurrently with the agents' watches
-    # (docs/lab.md, "What the real components showed")
+    # (docs/lab.md, "What the real components showed"). 14 s: removing a pod waits for every
+    # real kube-proxy to drop it, and the new server must still be sent to afterwards
     replaced: dict[str, tuple[str, str]] = {}
     for r in _execute(load_demo(), tmp_path_factory.mktemp("demo-real"), False, _replacing(replaced),
-                      duration=10, kubernetes="real"):
+                      duration=14, kubernetes="real"):
         r.replaced = replaced  # type: ignore[attr-defined]
         yield r
 
