@@ -111,7 +111,11 @@ class MetadataView(Protocol):
     """What attribution reads from the Kubernetes metadata (``agent.k8s.MetadataAdapter``).
 
     Implementations must be cheap (dict lookups): :meth:`Attributor.attribute` calls
-    them per distinct address and endpoint in each batch.
+    them per distinct address and endpoint in each batch. Optional, used when present
+    (``agent.k8s.MetadataAdapter`` has both): ``resolve_veth(ip, ifindex, at, final) ->
+    (Peer, settled)`` for local addresses, and ``endpoint_gone(ip, port, protocol) ->
+    bool``, True when :meth:`endpoint_services` answers from the grace after the
+    endpoint's slices dropped it (its bytes are then not judged hint-ignored).
     """
 
     def resolve(self, ip: IPAddress, at: float) -> Peer:
