@@ -120,7 +120,11 @@ class MetadataView(Protocol):
     """What attribution reads from the Kubernetes metadata (``agent.k8s.MetadataAdapter``).
 
     Implementations must be cheap (dict lookups): :meth:`Attributor.attribute` calls
-    them per distinct address and endpoint in each batch.
+    them per distinct address and endpoint in each batch. Optional, used when present
+    (``agent.k8s.MetadataAdapter`` has both): ``resolve_veth(ip, ifindex, at, final) ->
+    (Peer, settled)`` for local addresses, and ``endpoint_gone(ip, port, protocol) ->
+    bool``, True when :meth:`endpoint_services` answers from the grace after the
+    endpoint's slices dropped it (its bytes are then not judged hint-ignored).
     """
 
     def resolve(self, ip: IPAddress, at: float) -> Peer:
@@ -278,6 +282,13 @@ _Remote = tuple[Any, ...]
 _Local = tuple[str, str, str, str, bool]
 
 
+class _NotJudged(dict[str, bool]):
+    """The hint-check cache of an endpoint that is not judged: never hint-ignored."""
+
+    def get(self, key: str, default: object = None) -> bool:
+        return False
+
+
 @dataclass(slots=True)
 class _Batch:
     """Per-drain caches: metadata and hint answers are taken as stable for one drain time.
@@ -376,6 +387,9 @@ class Attributor:
         # optional: resolves a local address by the veth its bytes crossed (IP reuse)
         self._resolve_veth: Callable[[IPAddress, int, float, bool], tuple[Peer, bool]] | None = (
             getattr(metadata, "resolve_veth", None))
+        # optional: the endpoint is answered from the grace after its slices dropped it
+        self._endpoint_gone: Callable[[IPAddress, int, int], bool] | None = (
+            getattr(metadata, "endpoint_gone", None))
         self._hints = hints
         self._top_n = top_n
         self._pair_capacity = pair_capacity
@@ -846,6 +860,11 @@ class Attributor:
         label = b.labels.get(hk)
         if label is None:
             label = b.labels[hk] = _label(self._local_peer(b, ip, lk, hook, final)[0], ip)
+        gone = self._endpoint_gone
+        if gone is not None and gone(ip, hek[1], hek[2]):
+            # the hint model no longer has the endpoint in any selection: not judged
+            # (docs/attribution.md, "Endpoints just removed")
+            return (svc, label, _NotJudged())
         return (svc, label, {})
 
     def _local_peer(self, b: _Batch, ip: IPAddress, lk: int, hook: int, final: bool

@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachetools import TTLCache
+
 from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
 from agent.k8s.parse import (
     BAD_SHAPE,
@@ -73,7 +75,7 @@ from agent.k8s.parse import (
     slice_service_label,
 )
 from agent.k8s.pods import PodTable, tagged_address_key
-from agent.k8s.services import DoorIndex, SliceIndex, build_door_index, endpoint_key
+from agent.k8s.services import DoorIndex, EpEntry, SliceIndex, build_door_index, endpoint_key
 from agent.logs import LogOnce
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
 
@@ -149,6 +151,10 @@ class ClusterMetadata:
                                    self._memo)
         # endpoint_services() results; cleared on any Service or EndpointSlice change
         self._ep_memo: dict[int, tuple[ServicePort, ...]] = {}
+        # endpoint key -> the index entries it had when its last slice dropped it, for the
+        # grace (endpoint_services); a key listed again is dropped from here
+        self._gone_eps: TTLCache[int, tuple[EpEntry, ...]] = TTLCache(
+            maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
         self._nodes: dict[str, NodeRecord] = {}
         self._node_by_ip: dict[int, str] = {}
         #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
@@ -431,12 +437,41 @@ class ClusterMetadata:
         pruned = prune_endpointslice(obj)
         rec = parse_slice_record(pruned)
         model_entry = parse_slice_entry(pruned)
+        before = self._slice_endpoints(key)
         self._dirty.update(self._slice_index.upsert(key, svc_name, rec, model_entry))
+        self._note_gone(before)
 
     def _remove_slice(self, key: tuple[str, str]) -> None:
+        before = self._slice_endpoints(key)
         skey = self._slice_index.remove(key)
         if skey is not None:
             self._dirty.add(skey)
+        self._note_gone(before)
+
+    def _slice_endpoints(self, key: tuple[str, str]) -> dict[int, tuple[EpEntry, ...]]:
+        """The endpoint-index entries of the keys slice ``key`` lists now (before a change)."""
+        rec = self._slice_index.slices.get(key)
+        if rec is None:
+            return {}
+        index = self._slice_index.endpoints
+        out: dict[int, tuple[EpEntry, ...]] = {}
+        for ip in slice_addresses(rec):
+            for port, proto, _name in rec.ports:
+                k = endpoint_key(ip, port, proto)
+                entries = index.get(k)
+                if entries:
+                    out[k] = entries
+        return out
+
+    def _note_gone(self, before: Mapping[int, tuple[EpEntry, ...]]) -> None:
+        """Remember the endpoints of ``before`` that no slice lists any more (the grace of
+        :meth:`endpoint_services`); forget gone endpoints listed again."""
+        index = self._slice_index.endpoints
+        for k, entries in before.items():
+            if k in index:
+                self._gone_eps.pop(k, None)
+            else:
+                self._gone_eps[k] = entries
 
     # ------------------------------------------------------------------ readers
 
@@ -601,8 +636,16 @@ class ClusterMetadata:
         Service port's name), via the slice's ``kubernetes.io/service-name`` label. If the
         Service is not cached (yet), the slice port is reported with ``port`` 0.
 
+        An endpoint that no EndpointSlice lists any more keeps its Service ports for
+        ``grace_seconds`` after its last slice dropped it, as a deleted pod's address
+        keeps its pod: the agent drains and attributes after the watch delivered the
+        change, so bytes the kernel counted while the endpoint was listed (the pod's last
+        exchanges, served while kube-proxy stops sending to it) are attributed after it
+        went (docs/attribution.md, "Endpoints just removed").
+
         Returns:
-            ServicePort records, sorted, without duplicates; empty when not an endpoint.
+            ServicePort records, sorted, without duplicates; empty when not an endpoint
+            (nor one within the grace).
         """
         ek = endpoint_key(ip, port, protocol)
         with self._lock:
@@ -610,21 +653,37 @@ class ClusterMetadata:
             if hit is not None:
                 return hit
             entries = self._slice_index.endpoints.get(ek, ())
-            out: set[ServicePort] = set()
-            for _slice, ns, svc, port_name in entries:
-                rec = self._services.get((ns, svc))
-                svc_port = 0
-                if rec is not None:
-                    for sp in rec.ports:
-                        if sp.name == port_name and sp.protocol == protocol:
-                            svc_port = sp.port
-                            break
-                out.add(ServicePort(ns, svc, svc_port, port_name, port, protocol))
-            result = tuple(sorted(out, key=lambda s: (s.namespace, s.service, s.port, s.port_name)))
+            if not entries:
+                gone = self._gone_eps.get(ek)
+                if gone:  # not memoized: the grace runs out by time
+                    return self._service_ports(gone, port, protocol)
+            result = self._service_ports(entries, port, protocol)
             if len(self._ep_memo) >= self._memo_max:
                 self._ep_memo.clear()
             self._ep_memo[ek] = result
             return result
+
+    def endpoint_gone(self, ip: IPAddress, port: int, protocol: int) -> bool:
+        """True when no EndpointSlice lists the endpoint now but one did within the grace
+        (:meth:`endpoint_services` still answers for it)."""
+        ek = endpoint_key(ip, port, protocol)
+        with self._lock:
+            return ek not in self._slice_index.endpoints and bool(self._gone_eps.get(ek))
+
+    def _service_ports(self, entries: Iterable[EpEntry], port: int, protocol: int
+                       ) -> tuple[ServicePort, ...]:
+        """The Service ports of endpoint-index ``entries`` (sorted, without duplicates)."""
+        out: set[ServicePort] = set()
+        for _slice, ns, svc, port_name in entries:
+            rec = self._services.get((ns, svc))
+            svc_port = 0
+            if rec is not None:
+                for sp in rec.ports:
+                    if sp.name == port_name and sp.protocol == protocol:
+                        svc_port = sp.port
+                        break
+            out.add(ServicePort(ns, svc, svc_port, port_name, port, protocol))
+        return tuple(sorted(out, key=lambda s: (s.namespace, s.service, s.port, s.port_name)))
 
     def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
         """Return the Service port behind a ClusterIP ``ip:port/protocol`` (client-side copy).

@@ -52,6 +52,11 @@ class MetadataAdapter:
         ``ClusterMetadata.resolve_veth`` (``(peer, settled)``)."""
         return self.cache.resolve_veth(ip, ifindex, at, final)
 
+    def endpoint_gone(self, ip: IPAddress, port: int, protocol: int) -> bool:
+        """True while an endpoint no slice lists any more is kept for the grace; see
+        ``ClusterMetadata.endpoint_gone``."""
+        return self.cache.endpoint_gone(ip, port, protocol)
+
     def _is_service_ip(self, ip: IPAddress) -> bool:
         return self.cache.is_cluster_ip(ip) or ip in self.cache.door_index().service_ips
 

@@ -275,7 +275,27 @@ def test_endpoint_in_two_services_and_slice_update_and_delete() -> None:
     assert c.endpoint_services(ip("10.0.1.99"), 8080, 6)[0].port == 81
     c.apply("endpointslices", "DELETED",
             k8s.endpointslice("web-abc", "web", None, omit=("ports", "endpoints"), noise=True))
+    # no slice lists it: still web's for the grace (bytes counted before the deletion are
+    # drained after it), then not an endpoint
+    assert [s.service for s in c.endpoint_services(ip("10.0.1.5"), 8080, 6)] == ["web"]
+    assert c.local_endpoints("n1") == frozenset({(ip("10.0.1.99"), 8080, 6)})  # the kernel's: at once
+    c._clock.t += c.settings.grace_seconds + 1  # type: ignore[attr-defined]
     assert c.endpoint_services(ip("10.0.1.5"), 8080, 6) == ()
+
+
+def test_an_endpoint_listed_again_is_no_longer_gone() -> None:
+    c = _svc_cache()
+    one = k8s.endpointslice("web-abc", "web", [k8s.endpoint("10.0.1.5", "zone-a", "n1")],
+                            ports=[{"name": "http", "port": 8080, "protocol": "TCP"}])
+    c.apply("endpointslices", "MODIFIED", k8s.endpointslice("web-abc", "web", [], ports=one["ports"]))
+    assert [s.service for s in c.endpoint_services(ip("10.0.1.5"), 8080, 6)] == ["web"]  # in its grace
+    c.apply("endpointslices", "MODIFIED", one)
+    c.apply("endpointslices", "ADDED",
+            k8s.endpointslice("other-1", "other", [k8s.endpoint("10.0.1.5", "zone-a", "n1")],
+                              ports=[{"name": "http", "port": 8080, "protocol": "TCP"}]))
+    c.apply("endpointslices", "DELETED", one)
+    # listed by another Service's slice: that one alone, no grace for the dropped one
+    assert [s.service for s in c.endpoint_services(ip("10.0.1.5"), 8080, 6)] == ["other"]
 
 
 def test_slice_before_service_reports_port_zero_then_real_port() -> None:

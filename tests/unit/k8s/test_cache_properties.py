@@ -19,6 +19,7 @@ from agent.k8s.cache import RESOURCES, ClusterMetadata
 from agent.k8s.cidrs import parse_zone_cidrs
 from agent.k8s.parse import NodeInfo, ServiceInfo, Slice
 from tests.fixtures import k8s
+from tests.fixtures.fakes import Clock
 
 
 def _records_only(c: ClusterMetadata) -> None:
@@ -97,7 +98,8 @@ def test_any_event_sequence_is_absorbed(events: list[tuple[str, str, Any]]) -> N
                               {"port": 0}, {"port": 99999}, {"port": "8080"}, {"port": 53, "protocol": "SCTP"}]),
              max_size=4))
 def test_odd_endpointslices_index_only_valid_entries(eps: list[dict[str, Any]], ports: list[dict[str, Any]]) -> None:
-    c = ClusterMetadata()
+    clock = Clock()
+    c = ClusterMetadata(clock=clock)
     c.apply("services", "ADDED",
             k8s.service("web", "shop", cluster_ip="10.96.0.1", ports=[{"port": 80, "targetPort": 8080}], selector={},
                         noise=True))
@@ -109,8 +111,12 @@ def test_odd_endpointslices_index_only_valid_entries(eps: list[dict[str, Any]], 
     for port, proto in {(8080, 6), (8080, 17), (53, 132), (99999 & 0xFFFF, 6)}:
         got = c.endpoint_services(ipaddress.ip_address("10.0.1.5"), port, proto)
         assert bool(got) == (has_ip and (port, proto) in valid_ports)
+    listed = c.endpoint_services(ipaddress.ip_address("10.0.1.5"), 8080, 6)
     c.apply("endpointslices", "DELETED",
             k8s.endpointslice("web-1", "web", None, omit=("ports", "endpoints"), noise=True))
+    # kept for the grace after its slice went, then gone
+    assert c.endpoint_services(ipaddress.ip_address("10.0.1.5"), 8080, 6) == listed
+    clock.t += c.settings.grace_seconds + 1
     assert c.endpoint_services(ipaddress.ip_address("10.0.1.5"), 8080, 6) == ()
 
 
