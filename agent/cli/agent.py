@@ -27,7 +27,7 @@ from typing import Any
 
 from agent import exporter as ex
 from agent.checkpoint import DEFAULT_CHECKPOINT_PATH, Checkpointer
-from agent.datapath import ATTACH_MODES
+from agent.datapath import ATTACH_MODES, HOOKS
 from agent.errors import InputError, RuntimeFailure
 from agent.hints import DEFAULT_VERSION, HintModel
 from agent.k8s import ClusterMetadata
@@ -108,6 +108,12 @@ def register(subparsers: Any) -> None:
                    help="how programs attach to pod veths: tcx (TCX links, Linux 6.6+, first in the "
                    "device's list), clsact (tc filters) or auto (tcx when the kernel has it; "
                    "default %(default)s; docs/datapath.md, Hooks)")
+    p.add_argument("--hook", choices=HOOKS, default="veth",
+                   help="where the programs count: veth (host-side pod veths), cgroup (cgroup_skb "
+                   "on the node's cgroup v2 root: every socket, whatever the CNI; host-network "
+                   "endpoints counted at their node) or auto (cgroup when the node has cgroup v2, "
+                   "else veth). Must be the same on every node (default %(default)s; "
+                   "docs/datapath.md, The cgroup_skb hook)")
     p.add_argument("--kubernetes-version", default=None, metavar="X.Y",
                    help="control-plane Kubernetes version the hint model reproduces, 1.27 to "
                    f"1.37 (default: from the cluster's /version, or the version.json beside "
@@ -389,7 +395,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         if not on_bpf_fs(pin_path):  # default only: an explicit path must be on bpffs
             no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
-                            flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach)
+                            flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach,
+                            hook=args.hook)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name
@@ -438,7 +445,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 dp.watch()
                 attached.set()
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached()),
-                                                                 "attach_mode": dp.attach_mode}})
+                                                                 "attach_mode": dp.attach_mode,
+                                                                 "hook": dp.hook}})
                 poll = (source.poll_snapshot if source.snapshot_path is not None
                         else release_poll(source.cache))
                 _serve(loop, stop, args.interval, poll)
