@@ -13,6 +13,7 @@ them over with ``BPF_LINK_UPDATE``, as for TCX links (:mod:`agent.datapath.tcx`)
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import struct
@@ -211,3 +212,24 @@ def cleanup_pins(pin_path: str) -> list[str]:
             raise RuntimeFailure(f"cannot remove link pin {pin}: {err}") from err
         removed.append(CGROUP_PIN_PREFIX + side)
     return removed
+
+
+def query(root: str, attach_type: int, limit: int = 256) -> tuple[int, ...]:
+    """Return the ids of the programs attached to the cgroup root itself for attach_type
+    (``BPF_PROG_QUERY`` without ``BPF_F_QUERY_EFFECTIVE``), in the order they run.
+
+    Raises:
+        OSError: the kernel refused, or root cannot be opened.
+    """
+    progs = (ctypes.c_uint32 * limit)()
+    attr = tcx._attr()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # query: target_fd @0, attach_type @4, query_flags @8, attach_flags @12,
+        # prog_ids @16, prog_cnt @24
+        struct.pack_into("=IIIIQI", attr, 0, fd, attach_type, 0, 0, ctypes.addressof(progs), limit)
+        tcx.sys_bpf(tcx.BPF_PROG_QUERY, attr)
+    finally:
+        os.close(fd)
+    count = struct.unpack_from("=I", attr, 24)[0]
+    return tuple(progs[:count])
