@@ -83,6 +83,129 @@ static __always_inline struct zm_flow_value *zm_lost_counter(void)
 	return zm_lost.lookup(&zero);
 }
 
+#include "parse.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+
+/* Writes the socket's address (sock_common: src_ip4/src_ip6 or dst_ip4/dst_ip6, network
+ * order) into dst (16 bytes, IPv4 mapped) when it is set; returns 1 when written, 0 when
+ * the socket has none (an unbound or unconnected side, the kernel's control socket of
+ * RSTs and TIME-WAIT ACKs) or its family does not fit the packet's. */
+static __always_inline int zm_sock_addr(struct bpf_sock *sk, int family, int remote, __u8 *dst)
+{
+	__u32 skfam = sk->family;
+	if (skfam == AF_INET) {
+		if (family != ZM_FAMILY_INET)
+			return 0;
+		__u32 a = remote ? sk->dst_ip4 : sk->src_ip4;
+		if (!a)
+			return 0;
+		zm_map_v4(dst, a);
+		return 1;
+	}
+	if (skfam != AF_INET6)
+		return 0;
+	__u32 w0 = remote ? sk->dst_ip6[0] : sk->src_ip6[0];
+	__u32 w1 = remote ? sk->dst_ip6[1] : sk->src_ip6[1];
+	__u32 w2 = remote ? sk->dst_ip6[2] : sk->src_ip6[2];
+	__u32 w3 = remote ? sk->dst_ip6[3] : sk->src_ip6[3];
+	if (!(w0 | w1 | w2 | w3))
+		return 0;
+	/* an IPv4 packet of a dual-stack socket: its address is ::ffff:a.b.c.d already */
+	int mapped = w0 == 0 && w1 == 0 && w2 == bpf_htonl(0xffff);
+	if ((family == ZM_FAMILY_INET) != mapped)
+		return 0;
+	__builtin_memcpy(dst, &w0, 4);
+	__builtin_memcpy(dst + 4, &w1, 4);
+	__builtin_memcpy(dst + 8, &w2, 4);
+	__builtin_memcpy(dst + 12, &w3, 4);
+	return 1;
+}
+
+/* Key of zm_wild: a peer of a socket bound to a wildcard address (a listener, an
+ * unconnected UDP server), and the socket's port. */
+struct zm_wild_key {
+	__u8 remote[16];  /* the peer, IPv4 mapped */
+	__be16 rport;     /* the peer's port */
+	__be16 lport;     /* the socket's port */
+	__u8 proto;
+	__u8 pad[3];
+};
+/* the local address a peer reached a wildcard-bound socket at, as the ingress packet had
+ * it (after DNAT): restored at egress, where a reply of a connection DNATed on this node
+ * carries the ClusterIP as its source (a SYN-ACK is sent on the listener, whose address
+ * is the wildcard). Not part of the pinned layout. */
+BPF_TABLE("lru_hash", struct zm_wild_key, struct zm_wild_key, zm_wild, 65536);
+
+/*
+ * The socket view (docs/datapath.md, "The cgroup_skb hook"): the addresses and ports of
+ * the packet's socket replace the packet's, side by side, where the socket has them. At
+ * egress the packet has passed the host's netfilter already (ip_finish_output runs after
+ * POSTROUTING): a host socket's packet to a ClusterIP carries the backend, and the reply
+ * of a host-network server to a connection DNATed on this node carries the ClusterIP as
+ * its source. The socket still has what connect() and accept() gave it, as the ingress
+ * packet does after netfilter undid the NAT: so both directions of a flow get one key.
+ * For a SYN-ACK skb->sk is the request socket, whose sock_common has the same fields.
+ */
+static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt *p, int into_local)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return;
+	__u8 *local = into_local ? p->daddr : p->saddr;
+	__u8 *remote = into_local ? p->saddr : p->daddr;
+	__u8 addr[16];
+	if (p->has_ports && !zm_sock_addr(sk, p->family, 0, addr) && sk->src_port) {
+		/* a wildcard-bound socket: remember (ingress) or restore (egress) the local
+		 * address its peer dialled */
+		struct zm_wild_key k;
+		__builtin_memset(&k, 0, sizeof(k));
+		__builtin_memcpy(k.remote, remote, 16);
+		k.rport = into_local ? p->sport : p->dport;
+		k.lport = bpf_htons((__u16)sk->src_port);
+		k.proto = p->proto;
+		if (into_local) {
+			struct zm_wild_key v;
+			__builtin_memset(&v, 0, sizeof(v));
+			__builtin_memcpy(v.remote, local, 16);
+			zm_wild.update(&k, &v);
+		} else {
+			struct zm_wild_key *v = zm_wild.lookup(&k);
+			if (v) {
+				__builtin_memcpy(local, v->remote, 16);
+				p->sport = k.lport;
+			}
+		}
+		return;
+	}
+	if (zm_sock_addr(sk, p->family, 0, addr)) {
+		__builtin_memcpy(local, addr, 16);
+		__u32 port = sk->src_port; /* host order */
+		if (p->has_ports && port) {
+			if (into_local)
+				p->dport = bpf_htons(port);
+			else
+				p->sport = bpf_htons(port);
+		}
+	}
+	if (zm_sock_addr(sk, p->family, 1, addr)) {
+		__u16 port = (__u16)sk->dst_port; /* network order */
+		if (p->has_ports && port) {
+			__builtin_memcpy(remote, addr, 16);
+			if (into_local)
+				p->sport = port;
+			else
+				p->dport = port;
+		}
+	}
+}
+#define ZM_SOCKET_VIEW 1
+
 #include "classify.h"
 
 /* Returns 1 when the packet is to be counted: always without -DZM_SCOPE_NETNS, else when

@@ -19,6 +19,10 @@
  *       1 when some local pod answered a TCP SYN from port (zm_server_ports), else 0
  *   static __always_inline void zm_server_port_learn(__be16 port);
  *       marks port in zm_server_ports
+ * and, when ZM_SOCKET_VIEW is defined (cgroup.c),
+ *   static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt *p,
+ *                                              int into_local);
+ *       replaces the parsed addresses and ports by those of the packet's socket
  */
 #ifndef ZONEMETER_CLASSIFY_H
 #define ZONEMETER_CLASSIFY_H
@@ -128,6 +132,10 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	p.daddr = into_local ? key.local : key.remote;
 	if (zm_parse(skb, l3_off, family, &p) < 0)
 		return;
+#ifdef ZM_SOCKET_VIEW
+	/* cgroup.c: the socket's own addresses, from before any NAT of the host */
+	zm_socket_view(skb, &p, into_local);
+#endif
 
 	__u64 packets;
 	__u64 bytes = zm_wire_bytes(skb, l3_off, p.hdr_len, &packets);

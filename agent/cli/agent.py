@@ -114,6 +114,10 @@ def register(subparsers: Any) -> None:
                    "endpoints counted at their node) or auto (cgroup when the node has cgroup v2, "
                    "else veth). Must be the same on every node (default %(default)s; "
                    "docs/datapath.md, The cgroup_skb hook)")
+    p.add_argument("--cgroup-scope-netns", metavar="NETNS,...",
+                   help="cgroup hook: count only sockets of these network namespaces (/run/netns "
+                   "names). For labs, whose namespaces share the machine's cgroup tree; a node "
+                   "needs none (Linux 6.12+)")
     p.add_argument("--kubernetes-version", default=None, metavar="X.Y",
                    help="control-plane Kubernetes version the hint model reproduces, 1.27 to "
                    f"1.37 (default: from the cluster's /version, or the version.json beside "
@@ -387,6 +391,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         KubeVersion.parse(args.kubernetes_version, gates)
     exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
     include = _patterns(args.interface_patterns, "--interface-patterns")
+    scope = _patterns(args.cgroup_scope_netns, "--cgroup-scope-netns")
     pin_path, explicit = pin_path_for(args)
     no_bpffs = False
     if pin_path is not None and not explicit:
@@ -396,7 +401,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
                             flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach,
-                            hook=args.hook)
+                            hook=args.hook, scope_netns=scope)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name

@@ -796,7 +796,8 @@ class Datapath:
     # -- link events ----------------------------------------------------------------------
 
     def watch(self) -> None:
-        """Start a thread that attaches to new pod veths within ~0.1 s of RTM_NEWLINK.
+        """Start a thread that attaches to new pod veths within ~0.1 s of RTM_NEWLINK
+        (the cgroup hook: attach now, there is nothing to follow).
 
         Each link event triggers a full :meth:`attach` scan (events only wake the thread,
         so a message coalesced in a socket buffer cannot be missed); a scan also runs
@@ -808,8 +809,11 @@ class Datapath:
         queue was never emptied (about 2 KiB per pod veth created and deleted, measured
         with tracemalloc).
         """
-        if self._watcher is not None or self.hook == "cgroup":
-            return  # the cgroup hook has no links to follow
+        if self.hook == "cgroup":
+            self.attach()  # the cgroup hook has no links to follow: attach, no thread
+            return
+        if self._watcher is not None:
+            return
         ready = threading.Event()
         self._watcher = threading.Thread(target=self._watch_loop, args=(ready,),
                                          name="zm-link-watch", daemon=True)

@@ -314,9 +314,9 @@ class Conn:
 class Model:
     """What each node's veth hooks see (docs/datapath.md, verified on the kernel); with
     ``sockets`` what each node's cgroup hook sees instead (docs/datapath.md, "The
-    cgroup_skb hook"): every side in the cluster, host-network ones too, and a host
-    socket's egress after the DNAT (the backend), its ingress after the reverse NAT (the
-    ClusterIP)."""
+    cgroup_skb hook"): every side in the cluster, host-network ones too, keyed by the
+    socket's own addresses (a host client's by the ClusterIP it dialled, or with
+    ``egress_backend`` its egress by the backend its packets went to after the DNAT)."""
 
     meta: FakeMetadata
     objs: dict[str, Any]
@@ -325,6 +325,8 @@ class Model:
     kernel_behind: frozenset[str] = frozenset()
     #: the cgroup hook on every node (socket view) instead of the veth hook
     sockets: bool = False
+    #: socket view: host sockets' egress keyed by the post-DNAT backend (unconnected UDP)
+    egress_backend: bool = False
 
     def _pod(self, name_or_ip: str) -> tuple[str | None, IPAddress, bool]:
         """(node, address, has_veth) of a pod name, ``node:NAME`` or an address."""
@@ -371,8 +373,11 @@ class Model:
             # the kernel keeps the local port when the remote one is ephemeral and it is not
             # (a client's ephemeral port is no server port of this node: never learned)
             lport = c.sport if rport == 0 and c.dport and c.sport not in EPHEMERAL else 0
-            # a host socket's egress passed the node's DNAT already (ip_finish_output)
-            edst, eport = (backend, bport if bport not in EPHEMERAL else 0) if not cveth else (dst, rport)
+            # the socket view keys a host socket by its own addresses (what connect() gave
+            # it: the ClusterIP), although its egress packets passed the node's DNAT; an
+            # unconnected host socket's egress shows the backend (``egress_backend``)
+            edst, eport = ((backend, bport if bport not in EPHEMERAL else 0)
+                           if self.egress_backend and not cveth else (dst, rport))
             for kind, n, r, rp in ((FlowKind.EGRESS, c.req, edst, eport),
                                    (FlowKind.INGRESS, c.resp, dst, rport)):
                 self._emit(cnode, FlowDelta(kind, caddr, r, rp, c.proto, n, max(1, n // 1400),

@@ -217,12 +217,13 @@ SCENARIOS = {
 
 
 def run(conns: list[Conn], behind: frozenset[str] = frozenset(),
-        sockets: bool = False) -> dict[str, Attributor]:
+        sockets: bool = False, egress_backend: bool = False) -> dict[str, Attributor]:
     """One Attributor per node fed what the kernel model counted; ``behind``: nodes whose
-    kernel endpoint map is still empty; ``sockets``: the cgroup hook on every node."""
+    kernel endpoint map is still empty; ``sockets``: the cgroup hook on every node
+    (``egress_backend``: host sockets unconnected, see Model)."""
     o = objects()
     meta, hints = build(o)
-    model = Model(meta, o, kernel_behind=behind, sockets=sockets)
+    model = Model(meta, o, kernel_behind=behind, sockets=sockets, egress_backend=egress_backend)
     for c in conns:
         model.send(c)
     out = {}
@@ -257,10 +258,12 @@ SOCKET_SCENARIOS = {
 }
 
 
+@pytest.mark.parametrize("egress_backend", [False, True], ids=["connected", "unconnected"])
 @pytest.mark.parametrize("name", sorted({**SCENARIOS, **SOCKET_SCENARIOS}))
-def test_socket_view_counts_each_byte_once_and_loses_no_host_network_share(name: str) -> None:
+def test_socket_view_counts_each_byte_once_and_loses_no_host_network_share(
+        name: str, egress_backend: bool) -> None:
     c = {**SCENARIOS, **SOCKET_SCENARIOS}[name]
-    totals = [a.totals() for a in run([c], sockets=True).values()]
+    totals = [a.totals() for a in run([c], sockets=True, egress_backend=egress_backend).values()]
     assert sum(accounted(t) for t in totals) == c.req + c.resp
     for t in totals:
         assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
