@@ -220,6 +220,23 @@ static __always_inline int zm_in_scope(struct __sk_buff *skb)
 #endif
 }
 
+/* Returns 1 when the packet (IP header at offset 0) is addressed to a loopback address
+ * (127.0.0.0/8, ::1): it never leaves the node and has no peer elsewhere, and both of
+ * its ends would be counted as an external peer's (docs/datapath.md). */
+static __always_inline int zm_loopback(struct __sk_buff *skb, int family)
+{
+	if (family == ZM_FAMILY_INET) {
+		__u8 first;
+		if (bpf_skb_load_bytes(skb, 16, &first, 1) < 0) /* daddr: RFC 791 3.1 */
+			return 0;
+		return first == 127;
+	}
+	__u32 w[4];
+	if (bpf_skb_load_bytes(skb, 24, w, 16) < 0) /* daddr: RFC 8200 3 */
+		return 0;
+	return w[0] == 0 && w[1] == 0 && w[2] == 0 && w[3] == bpf_htonl(1);
+}
+
 /* Counts one packet of a local socket; into_local: 1 ingress, 0 egress. */
 static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
 {
@@ -230,7 +247,7 @@ static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
 		family = ZM_FAMILY_INET6;
 	else
 		return;
-	if (zm_in_scope(skb))
+	if (zm_in_scope(skb) && !zm_loopback(skb, family))
 		zm_classify_and_count(skb, 0, into_local, family, 0);
 }
 
