@@ -451,7 +451,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 attached.set()
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached()),
                                                                  "attach_mode": dp.attach_mode,
-                                                                 "hook": dp.hook}})
+                                                                 "hook": getattr(dp, "hook", "veth")}})
                 poll = (source.poll_snapshot if source.snapshot_path is not None
                         else release_poll(source.cache))
                 _serve(loop, stop, args.interval, poll)
