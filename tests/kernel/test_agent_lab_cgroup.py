@@ -3,7 +3,9 @@ mixed with a veth endpoint, is counted at its own node as server.
 
 Lab (tools/lab, flat): nodes a1 (zone-a) and b1 (zone-b); ``shop/web`` has a pod endpoint
 web-a1 on a1 and a host-network endpoint web-hb1 on b1 (the node's address). Clients on
-both nodes dial the ClusterIP, kube-proxy picks either endpoint per connection. One real
+both nodes and a host-network client on a1 (the node's own socket: host to host across
+zones when kube-proxy picks web-hb1) dial the ClusterIP, kube-proxy picks either endpoint
+per connection. One real
 ``python -m agent agent --hook cgroup`` per node, each counting only its own lab
 namespaces (``--cgroup-scope-netns``: lab namespaces share the machine's cgroup tree).
 The sum of ``zonemeter_service_bytes_total`` over both agents equals the nftables ground
@@ -36,6 +38,7 @@ nodes:
 pods:
   - {name: client-a1, namespace: shop, node: a1, app: client}
   - {name: client-b1, namespace: shop, node: b1, app: client}
+  - {name: hclient-a1, namespace: shop, node: a1, app: client, hostNetwork: true}
   - name: web-a1
     namespace: shop
     node: a1
@@ -79,7 +82,7 @@ def test_host_network_endpoint_counted_at_its_node_without_mixed_loss(lab, tmp_p
         agents.wait_ready()
         lab.reset_ground_truth()
         cip = lab.cluster_ip("shop/web")
-        for client in ("client-a1", "client-b1"):
+        for client in ("client-a1", "client-b1", "hclient-a1"):
             r = lab.run_flow(client, cip, 80, "tcp", 1200, 9000, count=16)
             assert (r.ok, r.failed) == (16, 0), r
         time.sleep(INTERVAL * 1.5)
@@ -87,6 +90,8 @@ def test_host_network_endpoint_counted_at_its_node_without_mixed_loss(lab, tmp_p
         truth = lab.ground_truth()
         assert any(s == "web-hb1" and v for (_, s, _), v in truth.items()), truth
         assert any(s == "web-a1" and v for (_, s, _), v in truth.items()), truth
+        # host to host across zones (a1's own socket to b1's host-network server)
+        assert truth.get(("hclient-a1", "web-hb1", "request"), 0) > 0, truth
         assert got == expected(lab)
         assert {k: v for k, v in other.items() if v and "skipped" not in k} == {}
         assert other.get("zonemeter_skipped_bytes_total/clusterip_mixed_host_network", 0) == 0
