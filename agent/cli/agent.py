@@ -114,6 +114,10 @@ def register(subparsers: Any) -> None:
                    "endpoints counted at their node) or auto (cgroup when the node has cgroup v2, "
                    "else veth). Must be the same on every node (default %(default)s; "
                    "docs/datapath.md, The cgroup_skb hook)")
+    p.add_argument("--cgroup-root", metavar="DIR",
+                   help="cgroup hook: the node's cgroup v2 root (default: the cgroup2 mount in "
+                   "/proc/self/mountinfo). In a container, mount the host's and name it here: the "
+                   "container's own /sys/fs/cgroup is its cgroup namespace, not the node's")
     p.add_argument("--cgroup-scope-netns", metavar="NETNS,...",
                    help="cgroup hook: count only sockets of these network namespaces (/run/netns "
                    "names). For labs, whose namespaces share the machine's cgroup tree; a node "
@@ -401,7 +405,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
                             flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach,
-                            hook=args.hook, scope_netns=scope)
+                            hook=args.hook, scope_netns=scope, cgroup_root=args.cgroup_root)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name
