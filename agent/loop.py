@@ -125,9 +125,13 @@ class AgentLoop:
         self._clock = clock
         self._perf = perf
         self.hold_unresolved_seconds = hold_unresolved_seconds
+        #: the datapath counts at the node's sockets (cgroup hook): host-network endpoints
+        #: go into its endpoint map and are counted here as server (docs/attribution.md)
+        self.sockets_seen = getattr(datapath, "hook", "veth") == "cgroup"
         self.attributor = Attributor(node, MetadataAdapter(cache), hints, top_n=top_n,
                                      hold_unresolved_seconds=hold_unresolved_seconds,
-                                     series_retention=series_retention, clock=monotonic)
+                                     series_retention=series_retention, clock=monotonic,
+                                     sockets_seen=self.sockets_seen)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
         self._first = True
         self._once = LogOnce(log)
@@ -160,7 +164,8 @@ class AgentLoop:
             # overwriting it would count this node's Service bytes as workload bytes for
             # the whole outage.
             return False
-        eps = self.cache.local_endpoints(self.node)  # memoized per slice/node generation
+        # memoized per slice/node generation
+        eps = self.cache.local_endpoints(self.node, host_network=self.sockets_seen)
         if eps == self._endpoints:
             return False
         try:

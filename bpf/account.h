@@ -5,7 +5,7 @@
  *
  * Hook independent. BCC rewrites map method calls (map.lookup()) only in the main
  * source file, never in included headers; each program file therefore defines these
- * accessors before including this header (tc.c does):
+ * accessors before including this header (tc.c and cgroup.c do):
  *   static __always_inline struct zm_flow_value *zm_lost_counter(void);
  *       the zm_lost counter (index 0), or NULL
  *   static __always_inline struct zm_cache_slot *zm_cache_slot_at(__u32 idx);

@@ -4,10 +4,11 @@
  * map, then count it (docs/datapath.md, "Classification").
  *
  * Hook independent: zm_classify_and_count() takes the IP header offset and the
- * direction, so a clsact program (tc.c) and a cgroup_skb program can share it. BCC
+ * direction, so the clsact/TCX programs (tc.c) and the cgroup_skb programs (cgroup.c)
+ * share it. BCC
  * rewrites map method calls (map.lookup()) only in the main source file, never in
  * included headers; each program file therefore defines these accessors before
- * including this header (tc.c does), besides the two account.h needs:
+ * including this header (tc.c and cgroup.c do), besides the two account.h needs:
  *   static __always_inline __u32 *zm_endpoint_lookup(struct zm_endpoint_key *k);
  *       the zm_endpoints value (1) of k, or NULL when k is no local endpoint
  *   static __always_inline int zm_endpoint_port(__be16 port);
@@ -18,6 +19,10 @@
  *       1 when some local pod answered a TCP SYN from port (zm_server_ports), else 0
  *   static __always_inline void zm_server_port_learn(__be16 port);
  *       marks port in zm_server_ports
+ * and, when ZM_SOCKET_VIEW is defined (cgroup.c),
+ *   static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt *p,
+ *                                              int into_local);
+ *       replaces the parsed addresses and ports by those of the packet's socket
  */
 #ifndef ZONEMETER_CLASSIFY_H
 #define ZONEMETER_CLASSIFY_H
@@ -108,11 +113,14 @@ static __always_inline __u64 zm_wire_bytes(struct __sk_buff *skb, __u32 l3_off, 
  * Classifies the packet in skb and counts it. l3_off: offset of the IP header in the
  * packet data (ETH_HLEN for clsact on Ethernet devices, 0 for cgroup_skb). into_local:
  * 1 when the packet enters the local pod (veth egress, cgroup ingress), 0 when it leaves
- * it (veth ingress, cgroup egress). family: from skb->protocol.
+ * it (veth ingress, cgroup egress). family: from skb->protocol. ifindex: the key's
+ * ifindex (the host veth, skb->ifindex, for tc; 0 for cgroup_skb, which sees sockets,
+ * not veths: docs/datapath.md, "The cgroup_skb hook").
  * Returns nothing; never touches the packet.
  */
 static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l3_off,
-						  int into_local, enum zm_family family)
+						  int into_local, enum zm_family family,
+						  __u32 ifindex)
 {
 	/* The parser writes the addresses straight into the key: the destination is the
 	 * local side when the packet enters the local pod, the source when it leaves it. */
@@ -124,6 +132,10 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	p.daddr = into_local ? key.local : key.remote;
 	if (zm_parse(skb, l3_off, family, &p) < 0)
 		return;
+#ifdef ZM_SOCKET_VIEW
+	/* cgroup.c: the socket's own addresses, from before any NAT of the host */
+	zm_socket_view(skb, &p, into_local);
+#endif
 
 	__u64 packets;
 	__u64 bytes = zm_wire_bytes(skb, l3_off, p.hdr_len, &packets);
@@ -143,7 +155,7 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	__be16 svc_port = into_local ? p.dport : p.sport;
 	key.proto = p.proto;
 	key.family = p.family;
-	key.ifindex = skb->ifindex;
+	key.ifindex = ifindex;
 	if (p.has_ports && zm_endpoint_port(svc_port) && (into_local || p.sport != p.dport)) {
 		key.kind = into_local ? ZM_KIND_REQUEST : ZM_KIND_RESPONSE;
 		key.port = svc_port;

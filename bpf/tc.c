@@ -118,7 +118,7 @@ static __always_inline void zm_tc_count(struct __sk_buff *skb, int to_pod)
 {
 	int family = zm_tc_family(skb);
 	if (family)
-		zm_classify_and_count(skb, ETH_HLEN, to_pod, family);
+		zm_classify_and_count(skb, ETH_HLEN, to_pod, family, skb->ifindex);
 }
 
 /* TCX ingress of the host-side veth: packets leaving the pod. Returns TCX_NEXT. */

@@ -361,7 +361,7 @@ class Attributor:
                  top_n: int = 50, pair_capacity: int = 65536,
                  hold_unresolved_seconds: float = 0.0, hold_capacity: int = 100_000,
                  series_retention: float = 0.0, objects: ObjectView | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sockets_seen: bool = False) -> None:
         if top_n < 0 or pair_capacity < 1 or not 0 <= hold_unresolved_seconds < float("inf") \
                 or hold_capacity < 0:  # "not 0 <= x < inf" also refuses NaN
             raise ValueError("top_n, hold_unresolved_seconds and hold_capacity must be >= 0 "
@@ -384,6 +384,9 @@ class Attributor:
         self._meta = metadata
         self._host_port: Callable[[IPAddress, int, int], Peer | None] | None = getattr(
             metadata, "resolve_host_port", None)
+        # every node counts at its sockets (the cgroup hook): host-network and node sides
+        # are seen at their own node too (docs/attribution.md, "The socket view")
+        self._sockets_seen = sockets_seen
         # optional: resolves a local address by the veth its bytes crossed (IP reuse)
         self._resolve_veth: Callable[[IPAddress, int, float, bool], tuple[Peer, bool]] | None = (
             getattr(metadata, "resolve_veth", None))
@@ -926,7 +929,7 @@ class Attributor:
             path = (svc_[0], svc_[1], self.node, P_DIRECT) if ig else None
             # an endpoint with a veth is a frontend: its node counts these bytes as
             # request/response (the answer is the same for EGRESS and INGRESS)
-            if not counted_here(FlowKind.EGRESS, remote_is_frontend=not _no_veth(peer),
+            if not counted_here(FlowKind.EGRESS, remote_is_frontend=not self._unseen(peer),
                                 remote_is_pod=True):
                 return (_SKIP, S_ENDPOINT_CLIENT_COPY, False, path)
             return self._server_side(b, svc_, peer, ig, _label(peer, remote), path)
@@ -937,7 +940,8 @@ class Attributor:
             if hp is not None:
                 peer = hp
         pk = peer.kind
-        podlike = (pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network
+        podlike = ((pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network) or (
+            self._sockets_seen and pk is PeerKind.NODE)  # its node counts its egress
         crossing = _crossing(b.oz, b.orr, self.node, PeerKind.POD,
                              peer.zone, peer.region, peer.node, pk)
         reason: str | None = None
@@ -1046,9 +1050,16 @@ class Attributor:
         settled = all(p.kind is not PeerKind.UNKNOWN for p in peers)
         return self._hostnet_server(peers), settled
 
-    @staticmethod
-    def _hostnet_server(peers: list[Peer]) -> tuple[str, Peer | None]:
-        hn = [p for p in peers if _no_veth(p)]
+    def _unseen(self, peer: Peer) -> bool:
+        """True when no agent counts the peer's own side: :func:`_no_veth` on the veth
+        hook; with ``sockets_seen`` only addresses outside the cluster (CIDR-mapped,
+        external), since every node's sockets, host-network ones included, are seen."""
+        if self._sockets_seen:
+            return peer.kind is PeerKind.CIDR or peer.kind is PeerKind.EXTERNAL
+        return _no_veth(peer)
+
+    def _hostnet_server(self, peers: list[Peer]) -> tuple[str, Peer | None]:
+        hn = [p for p in peers if self._unseen(p)]
         if not hn:
             return (S_CLUSTERIP_CLIENT_COPY, None)
         if len(hn) < len(peers):

@@ -27,7 +27,7 @@ from typing import Any
 
 from agent import exporter as ex
 from agent.checkpoint import DEFAULT_CHECKPOINT_PATH, Checkpointer
-from agent.datapath import ATTACH_MODES
+from agent.datapath import ATTACH_MODES, HOOKS
 from agent.errors import InputError, RuntimeFailure
 from agent.hints import DEFAULT_VERSION, HintModel
 from agent.k8s import ClusterMetadata
@@ -108,6 +108,20 @@ def register(subparsers: Any) -> None:
                    help="how programs attach to pod veths: tcx (TCX links, Linux 6.6+, first in the "
                    "device's list), clsact (tc filters) or auto (tcx when the kernel has it; "
                    "default %(default)s; docs/datapath.md, Hooks)")
+    p.add_argument("--hook", choices=HOOKS, default="veth",
+                   help="where the programs count: veth (host-side pod veths), cgroup (cgroup_skb "
+                   "on the node's cgroup v2 root: every socket, whatever the CNI; host-network "
+                   "endpoints counted at their node) or auto (cgroup when the node has cgroup v2, "
+                   "else veth). Must be the same on every node (default %(default)s; "
+                   "docs/datapath.md, The cgroup_skb hook)")
+    p.add_argument("--cgroup-root", metavar="DIR",
+                   help="cgroup hook: the node's cgroup v2 root (default: the cgroup2 mount in "
+                   "/proc/self/mountinfo). In a container, mount the host's and name it here: the "
+                   "container's own /sys/fs/cgroup is its cgroup namespace, not the node's")
+    p.add_argument("--cgroup-scope-netns", metavar="NETNS,...",
+                   help="cgroup hook: count only sockets of these network namespaces (/run/netns "
+                   "names). For labs, whose namespaces share the machine's cgroup tree; a node "
+                   "needs none (Linux 6.12+)")
     p.add_argument("--kubernetes-version", default=None, metavar="X.Y",
                    help="control-plane Kubernetes version the hint model reproduces, 1.27 to "
                    f"1.37 (default: from the cluster's /version, or the version.json beside "
@@ -381,6 +395,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         KubeVersion.parse(args.kubernetes_version, gates)
     exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
     include = _patterns(args.interface_patterns, "--interface-patterns")
+    scope = _patterns(args.cgroup_scope_netns, "--cgroup-scope-netns")
     pin_path, explicit = pin_path_for(args)
     no_bpffs = False
     if pin_path is not None and not explicit:
@@ -389,7 +404,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         if not on_bpf_fs(pin_path):  # default only: an explicit path must be on bpffs
             no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
-                            flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach)
+                            flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach,
+                            hook=args.hook, scope_netns=scope, cgroup_root=args.cgroup_root)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name
@@ -438,7 +454,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 dp.watch()
                 attached.set()
                 log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached()),
-                                                                 "attach_mode": dp.attach_mode}})
+                                                                 "attach_mode": dp.attach_mode,
+                                                                 "hook": getattr(dp, "hook", "veth")}})
                 poll = (source.poll_snapshot if source.snapshot_path is not None
                         else release_poll(source.cache))
                 _serve(loop, stop, args.interval, poll)

@@ -30,15 +30,17 @@ import logging
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.datapath import tcx
+from agent.datapath import cgroup, tcx
 from agent.datapath.abi import LAYOUT_VERSION, addr_from_bytes, endpoint_key
 from agent.datapath.config import (
+    CGROUP_SOURCE,
     DEFAULT_TC_HANDLE,
     DEFAULT_TC_PRIORITY,
     TC_SOURCE,
@@ -72,6 +74,17 @@ _LINK_PIN_PREFIX = "zm_link_"
 def link_pin_name(ifindex: int, side: str) -> str:
     """Return the pin file name of our TCX link on ifindex, side ``"ingress"``/``"egress"``."""
     return f"{_LINK_PIN_PREFIX}{ifindex}_{side}"
+
+
+#: getsockopt(SOL_SOCKET, SO_NETNS_COOKIE) (include/uapi/asm-generic/socket.h)
+SO_NETNS_COOKIE = 71
+
+
+def netns_cookie() -> int:
+    """The cookie of the calling thread's network namespace (``SO_NETNS_COOKIE``, as
+    ``bpf_get_netns_cookie`` returns it). Raises OSError when the kernel has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return int.from_bytes(s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), sys.byteorder)
 
 
 def _detach_and_close(fd: int) -> None:
@@ -119,7 +132,7 @@ class DatapathStats:
         attached: host-side interface names our filters are on.
         table: flow table health (:class:`agent.datapath.drain.TableStats`).
         endpoints: local endpoints currently written to the kernel.
-        attach_mode: ``"tcx"`` or ``"clsact"``: how the programs are attached
+        attach_mode: ``"tcx"``, ``"clsact"`` or ``"cgroup"``: how the programs are attached
             (``DatapathConfig.attach`` resolved against the kernel).
     """
 
@@ -266,8 +279,12 @@ class Datapath:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._closed = False
-        #: "tcx" or "clsact": DatapathConfig.attach resolved against this kernel
-        self.attach_mode = self._resolve_attach_mode()
+        #: "veth" or "cgroup": DatapathConfig.hook resolved against this node
+        self.hook = self._resolve_hook()
+        self._cgroup: cgroup.CgroupLinks | None = None
+        #: "tcx" or "clsact": DatapathConfig.attach resolved against this kernel; "cgroup"
+        #: for the cgroup hook
+        self.attach_mode = "cgroup" if self.hook == "cgroup" else self._resolve_attach_mode()
         try:
             from bcc import BPF
         except ImportError as err:  # pragma: no cover - depends on the machine
@@ -282,13 +299,18 @@ class Datapath:
         try:
             if self.config.pin_path:
                 self.reused = prepare_pins(self.config)
+            source = CGROUP_SOURCE if self.hook == "cgroup" else TC_SOURCE
             try:
-                self._bpf = BPF(src_file=str(TC_SOURCE).encode(), cflags=self.cflags())
-                self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
-                             for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS,
-                                          _TCX_HANDOFF)}
+                self._bpf = BPF(src_file=str(source).encode(), cflags=self.cflags())
+                if self.hook == "cgroup":
+                    self._fns = {prog: self._bpf.load_func(prog.encode(), BPF.CGROUP_SKB)
+                                 for _, _, prog in cgroup.SIDES}
+                else:
+                    self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
+                                 for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS,
+                                              _TCX_HANDOFF)}
             except Exception as err:
-                raise RuntimeFailure(f"cannot load {TC_SOURCE}: {err}") from err
+                raise RuntimeFailure(f"cannot load {source}: {err}") from err
         except BaseException:
             if self._pin_lock is not None:
                 os.close(self._pin_lock)
@@ -310,6 +332,47 @@ class Datapath:
             b[b"zm_layout"][ctypes.c_int(0)] = ctypes.c_uint32(LAYOUT_VERSION)
         if self.reused:
             log.info("reusing pinned maps in %s", self.config.pin_path)
+        if self.hook == "cgroup":
+            self._set_scope(self.config.scope_netns)
+
+    def _resolve_hook(self) -> str:
+        """Return ``"veth"`` or ``"cgroup"`` for ``config.hook``: auto takes cgroup when
+        netns is None and a cgroup v2 hierarchy is mounted; sets ``self._cgroup_root``.
+
+        Raises:
+            RuntimeFailure: cgroup was asked for and no cgroup v2 hierarchy is mounted.
+        """
+        want = self.config.hook
+        self._cgroup_root = self.config.cgroup_root
+        if want == "veth":
+            return "veth"
+        if self._cgroup_root is None:
+            try:
+                self._cgroup_root = cgroup.cgroup2_root()
+            except RuntimeFailure:
+                if want == "cgroup":
+                    raise
+                log.info("hook auto: no cgroup v2 hierarchy, counting at the pod veths")
+                return "veth"
+        if want == "auto" and self.config.netns is not None:
+            log.info("hook auto: a namespaced datapath counts at the pod veths")
+            return "veth"
+        if want == "auto":
+            log.info("hook auto: counting at the sockets (cgroup_skb on %s)", self._cgroup_root)
+        return "cgroup"
+
+    def _set_scope(self, namespaces: Iterable[str]) -> None:
+        """Write the cgroup programs' scope (``zm_scope``, bpf/cgroup.c): the cookie of
+        each network namespace named. Raises RuntimeFailure when one cannot be entered."""
+        if not namespaces:
+            return
+        scope = self._bpf[b"zm_scope"]
+        for name in namespaces:
+            try:
+                cookie = run_in_netns(name, netns_cookie)
+            except OSError as err:
+                raise RuntimeFailure(f"cannot read the cookie of netns {name}: {err}") from err
+            scope[ctypes.c_uint64(cookie)] = ctypes.c_uint32(1)
 
     def _resolve_attach_mode(self) -> str:
         """Return ``"tcx"`` or ``"clsact"`` for ``config.attach``: auto takes tcx when
@@ -666,6 +729,8 @@ class Datapath:
                 the message names each failed link). A refusal at our priority usually
                 means another filter kind or protocol holds it: set ``tc_priority``.
         """
+        if self.hook == "cgroup":
+            return self._attach_cgroup()
         failures: list[str] = []
         with self._lock:
             links = {link["index"]: link for link in self._ipr().get_links()}
@@ -696,10 +761,23 @@ class Datapath:
             raise RuntimeFailure(f"cannot attach to {'; '.join(failures)} ({how})")
         return attached
 
+    def _attach_cgroup(self) -> tuple[str, ...]:
+        """The cgroup hook's :meth:`attach`: both cgroup links on the cgroup v2 root;
+        returns ``("cgroup:<root>",)``. Raises RuntimeFailure when the kernel refuses."""
+        with self._lock:
+            assert self._cgroup_root is not None
+            if self._cgroup is None:
+                self._cgroup = cgroup.CgroupLinks(self._cgroup_root, self.config.pin_path)
+            self._cgroup.attach({name: fn.fd for name, fn in self._fns.items()})
+            return self.attached()
+
     def detach(self) -> None:
         """Remove every TCX link and filter this datapath added (and clsact qdiscs it
-        created, when empty)."""
+        created, when empty); for the cgroup hook, its two cgroup links."""
         with self._lock:
+            if self._cgroup is not None:
+                self._cgroup.close(keep=False)
+                self._cgroup = None
             for index in list(self._attached):
                 try:
                     self._detach_link(index)
@@ -708,14 +786,18 @@ class Datapath:
                     self._attached.pop(index, None)
 
     def attached(self) -> tuple[str, ...]:
-        """Names of the interfaces our filters are on."""
+        """Names of the interfaces our filters are on; ``("cgroup:<root>",)`` for the
+        cgroup hook once attached."""
         with self._lock:
+            if self._cgroup is not None and self._cgroup.fds:
+                return (f"cgroup:{self._cgroup.root}",)
             return tuple(sorted(self._attached.values()))
 
     # -- link events ----------------------------------------------------------------------
 
     def watch(self) -> None:
-        """Start a thread that attaches to new pod veths within ~0.1 s of RTM_NEWLINK.
+        """Start a thread that attaches to new pod veths within ~0.1 s of RTM_NEWLINK
+        (the cgroup hook: attach now, there is nothing to follow).
 
         Each link event triggers a full :meth:`attach` scan (events only wake the thread,
         so a message coalesced in a socket buffer cannot be missed); a scan also runs
@@ -727,6 +809,9 @@ class Datapath:
         queue was never emptied (about 2 KiB per pod veth created and deleted, measured
         with tracemalloc).
         """
+        if self.hook == "cgroup":
+            self.attach()  # the cgroup hook has no links to follow: attach, no thread
+            return
         if self._watcher is not None:
             return
         ready = threading.Event()
@@ -914,6 +999,8 @@ class Datapath:
                     for fd in fds:
                         os.close(fd)
                 self._links.clear()
+                if self._cgroup is not None:
+                    self._cgroup.close(keep=True)
         else:
             self.detach()
         if self._pin_lock is not None:
@@ -977,6 +1064,8 @@ class Datapath:
             if os.path.exists(pin_path) and not on_bpf_fs(pin_path):
                 raise InputError(f"{pin_path} is not on a BPF filesystem: nothing of ours there",
                                  source="datapath", field="pin_path")
+            if os.path.isdir(pin_path):
+                links.extend(cgroup.cleanup_pins(pin_path))
             for pin in sorted(os.listdir(pin_path)) if os.path.isdir(pin_path) else ():
                 if _link_pin_ifindex(pin) is None:
                     continue

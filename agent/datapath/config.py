@@ -7,6 +7,7 @@ the pin path a C string literal (:func:`flags_for`).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,14 +16,19 @@ from agent.errors import InputError
 
 #: the C sources: ``bpf/`` next to the ``agent`` package
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
-#: the program file BCC compiles (it includes the other headers of BPF_DIR)
+#: the program file BCC compiles for the veth hook (it includes the other headers of BPF_DIR)
 TC_SOURCE = BPF_DIR / "tc.c"
+#: the program file BCC compiles for the cgroup hook
+CGROUP_SOURCE = BPF_DIR / "cgroup.c"
 
 DEFAULT_EPHEMERAL = (32768, 60999)  # Linux default net.ipv4.ip_local_port_range
 DEFAULT_TC_PRIORITY = 1
 DEFAULT_TC_HANDLE = 0x7A6D  # "zm"
 #: values of DatapathConfig.attach
 ATTACH_MODES = ("auto", "tcx", "clsact")
+#: values of DatapathConfig.hook
+HOOKS = ("veth", "cgroup", "auto")
+_NETNS_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _PIN_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]+$")
 
 
@@ -33,9 +39,19 @@ class DatapathConfig:
     Attributes:
         netns: name of the network namespace (``/run/netns/NAME``) whose pod veths are
             attached; None for the agent's own namespace (a real node).
-        hook: ``"tc"`` (programs on host-side pod veths). ``"cgroup_skb"`` is reserved for
-            data planes that bypass the veth (docs/datapath.md) and not implemented yet.
-        attach: how the ``"tc"`` hook attaches: ``"tcx"`` (TCX links at the head of the
+        hook: ``"veth"`` (programs on host-side pod veths), ``"cgroup"`` (cgroup_skb
+            programs on the node's cgroup v2 root: every socket of the node, whatever the
+            data plane; docs/datapath.md, "The cgroup_skb hook") or ``"auto"`` (cgroup
+            when the node has a cgroup v2 hierarchy and netns is None, else veth). The
+            hook must be the same on every node of a cluster (docs/attribution.md).
+        cgroup_root: the cgroup v2 directory the cgroup hook attaches to; None: the
+            mount point of the cgroup2 filesystem (/proc/self/mountinfo).
+        scope_netns: cgroup hook only: names of network namespaces (``/run/netns/NAME``);
+            when set, only packets of sockets in these namespaces are counted (needs
+            ``bpf_get_netns_cookie`` for cgroup_skb, Linux 6.12+). Empty on a node (every
+            socket of the node is the node's); the lab gives each lab node its pods'
+            namespaces, since every namespace shares the host's cgroup tree.
+        attach: how the ``"veth"`` hook attaches: ``"tcx"`` (TCX links at the head of the
             device's list, Linux 6.6+), ``"clsact"`` (tc filters on a clsact qdisc), or
             ``"auto"`` (tcx when the kernel has it, else clsact; docs/datapath.md, "Hooks").
         interface_patterns: extra fnmatch patterns (``"cali*"``, ``"lxc*"``): a link whose
@@ -66,7 +82,9 @@ class DatapathConfig:
     """
 
     netns: str | None = None
-    hook: str = "tc"
+    hook: str = "veth"
+    cgroup_root: str | None = None
+    scope_netns: tuple[str, ...] = ()
     attach: str = "auto"
     interface_patterns: tuple[str, ...] = ()
     require_peer_netns: bool = True
@@ -82,9 +100,16 @@ class DatapathConfig:
 
     def validate(self) -> None:
         """Raises InputError naming the field when a setting is out of range."""
-        if self.hook != "tc":
-            raise InputError(f"hook {self.hook!r} is not supported (supported: tc)",
+        if self.hook not in HOOKS:
+            raise InputError(f"hook {self.hook!r} is not one of {', '.join(HOOKS)}",
                              source="datapath", field="hook")
+        for name in self.scope_netns:
+            if not _NETNS_RE.match(name):
+                raise InputError(f"{name!r} is no network namespace name", source="datapath",
+                                 field="scope_netns")
+        if self.cgroup_root is not None and not os.path.isabs(self.cgroup_root):
+            raise InputError(f"{self.cgroup_root!r} is no absolute path", source="datapath",
+                             field="cgroup_root")
         if self.attach not in ATTACH_MODES:
             raise InputError(f"attach {self.attach!r} is not one of {', '.join(ATTACH_MODES)}",
                              source="datapath", field="attach")
@@ -136,6 +161,8 @@ def flags_for(config: DatapathConfig, ephemeral: tuple[int, int]) -> list[str]:
         f"-DZM_EPHEMERAL_MIN={ephemeral[0]}",
         f"-DZM_EPHEMERAL_MAX={ephemeral[1]}",
     ]
+    if config.scope_netns:
+        flags.append("-DZM_SCOPE_NETNS=1")
     if config.pin_path is not None:
         check_pin_path(config.pin_path)
         flags.append(f'-DZM_PIN_DIR="{config.pin_path.rstrip("/") or "/"}"')

@@ -179,8 +179,8 @@ class ClusterMetadata:
         self._synced: dict[str, bool] = {r: False for r in RESOURCES}
         self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
         self._bad_once = LogOnce(log)
-        # node -> (generations, endpoints with that nodeName, endpoints without nodeName)
-        self._local_cache: dict[str, tuple[
+        # (node, host_network) -> (generations, endpoints with that nodeName, endpoints without nodeName)
+        self._local_cache: dict[tuple[str, bool], tuple[
             tuple[int, int, int], frozenset[tuple[IPAddress, int, int]],
             tuple[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]], ...]]] = {}
 
@@ -718,7 +718,8 @@ class ClusterMetadata:
         with self._lock:
             return tagged_address_key(ip) in self._cluster_ips
 
-    def local_endpoints(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
+    def local_endpoints(self, node_name: str, host_network: bool = False
+                        ) -> frozenset[tuple[IPAddress, int, int]]:
         """Return this node's Service endpoints for the datapath's endpoint map.
 
         An endpoint counts when its ``nodeName`` is ``node_name``, or it has no
@@ -727,15 +728,17 @@ class ClusterMetadata:
         the EndpointSlice API defines).
         FQDN addresses, slices without a service-name label, and host-network endpoints
         (a node address or a host-network pod's IP: they have no veth, so docs/attribution.md counts
-        their traffic on the client side) are skipped. Memoized per EndpointSlice
-        generation (and Node and host-network pod changes).
+        their traffic on the client side) are skipped, unless ``host_network``: the cgroup
+        hook sees their sockets, so they are counted at this node as server
+        (docs/attribution.md, "The socket view"). Memoized per EndpointSlice generation
+        (and Node and host-network pod changes).
 
         Returns:
             ``{(address, target port, IP protocol number)}``, port in host byte order.
         """
         with self._lock:
             gen = (self._generation["endpointslices"], self._generation["nodes"], self._pod_table.hostnet_gen)
-            hit = self._local_cache.get(node_name)
+            hit = self._local_cache.get((node_name, host_network))
             if hit is None or hit[0] != gen:
                 out: set[tuple[IPAddress, int, int]] = set()
                 nodeless: list[tuple[int, IPAddress, tuple[tuple[int, int, str], ...]]] = []
@@ -747,13 +750,15 @@ class ClusterMetadata:
                         continue
                     for ip in slice_addresses(sl, node_name):
                         k = tagged_address_key(ip)
-                        if k in self._node_by_ip or k in self._pod_table.hostnet_by_ip:
+                        if not host_network and (k in self._node_by_ip
+                                                 or k in self._pod_table.hostnet_by_ip):
                             continue  # host-network endpoint: no veth, counted client-side
                         for port, proto, _name in ports:
                             out.add((ip, port, proto))
                     for ip in slice_addresses(sl, NO_NODE_NAME):
                         nodeless.append((tagged_address_key(ip), ip, ports))
-                hit = self._local_cache[node_name] = (gen, frozenset(out), tuple(nodeless))
+                hit = self._local_cache[(node_name, host_network)] = (gen, frozenset(out),
+                                                                      tuple(nodeless))
             _, result, nodeless_eps = hit
             if not nodeless_eps:
                 return result
@@ -761,7 +766,7 @@ class ClusterMetadata:
             # live pod on this node holds the address; looked up per call, pods change
             extra = {(ip, port, proto) for k, ip, ports in nodeless_eps
                      if (pod := self._pod_table.live_by_ip.get(k)) is not None and pod.node == node_name
-                     and not pod.host_network for port, proto, _name in ports}
+                     and (host_network or not pod.host_network) for port, proto, _name in ports}
             return result | extra if extra else result
 
     def model_inputs(self) -> tuple[list[NodeEntry], list[ServiceEntry], list[SliceEntry]]:

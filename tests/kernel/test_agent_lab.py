@@ -66,7 +66,8 @@ def _get(url: str) -> tuple[int, str]:
 
 class Agents:
     def __init__(self, lab, snapshot: Path, logdir: Path,  # type: ignore[no-untyped-def]
-                 attach: dict[str, str] | None = None) -> None:
+                 attach: dict[str, str] | None = None,
+                 extra: dict[str, list[str]] | None = None) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.urls: dict[str, str] = {}
         self.logs: dict[str, Path] = {}
@@ -79,7 +80,7 @@ class Agents:
                     "--metrics-address", f"127.0.0.1:{port}", "--interval", f"{INTERVAL:g}",
                     "--exclude-interfaces", f"{lab.prefix}u*",
                     "--final-linger-seconds", f"{LINGER:g}",
-                    "--attach", (attach or ATTACH)[node]]
+                    "--attach", (attach or ATTACH)[node], *(extra or {}).get(node, [])]
             with open(self.logs[node], "wb") as log:
                 self.procs[node] = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=log,
                                                     stdin=subprocess.DEVNULL)

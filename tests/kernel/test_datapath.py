@@ -67,15 +67,20 @@ services:
 
 
 class Env:
-    """A lab plus one datapath per node namespace."""
+    """A lab plus one datapath per node namespace, on the veth hook or the cgroup hook
+    (one cgroup_skb pair per node on the shared cgroup root, scoped to the namespaces of the node's
+    pods: lab namespaces share the host's cgroup tree, docs/datapath.md)."""
 
-    def __init__(self, overlay: str) -> None:
+    def __init__(self, overlay: str, hook: str = "veth") -> None:
         self.lab = Lab(Topology.from_yaml(TOPOLOGY.replace("MODE", overlay))).up()
         self.dps: dict[str, Datapath] = {}
         try:
             for node in ("a", "b"):
                 ns, uplink = self.lab.uplink(node)
-                cfg = DatapathConfig(netns=ns, exclude_patterns=(uplink,), flow_capacity=4096)
+                scope = tuple(self.lab.pod_netns(pod.name)
+                              for pod in self.lab.topology.pods_on(node))
+                cfg = DatapathConfig(netns=ns, exclude_patterns=(uplink,), flow_capacity=4096,
+                                     hook=hook, scope_netns=scope if hook == "cgroup" else ())
                 dp = Datapath(cfg)
                 dp.attach()
                 self.dps[node] = dp
@@ -100,9 +105,10 @@ class Env:
         self.lab.down()
 
 
-@pytest.fixture(scope="module", params=["flat", "vxlan"])
+@pytest.fixture(scope="module", params=["flat", "vxlan", "flat-cgroup"])
 def env(request: pytest.FixtureRequest) -> Iterator[Env]:
-    e = Env(request.param)
+    overlay, _, hook = request.param.partition("-")
+    e = Env(overlay, hook or "veth")
     yield e
     e.close()
 
@@ -191,7 +197,8 @@ def test_counted_once_equals_ground_truth(env: Env, family: int, proto: str, pla
     expected = {k: list(v) for k, v in truth.items() if k[:2] == (client, server) and v[0]}
     assert set(expected) == {(client, server, "request"), (client, server, "response")}
     assert kept == expected
-    # every packet crosses the client's and the server's veth: twice the truth in raw
-    # counts, half of it dropped by the once-only rule
+    # every packet crosses the client's and the server's veth (cgroup hook: leaves the
+    # client's socket and enters the server's): twice the truth in raw counts, half of
+    # it dropped by the once-only rule
     assert raw == 2 * sum(v[0] for v in expected.values())
     assert dropped > 0

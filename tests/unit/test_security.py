@@ -236,11 +236,17 @@ def test_bpf_source_is_only_the_installed_file() -> None:
             if isinstance(call.func, ast.Name) and call.func.id == "BPF":
                 kws = {k.arg: k.value for k in call.keywords}
                 assert "text" not in kws and not call.args, f"{path}: BPF() from text"
-                assert ast.unparse(kws["src_file"]) == "str(TC_SOURCE).encode()", ast.unparse(kws["src_file"])
+                assert ast.unparse(kws["src_file"]) == "str(source).encode()", ast.unparse(kws["src_file"])
                 assert ast.unparse(kws["cflags"]) == "self.cflags()"
                 found.append(path)
     assert found == [AGENT / "datapath" / "attach.py"]
+    # ``source`` is one of the two installed program files, nothing else
+    tree = ast.parse((AGENT / "datapath" / "attach.py").read_text())
+    sources = [ast.unparse(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+               and [ast.unparse(t) for t in n.targets] == ["source"]]
+    assert sources == ["CGROUP_SOURCE if self.hook == 'cgroup' else TC_SOURCE"], sources
     assert datapath.TC_SOURCE == datapath.BPF_DIR / "tc.c" and datapath.TC_SOURCE.is_file()
+    assert datapath.CGROUP_SOURCE == datapath.BPF_DIR / "cgroup.c" and datapath.CGROUP_SOURCE.is_file()
     assert datapath.BPF_DIR == AGENT.parent / "bpf"
 
 

@@ -312,13 +312,21 @@ class Conn:
 
 @dataclass
 class Model:
-    """What each node's veth hooks see (docs/datapath.md, verified on the kernel)."""
+    """What each node's veth hooks see (docs/datapath.md, verified on the kernel); with
+    ``sockets`` what each node's cgroup hook sees instead (docs/datapath.md, "The
+    cgroup_skb hook"): every side in the cluster, host-network ones too, keyed by the
+    socket's own addresses (a host client's by the ClusterIP it dialled, or with
+    ``egress_backend`` its egress by the backend its packets went to after the DNAT)."""
 
     meta: FakeMetadata
     objs: dict[str, Any]
     deltas: dict[str, list[FlowDelta]] = field(default_factory=dict)
     #: nodes whose kernel endpoint map is still empty (the agent has not written it yet)
     kernel_behind: frozenset[str] = frozenset()
+    #: the cgroup hook on every node (socket view) instead of the veth hook
+    sockets: bool = False
+    #: socket view: host sockets' egress keyed by the post-DNAT backend (unconnected UDP)
+    egress_backend: bool = False
 
     def _pod(self, name_or_ip: str) -> tuple[str | None, IPAddress, bool]:
         """(node, address, has_veth) of a pod name, ``node:NAME`` or an address."""
@@ -345,7 +353,7 @@ class Model:
             return out
         for (a, port, proto) in self.meta.endpoints:
             n, _, veth = self._pod(str(a))
-            if n == node_name and veth:
+            if n == node_name and (veth or self.sockets):
                 out.add((a, port, proto))
         return out
 
@@ -358,18 +366,24 @@ class Model:
         bport = c.bport if c.bport is not None else c.dport
         dst = ip(c.dst)
         rport = c.dport if c.dport not in EPHEMERAL else 0
-        if cveth and cnode:
+        if (cveth or self.sockets) and cnode:
             local_eps = self._local_endpoints(cnode)
             # the client's own (addr, sport) is never an endpoint: sport is ephemeral
             assert (caddr, c.sport, c.proto) not in local_eps
             # the kernel keeps the local port when the remote one is ephemeral and it is not
             # (a client's ephemeral port is no server port of this node: never learned)
             lport = c.sport if rport == 0 and c.dport and c.sport not in EPHEMERAL else 0
-            for kind, n in ((FlowKind.EGRESS, c.req), (FlowKind.INGRESS, c.resp)):
-                self._emit(cnode, FlowDelta(kind, caddr, dst, rport, c.proto, n, max(1, n // 1400),
+            # the socket view keys a host socket by its own addresses (what connect() gave
+            # it: the ClusterIP), although its egress packets passed the node's DNAT; an
+            # unconnected host socket's egress shows the backend (``egress_backend``)
+            edst, eport = ((backend, bport if bport not in EPHEMERAL else 0)
+                           if self.egress_backend and not cveth else (dst, rport))
+            for kind, n, r, rp in ((FlowKind.EGRESS, c.req, edst, eport),
+                                   (FlowKind.INGRESS, c.resp, dst, rport)):
+                self._emit(cnode, FlowDelta(kind, caddr, r, rp, c.proto, n, max(1, n // 1400),
                                             local_port=lport))
         snode, saddr, sveth = self._pod(str(backend))
-        if sveth and snode:
+        if (sveth or self.sockets) and snode:
             if (saddr, bport, c.proto) in self._local_endpoints(snode):
                 for kind, n in ((FlowKind.REQUEST, c.req), (FlowKind.RESPONSE, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, caddr, bport, c.proto, n, 1))

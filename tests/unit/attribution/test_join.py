@@ -216,30 +216,81 @@ SCENARIOS = {
 }
 
 
-def run(conns: list[Conn], behind: frozenset[str] = frozenset()) -> dict[str, Attributor]:
+def run(conns: list[Conn], behind: frozenset[str] = frozenset(),
+        sockets: bool = False, egress_backend: bool = False) -> dict[str, Attributor]:
     """One Attributor per node fed what the kernel model counted; ``behind``: nodes whose
-    kernel endpoint map is still empty."""
+    kernel endpoint map is still empty; ``sockets``: the cgroup hook on every node
+    (``egress_backend``: host sockets unconnected, see Model)."""
     o = objects()
     meta, hints = build(o)
-    model = Model(meta, o, kernel_behind=behind)
+    model = Model(meta, o, kernel_behind=behind, sockets=sockets, egress_backend=egress_backend)
     for c in conns:
         model.send(c)
     out = {}
     for node in ("n1", "n2", "n3"):
-        out[node] = Attributor(node, meta, hints)
+        out[node] = Attributor(node, meta, hints, sockets_seen=sockets)
         out[node].attribute(model.deltas.get(node, []), T0)
     assert set(model.deltas) <= set(out)
     return out
 
 
+@pytest.mark.parametrize("sockets", [False, True], ids=["veth", "cgroup"])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_each_byte_counted_once_cluster_wide(name: str) -> None:
+def test_each_byte_counted_once_cluster_wide(name: str, sockets: bool) -> None:
     c = SCENARIOS[name]
-    agents = run([c])
+    agents = run([c], sockets=sockets)
     totals = [a.totals() for a in agents.values()]
     assert sum(accounted(t) for t in totals) == c.req + c.resp
     for t in totals:  # per node, every byte seen is either counted or a known copy
         assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+
+
+#: traffic only the socket view (the cgroup hook on every node) sees, or sees whole: the
+#: veth view loses the host-network share of a mixed ClusterIP and never sees host to host
+SOCKET_SCENARIOS = {
+    "clusterip_mixed_to_host_network": Conn("web-7c9f-abcde", "10.96.0.30", 9100, 300, 7000,
+                                            backend="192.168.0.3", bport=9100),
+    "clusterip_mixed_to_pod": Conn("web-7c9f-abcde", "10.96.0.30", 9100, 310, 7100,
+                                   backend="10.1.2.60", bport=9100),
+    "host_to_host_cross_zone": Conn("node:n1", "192.168.0.3", 10250, 500, 900),
+    "host_client_clusterip_to_host_network": Conn("node:n1", "10.96.0.21", 9100, 50, 6000,
+                                                  backend="192.168.0.2", bport=9100),
+}
+
+
+@pytest.mark.parametrize("egress_backend", [False, True], ids=["connected", "unconnected"])
+@pytest.mark.parametrize("name", sorted({**SCENARIOS, **SOCKET_SCENARIOS}))
+def test_socket_view_counts_each_byte_once_and_loses_no_host_network_share(
+        name: str, egress_backend: bool) -> None:
+    c = {**SCENARIOS, **SOCKET_SCENARIOS}[name]
+    totals = [a.totals() for a in run([c], sockets=True, egress_backend=egress_backend).values()]
+    assert sum(accounted(t) for t in totals) == c.req + c.resp
+    for t in totals:
+        assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
+        assert "clusterip_mixed_host_network" not in t.skipped_bytes
+
+
+def test_socket_view_counts_host_network_endpoints_at_their_own_node() -> None:
+    agents = run([SOCKET_SCENARIOS["clusterip_mixed_to_host_network"]], sockets=True)
+    t = {n: a.totals() for n, a in agents.items()}
+    # the client's copy (to the ClusterIP) is skipped, the endpoint's node counts it
+    assert dict(t["n1"].skipped_bytes) == {"clusterip_client_copy": 7300}
+    assert not t["n1"].service_bytes
+    # 192.168.0.3:9100 backs two Services: the first by name gets it (Service ambiguity)
+    assert {(k.namespace, k.service, k.direction, k.crossing): v
+            for k, v in t["n3"].service_bytes.items()} == {
+        ("monitoring", "node-exporter", "request", "cross_zone"): 300,
+        ("monitoring", "node-exporter", "response", "cross_zone"): 7000}
+
+
+def test_socket_view_counts_host_to_host_at_the_sender() -> None:
+    agents = run([SOCKET_SCENARIOS["host_to_host_cross_zone"]], sockets=True)
+    t = {n: a.totals() for n, a in agents.items()}
+    assert {(k.direction, k.crossing): v for k, v in t["n1"].workload_bytes.items()} == {
+        ("egress", "cross_zone"): 500}
+    assert {(k.direction, k.crossing): v for k, v in t["n3"].workload_bytes.items()} == {
+        ("egress", "cross_zone"): 900}
+    assert dict(t["n1"].skipped_bytes) == {"pod_peer_ingress": 900}
 
 
 def test_all_scenarios_together_once_and_in_the_right_series() -> None:

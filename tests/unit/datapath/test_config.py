@@ -13,7 +13,8 @@ from agent.errors import InputError
     ("ephemeral_ports", (60000, 1000)), ("tc_priority", 0), ("tc_handle", 0),
     ("pin_path", "relative/dir"), ("pin_path", '/sys/fs/bpf/a"b'), ("pin_path", "/sys/fs/bpf/../x"),
     ("pin_path", "/sys/fs/bpf/a b"), ("pin_lock_seconds", -1.0), ("attach", "tc"),
-    ("attach", "TCX"),
+    ("attach", "TCX"), ("hook", "tc"), ("scope_netns", ("a b",)), ("scope_netns", ("../x",)),
+    ("cgroup_root", "sys/fs/cgroup"),
 ])
 def test_bad_setting_names_its_field(field: str, value: object) -> None:
     with pytest.raises(InputError) as err:
@@ -39,3 +40,14 @@ def test_pin_path_becomes_a_c_string_define_and_nothing_else_without_it() -> Non
 def test_every_attach_mode_is_accepted_and_auto_is_the_default(mode: str) -> None:
     DatapathConfig(attach=mode).validate()
     assert DatapathConfig().attach == "auto"
+
+
+@pytest.mark.parametrize("hook", ["veth", "cgroup", "auto"])
+def test_every_hook_is_accepted_and_veth_is_the_default(hook: str) -> None:
+    DatapathConfig(hook=hook).validate()
+    assert DatapathConfig().hook == "veth"
+
+
+def test_netns_scope_is_compiled_in_only_when_set() -> None:
+    assert "-DZM_SCOPE_NETNS=1" in flags_for(DatapathConfig(hook="cgroup", scope_netns=("n1",)), (1, 2))
+    assert not any("ZM_SCOPE_NETNS" in f for f in flags_for(DatapathConfig(hook="cgroup"), (1, 2)))

@@ -529,6 +529,9 @@ def test_local_endpoints_skip_host_network_endpoints() -> None:
     assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40"), ip("10.0.1.41")}
     c.apply("pods", "ADDED", k8s.pod("hn", "10.0.1.41", "n1", namespace="kube-system", host_network=True, noise=True))
     assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40")}
+    # the cgroup hook sees host-network sockets: their endpoints are counted here as server
+    assert {a for a, _, _ in c.local_endpoints("n1", host_network=True)} == {
+        ip("192.168.0.1"), ip("10.0.1.40"), ip("10.0.1.41")}
     c.apply("pods", "DELETED", k8s.pod("hn", "10.0.1.41", "n1", namespace="kube-system", host_network=True, noise=True))
     assert {a for a, _, _ in c.local_endpoints("n1")} == {ip("10.0.1.40"), ip("10.0.1.41")}
     # the Service mapping still knows them: client-side counting needs it

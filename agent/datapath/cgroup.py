@@ -1,0 +1,235 @@
+"""The cgroup_skb hook: our programs attached as cgroup links on the node's cgroup v2 root.
+
+A ``cgroup_skb`` program on the root of the cgroup v2 hierarchy runs for every socket of
+the machine (each cgroup's effective programs include its ancestors' multi-attached
+ones), whatever moves the packets between sockets: host veths, ``bpf_redirect_peer``,
+netkit, socket-LB (docs/datapath.md, "The cgroup_skb hook"). The programs
+(``bpf/cgroup.c``) are attached with ``BPF_LINK_CREATE`` (a cgroup link is always a
+multi-attachment: ``cgroup_bpf_link_attach`` in kernel/bpf/cgroup.c passes
+``BPF_F_ALLOW_MULTI``), so they sit beside any other program on the root and detach when
+the last fd and pin of the link go. Pinned links survive the agent; the next agent takes
+them over with ``BPF_LINK_UPDATE``, as for TCX links (:mod:`agent.datapath.tcx`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import struct
+from dataclasses import dataclass
+
+from agent.datapath import tcx
+from agent.errors import RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+#: enum bpf_attach_type (include/uapi/linux/bpf.h)
+BPF_CGROUP_INET_INGRESS = 0
+BPF_CGROUP_INET_EGRESS = 1
+#: enum bpf_link_type: BPF_LINK_TYPE_CGROUP
+BPF_LINK_TYPE_CGROUP = 3
+#: (attach type, side name, program name in bpf/cgroup.c)
+SIDES = ((BPF_CGROUP_INET_INGRESS, "ingress", "zm_cg_ingress"),
+         (BPF_CGROUP_INET_EGRESS, "egress", "zm_cg_egress"))
+#: pin file of a cgroup link of ours under pin_path: zm_cgroup_<ingress|egress>
+CGROUP_PIN_PREFIX = "zm_cgroup_"
+
+
+def cgroup2_root(mountinfo: str = "/proc/self/mountinfo") -> str:
+    """Return the mount point of the cgroup v2 hierarchy (``/sys/fs/cgroup`` on unified
+    nodes, ``/sys/fs/cgroup/unified`` on hybrid ones).
+
+    Reads ``mountinfo`` (proc(5): field 5 the mount point, the field after ``-`` the
+    filesystem type); the first ``cgroup2`` mount wins.
+
+    Raises:
+        RuntimeFailure: no cgroup2 filesystem is mounted (or mountinfo is unreadable).
+    """
+    try:
+        with open(mountinfo, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as err:
+        raise RuntimeFailure(f"cannot read {mountinfo}: {err}") from err
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if sep and len(fields) >= 5 and right.split()[:1] == ["cgroup2"]:
+            # octal escapes of the kernel's show_mountinfo (\040 for a space)
+            return fields[4].encode().decode("unicode_escape")
+    raise RuntimeFailure(f"no cgroup2 filesystem in {mountinfo}: the cgroup hook needs "
+                         "cgroup v2 (mount -t cgroup2 none /sys/fs/cgroup)")
+
+
+def link_create(prog_fd: int, cgroup_fd: int, attach_type: int) -> int:
+    """Attach prog_fd to the cgroup behind cgroup_fd as a cgroup link; return the link fd.
+
+    Raises:
+        OSError: the kernel refused (EINVAL: wrong program type for attach_type).
+    """
+    attr = tcx._attr()
+    # link_create: prog_fd @0, target_fd @4, attach_type @8, flags @12
+    struct.pack_into("=IIII", attr, 0, prog_fd, cgroup_fd, attach_type, 0)
+    return tcx.sys_bpf(tcx.BPF_LINK_CREATE, attr)
+
+
+def _link_cgroup_info(fd: int) -> tuple[int, int, int]:
+    """(link type, cgroup id, attach type) of link fd (``struct bpf_link_info``: type @0,
+    id @4, prog_id @8, cgroup.cgroup_id @16, cgroup.attach_type @24)."""
+    raw = tcx._info(fd, 32)
+    ltype = struct.unpack_from("=I", raw, 0)[0]
+    cgid, atype = struct.unpack_from("=QI", raw, 16)
+    return ltype, cgid, atype
+
+
+def cgroup_id(path: str) -> int:
+    """The cgroup id of the cgroup v2 directory path (its inode number, as
+    ``cgroup_id()`` in the kernel and ``name_to_handle_at`` report)."""
+    return os.stat(path).st_ino
+
+
+@dataclass
+class CgroupLinks:
+    """Our two cgroup links on one cgroup (ingress, egress), see the module docstring.
+
+    Args:
+        root: the cgroup v2 directory (:func:`cgroup2_root`).
+        pin_path: directory of the pinned maps (links are pinned there too), or None.
+    """
+
+    root: str
+    pin_path: str | None = None
+
+    def __post_init__(self) -> None:
+        self.fds: list[int] = []
+
+    def _pin(self, side: str) -> str | None:
+        return os.path.join(self.pin_path, CGROUP_PIN_PREFIX + side) if self.pin_path else None
+
+    def _take_over(self, side: str, attach_type: int) -> int | None:
+        """fd of the pinned link a previous agent left on root/side, or None; a pin that
+        is no live cgroup link of root and side is unlinked."""
+        path = self._pin(side)
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            fd = tcx.obj_get(path)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                if _link_cgroup_info(fd) == (BPF_LINK_TYPE_CGROUP, cgroup_id(self.root),
+                                             attach_type):
+                    return fd
+            except OSError:
+                pass
+            os.close(fd)
+        log.info("removing stale link pin %s", path)
+        os.unlink(path)
+        return None
+
+    def attach(self, prog_fds: dict[str, int]) -> None:
+        """Attach (or take over and update) both links with the programs of prog_fds
+        (``{program name: fd}``, the names of :data:`SIDES`). Idempotent.
+
+        Raises:
+            RuntimeFailure: the kernel refused (not root, no cgroup v2, old kernel).
+        """
+        if self.fds:
+            return
+        fds: list[int] = []
+        try:
+            cg = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise RuntimeFailure(f"cannot open cgroup {self.root}: {err}") from err
+        try:
+            for attach_type, side, prog in SIDES:
+                fd = self._take_over(side, attach_type)
+                if fd is not None:
+                    tcx.link_update(fd, prog_fds[prog])
+                    log.info("took over the pinned cgroup %s link on %s", side, self.root)
+                else:
+                    fd = link_create(prog_fds[prog], cg, attach_type)
+                    pin = self._pin(side)
+                    if pin is not None:
+                        tcx.obj_pin(fd, pin)
+                fds.append(fd)
+        except OSError as err:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeFailure(f"cannot attach cgroup_skb programs to {self.root}: {err}") from err
+        finally:
+            os.close(cg)
+        self.fds = fds
+
+    def close(self, keep: bool) -> None:
+        """Close our fds; unless ``keep`` (pinned hand-over), detach the links now and
+        unlink their pins. Idempotent."""
+        for (_, side, _), fd in zip(SIDES, self.fds, strict=True):
+            if not keep:
+                detach_pinned(fd, self._pin(side))
+            os.close(fd)
+        self.fds = []
+
+
+def detach_pinned(fd: int, pin: str | None) -> None:
+    """Detach link fd now (synchronously) and unlink its pin when there is one."""
+    try:
+        tcx.link_detach(fd)
+    except OSError as err:
+        log.warning("cannot detach cgroup link: %s", err)
+    if pin is not None:
+        try:
+            os.unlink(pin)
+        except FileNotFoundError:
+            pass
+
+
+def cleanup_pins(pin_path: str) -> list[str]:
+    """Detach and unlink the cgroup link pins under pin_path; return the pin names removed.
+
+    Raises:
+        RuntimeFailure: a pin could not be removed.
+    """
+    removed: list[str] = []
+    for _, side, _ in SIDES:
+        pin = os.path.join(pin_path, CGROUP_PIN_PREFIX + side)
+        if not os.path.exists(pin):
+            continue
+        try:
+            fd = tcx.obj_get(pin)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                tcx.link_detach(fd)
+            except OSError:
+                pass
+            os.close(fd)
+        try:
+            os.unlink(pin)
+        except OSError as err:
+            raise RuntimeFailure(f"cannot remove link pin {pin}: {err}") from err
+        removed.append(CGROUP_PIN_PREFIX + side)
+    return removed
+
+
+def query(root: str, attach_type: int, limit: int = 256) -> tuple[int, ...]:
+    """Return the ids of the programs attached to the cgroup root itself for attach_type
+    (``BPF_PROG_QUERY`` without ``BPF_F_QUERY_EFFECTIVE``), in the order they run.
+
+    Raises:
+        OSError: the kernel refused, or root cannot be opened.
+    """
+    progs = (ctypes.c_uint32 * limit)()
+    attr = tcx._attr()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # query: target_fd @0, attach_type @4, query_flags @8, attach_flags @12,
+        # prog_ids @16, prog_cnt @24
+        struct.pack_into("=IIIIQI", attr, 0, fd, attach_type, 0, 0, ctypes.addressof(progs), limit)
+        tcx.sys_bpf(tcx.BPF_PROG_QUERY, attr)
+    finally:
+        os.close(fd)
+    count = struct.unpack_from("=I", attr, 24)[0]
+    return tuple(progs[:count])

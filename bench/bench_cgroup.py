@@ -1,0 +1,155 @@
+"""Per-packet cost of the cgroup_skb hook (bpf/cgroup.c) against an empty cgroup_skb program.
+
+Both run side by side in one process, rounds rotated: a child cgroup of the cgroup v2
+root is created for the run, this process moves into it, and the programs are attached
+to it only (never to the root: the machine's other sockets are not measured nor slowed).
+Traffic: 64-byte UDP datagrams between two sockets of a network namespace made for the run
+(to the addresses of a veth inside it, over ``lo``: loopback addresses themselves are not
+counted by the hook), IPv4 and IPv6, each seen at the sender's egress and the receiver's
+ingress. Cost per packet = the programs' ``run_time_ns`` gain
+(kernel.bpf_stats_enabled) over both hooks divided by the datagrams sent. The table's
+flows stay in the per-CPU cache slots, as for the veth numbers in BENCHMARKS.md.
+
+Usage (root, repository root)::
+
+    .venv/bin/python -m bench.bench_cgroup [--rounds 7] [--packets 100000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from agent.datapath import Datapath, DatapathConfig, run_in_netns
+from agent.datapath import cgroup as cg
+from agent.datapath.config import CGROUP_SOURCE, flags_for
+from bench.bench_datapath import LoadSampler, fdinfo, set_stats, summary
+
+NETNS = f"zmbench{os.getpid()}"
+ADDRS = {4: "10.250.0.1", 6: "fd00:250::1"}
+
+
+def make_netns() -> None:
+    """The bench's namespace: lo up, a veth pair (both ends inside) with ADDRS on one end."""
+    for cmd in (["ip", "netns", "add", NETNS], ["ip", "-n", NETNS, "link", "set", "lo", "up"],
+                ["ip", "-n", NETNS, "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
+                ["ip", "-n", NETNS, "addr", "add", f"{ADDRS[4]}/32", "dev", "d0"],
+                ["ip", "-n", NETNS, "addr", "add", f"{ADDRS[6]}/128", "dev", "d0", "nodad"],
+                ["ip", "-n", NETNS, "link", "set", "d0", "up"]):
+        subprocess.run(cmd, check=True)
+
+
+def udp_burst(family: int, count: int) -> None:
+    """Send count 64-byte datagrams to a socket of the bench's namespace, read them."""
+    run_in_netns(NETNS, lambda: _burst(family, count))
+
+
+def _burst(family: int, count: int) -> None:
+    fam = socket.AF_INET if family == 4 else socket.AF_INET6
+    host = ADDRS[family]
+    with socket.socket(fam, socket.SOCK_DGRAM) as rx, socket.socket(fam, socket.SOCK_DGRAM) as tx:
+        rx.bind((host, 0))
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        tx.connect(rx.getsockname())
+        payload = b"x" * (64 - (28 if family == 4 else 48))
+        for i in range(count):
+            tx.send(payload)
+            if i % 64 == 63:
+                while True:
+                    try:
+                        rx.recv(64, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        break
+
+
+def main() -> int:
+    """Run the bench; print a table (or JSON with --json). Returns the exit code."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--packets", type=int, default=100_000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from bcc import BPF
+
+    root = cg.cgroup2_root()
+    child = os.path.join(root, f"zm-bench-{os.getpid()}")
+    os.mkdir(child)
+    try:
+        make_netns()
+    except BaseException:
+        os.rmdir(child)
+        subprocess.run(["ip", "netns", "del", NETNS], check=False)
+        raise
+    home = Path(f"/proc/{os.getpid()}/cgroup").read_text()
+    old = next((line.split(":", 2)[2] for line in home.splitlines() if line.startswith("0::")), "/")
+    loads = LoadSampler()
+    results: dict[str, dict[str, list[float]]] = {t: {"empty": [], "zonemeter": []}
+                                                  for t in ("udp4", "udp6")}
+    dp = Datapath(DatapathConfig(hook="cgroup", cgroup_root=child, flow_capacity=4096))
+    empty = BPF(src_file=str(CGROUP_SOURCE).encode(), cflags=flags_for(dp.config, (32768, 60999)))
+    empty_fd = empty.load_func(b"zm_cg_empty", BPF.CGROUP_SKB).fd
+    ours = {name: fn.fd for name, fn in dp._fns.items()}  # noqa: SLF001 - a bench reads them
+    try:
+        Path(child, "cgroup.procs").write_text(str(os.getpid()))
+        set_stats(True)
+        for _ in range(args.rounds):
+            for config in ("empty", "zonemeter"):
+                fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY)
+                links: list[int] = []
+                try:
+                    for attach_type, _side, prog in cg.SIDES:
+                        pfd = empty_fd if config == "empty" else ours[prog]
+                        links.append(cg.link_create(pfd, fd, attach_type))
+                finally:
+                    os.close(fd)
+                fds = [empty_fd] if config == "empty" else list(ours.values())
+                try:
+                    for traffic, fam in (("udp4", 4), ("udp6", 6)):
+                        before = sum(fdinfo(f)[0] for f in fds)
+                        udp_burst(fam, args.packets)
+                        after = sum(fdinfo(f)[0] for f in fds)
+                        results[traffic][config].append((after - before) / args.packets)
+                finally:
+                    for link in links:
+                        os.close(link)
+                dp.drain()
+    finally:
+        set_stats(False)
+        Path(root, old.lstrip("/"), "cgroup.procs").write_text(str(os.getpid()))
+        dp.close()
+        empty.cleanup()
+        os.rmdir(child)
+        subprocess.run(["ip", "netns", "del", NETNS], check=False)
+    load = loads.stop()
+    out: dict[str, Any] = {"rounds": args.rounds, "packets": args.packets, "load": load}
+    for traffic, r in results.items():
+        extra = [z - e for z, e in zip(r["zonemeter"], r["empty"], strict=True)]
+        ratio = [z / e for z, e in zip(r["zonemeter"], r["empty"], strict=True) if e]
+        out[traffic] = {"empty": summary(r["empty"]), "zonemeter": summary(r["zonemeter"]),
+                        "extra": summary(extra), "ratio": summary(ratio)}
+    if args.json:
+        json.dump(out, sys.stdout, indent=2)
+        print()
+        return 0
+
+    def fmt(s: dict[str, float]) -> str:
+        return f"{s['median']:.1f} ({s['min']:.1f}..{s['max']:.1f})"
+
+    print(f"load average (1 min) {fmt(load)}; ns per packet, egress + ingress, median (min..max)")
+    print("| traffic | empty cgroup_skb | zonemeter cgroup_skb | extra | ratio |")
+    print("|---|---|---|---|---|")
+    for traffic in ("udp4", "udp6"):
+        o = out[traffic]
+        print(f"| {traffic} | {fmt(o['empty'])} | {fmt(o['zonemeter'])} | {fmt(o['extra'])} | "
+              f"{o['ratio']['median']:.2f} ({o['ratio']['min']:.2f}..{o['ratio']['max']:.2f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

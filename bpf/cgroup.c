@@ -1,0 +1,272 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * cgroup.c - the socket-side programs, loaded by agent/datapath/cgroup.py and attached as
+ * cgroup_skb links (multi-attach) on the node's cgroup v2 root, so they run for every
+ * socket of the node whatever moves its packets (docs/datapath.md, "The cgroup_skb hook"):
+ *   zm_cg_egress   BPF_CGROUP_INET_EGRESS, ip_finish_output / ip6_finish_output: packets
+ *                  leaving a local socket, after the host's netfilter (post-DNAT/SNAT)
+ *   zm_cg_ingress  BPF_CGROUP_INET_INGRESS, sk_filter on a full socket: packets entering
+ *                  a local socket, after netfilter undid the NAT of the connection
+ * "local" is the socket's side, as the pod side is for tc.c. The programs only count and
+ * always return 1 (let the packet pass); the packet starts at its IP header (l3_off 0).
+ *
+ * Scope (only when built with -DZM_SCOPE_NETNS): count only packets whose socket lives in
+ * a network namespace whose cookie (bpf_get_netns_cookie, SO_NETNS_COOKIE) is in
+ * zm_scope. A node needs none (every socket of the node is the node's); the lab gives each
+ * lab node its pods' namespaces, since every namespace on the machine shares the host's
+ * cgroup tree (another lab's pods may even reuse the same addresses).
+ */
+#include <uapi/linux/bpf.h>
+#include "maps.h"
+
+#ifdef ZM_SCOPE_NETNS
+/* Network namespace cookies whose sockets are counted (value unused, 1). Not part of the
+ * pinned layout: the agent fills it at every start. */
+BPF_HASH(zm_scope, __u64, __u32, 1024);
+#endif
+
+/* Map accessors required by classify.h and account.h; the same as tc.c's (BCC rewrites
+ * map.lookup() in the main source file only, so each program file carries its own). */
+
+/* Returns the endpoint map value (1) for k, or NULL when k is no local endpoint. */
+static __always_inline __u32 *zm_endpoint_lookup(struct zm_endpoint_key *k)
+{
+	return zm_endpoints.lookup(k);
+}
+
+/* Returns 1 when some local endpoint uses port (__be16), else 0. */
+static __always_inline int zm_endpoint_port(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *used = zm_endpoint_ports.lookup(&idx);
+	return used && *used;
+}
+
+/* Returns 1 when a local socket answered a TCP SYN from port (__be16), else 0. */
+static __always_inline int zm_server_port(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *seen = zm_server_ports.lookup(&idx);
+	return seen && *seen;
+}
+
+/* Marks port (__be16) as one a local socket accepts TCP connections on. */
+static __always_inline void zm_server_port_learn(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *seen = zm_server_ports.lookup(&idx);
+	if (seen && !*seen)
+		*seen = 1;
+}
+
+/* Returns the flow table the programs currently write to, or NULL when none is set. */
+static __always_inline void *zm_active_flows(void)
+{
+	int zero = 0;
+	return zm_active.lookup(&zero);
+}
+
+/* Returns this CPU's slot idx of the active per-CPU flow cache, or NULL. */
+static __always_inline struct zm_cache_slot *zm_cache_slot_at(__u32 idx)
+{
+	int zero = 0;
+	void *cache = zm_cache_active.lookup(&zero);
+	if (!cache)
+		return NULL;
+	return bpf_map_lookup_elem(cache, &idx);
+}
+
+/* Returns the counter of packets that found no flow or overflow entry. */
+static __always_inline struct zm_flow_value *zm_lost_counter(void)
+{
+	int zero = 0;
+	return zm_lost.lookup(&zero);
+}
+
+#include "parse.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+
+/* Writes the socket's address (sock_common: src_ip4/src_ip6 or dst_ip4/dst_ip6, network
+ * order) into dst (16 bytes, IPv4 mapped) when it is set; returns 1 when written, 0 when
+ * the socket has none (an unbound or unconnected side, the kernel's control socket of
+ * RSTs and TIME-WAIT ACKs) or its family does not fit the packet's. */
+static __always_inline int zm_sock_addr(struct bpf_sock *sk, int family, int remote, __u8 *dst)
+{
+	__u32 skfam = sk->family;
+	if (skfam == AF_INET) {
+		if (family != ZM_FAMILY_INET)
+			return 0;
+		__u32 a = remote ? sk->dst_ip4 : sk->src_ip4;
+		if (!a)
+			return 0;
+		zm_map_v4(dst, a);
+		return 1;
+	}
+	if (skfam != AF_INET6)
+		return 0;
+	__u32 w0 = remote ? sk->dst_ip6[0] : sk->src_ip6[0];
+	__u32 w1 = remote ? sk->dst_ip6[1] : sk->src_ip6[1];
+	__u32 w2 = remote ? sk->dst_ip6[2] : sk->src_ip6[2];
+	__u32 w3 = remote ? sk->dst_ip6[3] : sk->src_ip6[3];
+	if (!(w0 | w1 | w2 | w3))
+		return 0;
+	/* an IPv4 packet of a dual-stack socket: its address is ::ffff:a.b.c.d already */
+	int mapped = w0 == 0 && w1 == 0 && w2 == bpf_htonl(0xffff);
+	if ((family == ZM_FAMILY_INET) != mapped)
+		return 0;
+	__builtin_memcpy(dst, &w0, 4);
+	__builtin_memcpy(dst + 4, &w1, 4);
+	__builtin_memcpy(dst + 8, &w2, 4);
+	__builtin_memcpy(dst + 12, &w3, 4);
+	return 1;
+}
+
+/* Key of zm_wild: a peer of a socket bound to a wildcard address (a listener, an
+ * unconnected UDP server), and the socket's port. */
+struct zm_wild_key {
+	__u8 remote[16];  /* the peer, IPv4 mapped */
+	__be16 rport;     /* the peer's port */
+	__be16 lport;     /* the socket's port */
+	__u8 proto;
+	__u8 pad[3];
+};
+/* the local address a peer reached a wildcard-bound socket at, as the ingress packet had
+ * it (after DNAT): restored at egress, where a reply of a connection DNATed on this node
+ * carries the ClusterIP as its source (a SYN-ACK is sent on the listener, whose address
+ * is the wildcard). Not part of the pinned layout. */
+BPF_TABLE("lru_hash", struct zm_wild_key, struct zm_wild_key, zm_wild, 65536);
+
+/*
+ * The socket view (docs/datapath.md, "The cgroup_skb hook"): the addresses and ports of
+ * the packet's socket replace the packet's, side by side, where the socket has them. At
+ * egress the packet has passed the host's netfilter already (ip_finish_output runs after
+ * POSTROUTING): a host socket's packet to a ClusterIP carries the backend, and the reply
+ * of a host-network server to a connection DNATed on this node carries the ClusterIP as
+ * its source. The socket still has what connect() and accept() gave it, as the ingress
+ * packet does after netfilter undid the NAT: so both directions of a flow get one key.
+ * For a SYN-ACK skb->sk is the request socket, whose sock_common has the same fields.
+ */
+static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt *p, int into_local)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return;
+	__u8 *local = into_local ? p->daddr : p->saddr;
+	__u8 *remote = into_local ? p->saddr : p->daddr;
+	__u8 addr[16];
+	if (p->has_ports && !zm_sock_addr(sk, p->family, 0, addr) && sk->src_port) {
+		/* a wildcard-bound socket: remember (ingress) or restore (egress) the local
+		 * address its peer dialled */
+		struct zm_wild_key k;
+		__builtin_memset(&k, 0, sizeof(k));
+		__builtin_memcpy(k.remote, remote, 16);
+		k.rport = into_local ? p->sport : p->dport;
+		k.lport = bpf_htons((__u16)sk->src_port);
+		k.proto = p->proto;
+		if (into_local) {
+			struct zm_wild_key v;
+			__builtin_memset(&v, 0, sizeof(v));
+			__builtin_memcpy(v.remote, local, 16);
+			zm_wild.update(&k, &v);
+		} else {
+			struct zm_wild_key *v = zm_wild.lookup(&k);
+			if (v) {
+				__builtin_memcpy(local, v->remote, 16);
+				p->sport = k.lport;
+			}
+		}
+		return;
+	}
+	if (zm_sock_addr(sk, p->family, 0, addr)) {
+		__builtin_memcpy(local, addr, 16);
+		__u32 port = sk->src_port; /* host order */
+		if (p->has_ports && port) {
+			if (into_local)
+				p->dport = bpf_htons(port);
+			else
+				p->sport = bpf_htons(port);
+		}
+	}
+	if (zm_sock_addr(sk, p->family, 1, addr)) {
+		__u16 port = (__u16)sk->dst_port; /* network order */
+		if (p->has_ports && port) {
+			__builtin_memcpy(remote, addr, 16);
+			if (into_local)
+				p->sport = port;
+			else
+				p->dport = port;
+		}
+	}
+}
+#define ZM_SOCKET_VIEW 1
+
+#include "classify.h"
+
+/* Returns 1 when the packet is to be counted: always without -DZM_SCOPE_NETNS, else when
+ * the network namespace of its socket is in zm_scope. */
+static __always_inline int zm_in_scope(struct __sk_buff *skb)
+{
+#ifdef ZM_SCOPE_NETNS
+	__u64 cookie = bpf_get_netns_cookie(skb);
+	return zm_scope.lookup(&cookie) != NULL;
+#else
+	return 1;
+#endif
+}
+
+/* Returns 1 when the packet (IP header at offset 0) is addressed to a loopback address
+ * (127.0.0.0/8, ::1): it never leaves the node and has no peer elsewhere, and both of
+ * its ends would be counted as an external peer's (docs/datapath.md). */
+static __always_inline int zm_loopback(struct __sk_buff *skb, int family)
+{
+	if (family == ZM_FAMILY_INET) {
+		__u8 first;
+		if (bpf_skb_load_bytes(skb, 16, &first, 1) < 0) /* daddr: RFC 791 3.1 */
+			return 0;
+		return first == 127;
+	}
+	__u32 w[4];
+	if (bpf_skb_load_bytes(skb, 24, w, 16) < 0) /* daddr: RFC 8200 3 */
+		return 0;
+	return w[0] == 0 && w[1] == 0 && w[2] == 0 && w[3] == bpf_htonl(1);
+}
+
+/* Counts one packet of a local socket; into_local: 1 ingress, 0 egress. */
+static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
+{
+	int family;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		family = ZM_FAMILY_INET;
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		family = ZM_FAMILY_INET6;
+	else
+		return;
+	if (zm_in_scope(skb) && !zm_loopback(skb, family))
+		zm_classify_and_count(skb, 0, into_local, family, 0);
+}
+
+/* cgroup_skb/ingress: packets entering a local socket. Returns 1 (pass). */
+int zm_cg_ingress(struct __sk_buff *skb)
+{
+	zm_cg_count(skb, 1);
+	return 1;
+}
+
+/* cgroup_skb/egress: packets leaving a local socket. Returns 1 (pass). */
+int zm_cg_egress(struct __sk_buff *skb)
+{
+	zm_cg_count(skb, 0);
+	return 1;
+}
+
+/* An empty cgroup_skb program: the baseline of bench/bench_cgroup.py. Returns 1. */
+int zm_cg_empty(struct __sk_buff *skb)
+{
+	return 1;
+}

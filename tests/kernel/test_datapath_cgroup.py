@@ -1,0 +1,132 @@
+"""The cgroup_skb hook on the real kernel: attach beside other programs, hand over through
+pinned links, clean up (docs/datapath.md, "The cgroup_skb hook").
+
+Our programs go on the machine's cgroup v2 root, which every namespace of the machine
+shares (lab ones too); they only count and always let packets pass. Counting is scoped to
+the network namespaces of a lab node's pods (``DatapathConfig.scope_netns``), so the
+host's own sockets and other tests' labs never reach the tables; the traffic is lab
+traffic inside lab namespaces. The exactly-once comparison with ground truth on this
+hook is tests/kernel/test_datapath.py (``flat-cgroup``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+from _dp_fixtures import Flow, exchange, two_node_lab
+
+from agent.datapath import Datapath, DatapathConfig, on_bpf_fs, tcx
+from agent.datapath import cgroup as cg
+from agent.records import FlowKind
+from tools.lab import Lab
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    lab = two_node_lab()
+    yield lab
+    lab.down()
+
+
+@pytest.fixture()
+def pin_dir() -> Iterator[str]:
+    """A fresh pin directory on a BPF filesystem (a private bpffs when /sys/fs/bpf is
+    none), removed after the test."""
+    if on_bpf_fs("/sys/fs/bpf"):
+        top = f"/sys/fs/bpf/zm{secrets.token_hex(2)}"
+        yield f"{top}/node"
+        subprocess.run(["rm", "-rf", top], check=False)
+        return
+    mnt = tempfile.mkdtemp(prefix="zmcg")
+    subprocess.run(["mount", "-t", "bpf", "bpf", mnt], check=True)
+    try:
+        yield f"{mnt}/node"
+    finally:
+        subprocess.run(["umount", mnt], check=False)
+        os.rmdir(mnt)
+
+
+def our_programs(root: str) -> dict[str, list[str]]:
+    """{side: names of our programs attached to root}."""
+    out: dict[str, list[str]] = {}
+    for attach_type, side, _ in cg.SIDES:
+        names = [tcx.prog_name(pid) for pid in cg.query(root, attach_type)]
+        out[side] = [n for n in names if n.startswith("zm_cg_")]
+    return out
+
+
+def config(lab: Lab, node: str, **kw: object) -> DatapathConfig:
+    pods = tuple(lab.pod_netns(p.name) for p in lab.topology.pods_on(node))
+    return DatapathConfig(hook="cgroup", scope_netns=pods, flow_capacity=1024,
+                          ephemeral_ports=(32768, 60999), **kw)  # type: ignore[arg-type]
+
+
+def counted(dp: Datapath, local: str, kind: FlowKind) -> int:
+    return sum(d.bytes for d in dp.drain() if str(d.local) == local and d.kind is kind)
+
+
+def test_finds_the_unified_hierarchy_of_this_hybrid_machine() -> None:
+    root = cg.cgroup2_root()
+    assert os.path.exists(os.path.join(root, "cgroup.procs"))
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        assert any(f" {root} " in line and " - cgroup2 " in line for line in f)
+
+
+def test_counts_beside_another_cgroup_program_and_detaches_only_ours(lab: Lab) -> None:
+    root = cg.cgroup2_root()
+    dp = Datapath(config(lab, "a"))
+    other = Datapath(config(lab, "b"))  # a second multi-attached pair on the same root
+    try:
+        dp.attach()
+        other.attach()
+        assert dp.attached() == (f"cgroup:{root}",)
+        assert {s: len(n) for s, n in our_programs(root).items()} == {"ingress": 2, "egress": 2}
+        dp.drain()
+        a1 = str(lab.pod_ip("a1", 4))
+        b1 = str(lab.pod_ip("b1", 4))
+        exchange(lab, Flow("a1", "b1", b1, 9100, 9100, "tcp", 4), 5000, 700)
+        # a1's socket sent the request: ours counts it (the other pair is scoped to b)
+        assert counted(dp, a1, FlowKind.EGRESS) >= 5000
+        assert counted(other, b1, FlowKind.INGRESS) >= 5000
+    finally:
+        dp.close()
+    assert {s: len(n) for s, n in our_programs(root).items()} == {"ingress": 1, "egress": 1}
+    other.close()
+    assert our_programs(root) == {"ingress": [], "egress": []}
+
+
+def test_pinned_links_survive_the_agent_and_are_taken_over(lab: Lab, pin_dir: str) -> None:
+    root = cg.cgroup2_root()
+    pin = pin_dir
+    a1 = str(lab.pod_ip("a1", 4))
+    b1 = str(lab.pod_ip("b1", 4))
+    try:
+        first = Datapath(config(lab, "a", pin_path=pin))
+        first.attach()
+        first.drain()
+        first.release()  # the links stay, pinned, and go on counting
+        assert {"zm_cgroup_egress", "zm_cgroup_ingress"} <= set(os.listdir(pin))
+        assert {s: len(n) for s, n in our_programs(root).items()} == {"ingress": 1, "egress": 1}
+        exchange(lab, Flow("a1", "b1", b1, 9101, 9101, "tcp", 4), 4000, 100)
+        second = Datapath(config(lab, "a", pin_path=pin))
+        try:
+            assert second.reused
+            second.attach()
+            # taken over, never a second attachment
+            assert {s: len(n) for s, n in our_programs(root).items()} == {"ingress": 1, "egress": 1}
+            # what the first agent's programs counted while no agent ran is drained now
+            assert counted(second, a1, FlowKind.EGRESS) >= 4000
+        finally:
+            second.release()
+    finally:
+        res = Datapath.cleanup(pin)
+    assert set(res.links) >= {"zm_cgroup_ingress", "zm_cgroup_egress"}
+    assert our_programs(root) == {"ingress": [], "egress": []}
+    assert not os.path.exists(pin)
