@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -140,6 +141,21 @@ def kubernetes_service_ip(service_cidr: str) -> ipaddress.IPv4Address | ipaddres
     except ValueError as e:
         raise ControlPlaneError(f"service_cidr {service_cidr!r}: {e}") from None
     return net.network_address + 1
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (not gone, not a zombie; a zombie child of ours is reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state != "Z":
+        return True
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return False
 
 
 def _run(cmd: list[str], *, cwd: Path | None = None, input: str | None = None) -> str:
@@ -258,6 +274,8 @@ class ControlPlane:
     def restart(self, component: str, timeout_s: float = 180.0) -> None:
         """Stop one component (SIGTERM) and start it again with the same flags and data.
 
+        Works on a detached control plane too (:meth:`stop_component`, :meth:`start_component`).
+
         Args:
             component: ``etcd``, ``kube-apiserver`` or ``kube-controller-manager``.
             timeout_s: for it to be ready again (seconds).
@@ -265,18 +283,88 @@ class ControlPlane:
         Raises:
             ControlPlaneError: it was not started, or did not become ready again.
         """
-        if component not in self._argv:
-            raise ControlPlaneError(f"restart {component!r}: not started (started: {', '.join(self._argv)})")
-        p = self._procs.get(component)
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10.0)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self._spawn(component, self._argv[component])
-        self._wait(component, timeout_s, self._ready[component])
+        self.stop_component(component)
+        self.start_component(component, timeout_s)
+
+    def _record(self, component: str) -> dict[str, object]:
+        """What :meth:`_spawn` and :meth:`_wait` wrote to ``<workdir>/<component>.json``."""
+        try:
+            return json.loads((self.workdir / f"{component}.json").read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            raise ControlPlaneError(f"{component!r}: not started (no {self.workdir / (component + '.json')})") from None
+
+    def stop_component(self, component: str, grace_s: float = 10.0) -> None:
+        """Stop one component: SIGTERM, SIGKILL after ``grace_s`` seconds; returns once it exited.
+
+        The process id comes from ``<workdir>/<component>.json`` (written when it was started),
+        so this works on a :meth:`detach`-ed control plane and from another ``ControlPlane``
+        object for the same work directory (``Lab.control_plane()``).
+
+        Raises:
+            ControlPlaneError: it was never started in this work directory.
+        """
+        pid = int(str(self._record(component)["pid"]))
+        p = self._procs.pop(component, None)
+        if p is not None:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(grace_s)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            return
+        if not _alive(pid):
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + grace_s
+            time.sleep(0.1)
+
+    def start_component(self, component: str, timeout_s: float = 180.0) -> None:
+        """Start one stopped component again with the flags and data of its first start, and
+        wait until it is ready (the same probe as :meth:`start`).
+
+        Raises:
+            ControlPlaneError: it was never started here, or it exited or was not ready in time.
+        """
+        rec = self._record(component)
+        argv = [str(a) for a in rec["argv"]]  # type: ignore[attr-defined]
+        ready = [str(a) for a in rec.get("ready") or []]  # type: ignore[attr-defined]
+        self._spawn(component, argv)
+        self._wait(component, timeout_s, ready)
+
+    def compact_etcd(self) -> int:
+        """Write one key to etcd and compact its history up to that write (physically).
+
+        Through etcd's gRPC gateway (``POST /v3/kv/put``, ``POST /v3/kv/compaction``, etcd's
+        api/etcdserverpb/rpc.proto) on the namespace's loopback: every revision before the
+        returned one is gone, so a watch from an older resourceVersion that reaches etcd is
+        answered ``410 Gone`` ("required revision has been compacted"), and kube-apiserver's
+        watch cache, started after this, holds nothing older either.
+
+        Returns:
+            The revision compacted to (etcd's ``header.revision`` of the write).
+
+        Raises:
+            ControlPlaneError: etcd did not answer (message has the probe's stderr).
+        """
+        script = (
+            "import base64,json,sys,urllib.request\n"
+            "def post(path, body):\n"
+            "    r = urllib.request.Request(sys.argv[1] + path, data=json.dumps(body).encode(), method='POST')\n"
+            "    return json.load(urllib.request.urlopen(r, timeout=10))\n"
+            "b = lambda s: base64.b64encode(s.encode()).decode()\n"
+            "rev = int(post('/v3/kv/put', {'key': b('/zonemeter-lab/compact'), 'value': b('x')})"
+            "['header']['revision'])\n"
+            "post('/v3/kv/compaction', {'revision': rev, 'physical': True})\n"
+            "print(rev)\n")
+        out = _run(["ip", "netns", "exec", self.netns, sys.executable, "-c", script,
+                    f"http://127.0.0.1:{ETCD_CLIENT_PORT}"])
+        return int(out.strip())
 
     @property
     def pids(self) -> dict[str, int]:
@@ -432,6 +520,7 @@ class ControlPlane:
         self._procs[name] = p
         self._pids[name] = p.pid
         self._argv[name] = argv
+        (self.workdir / f"{name}.json").write_text(json.dumps({"pid": p.pid, "argv": argv}))
         return p
 
     def _tail(self, name: str, n: int = 15) -> str:
@@ -444,6 +533,8 @@ class ControlPlane:
     def _wait(self, name: str, timeout_s: float, ready: list[str]) -> None:
         """Poll ``ready`` (a command run in the namespace) until it succeeds or ``name`` exits."""
         self._ready[name] = ready
+        rec = self.workdir / f"{name}.json"
+        rec.write_text(json.dumps({**json.loads(rec.read_text()), "ready": ready}))
         p = self._procs[name]
         deadline = time.monotonic() + timeout_s
         while True:

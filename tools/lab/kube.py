@@ -154,6 +154,72 @@ class LabKubernetes(LabNamespaces):
         except ControlPlaneError as e:
             raise RuntimeFailure(str(e)) from None
 
+    def stop_apiserver(self) -> None:
+        """Stop the lab's kube-apiserver (SIGTERM; etcd and the controller manager run on):
+        every watch of the agents and kube-proxies breaks and new requests are refused.
+
+        Raises:
+            InputError: the lab runs the emulated mode.
+            RuntimeFailure: the apiserver was not started by this lab's state directory.
+        """
+        from tools.kube.controlplane import ControlPlaneError
+
+        try:
+            self.control_plane().stop_component("kube-apiserver")
+        except ControlPlaneError as e:
+            raise RuntimeFailure(str(e)) from None
+
+    def start_apiserver(self, timeout_s: float = 180.0) -> None:
+        """Start the stopped kube-apiserver again with the same flags; returns once ``/readyz``
+        answers (its watch cache is built anew from etcd).
+
+        Raises:
+            InputError: the lab runs the emulated mode.
+            RuntimeFailure: it exited or was not ready within ``timeout_s`` seconds.
+        """
+        from tools.kube.controlplane import ControlPlaneError
+
+        try:
+            self.control_plane().start_component("kube-apiserver", timeout_s)
+        except ControlPlaneError as e:
+            raise RuntimeFailure(str(e)) from None
+
+    def hold_relay(self, held: bool) -> None:
+        """Freeze (``SIGSTOP``) or thaw (``SIGCONT``) the relay host-namespace clients reach the
+        apiserver through: a partition between the agents and the apiserver that leaves kubectl
+        (:meth:`kubectl`, inside the control-plane namespace) and the kube-proxies (their node
+        namespaces, straight to the apiserver) working. Frozen, the agents' open watches carry
+        nothing and new connections hang; thawed, whatever the apiserver closed meanwhile closes.
+
+        Raises:
+            RuntimeFailure: the relay is not running (no ``relay.pid``, or no such process).
+        """
+        import os
+        import signal
+
+        try:
+            pid = int((self.kube_dir / "relay.pid").read_text())
+            os.kill(pid, signal.SIGSTOP if held else signal.SIGCONT)
+        except (OSError, ValueError) as e:
+            raise RuntimeFailure(f"relay of lab {self.prefix}: {e}") from None
+
+    def compact_etcd(self) -> int:
+        """Compact the lab's etcd up to a fresh write (:meth:`ControlPlane.compact_etcd`).
+
+        Returns:
+            The revision compacted to.
+
+        Raises:
+            InputError: the lab runs the emulated mode.
+            RuntimeFailure: etcd did not answer.
+        """
+        from tools.kube.controlplane import ControlPlaneError
+
+        try:
+            return int(self.control_plane().compact_etcd())
+        except ControlPlaneError as e:
+            raise RuntimeFailure(str(e)) from None
+
     # ------------------------------------------------------------------ building
 
     def _build_kubernetes(self) -> None:
@@ -211,6 +277,7 @@ class LabKubernetes(LabNamespaces):
                                  cwd=ROOT, env=child_env(), start_new_session=True)
         finally:
             log.close()
+        (self.kube_dir / "relay.pid").write_text(f"{p.pid}\n")
         assert p.stdout is not None
         line = p.stdout.readline().split()
         p.stdout.close()
