@@ -80,6 +80,14 @@ def test_every_dashboard_and_rule_expression_returns_demo_data(tmp_path: Path) -
                        "--port", "80", "--count", "12", "--rate", "4"]
             busy = subprocess.run(traffic, cwd=ROOT, capture_output=True, text=True, timeout=120)
             assert busy.returncode == 0, busy.stderr
+            # and from c2, whose data plane ignores the hints, to the PreferSameZone checkout:
+            # the hint-ignored cause rules join c2's ClusterIP path bytes with the endpoints'
+            # hint-ignored bytes, and both must move (rate > 0); 12 random picks among six
+            # endpoints that all stay in zone c: (1/3)^12
+            ignored = [*traffic[:traffic.index("--from") + 1], "frontend-c2", "--to",
+                       "shop/checkout", *traffic[traffic.index("--port"):]]
+            busy = subprocess.run(ignored, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert busy.returncode == 0, busy.stderr
             # wait until the rules ran after the traffic's last export was scraped (export 1 s,
             # scrape 1 s)
             deadline = time.monotonic() + 90
