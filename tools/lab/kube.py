@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -435,29 +437,82 @@ class LabKubernetes(LabNamespaces):
                                      f"(Service: (ready endpoints, expected)): {missing}")
             time.sleep(0.3)
 
-    def _start_kube_proxies(self, cp: Any) -> None:
+    def _start_kube_proxy(self, cp: Any, node: Any) -> tuple[subprocess.Popen[bytes], int]:
+        """Start the real kube-proxy of ``node`` in its namespace; returns the process and the
+        offset of its log at the start (the log is appended to across restarts)."""
         opt = self.topology.options
         cluster_cidr = str(opt.pod_cidr) + (f",{opt.pod_cidr_v6}" if opt.ipv6 else "")
         server = f"https://{self.kube_address}:6443"
-        for node in self.topology.nodes:
-            if not self.uses_kube_proxy(node.name):
-                continue
-            kc = cp.client_kubeconfig(self.kube_dir / f"kube-proxy-{node.name}.kubeconfig", "kube-proxy", server)
-            argv = [str(cp.binaries.kube_proxy), f"--kubeconfig={kc}", f"--hostname-override={node.name}",
-                    f"--proxy-mode={self.proxy_mode}", f"--cluster-cidr={cluster_cidr}",
-                    "--detect-local-mode=ClusterCIDR", "--nodeport-addresses=primary",
-                    # nf_conntrack_max is not per namespace: leave the host's conntrack settings alone
-                    "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
-                    "--conntrack-tcp-timeout-close-wait=0", "--oom-score-adj=0",
-                    "--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
-                    "--v=1"]
-            log = open(self.kube_dir / f"kube-proxy-{node.name}.log", "ab")  # noqa: SIM115
-            try:
-                subprocess.Popen(["ip", "netns", "exec", self.node_netns(node.name), *argv], stdout=log,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-            finally:
-                log.close()
+        kc = cp.client_kubeconfig(self.kube_dir / f"kube-proxy-{node.name}.kubeconfig", "kube-proxy", server)
+        argv = [str(cp.binaries.kube_proxy), f"--kubeconfig={kc}", f"--hostname-override={node.name}",
+                f"--proxy-mode={self.proxy_mode}", f"--cluster-cidr={cluster_cidr}",
+                "--detect-local-mode=ClusterCIDR", "--nodeport-addresses=primary",
+                # nf_conntrack_max is not per namespace: leave the host's conntrack settings alone
+                "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0", "--oom-score-adj=0",
+                "--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256",
+                # V(4): the proxier logs the node topology labels it took (_topology_taken)
+                "--v=4"]
+        path = self.kube_dir / f"kube-proxy-{node.name}.log"
+        offset = path.stat().st_size if path.exists() else 0
+        log = open(path, "ab")  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(["ip", "netns", "exec", self.node_netns(node.name), *argv], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+        return proc, offset
+
+    def _topology_taken(self, node: Any, offset: int) -> bool:
+        """Whether ``node``'s kube-proxy logged, after ``offset``, that its proxier took the
+        node's zone label (``Proxier.OnTopologyChange``, kube-proxy pkg/proxy/iptables and
+        nftables ``proxier.go``: "Updated proxier node topology labels")."""
+        path = self.kube_dir / f"kube-proxy-{node.name}.log"
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+        return any("Updated proxier node topology labels" in ln and f'"{node.zone}"' in ln
+                   for ln in text.splitlines())
+
+    def _start_kube_proxies(self, cp: Any, attempts: int = 3, wait_s: float = 10.0) -> None:
+        """Start every real kube-proxy and wait until each has rules for every ClusterIP and
+        has taken its node's zone.
+
+        kube-proxy 1.37 can miss its node's zone at start: ``NewNodeTopologyConfig`` adds its
+        handler to the already synced node informer before the proxier is registered with
+        ``RegisterEventHandler`` (cmd/kube-proxy/app/server.go), and
+        ``NodeTopologyConfig.handleNodeEvent`` (pkg/proxy/config/config.go) records the labels
+        even with no handler and skips every later event carrying the same labels; that
+        kube-proxy then ignores every hint until its zone label changes. Seen in the lab under
+        load (one node's kube-proxy forwarding a PreferSameZone Service to every zone). Such a
+        kube-proxy is restarted, as a node's supervisor would after its health check.
+
+        Raises:
+            RuntimeFailure: a kube-proxy wrote no rules in time, or did not take its zone in
+                ``attempts`` starts.
+        """
+        nodes = [n for n in self.topology.nodes if self.uses_kube_proxy(n.name)]
+        started = {n.name: self._start_kube_proxy(cp, n) for n in nodes}
         self.wait_kube_proxies()
+        for n in nodes:
+            if not n.zone:
+                continue
+            for attempt in range(attempts):
+                proc, offset = started[n.name]
+                deadline = time.monotonic() + wait_s
+                while time.monotonic() < deadline and not self._topology_taken(n, offset):
+                    time.sleep(0.2)
+                if self._topology_taken(n, offset):
+                    break
+                if attempt == attempts - 1:
+                    raise RuntimeFailure(f"kube-proxy of node {n.name} did not take its zone {n.zone} "
+                                         f"in {attempts} starts ({self.kube_dir / f'kube-proxy-{n.name}.log'})")
+                print(f"lab: kube-proxy of node {n.name} missed its zone label at start "
+                      "(kube-proxy NodeTopologyConfig race); restarting it", file=sys.stderr)
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+                started[n.name] = self._start_kube_proxy(cp, n)
+                self.wait_kube_proxies()
 
     def programmed(self, node: str) -> str:
         """The rules kube-proxy wrote in ``node``'s namespace: ``iptables-save`` (nat and filter,
