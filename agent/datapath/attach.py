@@ -450,25 +450,12 @@ class Datapath:
         """Return an fd of the pinned TCX link a previous agent left on index/side, or
         None when there is none. A pin that is no live TCX link of that device and side
         (its device was deleted, the ifindex reused) is unlinked: it counts nothing."""
-        path = self._link_pin(index, side)
-        if path is None or not os.path.exists(path):
-            return None
-        try:
-            fd = tcx.obj_get(path)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                info = tcx.link_info(fd)
-                if (info.type, info.ifindex, info.attach_type) == (
-                        tcx.BPF_LINK_TYPE_TCX, index, attach_type):
-                    return fd
-            except OSError:
-                pass
-            os.close(fd)
-        log.info("removing stale link pin %s", path)
-        os.unlink(path)
-        return None
+        def is_ours(fd: int) -> bool:
+            info = tcx.link_info(fd)
+            return (info.type, info.ifindex, info.attach_type) == (
+                tcx.BPF_LINK_TYPE_TCX, index, attach_type)
+
+        return tcx.take_over_pin(self._link_pin(index, side), is_ours)
 
     def _replace_filters(self, index: int) -> None:
         """Put our clsact programs on link index with ``replace`` (same priority and

@@ -109,24 +109,8 @@ class CgroupLinks:
     def _take_over(self, side: str, attach_type: int) -> int | None:
         """fd of the pinned link a previous agent left on root/side, or None; a pin that
         is no live cgroup link of root and side is unlinked."""
-        path = self._pin(side)
-        if path is None or not os.path.exists(path):
-            return None
-        try:
-            fd = tcx.obj_get(path)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                if _link_cgroup_info(fd) == (BPF_LINK_TYPE_CGROUP, cgroup_id(self.root),
-                                             attach_type):
-                    return fd
-            except OSError:
-                pass
-            os.close(fd)
-        log.info("removing stale link pin %s", path)
-        os.unlink(path)
-        return None
+        return tcx.take_over_pin(self._pin(side), lambda fd: _link_cgroup_info(fd) == (
+            BPF_LINK_TYPE_CGROUP, cgroup_id(self.root), attach_type))
 
     def attach(self, prog_fds: dict[str, int]) -> None:
         """Attach (or take over and update) both links with the programs of prog_fds

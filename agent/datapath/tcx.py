@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import platform
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.datapath.netns import run_in_netns
+
+log = logging.getLogger(__name__)
 
 # enum bpf_cmd
 BPF_OBJ_PIN = 6
@@ -167,6 +171,31 @@ def obj_get(path: str) -> int:
     attr = _attr()
     struct.pack_into("=Q", attr, 0, ctypes.addressof(raw))
     return sys_bpf(BPF_OBJ_GET, attr)
+
+
+def take_over_pin(path: str | None, is_ours: Callable[[int], bool]) -> int | None:
+    """Return an fd of the link pinned at ``path`` when ``is_ours(fd)`` says it is the live
+    link a previous agent left (right type, target and attach type), else None. A pin that
+    is no such link (its device or cgroup is gone, its target reused) is unlinked: it counts
+    nothing. ``is_ours`` may raise OSError (the link's info cannot be read: not ours).
+    Used for TCX links (agent/datapath/attach.py) and cgroup links (agent/datapath/cgroup.py).
+    """
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        fd = obj_get(path)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        try:
+            if is_ours(fd):
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+    log.info("removing stale link pin %s", path)
+    os.unlink(path)
+    return None
 
 
 def _info(fd: int, size: int) -> bytes:
