@@ -110,115 +110,101 @@ int lab_from_uplink(struct __sk_buff *skb)
 	return LAB_NEXT;
 }
 
-/* Rewrites the destination of ctx (IPv4) to a backend when it is a ClusterIP. */
-static __always_inline void lab_pick4(struct bpf_sock_addr *ctx)
+/* Fills k with ctx's address, port and protocol in this netns (IPv4 as ::ffff:a.b.c.d). */
+static __always_inline void lab_key4(struct bpf_sock_addr *ctx, struct lb_key *k)
 {
-	struct lb_key k;
-	__builtin_memset(&k, 0, sizeof(k));
-	k.cookie = bpf_get_netns_cookie(ctx);
-	k.vip[10] = 0xff;
-	k.vip[11] = 0xff;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->cookie = bpf_get_netns_cookie(ctx);
+	k->vip[10] = 0xff;
+	k->vip[11] = 0xff;
 	__u32 ip = ctx->user_ip4;
-	__builtin_memcpy(k.vip + 12, &ip, 4);
-	k.port = (__u16)ctx->user_port;
-	k.proto = ctx->protocol;
-	struct lb_val *v = lb.lookup(&k);
-	if (!v || !v->n)
-		return;
-	__u32 i = bpf_get_prandom_u32() % v->n;
-	if (i >= LAB_BACKENDS)
-		return;
-	__u32 be;
-	__builtin_memcpy(&be, v->be[i].a + 12, 4);
-	ctx->user_ip4 = be;
-	ctx->user_port = v->be[i].port;
+	__builtin_memcpy(k->vip + 12, &ip, 4);
+	k->port = (__u16)ctx->user_port;
+	k->proto = ctx->protocol;
 }
 
-static __always_inline void lab_pick6(struct bpf_sock_addr *ctx)
+/* The same for IPv6 (user_ip6 is read one 32-bit word at a time, as the verifier requires). */
+static __always_inline void lab_key6(struct bpf_sock_addr *ctx, struct lb_key *k)
 {
-	struct lb_key k;
-	__builtin_memset(&k, 0, sizeof(k));
-	k.cookie = bpf_get_netns_cookie(ctx);
+	__builtin_memset(k, 0, sizeof(*k));
+	k->cookie = bpf_get_netns_cookie(ctx);
 	__u32 w0 = ctx->user_ip6[0], w1 = ctx->user_ip6[1], w2 = ctx->user_ip6[2],
 	      w3 = ctx->user_ip6[3];
-	__builtin_memcpy(k.vip, &w0, 4);
-	__builtin_memcpy(k.vip + 4, &w1, 4);
-	__builtin_memcpy(k.vip + 8, &w2, 4);
-	__builtin_memcpy(k.vip + 12, &w3, 4);
-	k.port = (__u16)ctx->user_port;
-	k.proto = ctx->protocol;
+	__builtin_memcpy(k->vip, &w0, 4);
+	__builtin_memcpy(k->vip + 4, &w1, 4);
+	__builtin_memcpy(k->vip + 8, &w2, 4);
+	__builtin_memcpy(k->vip + 12, &w3, 4);
+	k->port = (__u16)ctx->user_port;
+	k->proto = ctx->protocol;
+}
+
+/* Sets ctx's IPv4 address to the last 4 bytes of a (16 bytes) and its port to port. */
+static __always_inline void lab_set4(struct bpf_sock_addr *ctx, const __u8 *a, __u32 port)
+{
+	__u32 ip;
+	__builtin_memcpy(&ip, a + 12, 4);
+	ctx->user_ip4 = ip;
+	ctx->user_port = port;
+}
+
+/* Sets ctx's IPv6 address to a (16 bytes, written one 32-bit word at a time) and its port. */
+static __always_inline void lab_set6(struct bpf_sock_addr *ctx, const __u8 *a, __u32 port)
+{
+	__u32 x;
+	__builtin_memcpy(&x, a, 4);
+	ctx->user_ip6[0] = x;
+	__builtin_memcpy(&x, a + 4, 4);
+	ctx->user_ip6[1] = x;
+	__builtin_memcpy(&x, a + 8, 4);
+	ctx->user_ip6[2] = x;
+	__builtin_memcpy(&x, a + 12, 4);
+	ctx->user_ip6[3] = x;
+	ctx->user_port = port;
+}
+
+/* Rewrites the destination of ctx to a random backend when it is a ClusterIP; six selects
+ * the address family. */
+static __always_inline void lab_pick(struct bpf_sock_addr *ctx, int six)
+{
+	struct lb_key k;
+	if (six)
+		lab_key6(ctx, &k);
+	else
+		lab_key4(ctx, &k);
 	struct lb_val *v = lb.lookup(&k);
 	if (!v || !v->n)
 		return;
 	__u32 i = bpf_get_prandom_u32() % v->n;
 	if (i >= LAB_BACKENDS)
 		return;
-	__u32 x;
-	__builtin_memcpy(&x, v->be[i].a, 4);
-	ctx->user_ip6[0] = x;
-	__builtin_memcpy(&x, v->be[i].a + 4, 4);
-	ctx->user_ip6[1] = x;
-	__builtin_memcpy(&x, v->be[i].a + 8, 4);
-	ctx->user_ip6[2] = x;
-	__builtin_memcpy(&x, v->be[i].a + 12, 4);
-	ctx->user_ip6[3] = x;
-	ctx->user_port = v->be[i].port;
+	if (six)
+		lab_set6(ctx, v->be[i].a, v->be[i].port);
+	else
+		lab_set4(ctx, v->be[i].a, v->be[i].port);
 }
 
 /* The reverse: a backend source becomes the ClusterIP the socket dialled. */
-static __always_inline void lab_unpick4(struct bpf_sock_addr *ctx)
+static __always_inline void lab_unpick(struct bpf_sock_addr *ctx, int six)
 {
 	struct lb_key k;
-	__builtin_memset(&k, 0, sizeof(k));
-	k.cookie = bpf_get_netns_cookie(ctx);
-	k.vip[10] = 0xff;
-	k.vip[11] = 0xff;
-	__u32 ip = ctx->user_ip4;
-	__builtin_memcpy(k.vip + 12, &ip, 4);
-	k.port = (__u16)ctx->user_port;
-	k.proto = ctx->protocol;
+	if (six)
+		lab_key6(ctx, &k);
+	else
+		lab_key4(ctx, &k);
 	struct lb_backend *r = lb_rev.lookup(&k);
 	if (!r)
 		return;
-	__u32 vip;
-	__builtin_memcpy(&vip, r->a + 12, 4);
-	ctx->user_ip4 = vip;
-	ctx->user_port = r->port;
+	if (six)
+		lab_set6(ctx, r->a, r->port);
+	else
+		lab_set4(ctx, r->a, r->port);
 }
 
-static __always_inline void lab_unpick6(struct bpf_sock_addr *ctx)
-{
-	struct lb_key k;
-	__builtin_memset(&k, 0, sizeof(k));
-	k.cookie = bpf_get_netns_cookie(ctx);
-	__u32 w0 = ctx->user_ip6[0], w1 = ctx->user_ip6[1], w2 = ctx->user_ip6[2],
-	      w3 = ctx->user_ip6[3];
-	__builtin_memcpy(k.vip, &w0, 4);
-	__builtin_memcpy(k.vip + 4, &w1, 4);
-	__builtin_memcpy(k.vip + 8, &w2, 4);
-	__builtin_memcpy(k.vip + 12, &w3, 4);
-	k.port = (__u16)ctx->user_port;
-	k.proto = ctx->protocol;
-	struct lb_backend *r = lb_rev.lookup(&k);
-	if (!r)
-		return;
-	__u32 x;
-	__builtin_memcpy(&x, r->a, 4);
-	ctx->user_ip6[0] = x;
-	__builtin_memcpy(&x, r->a + 4, 4);
-	ctx->user_ip6[1] = x;
-	__builtin_memcpy(&x, r->a + 8, 4);
-	ctx->user_ip6[2] = x;
-	__builtin_memcpy(&x, r->a + 12, 4);
-	ctx->user_ip6[3] = x;
-	ctx->user_port = r->port;
-}
-
-int lab_connect4(struct bpf_sock_addr *ctx) { lab_pick4(ctx); return 1; }
-int lab_connect6(struct bpf_sock_addr *ctx) { lab_pick6(ctx); return 1; }
-int lab_sendmsg4(struct bpf_sock_addr *ctx) { lab_pick4(ctx); return 1; }
-int lab_sendmsg6(struct bpf_sock_addr *ctx) { lab_pick6(ctx); return 1; }
-int lab_recvmsg4(struct bpf_sock_addr *ctx) { lab_unpick4(ctx); return 1; }
-int lab_recvmsg6(struct bpf_sock_addr *ctx) { lab_unpick6(ctx); return 1; }
-int lab_getpeername4(struct bpf_sock_addr *ctx) { lab_unpick4(ctx); return 1; }
-int lab_getpeername6(struct bpf_sock_addr *ctx) { lab_unpick6(ctx); return 1; }
+int lab_connect4(struct bpf_sock_addr *ctx) { lab_pick(ctx, 0); return 1; }
+int lab_connect6(struct bpf_sock_addr *ctx) { lab_pick(ctx, 1); return 1; }
+int lab_sendmsg4(struct bpf_sock_addr *ctx) { lab_pick(ctx, 0); return 1; }
+int lab_sendmsg6(struct bpf_sock_addr *ctx) { lab_pick(ctx, 1); return 1; }
+int lab_recvmsg4(struct bpf_sock_addr *ctx) { lab_unpick(ctx, 0); return 1; }
+int lab_recvmsg6(struct bpf_sock_addr *ctx) { lab_unpick(ctx, 1); return 1; }
+int lab_getpeername4(struct bpf_sock_addr *ctx) { lab_unpick(ctx, 0); return 1; }
+int lab_getpeername6(struct bpf_sock_addr *ctx) { lab_unpick(ctx, 1); return 1; }
