@@ -24,11 +24,11 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import yaml
 
+from tests.fixtures.reallab import Key, running_fleet, wait_for, web_bytes, web_phase
 from tools.demo.agents import AgentFleet, AgentMetrics
 from tools.lab import Lab
 from tools.lab.examples import DEFAULT_TOPOLOGY
@@ -40,7 +40,6 @@ INTERVAL = 1.0
 COUNT = 10
 #: the agents' unsync threshold (agent/k8s/watch.py, WatchSettings.unsynced_after_seconds)
 UNSYNCED_AFTER_S = 30.0
-Key = tuple[str, str, str, str]  # client zone, server zone, crossing, direction
 SYNCED = re.compile(r'^zonemeter_metadata_synced\{resource="(\w+)"\} (\S+)$', re.M)
 WEB_PORTS = [{"port": 8080, "name": "http"}, {"port": 5353, "protocol": "UDP", "name": "dns"}]
 
@@ -55,46 +54,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 @pytest.fixture(scope="module")
 def fleet(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentFleet]:
-    f = AgentFleet(lab, None, tmp_path_factory.mktemp("logs"), INTERVAL, kubeconfig=lab.agent_kubeconfig)
-    f.start()
-    try:
-        yield f
-    finally:
-        f.stop()
-
-
-def _crossing(topo: Topology, client: str, server: str) -> str:
-    cn, sn = topo.pod(client).node, topo.pod(server).node
-    if cn == sn:
-        return "same_node"
-    return "same_zone" if topo.zone_of(cn) == topo.zone_of(sn) else "cross_zone"
+    yield from running_fleet(lab, tmp_path_factory.mktemp("logs"), INTERVAL)
 
 
 def _phase(lab: Lab) -> dict[Key, int]:
-    """Traffic from every client to shop/web (TCP 80, UDP 53); the ground truth it made, by Key."""
-    topo = lab.topology
-    before = lab.ground_truth()
-    cip = lab.cluster_ip("shop/web")
-    for client in ("client-a1", "client-a2", "client-b1"):
-        for port, proto in ((80, "tcp"), (53, "udp")):
-            r = lab.run_flow(client, cip, port, proto, 100, 1000, COUNT, None)
-            assert r.failed == 0, (client, proto, r.errors)
-    out: dict[Key, int] = {}
-    for (c, s, d), b in lab.ground_truth().items():
-        delta = b - before.get((c, s, d), 0)
-        if delta:
-            k = (topo.zone_of(topo.pod(c).node), topo.zone_of(topo.pod(s).node), _crossing(topo, c, s), d)
-            out[k] = out.get(k, 0) + delta
-    return out
-
-
-def _web(m: AgentMetrics) -> dict[Key, int]:
-    return {(cz, sz, x, d): b for (ns, svc, cz, sz, x, d), b in m.service_bytes.items()
-            if (ns, svc) == ("shop", "web") and b}
+    return web_phase(lab, COUNT)
 
 
 def _delta(before: AgentMetrics, after: AgentMetrics) -> dict[Key, int]:
-    a, b = _web(before), _web(after)
+    a, b = web_bytes(before), web_bytes(after)
     return {k: v - a.get(k, 0) for k, v in b.items() if v != a.get(k, 0)}
 
 
@@ -131,13 +99,6 @@ def _relisted_after(fleet: AgentFleet, t: float) -> dict[str, float]:
     return out
 
 
-def _wait(what: str, cond: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.3)
-
-
 def _served(lab: Lab, pod: str) -> int:
     """Bytes the ground truth has for server pod ``pod``."""
     return sum(b for (_c, s, _d), b in lab.ground_truth().items() if s == pod)
@@ -168,10 +129,10 @@ def test_410_gone_after_compaction_relists_and_loses_nothing(lab: Lab, fleet: Ag
         _replace(lab, "web-a2", "web-b2", "b1")
     finally:
         lab.hold_relay(False)
-    _wait("every agent's Pod watch answered 410 Gone",
+    wait_for("every agent's Pod watch answered 410 Gone",
           lambda: all(_gone_lines(fleet).values()), timeout_s=60)
     nodes = {n.name for n in lab.topology.nodes}
-    _wait("every agent listed its Pods again after the change",
+    wait_for("every agent listed its Pods again after the change",
           lambda: set(_relisted_after(fleet, changed)) == nodes, timeout_s=30)
     relisted = _relisted_after(fleet, changed)
     assert all(v == 1 for r in _synced(fleet).values() for v in r.values())
@@ -188,7 +149,7 @@ def test_apiserver_outage_unsynced_then_recovers(lab: Lab, fleet: AgentFleet) ->
     lab.stop_apiserver()
     stopped = time.monotonic()
     truth_outage = _phase(lab)  # the real kube-proxies keep their rules: traffic goes on
-    _wait("every agent unsynced", lambda: all(v == 0 for r in _synced(fleet).values() for v in r.values()),
+    wait_for("every agent unsynced", lambda: all(v == 0 for r in _synced(fleet).values() for v in r.values()),
           timeout_s=UNSYNCED_AFTER_S + 30)
     assert time.monotonic() - stopped >= UNSYNCED_AFTER_S
     lab.start_apiserver()
@@ -198,9 +159,9 @@ def test_apiserver_outage_unsynced_then_recovers(lab: Lab, fleet: AgentFleet) ->
     added = time.time()
     ip = str(lab.add_pod({"name": "web-a3", "namespace": "shop", "node": "a1", "app": "web",
                           "ports": WEB_PORTS}).ip)
-    _wait("every agent synced again", lambda: all(v == 1 for r in _synced(fleet).values() for v in r.values()),
+    wait_for("every agent synced again", lambda: all(v == 1 for r in _synced(fleet).values() for v in r.values()),
           timeout_s=60)
-    _wait("every kube-proxy forwarding to web-a3", lambda: all(
+    wait_for("every kube-proxy forwarding to web-a3", lambda: all(
         f"{ip}:8080" in lab.programmed_endpoints(n.name)[(str(lab.cluster_ip("shop/web")), "TCP", 80)]
         for n in lab.topology.nodes), timeout_s=60)
     relisted = _relisted_after(fleet, added)

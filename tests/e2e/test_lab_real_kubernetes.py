@@ -40,7 +40,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tools.demo.agents import AgentFleet, AgentMetrics
+from tests.fixtures.reallab import Key, running_fleet, wait_for, web_bytes, web_phase
+from tools.demo.agents import AgentFleet
 from tools.lab import Lab
 from tools.lab.examples import DEFAULT_TOPOLOGY
 from tools.lab.topology import Topology
@@ -50,7 +51,6 @@ pytestmark = [pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 1.0
 COUNT = 15
-Key = tuple[str, str, str, str]  # client zone, server zone, crossing, direction
 
 
 @pytest.fixture(scope="module", params=[("iptables", False), ("nftables", True)],
@@ -68,42 +68,11 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="module")
 def fleet(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentFleet]:
-    f = AgentFleet(lab, None, tmp_path_factory.mktemp("logs"), INTERVAL, kubeconfig=lab.agent_kubeconfig)
-    f.start()
-    try:
-        yield f
-    finally:
-        f.stop()
-
-
-def _crossing(topo: Topology, client: str, server: str) -> str:
-    cn, sn = topo.pod(client).node, topo.pod(server).node
-    if cn == sn:
-        return "same_node"
-    return "same_zone" if topo.zone_of(cn) == topo.zone_of(sn) else "cross_zone"
+    yield from running_fleet(lab, tmp_path_factory.mktemp("logs"), INTERVAL)
 
 
 def _phase(lab: Lab) -> dict[Key, int]:
-    """Traffic from every client to shop/web (TCP 80, UDP 53); the ground truth it made, by Key."""
-    topo = lab.topology
-    before = lab.ground_truth()
-    cip = lab.cluster_ip("shop/web")
-    for client in ("client-a1", "client-a2", "client-b1"):
-        for port, proto in ((80, "tcp"), (53, "udp")):
-            r = lab.run_flow(client, cip, port, proto, 100, 1000, COUNT, None)
-            assert r.failed == 0, (client, proto, r.errors)
-    out: dict[Key, int] = {}
-    for (c, s, d), b in lab.ground_truth().items():
-        delta = b - before.get((c, s, d), 0)
-        if delta:
-            k = (topo.zone_of(topo.pod(c).node), topo.zone_of(topo.pod(s).node), _crossing(topo, c, s), d)
-            out[k] = out.get(k, 0) + delta
-    return out
-
-
-def _web(m: AgentMetrics) -> dict[Key, int]:
-    return {(cz, sz, x, d): b for (ns, svc, cz, sz, x, d), b in m.service_bytes.items()
-            if (ns, svc) == ("shop", "web") and b}
+    return web_phase(lab, COUNT)
 
 
 def _explain(lab: Lab) -> dict[str, dict[str, Any]]:
@@ -147,13 +116,6 @@ def _real_hints(lab: Lab) -> dict[str, list[str] | None]:
     return out
 
 
-def _wait(what: str, cond: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.3)
-
-
 def test_agent_token_cannot_write(lab: Lab) -> None:
     kc = yaml.safe_load(lab.agent_kubeconfig.read_text())
     token = kc["users"][0]["user"]["token"]
@@ -185,27 +147,27 @@ def test_default_topology_counts_exactly_and_follows_the_real_controller(lab: La
     truth1 = _phase(lab)
     assert {k[2] for k in truth1} == {"same_node", "same_zone", "cross_zone"}, truth1
     m1 = fleet.scrape_settled(after=time.time())
-    assert _web(m1) == truth1
+    assert web_bytes(m1) == truth1
     assert sum(m1.hint_ignored.values()) == 0
     assert m1.in_effect[("shop", "web")] == {"zone-a": False, "zone-b": False}
 
     # phase 2: ask for Auto; the real controller decides the hints, the real kube-proxies follow
     lab.kubectl("annotate", "service", "web", "-n", "shop", "service.kubernetes.io/topology-mode=Auto")
-    _wait("hints on the real slices", lambda: None not in _real_hints(lab).values())
+    wait_for("hints on the real slices", lambda: None not in _real_hints(lab).values())
     hints = _real_hints(lab)
 
     def by_zone(zone: str, at: str) -> list[str]:
         return sorted(_ep(a) for a, h in hints.items() if h and zone in h and (":" in a) == (at == "IPv6"))
 
-    _wait("kube-proxies following the hints", lambda: all(
+    wait_for("kube-proxies following the hints", lambda: all(
         lab.programmed_endpoints(n.name)[cip] == by_zone(n.zone, at)
         for n in topo.nodes for at, cip in _families(lab).items()))
-    _wait("agents' locality in effect", lambda: fleet.scrape().in_effect.get(("shop", "web")) ==
+    wait_for("agents' locality in effect", lambda: fleet.scrape().in_effect.get(("shop", "web")) ==
           {"zone-a": True, "zone-b": True}, timeout_s=10 * INTERVAL)
     m1 = fleet.scrape_settled()
     truth2 = _phase(lab)
     m2 = fleet.scrape_settled(after=time.time())
-    web1, web2 = _web(m1), _web(m2)
+    web1, web2 = web_bytes(m1), web_bytes(m2)
     delta = {k: v - web1.get(k, 0) for k, v in web2.items() if v != web1.get(k, 0)}
     assert delta == truth2
     assert "cross_zone" not in {k[2] for k in truth2}, truth2  # the hints kept every byte in its zone
@@ -225,7 +187,7 @@ def test_default_topology_counts_exactly_and_follows_the_real_controller(lab: La
     # down to the event it emits
     gone = {str(a) for a in (topo.pod("web-a2").ip, topo.pod("web-a2").ip6) if a is not None}
     lab.remove_pod("web-a2")
-    _wait("web-a2 gone from the slices", lambda: not gone & set(_real_hints(lab)))
+    wait_for("web-a2 gone from the slices", lambda: not gone & set(_real_hints(lab)))
     hints = _real_hints(lab)
     ex = _explain(lab)
     model = _model_hints(ex)
@@ -236,6 +198,6 @@ def test_default_topology_counts_exactly_and_follows_the_real_controller(lab: La
     # the address families are reconciled one after the other: the newest event is one of theirs
     assert (last["reason"], last["message"]) in [(e["reason"], e["message"])
                                                  for x in ex.values() for e in x["controller"]["events"]]
-    _wait("kube-proxies following the new slices", lambda: _proxies_match_explain(lab, ex))
-    _wait("agents' locality following the real slices", lambda: fleet.scrape().in_effect.get(("shop", "web")) ==
+    wait_for("kube-proxies following the new slices", lambda: _proxies_match_explain(lab, ex))
+    wait_for("agents' locality following the real slices", lambda: fleet.scrape().in_effect.get(("shop", "web")) ==
           ex["IPv4"]["locality_in_effect"], timeout_s=10 * INTERVAL)
