@@ -1,6 +1,7 @@
 """The shared reference vectors, judged by the upstream code itself (tools/oracle).
 
-Every vector of ``../shared/vectors/hints.json`` (next to the clone; schema in the vector file's
+Every vector of ``../shared/vectors/hints.json`` (next to the clone, else the copy vendored in
+tests/unit/hints/vectors/, :data:`vectors_adapter.VECTORS_PATH`; schema in the vector file's
 own documentation, section 0) is turned into an oracle request and run at every Kubernetes minor
 its ``versions`` text claims that the oracle covers (1.31+), with the vector's gates:
 
@@ -36,21 +37,13 @@ from typing import Any
 
 import pytest
 
+from tests.unit.hints import vectors_adapter as va
 from tools.oracle import client as oc
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _vectors_path() -> Path:
-    """``shared/vectors/hints.json`` beside the clone (CI), or beside a parent (git worktrees)."""
-    for d in REPO.parents:
-        p = d / "shared" / "vectors" / "hints.json"
-        if p.is_file():
-            return p
-    return REPO.parent / "shared" / "vectors" / "hints.json"
-
-
-VECTORS = _vectors_path()
+VECTORS = va.VECTORS_PATH
 ZONE = "topology.kubernetes.io/zone"
 CP = "node-role.kubernetes.io/control-plane"
 MASTER = "node-role.kubernetes.io/master"
@@ -63,12 +56,7 @@ GATE_FOR_MINOR = {31: "ServiceTrafficDistribution", 32: "ServiceTrafficDistribut
 
 
 def _load() -> list[dict[str, Any]]:
-    if not VECTORS.is_file():
-        raise FileNotFoundError(f"reference vectors not found: no shared/vectors/hints.json beside "
-                                f"{REPO} or a parent directory (the shared/ directory belongs beside "
-                                f"the clone)")
-    vectors: list[dict[str, Any]] = json.loads(VECTORS.read_text())["vectors"]
-    return vectors
+    return va.load_vectors()
 
 
 def minors_for(vector: dict[str, Any]) -> list[tuple[int, dict[str, bool]]]:

@@ -20,6 +20,15 @@ PARAMS = [pytest.param(v, ver, gates, id=f"{v['name']}@{ver}{'+' + ','.join(gate
           for v in VECTORS for ver, gates in va.versions_for(v)]
 
 
+def test_vendored_copy_is_the_shared_file() -> None:
+    shared = va.shared_vectors_path()
+    if shared is None:  # a clone with no shared/ beside it reads the vendored copy itself
+        assert va.VECTORS_PATH == va.VENDORED_PATH and va.VENDORED_PATH.is_file()
+        return
+    assert va.VENDORED_PATH.read_bytes() == shared.read_bytes(), (
+        f"{va.VENDORED_PATH} differs from {shared}: copy the shared file over it")
+
+
 def test_every_vector_is_parametrized() -> None:
     assert len(VECTORS) == 60
     assert {id(p.values[0]) for p in PARAMS} == {id(v) for v in VECTORS}
