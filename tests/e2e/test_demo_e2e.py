@@ -24,6 +24,7 @@ reason equal the hint model's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,18 +69,31 @@ def _execute(spec, work: Path, prometheus: bool, during=None,  # type: ignore[no
 
 def _replacing(replaced: dict[str, tuple[str, str]]):  # type: ignore[no-untyped-def]
     def during(run: DemoRun) -> None:
-        for old, new in (("frontend-b1", "frontend-b1-new"), ("checkout-b1", "checkout-b1-new")):
+        # the server first: it then receives from frontend-b2 (and c2) while the client is
+        # being replaced, so a slow replacement under load still leaves it traffic
+        for old, new in (("checkout-b1", "checkout-b1-new"), ("frontend-b1", "frontend-b1-new")):
             before = str(run.cluster.lab.pod_ip(old))
             replaced[old] = (before, run.replace_pod(old, new))
+        # hold the run's second half until both successors have exchanged bytes (the lab's
+        # nftables counters) or their traffic has ended, so the test below judges pods
+        # that took part rather than the machine's load
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            gt = run.cluster.lab.ground_truth()
+            if (any(c == "frontend-b1-new" for c, _, _ in gt)
+                    and any(s == "checkout-b1-new" for _, s, _ in gt)):
+                break
+            time.sleep(0.2)
     return during
 
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     replaced: dict[str, tuple[str, str]] = {}
-    # 10 s: the replacements take about 3 s and the new client still sends for a while
+    # 12 s: the replacements take about 3 s (more under load) and the successors still
+    # exchange bytes for a while after
     for r in _execute(load_demo(), tmp_path_factory.mktemp("demo-default"), True, _replacing(replaced),
-                      duration=10):
+                      duration=12):
         r.replaced = replaced  # type: ignore[attr-defined]
         yield r
 
