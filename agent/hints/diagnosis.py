@@ -290,6 +290,10 @@ class ProxyVersions:
         notes: ``(reported text, sentence)`` for each reported version outside the covered
             range (clamped) or unreadable (judged as ``base``), one per distinct text.
         override: True when ``--kube-proxy-version`` set ``base`` for every node.
+        minor_by_node: ``by_node``'s minors (node -> minor), built once per evaluation and
+            shared by every Service's :class:`ProxyMap` (one dict per Service would cost
+            O(Services x nodes) memory: 1 GiB at 10,000 Services and 5,000 nodes,
+            BENCHMARKS.md, "The agent's own cost"); empty: derived from ``by_node``.
     """
 
     base: KubeVersion
@@ -297,6 +301,7 @@ class ProxyVersions:
     by_zone: Mapping[str, Mapping[int, tuple[str, ...]]]
     notes: tuple[tuple[str, str], ...] = ()
     override: bool = False
+    minor_by_node: Mapping[str, int] = field(default_factory=dict)
 
     def of(self, node: str) -> KubeVersion:
         """The version node ``node``'s kube-proxy is judged with."""
@@ -346,7 +351,7 @@ def proxy_versions(nodes: Sequence[NodeInfo], kv: KubeVersion,
         by_node[n.name] = v
         by_zone.setdefault(n.zone or UNKNOWN_ZONE, {}).setdefault(minor, []).append(n.name)
     return ProxyVersions(kv, by_node, {z: {m: tuple(ns) for m, ns in g.items()} for z, g in by_zone.items()},
-                         tuple(notes))
+                         tuple(notes), minor_by_node={n: v.minor for n, v in by_node.items()})
 
 
 #: one group of nodes of a client zone that share a kube-proxy decision: (client zone,
@@ -525,7 +530,7 @@ def diagnose(svc: ServiceInfo, at: str, slices: Sequence[Slice], idx: ClusterInd
         others = {m: ProxyIndex(svc, slices, v) for m, v in
                   {v.minor: v for v in pv.by_node.values()}.items()}
         proxy = ProxyMap(idx.node_zone, special, pidx.decide,
-                         ({n: v.minor for n, v in pv.by_node.items()},
+                         (pv.minor_by_node or {n: v.minor for n, v in pv.by_node.items()},
                           {m: (o.special_nodes, o.decide) for m, o in others.items()}))
     else:
         proxy = ProxyMap(idx.node_zone, special, pidx.decide)
