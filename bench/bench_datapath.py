@@ -389,7 +389,10 @@ def bench_drain(rounds: int, n: int = 100_000) -> dict[str, dict[str, float]]:
             for i in range(n):
                 k = keys[i]
                 k.family, k.kind, k.proto = 4, i % 4, 6
-                k.port = socket.htons(1 + i // (n_local * n_remote // n or 1) % 60000)
+                # unique keys: i mod lcm(n_local, n_remote) fixes the addresses; i // q
+                # (q at most that period, n / q below 60,000) tells apart entries sharing them
+                q = max(n_local * n_remote // n, -(-n // 60000), 1)
+                k.port = socket.htons(1 + i // q % 60000)
                 loc, rem = i % n_local, (i * 7919) % n_remote
                 for addr, v, net in ((k.local, loc, 10), (k.remote, rem, 11)):
                     addr[10] = addr[11] = 0xFF
