@@ -386,3 +386,14 @@ def test_node_port_in_the_emulated_mode_needs_a_number() -> None:
         lab.node_port("shop/web")
     assert lab.outside_address == ipaddress.IPv4Address("192.168.100.253")
     assert lab.outside_netns == f"{lab.prefix}-outside"
+
+
+def test_outside_flow_needs_the_outside_peer() -> None:
+    from tools.lab import Lab
+    from tools.lab.flows import OUTSIDE
+
+    lab = Lab(Topology.from_yaml(DEFAULT_TOPOLOGY), prefix="zzunit9")
+    with pytest.raises(InputError) as info:
+        lab.start_flow(OUTSIDE, "192.168.100.1", 30080)
+    assert (info.value.obj, info.value.field) == ("flow", "client")
+    assert "build_outside" in info.value.problem
