@@ -14,10 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.errors import InputError, RuntimeFailure
-from tools.lab.netns import LabNamespaces
+from tools.lab.netns import LabNamespaces, netns_mod
 from tools.lab.proc import ROOT, child_env
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: the client name of :meth:`tools.lab.netns.LabNamespaces.build_outside`'s peer (not a pod
+#: name: pod names are DNS subdomains)
+OUTSIDE = "@outside"
 
 #: IP + transport header bytes of one UDP datagram, per family
 UDP_OVERHEAD = {4: 20 + 8, 6: 40 + 8}
@@ -124,7 +128,13 @@ class LabTraffic(LabNamespaces):
                    count: int = 1, rate: float | None = None, timeout: float = 5.0,
                    reuse: bool = False) -> FlowHandle:
         """Start a client in ``client_pod``'s namespace; see :meth:`run_flow`."""
-        pod = self.topology.pod(client_pod)
+        if client_pod == OUTSIDE:
+            if self.outside_netns not in netns_mod().listnetns():
+                raise InputError("the lab has no outside peer (build_outside)", obj="flow", field="client")
+            ns, client = self.outside_netns, OUTSIDE
+        else:
+            pod = self.topology.pod(client_pod)
+            ns, client = self.pod_netns(pod.name), pod.name
         try:
             dst = ipaddress.ip_address(str(dst_ip))
         except ValueError:
@@ -142,7 +152,7 @@ class LabTraffic(LabNamespaces):
                 raise InputError(f"UDP payload above {limit} bytes would be fragmented (the "
                                  "ground truth counts wire packets)", obj="flow",
                                  field="request_bytes/response_bytes")
-        argv = ["ip", "netns", "exec", self.pod_netns(pod.name), sys.executable, "-m",
+        argv = ["ip", "netns", "exec", ns, sys.executable, "-m",
                 "tools.lab.traffic", "client", "--proto", proto, "--dst", str(dst),
                 "--port", str(port), "--request-bytes", str(request_bytes),
                 "--response-bytes", str(response_bytes), "--count", str(count),
@@ -154,7 +164,7 @@ class LabTraffic(LabNamespaces):
         budget = timeout * 3 + (count / rate if rate else count * timeout) + 10
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, text=True, cwd=ROOT, env=child_env())
-        return FlowHandle(proc, pod.name, str(dst), port, proto, budget)
+        return FlowHandle(proc, client, str(dst), port, proto, budget)
 
     def run_flow(self, client_pod: str, dst_ip: str | IPAddress, port: int,
                  proto: str = "tcp", request_bytes: int = 100, response_bytes: int = 100,
@@ -163,9 +173,10 @@ class LabTraffic(LabNamespaces):
         """Run ``count`` real request/response exchanges from inside ``client_pod``.
 
         Args:
-            client_pod: client pod name (a host-network pod runs in its node's namespace).
+            client_pod: client pod name (a host-network pod runs in its node's namespace),
+                or :data:`OUTSIDE` for the peer of ``build_outside``.
             dst_ip: a pod IP, node IP or ClusterIP of this lab.
-            port: destination port (Service port for a ClusterIP).
+            port: destination port (Service port for a ClusterIP, node port for a node IP).
             proto: ``tcp`` or ``udp``.
             request_bytes: application bytes per request (>= 8).
             response_bytes: application bytes per response.

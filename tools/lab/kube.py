@@ -406,6 +406,30 @@ class LabKubernetes(LabNamespaces):
         self.kubectl("apply", "-k", str(DEPLOY_AGENT))
         cp.token_kubeconfig(self.agent_kubeconfig, AGENT_NAMESPACE, AGENT_ACCOUNT, server=self.relay_url)
 
+    def node_port(self, service: str, port: int | None = None) -> int:
+        """The node port of a ``NodePort`` Service's port (``port``: its Service port number;
+        default the first): the topology's ``nodePort``, else the one the real apiserver
+        allocated (``spec.ports[].nodePort``).
+
+        Raises:
+            InputError: no such Service or port, not a NodePort Service, or no node port in the
+                emulated mode (the emulation allocates none).
+        """
+        svc = self.topology.service(service)
+        if svc.type != "NodePort":
+            raise InputError("not a NodePort Service", obj=f"Service {svc.key}", field="type")
+        sp = next((p for p in svc.ports if port is None or p.port == port), None)
+        if sp is None:
+            raise InputError(f"no port {port}", obj=f"Service {svc.key}", field="ports")
+        if sp.node_port is not None:
+            return sp.node_port
+        if self.kubernetes != "real":
+            raise InputError("no nodePort given, and the emulated mode allocates none",
+                             obj=f"Service {svc.key}", field="ports.nodePort")
+        real = json.loads(self.kubectl("get", "service", svc.name, "-n", svc.namespace, "-o", "json").stdout)
+        return int(next(p["nodePort"] for p in real["spec"]["ports"]
+                        if p["port"] == sp.port and p.get("protocol", "TCP") == sp.protocol))
+
     def real_slices(self) -> list[dict[str, Any]]:
         """Every EndpointSlice on the apiserver (``kubectl get endpointslices -A -o json`` items)."""
         return list(json.loads(self.kubectl("get", "endpointslices", "-A", "-o", "json").stdout)["items"])

@@ -7,6 +7,7 @@ GSO and GRO off and ``gso_max_segs`` 1, so one skb is one wire packet (docs/lab.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,59 @@ class LabNamespaces:
         if self.topology.options.mode != "vxlan":
             return None
         return self.node_netns(node), f"{self.prefix}x"
+
+    @property
+    def outside_netns(self) -> str:
+        """Name of the outside peer's namespace (:meth:`build_outside`)."""
+        return f"{self.prefix}-outside"
+
+    @property
+    def outside_address(self) -> ipaddress.IPv4Address:
+        """The outside peer's address on the fabric: the second-last host address of
+        ``options.node_cidr`` (the last is the control plane's, tools/lab/kube.py)."""
+        return self.topology.options.node_cidr.broadcast_address - 2
+
+    def build_outside(self) -> str:
+        """Add a machine outside the cluster to the running lab: namespace
+        :attr:`outside_netns` with ``<prefix>uo`` (:attr:`outside_address`) on the fabric
+        bridge (veth ``<prefix>fo``), no route to pod CIDRs or ClusterIPs, offloads off like
+        every lab link. It reaches the nodes' addresses, so NodePorts; ``run_flow(OUTSIDE,
+        ...)`` (:data:`tools.lab.flows.OUTSIDE`) runs a client there. It is not a node, not in
+        the API, and ``down`` removes it with the lab's other namespaces. Idempotent.
+
+        Returns:
+            The namespace's name.
+
+        Raises:
+            RuntimeFailure: a command failed.
+        """
+        name = self.outside_netns
+        netns = netns_mod()
+        if name in netns.listnetns():
+            return name
+        opt = self.topology.options
+        netns.create(name)
+        outer, inner = f"{self.prefix}fo", f"{self.prefix}uo"
+        fab = open_ns(self.fabric_netns)
+        try:
+            br = fab.link_lookup(ifname=f"{self.prefix}br")[0]
+            fab.link("add", ifname=outer, kind="veth", peer={"ifname": inner, "net_ns_fd": name})
+            idx = fab.link_lookup(ifname=outer)[0]
+            fab.link("set", index=idx, mtu=opt.mtu, **self._one_skb_one_packet(), master=br, state="up")
+        finally:
+            fab.close()
+        ns = open_ns(name)
+        try:
+            ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+            idx = ns.link_lookup(ifname=inner)[0]
+            ns.addr("add", index=idx, address=str(self.outside_address), prefixlen=opt.node_cidr.prefixlen)
+            ns.link("set", index=idx, mtu=opt.mtu, **self._one_skb_one_packet(), state="up")
+        finally:
+            ns.close()
+        if not opt.offloads:
+            disable_offloads(name, [inner])
+            disable_offloads(self.fabric_netns, [outer])
+        return name
 
     def all_netns(self) -> list[str]:
         """Return every namespace name this lab creates (fabric, nodes, pods, control plane)."""

@@ -95,14 +95,18 @@ def _pod(topo: Topology, pod: Pod) -> dict[str, Any]:
 def _service(svc: Service) -> dict[str, Any]:
     ips = [str(svc.cluster_ip)] + ([str(svc.cluster_ip6)] if svc.cluster_ip6 else [])
     spec: dict[str, Any] = {
-        "type": "ClusterIP", "clusterIP": ips[0], "clusterIPs": ips,
+        "type": svc.type, "clusterIP": ips[0], "clusterIPs": ips,
         "ipFamilies": ["IPv4"] + (["IPv6"] if svc.cluster_ip6 else []),
         "ipFamilyPolicy": "PreferDualStack" if svc.cluster_ip6 else "SingleStack",
         "ports": [{"port": sp.port, "targetPort": sp.target_port, "protocol": sp.protocol,
-                   **({"name": sp.name} if sp.name else {})} for sp in svc.ports],
+                   **({"name": sp.name} if sp.name else {}),
+                   **({"nodePort": sp.node_port} if sp.node_port is not None else {})}
+                  for sp in svc.ports],
         "internalTrafficPolicy": svc.internal_traffic_policy,
         "sessionAffinity": "None",
     }
+    if svc.type == "NodePort":
+        spec["externalTrafficPolicy"] = "Cluster"  # the receiving node masquerades (kube-proxy)
     if svc.selector is not None:
         spec["selector"] = dict(svc.selector)
     if svc.traffic_distribution:

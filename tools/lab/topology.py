@@ -24,6 +24,7 @@ A topology is plain data (YAML or a dict)::
         annotations: {service.kubernetes.io/topology-mode: Auto}
         trafficDistribution: PreferSameZone
         internalTrafficPolicy: Cluster           # or Local
+        type: ClusterIP                          # or NodePort (ports may give nodePort: 30000-32767)
 
 :meth:`Topology.from_dict` validates everything and resolves ``auto`` addresses, so a
 :class:`Topology` is always complete: every pod has its IPv4 (and IPv6 when enabled)
@@ -59,6 +60,10 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
 MODES = ("flat", "vxlan")
 PROTOCOLS = ("TCP", "UDP")
+#: accepted Service ``type`` values: the lab's data paths serve ClusterIP and NodePort
+SERVICE_TYPES = ("ClusterIP", "NodePort")
+#: kube-apiserver's default ``--service-node-port-range``
+NODE_PORTS = (30000, 32767)
 #: clients' ephemeral source ports (the kernel's default net.ipv4.ip_local_port_range)
 EPHEMERAL_PORTS = (32768, 60999)
 
@@ -193,17 +198,20 @@ class Pod:
 @dataclass(frozen=True, slots=True)
 class ServicePort:
     """A Service port: ``port`` on the ClusterIP, ``target_port`` (number or a pod port
-    name), ``protocol`` TCP|UDP, optional ``name``."""
+    name), ``protocol`` TCP|UDP, optional ``name``, and for a ``NodePort`` Service its
+    ``node_port`` on every node address (``None``: the apiserver allocates one from
+    :data:`NODE_PORTS`; always ``None`` for a ClusterIP Service)."""
 
     port: int
     target_port: int | str
     protocol: str = "TCP"
     name: str | None = None
+    node_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Service:
-    """A ClusterIP Service with its locality settings.
+    """A Service (``ClusterIP`` or ``NodePort``) with its locality settings.
 
     Attributes:
         name, namespace: identity; :attr:`key` is ``namespace/name``.
@@ -214,6 +222,8 @@ class Service:
         annotations: ``metadata.annotations`` (e.g. ``service.kubernetes.io/topology-mode``).
         traffic_distribution: ``spec.trafficDistribution`` or ``None``.
         internal_traffic_policy: ``Cluster`` or ``Local``.
+        type: ``ClusterIP`` or ``NodePort`` (``spec.type``; externalTrafficPolicy is always
+            ``Cluster``, so the receiving node masquerades a NodePort call to its own address).
     """
 
     name: str
@@ -226,6 +236,7 @@ class Service:
     annotations: Mapping[str, str] = field(default_factory=dict)
     traffic_distribution: str | None = None
     internal_traffic_policy: str = "Cluster"
+    type: str = "ClusterIP"
 
     @property
     def key(self) -> str:
@@ -365,7 +376,8 @@ class Topology:
                 "name": s.name, "namespace": s.namespace, "clusterIP": str(s.cluster_ip),
                 **({"clusterIP6": str(s.cluster_ip6)} if s.cluster_ip6 else {}),
                 "ports": [{"port": sp.port, "targetPort": sp.target_port,
-                           "protocol": sp.protocol, **({"name": sp.name} if sp.name else {})}
+                           "protocol": sp.protocol, **({"name": sp.name} if sp.name else {}),
+                           **({"nodePort": sp.node_port} if sp.node_port is not None else {})}
                           for sp in s.ports],
                 **({"selector": dict(s.selector)} if s.selector is not None
                    else {"endpoints": list(s.endpoints)}),
@@ -373,6 +385,7 @@ class Topology:
                 **({"trafficDistribution": s.traffic_distribution}
                    if s.traffic_distribution else {}),
                 "internalTrafficPolicy": s.internal_traffic_policy,
+                **({"type": s.type} if s.type != "ClusterIP" else {}),
             } for s in self.services],
         }
 
@@ -687,6 +700,7 @@ class _Parser:
     def services(self, raw: list[Any], pods: list[Pod], opt: Options) -> list[Service]:
         services: list[Service] = []
         used: dict[IPAddress, str] = {}
+        node_ports: dict[tuple[str, int], str] = {}
         pending: list[tuple[dict[str, Any], Any, Any]] = []
         pod_by_name = {p.name: p for p in pods}
         for i, item in enumerate(raw):
@@ -694,12 +708,15 @@ class _Parser:
             m = self.mapping(item, obj, None)
             self.unknown_keys(m, {"name", "namespace", "clusterIP", "clusterIP6", "ports",
                                   "selector", "endpoints", "annotations", "trafficDistribution",
-                                  "internalTrafficPolicy"}, obj)
+                                  "internalTrafficPolicy", "type"}, obj)
             name = self.name(m.get("name"), obj, "name")
             namespace = self.name(m.get("namespace", "default"), f"Service {name}", "namespace")
             obj = f"Service {namespace}/{name}"
             if any(s[0]["name"] == name and s[0]["namespace"] == namespace for s in pending):
                 raise self.fail("duplicate Service", obj, "name")
+            stype = m.get("type", "ClusterIP")
+            if stype not in SERVICE_TYPES:
+                raise self.fail(f"must be one of {', '.join(SERVICE_TYPES)}, got {stype!r}", obj, "type")
             ports: list[ServicePort] = []
             raw_ports = self.seq(m.get("ports"), obj, "ports")
             if not raw_ports:
@@ -707,7 +724,7 @@ class _Parser:
             for j, p in enumerate(raw_ports):
                 fld = f"ports[{j}]"
                 pm = self.mapping(p, obj, fld)
-                self.unknown_keys(pm, {"port", "targetPort", "protocol", "name"}, obj)
+                self.unknown_keys(pm, {"port", "targetPort", "protocol", "name", "nodePort"}, obj)
                 number = self.port(pm.get("port"), obj, f"{fld}.port")
                 target = pm.get("targetPort", number)
                 if isinstance(target, str):
@@ -723,7 +740,22 @@ class _Parser:
                                     f"{fld}.name")
                 if any(q.port == number and q.protocol == proto for q in ports):
                     raise self.fail(f"duplicate port {number}/{proto}", obj, f"{fld}.port")
-                ports.append(ServicePort(number, target, proto, pname))
+                node_port = pm.get("nodePort")
+                if node_port is not None:
+                    if stype != "NodePort":
+                        raise self.fail("only a Service of type NodePort has node ports", obj,
+                                        f"{fld}.nodePort")
+                    if isinstance(node_port, bool) or not isinstance(node_port, int) or \
+                            not NODE_PORTS[0] <= node_port <= NODE_PORTS[1]:
+                        raise self.fail(f"must be a port number {NODE_PORTS[0]}-{NODE_PORTS[1]} "
+                                        "(the apiserver's default --service-node-port-range), "
+                                        f"got {node_port!r}", obj, f"{fld}.nodePort")
+                    other = node_ports.get((proto, node_port))
+                    if other:
+                        raise self.fail(f"nodePort {node_port}/{proto} is already used by {other}",
+                                        obj, f"{fld}.nodePort")
+                    node_ports[(proto, node_port)] = obj
+                ports.append(ServicePort(number, target, proto, pname, node_port))
             if ("selector" in m) == ("endpoints" in m):
                 raise self.fail("give exactly one of selector or endpoints", obj, "selector")
             selector: dict[str, str] | None = None
@@ -768,7 +800,7 @@ class _Parser:
             pending.append((dict(name=name, namespace=namespace, ports=tuple(ports),
                                  selector=selector, endpoints=tuple(endpoints),
                                  annotations=annotations, traffic_distribution=td,
-                                 internal_traffic_policy=itp), cip, cip6))
+                                 internal_traffic_policy=itp, type=stype), cip, cip6))
         nxt = {4: 10, 6: 10}
         for kwargs, cip, cip6 in pending:
             key = f"{kwargs['namespace']}/{kwargs['name']}"

@@ -144,6 +144,9 @@ def test_from_yaml_reads_a_file(tmp_path: Path) -> None:
     (_with("services.0.internalTrafficPolicy", "local"), "Service shop/web",
      "internalTrafficPolicy", "Cluster or Local"),
     (_with("services.0.clusterIP", "10.97.0.1"), "Service shop/web", "clusterIP", "service_cidr"),
+    (_with("services.0.type", "LoadBalancer"), "Service shop/web", "type", "ClusterIP, NodePort"),
+    (_with("services.0.ports.0.nodePort", 30080), "Service shop/web", "ports[0].nodePort",
+     "only a Service of type NodePort"),
 ])
 def test_invalid_topology_names_object_and_field(data: Any, obj: str | None, field: str,
                                                  problem: str) -> None:
@@ -322,3 +325,75 @@ def test_snapshot_without_hints_has_none() -> None:
     data = snapshot.build(Topology.from_yaml(DEFAULT_TOPOLOGY))
     slices = [i for i in data["items"] if i["kind"] == "EndpointSlice"]
     assert len(slices) == 1 and all("hints" not in e for e in slices[0]["endpoints"])
+
+
+# ------------------------------------------------------------------ NodePort Services
+
+
+def _node_port(ports: list[Any]) -> dict[str, Any]:
+    data = _with("services.0.type", "NodePort")
+    data["services"][0]["ports"] = ports
+    return data
+
+
+def test_node_port_service_round_trips_and_reaches_the_snapshot() -> None:
+    from tools.lab import snapshot
+
+    topo = Topology.from_dict(_node_port([{"name": "http", "port": 80, "targetPort": "http", "nodePort": 30080},
+                                          {"name": "dns", "port": 53, "targetPort": "dns", "protocol": "UDP"}]))
+    web = topo.service("shop/web")
+    assert (web.type, [p.node_port for p in web.ports]) == ("NodePort", [30080, None])
+    assert Topology.from_dict(topo.to_dict()).services == topo.services
+    (spec,) = [o["spec"] for o in snapshot.build(topo)["items"] if o["kind"] == "Service"]
+    assert (spec["type"], spec["externalTrafficPolicy"]) == ("NodePort", "Cluster")
+    assert [p.get("nodePort") for p in spec["ports"]] == [30080, None]
+    # a ClusterIP Service stays as it was: no type key written, no externalTrafficPolicy
+    plain = Topology.from_yaml(DEFAULT_TOPOLOGY)
+    assert "type" not in plain.to_dict()["services"][0]
+    (spec,) = [o["spec"] for o in snapshot.build(plain)["items"] if o["kind"] == "Service"]
+    assert spec["type"] == "ClusterIP" and "externalTrafficPolicy" not in spec
+
+
+@pytest.mark.parametrize(("port", "problem"), [(8080, "30000-32767"), (True, "30000-32767"),
+                                               (32768, "30000-32767")])
+def test_node_port_out_of_range(port: Any, problem: str) -> None:
+    with pytest.raises(InputError) as info:
+        Topology.from_dict(_node_port([{"port": 80, "targetPort": "http", "nodePort": port}]))
+    assert (info.value.obj, info.value.field) == ("Service shop/web", "ports[0].nodePort")
+    assert problem in info.value.problem
+
+
+def test_node_port_used_twice() -> None:
+    data = _node_port([{"port": 80, "targetPort": "http", "nodePort": 30080}])
+    other = copy.deepcopy(data["services"][0])
+    other["name"] = "web2"
+    data["services"].append(other)
+    with pytest.raises(InputError) as info:
+        Topology.from_dict(data)
+    assert (info.value.obj, info.value.field) == ("Service shop/web2", "ports[0].nodePort")
+    assert "already used by Service shop/web" in info.value.problem
+
+
+def test_node_port_in_the_emulated_mode_needs_a_number() -> None:
+    from tools.lab import Lab
+
+    lab = Lab(Topology.from_dict(_node_port([{"port": 80, "targetPort": "http"}])))
+    with pytest.raises(InputError) as info:
+        lab.node_port("shop/web")
+    assert info.value.field == "ports.nodePort"
+    lab = Lab(Topology.from_yaml(DEFAULT_TOPOLOGY))
+    with pytest.raises(InputError, match="not a NodePort Service"):
+        lab.node_port("shop/web")
+    assert lab.outside_address == ipaddress.IPv4Address("192.168.100.253")
+    assert lab.outside_netns == f"{lab.prefix}-outside"
+
+
+def test_outside_flow_needs_the_outside_peer() -> None:
+    from tools.lab import Lab
+    from tools.lab.flows import OUTSIDE
+
+    lab = Lab(Topology.from_yaml(DEFAULT_TOPOLOGY), prefix="zzunit9")
+    with pytest.raises(InputError) as info:
+        lab.start_flow(OUTSIDE, "192.168.100.1", 30080)
+    assert (info.value.obj, info.value.field) == ("flow", "client")
+    assert "build_outside" in info.value.problem
