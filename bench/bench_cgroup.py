@@ -82,29 +82,84 @@ CLIENTS = "10.251.0.0/16"  # AnyIP (a local route): any address of it can be bou
 SERVER_PORT = 8080
 
 
-def tcp_pairs(count: int) -> list[tuple[socket.socket, socket.socket]]:
-    """count established (client, server) TCP pairs in the bench's namespace, client i
-    bound to the i-th address of CLIENTS, both ends non-blocking after setup."""
-    return run_in_netns(NETNS, lambda: _tcp_pairs(count))
+#: connections per worker process (two fds each; the bench may not raise RLIMIT_NOFILE)
+PER_WORKER = 8192
 
 
-def _tcp_pairs(count: int) -> list[tuple[socket.socket, socket.socket]]:
+class Workers:
+    """Worker processes (forked, so in the bench's cgroup) that each hold up to
+    PER_WORKER established TCP pairs and send one pass over them on request; passes go
+    worker after worker, so N connections are sent to round-robin whatever N."""
+
+    def __init__(self, conns: int) -> None:
+        self.pipes: list[tuple[int, int]] = []
+        self.pids: list[int] = []
+        for w, first in enumerate(range(0, conns, PER_WORKER)):
+            count = min(PER_WORKER, conns - first)
+            to_child, from_parent = os.pipe()
+            to_parent, from_child = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the worker
+                os.close(from_parent)
+                os.close(to_parent)
+                code = 0
+                try:
+                    pairs = run_in_netns(NETNS, lambda f=first, c=count, k=w: _tcp_pairs(f, c, k))
+                    os.write(from_child, b"k")
+                    while True:
+                        cmd = os.read(to_child, 1)
+                        if cmd != b"p":
+                            break
+                        tcp_burst(pairs, len(pairs))
+                        os.write(from_child, b"k")
+                except BaseException:  # noqa: BLE001 - reported by the parent's read
+                    code = 1
+                os._exit(code)
+            os.close(to_child)
+            os.close(from_child)
+            self.pipes.append((from_parent, to_parent))
+            self.pids.append(pid)
+            if os.read(to_parent, 1) != b"k":
+                self.close()
+                raise RuntimeError(f"worker {w} could not open its connections")
+
+    def passes(self, count: int) -> None:
+        """count passes, each one send on every connection."""
+        for _ in range(count):
+            for w, r in self.pipes:
+                os.write(w, b"p")
+                if os.read(r, 1) != b"k":
+                    raise RuntimeError("a worker died")
+
+    def close(self) -> None:
+        for w, r in self.pipes:
+            os.close(w)
+            os.close(r)
+        for pid in self.pids:
+            os.waitpid(pid, 0)
+        self.pipes, self.pids = [], []
+
+
+def _tcp_pairs(first: int, count: int, worker: int) -> list[tuple[socket.socket, socket.socket]]:
+    """count established (client, server) pairs, client i bound to address first + i of
+    CLIENTS, the server on SERVER_PORT + worker; both ends non-blocking after setup."""
     subprocess.run(["ip", "-n", NETNS, "route", "replace", "local", CLIENTS, "dev", "lo"],
                    check=True)
     Path("/proc/sys/net/core/somaxconn").write_text("65535")
     lsn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     lsn.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    lsn.bind((ADDRS[4], SERVER_PORT))
-    lsn.listen(65535)
+    lsn.bind((ADDRS[4], SERVER_PORT + worker))
+    lsn.listen(4096)
     pairs: list[tuple[socket.socket, socket.socket]] = []
     pending: list[socket.socket] = []
-    for i in range(count):
+    for j in range(count):
+        i = first + j
         c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         c.bind((f"10.251.{(i >> 8) & 0xFF}.{i & 0xFF}", 0))
-        c.connect((ADDRS[4], SERVER_PORT))
+        c.connect((ADDRS[4], SERVER_PORT + worker))
         pending.append(c)
-        if len(pending) == 1024 or i == count - 1:
+        if len(pending) == 1024 or j == count - 1:
             byname = {p.getsockname(): p for p in pending}
             for _ in pending:
                 srv, peer = lsn.accept()
@@ -132,14 +187,8 @@ def tcp_burst(pairs: list[tuple[socket.socket, socket.socket]], count: int) -> N
 
 def tcp_main(args: argparse.Namespace) -> dict[str, Any]:
     """The --tcp-conns run: {"conns": {N: {config: summary, "extra": ...}}, ...}."""
-    import resource
-
     from bcc import BPF
 
-    need = 2 * max(args.tcp_conns) + 1024
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, max(hard, need)))
     root = cg.cgroup2_root()
     child = os.path.join(root, f"zm-bench-{os.getpid()}")
     os.mkdir(child)
@@ -160,10 +209,11 @@ def tcp_main(args: argparse.Namespace) -> dict[str, Any]:
             empty = BPF(src_file=str(CGROUP_SOURCE).encode(),
                         cflags=flags_for(dps["zonemeter"].config, (32768, 60999)))
             empty_fd = empty.load_func(b"zm_cg_empty", BPF.CGROUP_SKB).fd
-            pairs = tcp_pairs(conns)
+            workers = Workers(conns)
+            passes = max(1, args.packets // conns)
             res: dict[str, list[float]] = {"empty": [], "zonemeter": [], "zonemeter-sk": []}
             try:
-                tcp_burst(pairs, 2 * conns)  # warm: every connection has sent
+                workers.passes(2)  # warm: every connection has sent
                 set_stats(True)
                 for _ in range(args.rounds):
                     for config in ("empty", "zonemeter", "zonemeter-sk"):
@@ -181,9 +231,9 @@ def tcp_main(args: argparse.Namespace) -> dict[str, Any]:
                         try:
                             # one pass first: the socket counters take their keys (a drain
                             # before every round makes them fold and reclassify)
-                            tcp_burst(pairs, conns)
+                            workers.passes(1)
                             before = [fdinfo(f) for f in set(fds)]
-                            tcp_burst(pairs, max(args.packets, conns))
+                            workers.passes(passes)
                             after = [fdinfo(f) for f in set(fds)]
                         finally:
                             for link in links:
@@ -195,9 +245,7 @@ def tcp_main(args: argparse.Namespace) -> dict[str, Any]:
                             dps[config].drain()
             finally:
                 set_stats(False)
-                for c, srv in pairs:
-                    c.close()
-                    srv.close()
+                workers.close()
                 for dp in dps.values():
                     dp.close()
                 empty.cleanup()
