@@ -129,6 +129,9 @@ class DatapathConfig:
         for name, value in ints.items():
             if type(value) is not int:
                 raise InputError(f"must be an integer, got {value!r}", source="datapath", field=name)
+        if self.socket_counters and self.hook != "cgroup":
+            raise InputError(f"needs hook 'cgroup', got {self.hook!r}", source="datapath",
+                             field="socket_counters")
         if not 8 <= self.flow_capacity <= 16_777_216:
             raise InputError("must be within 8..16777216", source="datapath", field="flow_capacity")
         if not 1 <= self.endpoint_capacity <= 1_048_576:
