@@ -206,6 +206,157 @@ static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt 
 }
 #define ZM_SOCKET_VIEW 1
 
+#ifdef ZM_SOCK_COUNTERS
+/*
+ * Per-socket counters (DatapathConfig.socket_counters, an experiment; docs/datapath.md,
+ * "Per-socket counters"). An established TCP socket keeps, per direction, the flow key its
+ * first packet was classified to and the bytes and packets of the packets after it, in
+ * its own storage (BPF_MAP_TYPE_SK_STORAGE, bpf_sk_storage_get; net/core/bpf_sk_storage.c):
+ * no parse, no flow-table or endpoint hash per packet. The counts move into the active
+ * flow table (zm_sk_fold)
+ *   - on the socket's first packet after the agent emptied a side (the sum of the two
+ *     generations in zm_epoch changed), which also reclassifies the socket, and
+ *   - on close (zm_cg_release, BPF_CGROUP_INET_SOCK_RELEASE, inet_release), after which
+ *     the socket counts through the flow table again.
+ * Counts only ever leave a socket by an atomic subtraction of what was read, so a packet
+ * counted concurrently stays for the next fold: never twice. Not part of the pinned
+ * layout (a restart forgets the counts still in sockets: the experiment's gaps).
+ */
+#include "account.h"
+
+#define ZM_TCP_ESTABLISHED 1 /* include/net/tcp_states.h */
+#define ZM_SK_NONE 0
+#define ZM_SK_COUNTING 1
+#define ZM_SK_RELEASED 2
+
+struct zm_sk_dir {
+	struct zm_flow_key key; /* the flow this direction counts to */
+	__u64 bytes;            /* wire L3 bytes not yet in a flow table */
+	__u64 packets;          /* wire packets not yet in a flow table */
+	__u64 gen;              /* zm_generation() when key was taken */
+	__u32 state;            /* ZM_SK_* */
+	__u32 reserved_76;
+};
+struct zm_sk_slot {
+	struct zm_sk_dir dir[2]; /* [0] egress (leaving the socket), [1] ingress */
+};
+BPF_SK_STORAGE(zm_sk, struct zm_sk_slot);
+
+/* Returns zm_epoch[1] + zm_epoch[2]: grows by one each time the agent empties a side. */
+static __always_inline __u64 zm_generation(void)
+{
+	int one = 1, two = 2;
+	__u64 *a = zm_epoch.lookup(&one);
+	__u64 *b = zm_epoch.lookup(&two);
+	return (a ? *a : 0) + (b ? *b : 0);
+}
+
+/* Moves what d holds into the active flow table (zm_account: entry, overflow or
+ * zm_lost). Returns nothing. */
+static __always_inline void zm_sk_fold(struct zm_sk_dir *d)
+{
+	__u64 b = d->bytes, n = d->packets;
+	if (!b && !n)
+		return;
+	__sync_fetch_and_add(&d->bytes, -b);
+	__sync_fetch_and_add(&d->packets, -n);
+	struct zm_flow_key k __attribute__((aligned(8)));
+	__builtin_memcpy(&k, &d->key, sizeof(k));
+	void *flows = zm_active_flows();
+	if (flows)
+		zm_account(flows, &k, b, n);
+	else
+		zm_account_lost(b, n);
+}
+
+/* Returns the established TCP full socket of skb, or NULL. */
+static __always_inline struct bpf_sock *zm_sk_tcp(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+	if (!sk)
+		return NULL;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk || sk->protocol != IPPROTO_TCP || sk->state != ZM_TCP_ESTABLISHED)
+		return NULL;
+	return sk;
+}
+
+/* classify.h: the packet was classified to key; 1 when its established TCP socket took
+ * key (and this packet's counts) for the direction, 0 to count it in the table. */
+static __always_inline int zm_sk_claim(struct __sk_buff *skb, int into_local,
+				       struct zm_flow_key *key, __u64 bytes, __u64 packets)
+{
+	struct bpf_sock *sk = zm_sk_tcp(skb);
+	if (!sk)
+		return 0;
+	struct zm_sk_slot *s = zm_sk.sk_storage_get(sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s)
+		return 0;
+	struct zm_sk_dir *d = into_local ? &s->dir[1] : &s->dir[0];
+	if (d->state == ZM_SK_RELEASED)
+		return 0;
+	zm_sk_fold(d); /* what a racing packet left under the old key */
+	__builtin_memcpy(&d->key, key, sizeof(*key));
+	d->gen = zm_generation();
+	__sync_fetch_and_add(&d->bytes, bytes);
+	__sync_fetch_and_add(&d->packets, packets);
+	d->state = ZM_SK_COUNTING;
+	return 1;
+}
+
+/* Returns the L3+L4 header bytes of a TCP packet (IP header at 0), or 0 when they cannot
+ * be read (IPv6 with extension headers: then the full path counts it). */
+static __always_inline __u32 zm_sk_hdr_len(struct __sk_buff *skb, int family)
+{
+	__u8 b;
+	__u32 l3;
+	if (family == ZM_FAMILY_INET) {
+		if (bpf_skb_load_bytes(skb, 0, &b, 1) < 0)
+			return 0;
+		l3 = (b & 0x0f) * 4; /* IHL: RFC 791 3.1 */
+	} else {
+		if (bpf_skb_load_bytes(skb, 6, &b, 1) < 0 || b != IPPROTO_TCP)
+			return 0;
+		l3 = 40;
+	}
+	if (l3 < 20 || l3 > 60 || bpf_skb_load_bytes(skb, l3 + 12, &b, 1) < 0)
+		return 0;
+	return l3 + (b >> 4) * 4; /* data offset: RFC 9293 3.1 */
+}
+
+/* The per-packet path of a socket that holds a key: adds the packet to its storage.
+ * Returns 1 when counted there, 0 when the full path must classify and count it. */
+static __always_inline int zm_sk_fast(struct __sk_buff *skb, int into_local, int family)
+{
+	struct bpf_sock *sk = zm_sk_tcp(skb);
+	if (!sk)
+		return 0;
+	struct zm_sk_slot *s = zm_sk.sk_storage_get(sk, 0, 0);
+	if (!s)
+		return 0;
+	struct zm_sk_dir *d = into_local ? &s->dir[1] : &s->dir[0];
+	if (d->state != ZM_SK_COUNTING || d->key.family != family)
+		return 0;
+	if (d->gen != zm_generation()) {
+		d->state = ZM_SK_NONE;
+		zm_sk_fold(d);
+		return 0;
+	}
+	__u64 bytes = skb->len, packets = 1;
+	__u32 segs = skb->gso_segs;
+	if (segs > 1) {
+		__u32 hdr = zm_sk_hdr_len(skb, family);
+		if (!hdr)
+			return 0;
+		packets = segs;
+		bytes += (__u64)(segs - 1) * hdr;
+	}
+	__sync_fetch_and_add(&d->bytes, bytes);
+	__sync_fetch_and_add(&d->packets, packets);
+	return 1;
+}
+#endif /* ZM_SOCK_COUNTERS */
+
 #include "classify.h"
 
 /* Returns 1 when the packet is to be counted: always without -DZM_SCOPE_NETNS, else when
@@ -247,6 +398,10 @@ static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
 		family = ZM_FAMILY_INET6;
 	else
 		return;
+#ifdef ZM_SOCK_COUNTERS
+	if (zm_sk_fast(skb, into_local, family))
+		return;
+#endif
 	if (zm_in_scope(skb) && !zm_loopback(skb, family))
 		zm_classify_and_count(skb, 0, into_local, family, 0);
 }
@@ -264,6 +419,23 @@ int zm_cg_egress(struct __sk_buff *skb)
 	zm_cg_count(skb, 0);
 	return 1;
 }
+
+#ifdef ZM_SOCK_COUNTERS
+/* cgroup/sock_release (BPF_CGROUP_INET_SOCK_RELEASE, inet_release, before the protocol's
+ * close): moves the socket's remaining counts into the flow table; its later packets (FIN,
+ * data still queued) count through the table. Returns 1 (allow). */
+int zm_cg_release(struct bpf_sock *sk)
+{
+	struct zm_sk_slot *s = zm_sk.sk_storage_get(sk, 0, 0);
+	if (s) {
+		s->dir[0].state = ZM_SK_RELEASED;
+		s->dir[1].state = ZM_SK_RELEASED;
+		zm_sk_fold(&s->dir[0]);
+		zm_sk_fold(&s->dir[1]);
+	}
+	return 1;
+}
+#endif
 
 /* An empty cgroup_skb program: the baseline of bench/bench_cgroup.py. Returns 1. */
 int zm_cg_empty(struct __sk_buff *skb)

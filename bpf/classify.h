@@ -23,6 +23,12 @@
  *   static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt *p,
  *                                              int into_local);
  *       replaces the parsed addresses and ports by those of the packet's socket
+ * and, when ZM_SOCK_COUNTERS is defined (cgroup.c, DatapathConfig.socket_counters),
+ *   static __always_inline int zm_sk_claim(struct __sk_buff *skb, int into_local,
+ *                                          struct zm_flow_key *key, __u64 bytes,
+ *                                          __u64 packets);
+ *       1 when the packet's socket took key and counted the packet in its own storage
+ *       (its next packets skip the parse and every hash), 0 to count it here
  */
 #ifndef ZONEMETER_CLASSIFY_H
 #define ZONEMETER_CLASSIFY_H
@@ -168,6 +174,10 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 			return;
 		if (bpf_map_lookup_elem(flows, &key) ||
 		    zm_endpoint_lookup_at(key.local, svc_port, p.proto)) {
+#ifdef ZM_SOCK_COUNTERS
+			if (zm_sk_claim(skb, into_local, &key, bytes, packets))
+				return;
+#endif
 			zm_count(flows, slot, &key, bytes, packets);
 			return;
 		}
@@ -181,6 +191,10 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	}
 	if (p.has_ports)
 		key.local_port = zm_local_port(&p, into_local, key.port, svc_port);
+#ifdef ZM_SOCK_COUNTERS
+	if (zm_sk_claim(skb, into_local, &key, bytes, packets))
+		return;
+#endif
 	zm_count(flows, zm_cache_slot_for(&key), &key, bytes, packets);
 }
 

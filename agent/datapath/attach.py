@@ -305,6 +305,10 @@ class Datapath:
                 if self.hook == "cgroup":
                     self._fns = {prog: self._bpf.load_func(prog.encode(), BPF.CGROUP_SKB)
                                  for _, _, prog in cgroup.SIDES}
+                    if self.config.socket_counters:
+                        self._fns[cgroup.RELEASE[2]] = self._bpf.load_func(
+                            cgroup.RELEASE[2].encode(), BPF.CGROUP_SOCK,
+                            attach_type=cgroup.BPF_CGROUP_INET_SOCK_RELEASE)
                 else:
                     self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
                                  for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS,

@@ -27,11 +27,14 @@ log = logging.getLogger(__name__)
 #: enum bpf_attach_type (include/uapi/linux/bpf.h)
 BPF_CGROUP_INET_INGRESS = 0
 BPF_CGROUP_INET_EGRESS = 1
+BPF_CGROUP_INET_SOCK_RELEASE = 34
 #: enum bpf_link_type: BPF_LINK_TYPE_CGROUP
 BPF_LINK_TYPE_CGROUP = 3
 #: (attach type, side name, program name in bpf/cgroup.c)
 SIDES = ((BPF_CGROUP_INET_INGRESS, "ingress", "zm_cg_ingress"),
          (BPF_CGROUP_INET_EGRESS, "egress", "zm_cg_egress"))
+#: the sock_release link of DatapathConfig.socket_counters (BPF_PROG_TYPE_CGROUP_SOCK)
+RELEASE = (BPF_CGROUP_INET_SOCK_RELEASE, "release", "zm_cg_release")
 #: pin file of a cgroup link of ours under pin_path: zm_cgroup_<ingress|egress>
 CGROUP_PIN_PREFIX = "zm_cgroup_"
 
@@ -102,6 +105,7 @@ class CgroupLinks:
 
     def __post_init__(self) -> None:
         self.fds: list[int] = []
+        self._sides: tuple[tuple[int, str, str], ...] = SIDES
 
     def _pin(self, side: str) -> str | None:
         return os.path.join(self.pin_path, CGROUP_PIN_PREFIX + side) if self.pin_path else None
@@ -126,8 +130,9 @@ class CgroupLinks:
             cg = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as err:
             raise RuntimeFailure(f"cannot open cgroup {self.root}: {err}") from err
+        sides = SIDES + ((RELEASE,) if RELEASE[2] in prog_fds else ())
         try:
-            for attach_type, side, prog in SIDES:
+            for attach_type, side, prog in sides:
                 fd = self._take_over(side, attach_type)
                 if fd is not None:
                     tcx.link_update(fd, prog_fds[prog])
@@ -145,11 +150,12 @@ class CgroupLinks:
         finally:
             os.close(cg)
         self.fds = fds
+        self._sides = sides
 
     def close(self, keep: bool) -> None:
         """Close our fds; unless ``keep`` (pinned hand-over), detach the links now and
         unlink their pins. Idempotent."""
-        for (_, side, _), fd in zip(SIDES, self.fds, strict=True):
+        for (_, side, _), fd in zip(self._sides, self.fds, strict=True):
             if not keep:
                 detach_pinned(fd, self._pin(side))
             os.close(fd)
@@ -176,7 +182,7 @@ def cleanup_pins(pin_path: str) -> list[str]:
         RuntimeFailure: a pin could not be removed.
     """
     removed: list[str] = []
-    for _, side, _ in SIDES:
+    for _, side, _ in (*SIDES, RELEASE):
         pin = os.path.join(pin_path, CGROUP_PIN_PREFIX + side)
         if not os.path.exists(pin):
             continue

@@ -79,6 +79,12 @@ class DatapathConfig:
             pin_path (a DaemonSet rolling update with surge runs both for a moment) before
             giving up with RuntimeFailure. Two agents draining the same pinned tables
             would corrupt each other's table switching, so they never share them.
+        socket_counters: cgroup hook only, an experiment (default off): an established
+            TCP socket counts its packets in its own storage (BPF_MAP_TYPE_SK_STORAGE)
+            after its first packet was classified, and the counts move into the flow
+            table on its first packet after a drain and on close (a sock_release
+            program). Cheaper per packet at many connections; not exactly once in every
+            case (docs/datapath.md, "Per-socket counters").
     """
 
     netns: str | None = None
@@ -97,6 +103,7 @@ class DatapathConfig:
     resync_seconds: float = 10.0
     pin_path: str | None = None
     pin_lock_seconds: float = 60.0
+    socket_counters: bool = False
 
     def validate(self) -> None:
         """Raises InputError naming the field when a setting is out of range."""
@@ -122,6 +129,9 @@ class DatapathConfig:
         for name, value in ints.items():
             if type(value) is not int:
                 raise InputError(f"must be an integer, got {value!r}", source="datapath", field=name)
+        if self.socket_counters and self.hook != "cgroup":
+            raise InputError(f"needs hook 'cgroup', got {self.hook!r}", source="datapath",
+                             field="socket_counters")
         if not 8 <= self.flow_capacity <= 16_777_216:
             raise InputError("must be within 8..16777216", source="datapath", field="flow_capacity")
         if not 1 <= self.endpoint_capacity <= 1_048_576:
@@ -163,6 +173,8 @@ def flags_for(config: DatapathConfig, ephemeral: tuple[int, int]) -> list[str]:
     ]
     if config.scope_netns:
         flags.append("-DZM_SCOPE_NETNS=1")
+    if config.socket_counters:
+        flags.append("-DZM_SOCK_COUNTERS=1")
     if config.pin_path is not None:
         check_pin_path(config.pin_path)
         flags.append(f'-DZM_PIN_DIR="{config.pin_path.rstrip("/") or "/"}"')

@@ -71,7 +71,7 @@ class Env:
     (one cgroup_skb pair per node on the shared cgroup root, scoped to the namespaces of the node's
     pods: lab namespaces share the host's cgroup tree, docs/datapath.md)."""
 
-    def __init__(self, overlay: str, hook: str = "veth") -> None:
+    def __init__(self, overlay: str, hook: str = "veth", socket_counters: bool = False) -> None:
         self.lab = Lab(Topology.from_yaml(TOPOLOGY.replace("MODE", overlay))).up()
         self.dps: dict[str, Datapath] = {}
         try:
@@ -80,7 +80,8 @@ class Env:
                 scope = tuple(self.lab.pod_netns(pod.name)
                               for pod in self.lab.topology.pods_on(node))
                 cfg = DatapathConfig(netns=ns, exclude_patterns=(uplink,), flow_capacity=4096,
-                                     hook=hook, scope_netns=scope if hook == "cgroup" else ())
+                                     hook=hook, scope_netns=scope if hook == "cgroup" else (),
+                                     socket_counters=socket_counters)
                 dp = Datapath(cfg)
                 dp.attach()
                 self.dps[node] = dp
@@ -105,10 +106,12 @@ class Env:
         self.lab.down()
 
 
-@pytest.fixture(scope="module", params=["flat", "vxlan", "flat-cgroup"])
+@pytest.fixture(scope="module", params=["flat", "vxlan", "flat-cgroup", "flat-cgroup-sk"])
 def env(request: pytest.FixtureRequest) -> Iterator[Env]:
-    overlay, _, hook = request.param.partition("-")
-    e = Env(overlay, hook or "veth")
+    # "-sk": the cgroup hook with per-socket counters (DatapathConfig.socket_counters)
+    overlay, _, rest = request.param.partition("-")
+    hook, _, sk = rest.partition("-")
+    e = Env(overlay, hook or "veth", socket_counters=sk == "sk")
     yield e
     e.close()
 

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 
 import pytest
 from _dp_fixtures import Flow, exchange, two_node_lab
 
-from agent.datapath import Datapath, DatapathConfig, on_bpf_fs, tcx
+from agent.datapath import Datapath, DatapathConfig, on_bpf_fs, run_in_netns, tcx
 from agent.datapath import cgroup as cg
-from agent.records import FlowKind
+from agent.records import FlowDelta, FlowKind
 from tools.lab import Lab
 
 pytestmark = pytest.mark.kernel
@@ -130,3 +132,59 @@ def test_pinned_links_survive_the_agent_and_are_taken_over(lab: Lab, pin_dir: st
     assert set(res.links) >= {"zm_cgroup_ingress", "zm_cgroup_egress"}
     assert our_programs(root) == {"ingress": [], "egress": []}
     assert not os.path.exists(pin)
+
+
+def _sum(deltas: list[FlowDelta], local: str, remote: str, kind: FlowKind) -> tuple[int, int]:
+    got = [d for d in deltas if str(d.local) == local and str(d.remote) == remote
+           and d.kind is kind]
+    return sum(d.bytes for d in got), sum(d.packets for d in got)
+
+
+def test_socket_counters_fold_after_a_drain_and_on_close_exactly(lab: Lab) -> None:
+    """A long-lived TCP connection a1 -> b1, counted at a1's egress with socket counters
+    and at b1's ingress through the flow table (the same packets, offloads off): equal
+    after the connection's first packet following a drain and after close; an idle socket
+    holds what it counted since its last fold (the experiment's delay, docs/datapath.md)."""
+    sk = Datapath(config(lab, "a", socket_counters=True))
+    plain = Datapath(config(lab, "b"))
+    a1, b1 = str(lab.pod_ip("a1", 4)), str(lab.pod_ip("b1", 4))
+    try:
+        sk.attach()
+        plain.attach()
+        assert sorted(sk._fns) == ["zm_cg_egress", "zm_cg_ingress", "zm_cg_release"]  # noqa: SLF001
+        sk.drain()
+        plain.drain()
+        lsn = run_in_netns(lab.pod_netns("b1"), lambda: socket.create_server((b1, 9200)))
+        cli = run_in_netns(lab.pod_netns("a1"), lambda: socket.create_connection((b1, 9200)))
+        srv, _ = lsn.accept()
+        totals = {"sk": [0, 0], "plain": [0, 0]}
+
+        def drain() -> None:
+            for name, dp, local, remote, kind in (("sk", sk, a1, b1, FlowKind.EGRESS),
+                                                  ("plain", plain, b1, a1, FlowKind.INGRESS)):
+                b, n = _sum(dp.drain(), local, remote, kind)
+                totals[name][0] += b
+                totals[name][1] += n
+
+        def send(size: int) -> None:
+            cli.sendall(b"q" * size)
+            got = 0
+            while got < size:
+                got += len(srv.recv(65536))
+
+        send(20_000)
+        drain()  # the socket's counts since its first packet are still in the socket
+        assert totals["plain"][0] > 20_000
+        assert totals["sk"][0] < totals["plain"][0]
+        send(100)  # first packet after the drain: the socket's counts move to the table
+        drain()
+        send(5_000)
+        cli.close()  # sock_release folds the rest; FIN and later go through the table
+        srv.close()
+        lsn.close()
+        time.sleep(0.3)
+        drain()
+        assert totals["sk"] == totals["plain"]
+    finally:
+        sk.close()
+        plain.close()

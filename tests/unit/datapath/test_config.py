@@ -48,6 +48,15 @@ def test_every_hook_is_accepted_and_veth_is_the_default(hook: str) -> None:
     assert DatapathConfig().hook == "veth"
 
 
+def test_socket_counters_are_compiled_in_only_when_set_and_only_on_the_cgroup_hook() -> None:
+    assert "-DZM_SOCK_COUNTERS=1" in flags_for(DatapathConfig(hook="cgroup", socket_counters=True),
+                                               (1, 2))
+    assert not any("ZM_SOCK_COUNTERS" in f for f in flags_for(DatapathConfig(hook="cgroup"), (1, 2)))
+    for hook in ("veth", "auto"):
+        with pytest.raises(InputError, match="socket_counters"):
+            DatapathConfig(hook=hook, socket_counters=True).validate()
+
+
 def test_netns_scope_is_compiled_in_only_when_set() -> None:
     assert "-DZM_SCOPE_NETNS=1" in flags_for(DatapathConfig(hook="cgroup", scope_netns=("n1",)), (1, 2))
     assert not any("ZM_SCOPE_NETNS" in f for f in flags_for(DatapathConfig(hook="cgroup"), (1, 2)))
