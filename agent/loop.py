@@ -30,6 +30,7 @@ from agent.datapath import HandOver, TableStats
 from agent.datapath.coverage import STARVED_RATIO, WINDOW_SECONDS, HookCoverage, InterfaceCounters
 from agent.errors import InputError
 from agent.exporter import Exporter, ExportSnapshot
+from agent.exporter.shard import DEFAULT_REPLICAS, LocalityShard
 from agent.hints import HintModel
 from agent.k8s import MetadataAdapter
 from agent.k8s.cache import ClusterMetadata
@@ -106,6 +107,8 @@ class AgentLoop:
             after the checkpoint that includes it was written (docs/datapath.md).
         restore: the checkpoint ``checkpoint.load()`` returned: counters continue from it
             (a malformed one is discarded, counted and logged; the loop starts from zero).
+        locality_replicas: ring owners per Service of the locality series
+            (:class:`agent.exporter.shard.LocalityShard`; 0: every Service).
     """
 
     def __init__(self, node: str, datapath: DatapathLike, cache: ClusterMetadata, hints: HintModel,
@@ -114,9 +117,10 @@ class AgentLoop:
                  perf: Callable[[], float] = time.perf_counter, top_n: int = 50,
                  hold_unresolved_seconds: float = 0.0, series_retention: float = 0.0,
                  monotonic: Callable[[], float] = time.monotonic,
-                 checkpoint: Checkpointer | None = None, restore: Checkpoint | None = None
-                 ) -> None:
+                 checkpoint: Checkpointer | None = None, restore: Checkpoint | None = None,
+                 locality_replicas: int = DEFAULT_REPLICAS) -> None:
         self.node = node
+        self.shard = LocalityShard(node, locality_replicas)
         self.datapath = datapath
         self.cache = cache
         self.hints = hints
@@ -349,12 +353,22 @@ class AgentLoop:
         except Exception as err:  # noqa: BLE001
             self.log_once("stats", "datapath stats failed", exc=err)
             table, attached = None, 0
-        return build_snapshot(totals, locality=self.hints.localities(), table=table, attached=attached,
+        locality = self.shard.select(self.hints.localities(), self.cache.node_names(),
+                                     active_services(totals))
+        return build_snapshot(totals, locality=locality, table=table, attached=attached,
                               synced=self.cache.synced(), duration=duration, at=at,
                               interval=self.interval, coverage=self.coverage.state(),
                               hint_model=self.hints.model_info(self.node),
                               checkpoint_discarded=(self.checkpoint.discarded
                                                     if self.checkpoint is not None else None))
+
+
+def active_services(totals: AttributionTotals) -> set[ServiceRef]:
+    """The Services ``totals`` holds bytes of (service, hint-ignored and client-path series)."""
+    out: set[ServiceRef] = set()
+    for series in (totals.service_bytes, totals.hint_ignored_bytes, totals.client_path_bytes):
+        out.update(ServiceRef(k.namespace, k.service) for k in series)
+    return out
 
 
 def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, Locality] | None = None,

@@ -21,7 +21,9 @@ carry ifindex 0 (local pods resolved by address; the veth path costs the same lo
 Reported per flow count, over ``--intervals`` measured intervals after 3 warm-up ones:
 the tick's CPU time (``time.process_time``: this process only, which other jobs on shared
 cores do not inflate) and wall time, the scrape's CPU time, the agent's CPU as a share of
-one core at a 10 s interval ((tick + scrape) / 10 s), and the RSS after the run. Also the
+one core at a 10 s interval ((tick + scrape) / 10 s), the series exported and the RSS after
+the run, each flow count with ``--locality-replicas`` 0 (every Service's locality series on
+every agent) and 3 (agent/exporter/shard.py), one after the other in one process. Also the
 drain alone of 1,000,000 entries (:func:`bench.bench_datapath.bench_drain`).
 
 Usage (as root, from the repository root):
@@ -148,7 +150,8 @@ def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
-def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int) -> dict[str, Any]:
+def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
+        replicas: list[int]) -> dict[str, Any]:
     t0 = time.perf_counter()
     cache = ClusterMetadata()
     cache.replace("nodes", bc.nodes(nodes))
@@ -160,10 +163,11 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int) 
     out: dict[str, Any] = {"pods": pods, "nodes": nodes, "services": services,
                            "interval_s": INTERVAL, "cache_load_s": round(load_s, 1), "rows": {}}
     traffic = Traffic(pods, nodes, services)
-    for n in flows:
+    for n, rep in ((n, rep) for n in flows for rep in replicas):
         dp = Datapath(DatapathConfig(flow_capacity=max(n, 1024)))
         exporter = Exporter()
-        loop = AgentLoop(NODE, dp, cache, hints, exporter, interval=INTERVAL)
+        loop = AgentLoop(NODE, dp, cache, hints, exporter, interval=INTERVAL,
+                         locality_replicas=rep)
         tick_cpu, tick_wall, scrape_cpu, drained = [], [], [], []
         try:
             for r in range(3 + intervals):
@@ -186,11 +190,13 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int) 
             raise RuntimeError(f"{n} flows: drained {min(drained)}")
         share = [(t + s) / INTERVAL * 100 for t, s in zip(tick_cpu, scrape_cpu, strict=True)]
         gc.collect()
-        out["rows"][str(n)] = {"tick_cpu_s": summary(tick_cpu), "tick_wall_s": summary(tick_wall),
+        out["rows"][f"{n}/{rep}"] = {"flows": n, "locality_replicas": rep,
+                               "series": sum(1 for line in text.splitlines()
+                                             if line and not line.startswith(b"#")),"tick_cpu_s": summary(tick_cpu), "tick_wall_s": summary(tick_wall),
                                "scrape_cpu_s": summary(scrape_cpu),
                                "core_percent": summary(share), "exported_bytes": len(text),
                                "rss_mib": round(bc.rss_mib(), 1)}
-        print(f"bench_agent: {n} flows done", file=sys.stderr)
+        print(f"bench_agent: {n} flows, --locality-replicas {rep} done", file=sys.stderr)
     return out
 
 
@@ -199,6 +205,9 @@ def main() -> int:
     ap.add_argument("--flows", type=int, action="append", default=[],
                     help="flow entries per interval (default 1000, 10000, 100000); repeatable")
     ap.add_argument("--intervals", type=int, default=10, help="measured intervals per flow count")
+    ap.add_argument("--locality-replicas", type=int, action="append", default=[],
+                    help="AgentLoop locality_replicas, each run side by side per flow count "
+                    "(default 0 (every Service's locality series) and 3); repeatable")
     ap.add_argument("--pods", type=int, default=150_000)
     ap.add_argument("--nodes", type=int, default=5_000)
     ap.add_argument("--services", type=int, default=10_000)
@@ -210,7 +219,7 @@ def main() -> int:
         print("bench_agent: run as root", file=sys.stderr)
         return 1
     res = run(args.flows or [1000, 10_000, 100_000], args.intervals, args.pods, args.nodes,
-              args.services)
+              args.services, args.locality_replicas or [0, 3])
     if args.drain_million:
         res["drain_1m_seconds"] = bench_drain(3, 1_000_000)
     res["load_average_1m"] = os.getloadavg()[0]
@@ -224,10 +233,12 @@ def main() -> int:
 
     print(f"{res['pods']} pods, {res['nodes']} nodes, {res['services']} Services (cache loaded "
           f"in {res['cache_load_s']} s); interval {INTERVAL:g} s; load average {res['load_average_1m']:.2f}\n")
-    print("| flows per interval | tick CPU s | tick wall s | scrape CPU s | agent CPU, % of one core | RSS MiB |")
-    print("|---|---|---|---|---|---|")
-    for n, row in res["rows"].items():
-        print(f"| {int(n):,} | {fmt(row['tick_cpu_s'])} | {fmt(row['tick_wall_s'])} | "
+    print("| flows per interval | locality replicas | series | tick CPU s | tick wall s | scrape CPU s | "
+          "agent CPU, % of one core | RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in res["rows"].values():
+        print(f"| {row['flows']:,} | {row['locality_replicas']} | {row['series']:,} | "
+              f"{fmt(row['tick_cpu_s'])} | {fmt(row['tick_wall_s'])} | "
               f"{fmt(row['scrape_cpu_s'])} | {fmt(row['core_percent'], digits=2)} | {row['rss_mib']} |")
     for layout, s in res.get("drain_1m_seconds", {}).items():
         if "_step" not in layout:

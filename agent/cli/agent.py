@@ -29,6 +29,7 @@ from agent import exporter as ex
 from agent.checkpoint import DEFAULT_CHECKPOINT_PATH, Checkpointer
 from agent.datapath import ATTACH_MODES, HOOKS
 from agent.errors import InputError, RuntimeFailure
+from agent.exporter.shard import DEFAULT_REPLICAS
 from agent.hints import DEFAULT_VERSION, HintModel
 from agent.k8s import ClusterMetadata
 from agent.logs import setup_logging
@@ -150,6 +151,11 @@ def register(subparsers: Any) -> None:
                    help="drop the series of a deleted Service, or of a workload no pod "
                    "belongs to any more, once it gained no bytes for this long (default "
                    "%(default)g; 0: never, series live until restart)")
+    p.add_argument("--locality-replicas", type=int, default=DEFAULT_REPLICAS, metavar="N",
+                   help="export each Service's locality series (cluster-wide state, the same "
+                   "on every agent) from N agents chosen by hashing Node names, plus every "
+                   "agent that counted bytes of the Service; 0: every agent exports every "
+                   "Service (default %(default)d; docs/metrics.md, Locality series)")
     p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
                    help="live cluster: wait this long for the first list of every resource "
                    "before attaching (default %(default)g)")
@@ -193,6 +199,9 @@ def _validate(args: argparse.Namespace) -> None:
     if not args.series_retention >= 0:  # also NaN
         raise InputError(f"must be >= 0 (0: never expire), got {args.series_retention:g}",
                          source="--series-retention")
+    if args.locality_replicas < 0:
+        raise InputError(f"must be >= 0 (0: every Service), got {args.locality_replicas}",
+                         source="--locality-replicas")
     ex.parse_address(args.metrics_address)
     if args.netns is not None and (not args.netns or "/" in args.netns
                                    or args.netns in (".", "..")):
@@ -444,7 +453,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 loop = AgentLoop(node, dp, source.cache, hints, exporter, interval=args.interval,
                                  hold_unresolved_seconds=args.hold_unresolved_seconds,
                                  series_retention=args.series_retention,
-                                 checkpoint=checkpoint, restore=restore)
+                                 checkpoint=checkpoint, restore=restore,
+                                 locality_replicas=args.locality_replicas)
                 # Live cluster: attach only once the endpoints are known, else Service bytes
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.

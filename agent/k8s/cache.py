@@ -156,6 +156,7 @@ class ClusterMetadata:
         self._gone_eps: TTLCache[int, tuple[EpEntry, ...]] = TTLCache(
             maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
         self._nodes: dict[str, NodeRecord] = {}
+        self._node_names: tuple[int, frozenset[str]] = (-1, frozenset())
         self._node_by_ip: dict[int, str] = {}
         #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
         self._gateway_by_ip: dict[int, str] = {}
@@ -604,6 +605,14 @@ class ClusterMetadata:
         """Return the cached Node record, or None."""
         with self._lock:
             return self._nodes.get(name)
+
+    def node_names(self) -> frozenset[str]:
+        """Return the names of the cached Nodes (memoized per Node generation)."""
+        with self._lock:
+            gen = self._generation["nodes"]
+            if self._node_names[0] != gen:
+                self._node_names = (gen, frozenset(self._nodes))
+            return self._node_names[1]
 
     def node_zone(self, name: str) -> str | None:
         """Return the zone label of a node, or None (unknown node or no label)."""
