@@ -192,7 +192,8 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
         gc.collect()
         out["rows"][f"{n}/{rep}"] = {"flows": n, "locality_replicas": rep,
                                "series": sum(1 for line in text.splitlines()
-                                             if line and not line.startswith(b"#")),"tick_cpu_s": summary(tick_cpu), "tick_wall_s": summary(tick_wall),
+                                             if line and not line.startswith(b"#")),
+                               "tick_cpu_s": summary(tick_cpu), "tick_wall_s": summary(tick_wall),
                                "scrape_cpu_s": summary(scrape_cpu),
                                "core_percent": summary(share), "exported_bytes": len(text),
                                "rss_mib": round(bc.rss_mib(), 1)}
