@@ -321,10 +321,12 @@ class CoverageState:
     the window ratio, for the exporter.
 
     Attributes:
-        counted_bytes: L3 bytes our programs counted on the hooked interfaces, in the
-            intervals that had interface counters (cumulative).
-        carried_bytes: L3 bytes the same interfaces carried in those intervals by their own
-            counters (cumulative).
+        counted_bytes: L3 bytes our programs counted that the compared interfaces should
+            have carried (veth hook: every byte, on the hooked veths; cgroup hook: bytes of
+            peers off the node, which cross an uplink), in the intervals that had
+            interface counters (cumulative).
+        carried_bytes: L3 bytes the compared interfaces (the hooked veths, or the node's
+            uplinks) carried in those intervals by their own counters (cumulative).
         unseen_bytes: per interval ``max(0, carried - counted)``, summed (cumulative): bytes
             the interfaces carried that no program of ours counted.
         ratio: counted / carried over the last ``WINDOW_SECONDS`` (300 s), NaN when the

@@ -1,20 +1,29 @@
-"""Hook coverage: what our programs counted against what the hooked interfaces carried.
+"""Hook coverage: what our programs counted against what the interfaces carried.
 
 A data plane that moves packets past our hook (a TCX program in front of a clsact filter
 that returns a verdict, ``bpf_redirect_peer`` skipping the host veth) leaves the devices'
 own counters growing while ours stand still. Comparing the two per drain interval turns
 that silent zero into a number and an alarm (docs/datapath.md, "Interface counters";
 the alert ``ZonemeterHookStarved`` in deploy/daemonset/monitoring).
+
+Which bytes are compared depends on the hook:
+
+* veth: every byte counted against the hooked veths' L3 bytes (both count each packet
+  once, on the same device);
+* cgroup: the bytes counted for peers off the node (:func:`off_node_bytes`) against the
+  node's uplinks' L3 bytes: a socket's packet to or from another machine crosses an
+  uplink once, and is counted once, at that socket; packets between two sockets of the
+  node cross no uplink and are counted at both ends, so they are left out of both sides.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from agent.records import CoverageState
+from agent.records import CoverageState, FlowDelta, IPAddress
 
 #: Ethernet header bytes the device counts per frame and our L3 counting does not
 ETH_HLEN = 14
@@ -55,6 +64,36 @@ def carried_l3(counters: Iterable[InterfaceCounters]) -> int:
     return total
 
 
+def off_node_bytes(deltas: Iterable[FlowDelta], node: str,
+                   node_of: Callable[[IPAddress], str | None]) -> int:
+    """L3 bytes of the deltas whose remote side is not on this node: what the cgroup hook
+    counted that crossed one of the node's uplinks.
+
+    A remote is on the node when the metadata puts it there (``node_of``: a pod of this
+    node, or this node's address, which host-network pods share). Every other remote is
+    taken to be off the node: other nodes' pods, other machines, and also a ClusterIP
+    (a pod's copy before kube-proxy's DNAT: the backend may be local), another local
+    address of the node the Node object does not list (a CNI gateway), or a new pod the
+    metadata does not know yet. Each of these can only raise the counted side, so the
+    comparison errs towards "covered", never towards a false alarm.
+
+    Args:
+        deltas: one drain's deltas.
+        node: this node's name.
+        node_of: address -> the name of the node it is on, or None
+            (:meth:`agent.k8s.cache.ClusterMetadata.node_of`).
+    """
+    seen: dict[IPAddress, bool] = {}
+    total = 0
+    for d in deltas:
+        away = seen.get(d.remote)
+        if away is None:
+            away = seen[d.remote] = node_of(d.remote) != node
+        if away:
+            total += d.bytes
+    return total
+
+
 class HookCoverage:
     """Accumulates :class:`CoverageState` over drain intervals.
 
@@ -74,10 +113,13 @@ class HookCoverage:
 
         Args:
             at: the drain's time, seconds (any monotonic origin).
-            counted: L3 bytes of every delta the drain returned.
+            counted: L3 bytes the drain returned that the interfaces should have carried:
+                every delta's on the veth hook, those with a peer off the node on the
+                cgroup hook (:func:`off_node_bytes`).
             interfaces: ``{ifindex: counters}`` for the same interval
-                (``Datapath.interface_bytes()``); empty after the first drain and whenever
-                the devices could not be read, and then the interval is left out.
+                (``Datapath.interface_bytes()``: the hooked veths, or the uplinks); empty
+                after the first drain and whenever the devices could not be read, and
+                then the interval is left out.
 
         Returns:
             the new state.

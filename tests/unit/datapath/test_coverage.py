@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.datapath import InterfaceBytes
-from agent.datapath.coverage import MIN_CARRIED_BYTES, HookCoverage, carried_l3
+from agent.datapath.coverage import MIN_CARRIED_BYTES, HookCoverage, carried_l3, off_node_bytes
 from agent.exporter import Exporter
 from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
@@ -101,3 +101,61 @@ def test_interface_counter_errors_never_cost_an_interval(caplog: pytest.LogCaptu
     res = loop.tick()
     assert res.bytes == 100 and loop.attributor.totals().workload_bytes
     assert any("interface counters failed" in r.getMessage() for r in caplog.records)
+
+
+def test_off_node_bytes_leave_out_peers_on_this_node() -> None:
+    where = {ip("10.244.1.10"): "nb", ip("10.0.0.2"): "nb", ip("10.244.2.20"): "nc",
+             ip("10.0.0.3"): "nc"}
+    calls: list[object] = []
+
+    def node_of(addr: object) -> str | None:
+        calls.append(addr)
+        return where.get(addr)  # type: ignore[call-overload]
+
+    def d(remote: str, nbytes: int) -> FlowDelta:
+        return FlowDelta(FlowKind.EGRESS, ip("10.244.1.11"), ip(remote), 80, 6, nbytes, 1)
+
+    deltas = [d("10.244.1.10", 1), d("10.0.0.2", 2),  # a pod of this node, the node itself
+              d("10.244.2.20", 4), d("10.0.0.3", 8),  # another node's pod, another node
+              d("10.96.0.10", 16),  # a ClusterIP: may have gone off the node, taken as such
+              d("203.0.113.9", 32), d("203.0.113.9", 64)]  # outside the cluster
+    assert off_node_bytes(deltas, "nb", node_of) == 4 + 8 + 16 + 32 + 64
+    assert len(calls) == 6  # one lookup per remote address
+
+
+def test_the_loop_on_the_cgroup_hook_compares_off_node_bytes_with_the_uplinks(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from agent.datapath import DatapathConfig
+    from tests.fixtures.k8s import node, pod
+
+    cache = ClusterMetadata()
+    cache.replace("nodes", [node("nb", "zone-b", internal="10.0.0.2"),
+                            node("nc", "zone-c", internal="10.0.0.3")])
+    cache.replace("pods", [pod("p-b", "10.244.1.10", "nb"), pod("p-c", "10.244.2.20", "nc")])
+    dp = FakeDatapath(DatapathConfig(hook="cgroup"))
+    exp = Exporter(version="t")
+    clock = iter(float(t) for t in range(1000, 2000, 10))
+    loop = AgentLoop("nb", dp, cache, HintModel(cache), exp, interval=10, clock=lambda: next(clock))
+    big = MIN_CARRIED_BYTES
+
+    def to(remote: str, nbytes: int) -> FlowDelta:
+        return FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip(remote), 80, 6, nbytes, 1)
+
+    # same-node traffic is counted at both sockets and crosses no uplink: left out
+    dp.pending = [to("10.244.2.20", big), to("10.0.0.2", 5 * big)]
+    dp.interfaces = {2: InterfaceBytes("eth0", big + 14, 1, 0, 0)}
+    with caplog.at_level(logging.INFO, logger="agent.loop"):
+        loop.tick()
+        assert loop.coverage.state().ratio == 1.0
+        # sockets outside the hook's cgroup: the uplink carries, ours count only local pairs
+        for _ in range(3):
+            dp.pending = [to("10.0.0.2", 5 * big)]
+            dp.interfaces = {2: InterfaceBytes("eth0", 4 * big + 14, 1, 0, 0)}
+            loop.tick()
+    st = loop.coverage.state()
+    assert st.starved and st.counted_bytes == big and st.carried_bytes == 13 * big
+    low = [r for r in caplog.records if r.getMessage().startswith("hook coverage low")]
+    assert len(low) == 1 and "uplinks" in low[0].getMessage() and "--cgroup-root" in low[0].getMessage()
+    got = {s.name: s.labels for f in text_string_to_metric_families(generate_latest(exp.registry()).decode())
+           for s in f.samples if s.name == "zonemeter_datapath_info"}
+    assert got == {"zonemeter_datapath_info": {"hook": "cgroup", "attach": "cgroup", "requested": "cgroup"}}
