@@ -28,11 +28,13 @@ from agent.attribution import Attributor
 from agent.checkpoint import Checkpoint, Checkpointer, crash_point
 from agent.datapath import HandOver, TableStats
 from agent.datapath.coverage import (
+    ONE_WAY_RATIO,
     STARVED_RATIO,
     WINDOW_SECONDS,
     HookCoverage,
     InterfaceCounters,
     off_node_bytes,
+    tcp_packets,
 )
 from agent.errors import InputError
 from agent.exporter import Exporter, ExportSnapshot
@@ -298,25 +300,37 @@ class AgentLoop:
                 counted = off_node_bytes(deltas, self.node, self.cache.node_of)
             else:
                 counted = sum(d.bytes for d in deltas)
-            st = self.coverage.add(at, counted, self.datapath.interface_bytes())
+            st = self.coverage.add(at, counted, self.datapath.interface_bytes(), tcp_packets(deltas))
         except Exception as err:  # noqa: BLE001 - coverage is health, never worth an interval
             self.log_once("coverage:" + type(err).__name__, "interface counters failed", exc=err)
             return
         if st.starved and not was:
-            if self.sockets_seen:
-                what = ("the node's uplinks carried in the last %.0f s; sockets are not all "
-                        "under the hook's cgroup (check --cgroup-root: the host's cgroup2 "
-                        "root, not the container's; docs/datapath.md, Interface counters)")
+            hook = "cgroup" if self.sockets_seen else "veth"
+            if st.tcp_direction_ratio < ONE_WAY_RATIO:
+                log.warning("hook coverage low: our programs counted TCP packets in one direction "
+                            "only in the last %.0f s (%.4f of the other); a data plane is moving "
+                            "the other direction past the hook and past the interfaces' counters "
+                            "(bpf_redirect_peer into pods: run --hook cgroup; docs/datapath.md, "
+                            "Interface counters)", WINDOW_SECONDS, st.tcp_direction_ratio,
+                            extra={"fields": {"tcp_direction_ratio": round(st.tcp_direction_ratio, 6),
+                                              "threshold": ONE_WAY_RATIO, "hook": hook}})
             else:
-                what = ("the hooked interfaces carried in the last %.0f s; a data plane is "
-                        "moving packets past the hook (try --attach tcx, or --hook cgroup; "
-                        "docs/datapath.md, Hooks)")
-            log.warning("hook coverage low: our programs counted %.0f%% of the L3 bytes " + what,
-                        100 * st.ratio, WINDOW_SECONDS,
-                        extra={"fields": {"ratio": round(st.ratio, 4), "threshold": STARVED_RATIO,
-                                          "hook": "cgroup" if self.sockets_seen else "veth"}})
-        elif was and not st.starved and st.ratio == st.ratio:  # recovered (not NaN: idle)
-            log.info("hook coverage recovered", extra={"fields": {"ratio": round(st.ratio, 4)}})
+                if self.sockets_seen:
+                    what = ("the node's uplinks carried in the last %.0f s; sockets are not all "
+                            "under the hook's cgroup (check --cgroup-root: the host's cgroup2 "
+                            "root, not the container's; docs/datapath.md, Interface counters)")
+                else:
+                    what = ("the hooked interfaces carried in the last %.0f s; a data plane is "
+                            "moving packets past the hook (try --attach tcx, or --hook cgroup; "
+                            "docs/datapath.md, Hooks)")
+                log.warning("hook coverage low: our programs counted %.0f%% of the L3 bytes " + what,
+                            100 * st.ratio, WINDOW_SECONDS,
+                            extra={"fields": {"ratio": round(st.ratio, 4), "threshold": STARVED_RATIO,
+                                              "hook": hook}})
+        elif was and not st.starved and (st.ratio == st.ratio  # recovered (not NaN: idle)
+                                         or st.tcp_direction_ratio == st.tcp_direction_ratio):
+            log.info("hook coverage recovered", extra={"fields": {
+                "ratio": round(st.ratio, 4), "tcp_direction_ratio": round(st.tcp_direction_ratio, 6)}})
 
     def flush_held(self) -> int:
         """Count every held delta now, as it resolves now (``unknown`` with its reason if

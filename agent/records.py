@@ -333,7 +333,12 @@ class CoverageState:
             window carried fewer than ``MIN_CARRIED_BYTES`` (64 KiB; both in
             :mod:`agent.datapath.coverage`). Above 1 with GSO (we count each wire segment's
             headers, the device one super-packet).
-        starved: ``ratio`` below ``STARVED_RATIO`` (0.5).
+        starved: ``ratio`` below ``STARVED_RATIO`` (0.5), or ``tcp_direction_ratio``
+            below ``ONE_WAY_RATIO`` (0.001).
+        tcp_direction_ratio: TCP packets counted in the less busy direction (into or out
+            of local sockets and pods) over those of the busier one, in the same window;
+            NaN below ``MIN_TCP_PACKETS`` (1,000). 0 when a data plane moves one direction
+            past the hook (and past the devices' counters, so ``ratio`` cannot see it).
     """
 
     counted_bytes: int = 0
@@ -341,6 +346,7 @@ class CoverageState:
     unseen_bytes: int = 0
     ratio: float = math.nan
     starved: bool = False
+    tcp_direction_ratio: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)

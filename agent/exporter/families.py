@@ -234,6 +234,12 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "minutes; NaN below 64 KiB carried.",
         (), lambda s, _: _scalar(s.coverage.ratio)),
     MetricFamily(
+        "zonemeter_hook_tcp_direction_ratio", GAUGE,
+        "TCP packets our programs counted in the less busy direction (into or out of local pods "
+        "or sockets) over the busier one in the last 5 minutes; 0 when a data plane moves one "
+        "direction past the hook; NaN below 1,000 packets.",
+        (), lambda s, _: _scalar(s.coverage.tcp_direction_ratio)),
+    MetricFamily(
         "zonemeter_datapath_info", GAUGE,
         "Where this agent counts: hook (veth or cgroup), attach (tcx, clsact or cgroup) and "
         "the --hook it was given (requested: veth, cgroup or auto); always 1. Every agent of "
