@@ -316,9 +316,11 @@ class AgentLoop:
                                               "threshold": ONE_WAY_RATIO, "hook": hook}})
             else:
                 if self.sockets_seen:
-                    what = ("the node's uplinks carried in the last %.0f s; sockets are not all "
-                            "under the hook's cgroup (check --cgroup-root: the host's cgroup2 "
-                            "root, not the container's; docs/datapath.md, Interface counters)")
+                    what = ("the node's uplinks carried in the last %.0f s for peers off the "
+                            "node; sockets are not all under the hook's cgroup (check "
+                            "--cgroup-root: the host's cgroup2 root, not the container's), or "
+                            "the node forwards much traffic (a NodePort hop; docs/datapath.md, "
+                            "Interface counters)")
                 else:
                     what = ("the hooked interfaces carried in the last %.0f s; a data plane is "
                             "moving packets past the hook (try --attach tcx, or --hook cgroup; "
