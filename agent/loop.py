@@ -27,7 +27,15 @@ from typing import Any, Protocol
 from agent.attribution import Attributor
 from agent.checkpoint import Checkpoint, Checkpointer, crash_point
 from agent.datapath import HandOver, TableStats
-from agent.datapath.coverage import STARVED_RATIO, WINDOW_SECONDS, HookCoverage, InterfaceCounters
+from agent.datapath.coverage import (
+    ONE_WAY_RATIO,
+    STARVED_RATIO,
+    WINDOW_SECONDS,
+    HookCoverage,
+    InterfaceCounters,
+    off_node_bytes,
+    tcp_packets,
+)
 from agent.errors import InputError
 from agent.exporter import Exporter, ExportSnapshot
 from agent.exporter.shard import DEFAULT_REPLICAS, LocalityShard
@@ -40,7 +48,7 @@ from agent.records import AttributionTotals, CoverageState, FlowDelta, IPAddress
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "TickResult", "build_snapshot",
-           "restore_attributor"]
+           "datapath_info", "restore_attributor"]
 
 DEFAULT_INTERVAL = 10.0
 
@@ -284,21 +292,47 @@ class AgentLoop:
 
     def _measure_coverage(self, at: float, deltas: list[FlowDelta]) -> None:
         """Fold the drain into the hook coverage; log when the hook starts and stops being
-        starved (docs/datapath.md, "Interface counters")."""
+        starved (docs/datapath.md, "Interface counters"). On the cgroup hook only the
+        bytes of peers off the node are compared (with the uplinks' counters)."""
         was = self.coverage.state().starved
         try:
-            st = self.coverage.add(at, sum(d.bytes for d in deltas), self.datapath.interface_bytes())
+            if self.sockets_seen:
+                counted = off_node_bytes(deltas, self.node, self.cache.node_of)
+            else:
+                counted = sum(d.bytes for d in deltas)
+            st = self.coverage.add(at, counted, self.datapath.interface_bytes(), tcp_packets(deltas))
         except Exception as err:  # noqa: BLE001 - coverage is health, never worth an interval
             self.log_once("coverage:" + type(err).__name__, "interface counters failed", exc=err)
             return
         if st.starved and not was:
-            log.warning("hook coverage low: our programs counted %.0f%% of the L3 bytes the "
-                        "hooked interfaces carried in the last %.0f s; a data plane is moving "
-                        "packets past the hook (try --attach tcx; docs/datapath.md, Hooks)",
-                        100 * st.ratio, WINDOW_SECONDS,
-                        extra={"fields": {"ratio": round(st.ratio, 4), "threshold": STARVED_RATIO}})
-        elif was and not st.starved and st.ratio == st.ratio:  # recovered (not NaN: idle)
-            log.info("hook coverage recovered", extra={"fields": {"ratio": round(st.ratio, 4)}})
+            hook = "cgroup" if self.sockets_seen else "veth"
+            if st.tcp_direction_ratio < ONE_WAY_RATIO:
+                log.warning("hook coverage low: our programs counted TCP packets in one direction "
+                            "only in the last %.0f s (%.4f of the other); a data plane is moving "
+                            "the other direction past the hook and past the interfaces' counters "
+                            "(bpf_redirect_peer into pods: run --hook cgroup; docs/datapath.md, "
+                            "Interface counters)", WINDOW_SECONDS, st.tcp_direction_ratio,
+                            extra={"fields": {"tcp_direction_ratio": round(st.tcp_direction_ratio, 6),
+                                              "threshold": ONE_WAY_RATIO, "hook": hook}})
+            else:
+                if self.sockets_seen:
+                    what = ("the node's uplinks carried in the last %.0f s for peers off the "
+                            "node; sockets are not all under the hook's cgroup (check "
+                            "--cgroup-root: the host's cgroup2 root, not the container's), or "
+                            "the node forwards much traffic (a NodePort hop; docs/datapath.md, "
+                            "Interface counters)")
+                else:
+                    what = ("the hooked interfaces carried in the last %.0f s; a data plane is "
+                            "moving packets past the hook (try --attach tcx, or --hook cgroup; "
+                            "docs/datapath.md, Hooks)")
+                log.warning("hook coverage low: our programs counted %.0f%% of the L3 bytes " + what,
+                            100 * st.ratio, WINDOW_SECONDS,
+                            extra={"fields": {"ratio": round(st.ratio, 4), "threshold": STARVED_RATIO,
+                                              "hook": hook}})
+        elif was and not st.starved and (st.ratio == st.ratio  # recovered (not NaN: idle)
+                                         or st.tcp_direction_ratio == st.tcp_direction_ratio):
+            log.info("hook coverage recovered", extra={"fields": {
+                "ratio": round(st.ratio, 4), "tcp_direction_ratio": round(st.tcp_direction_ratio, 6)}})
 
     def flush_held(self) -> int:
         """Count every held delta now, as it resolves now (``unknown`` with its reason if
@@ -359,8 +393,19 @@ class AgentLoop:
                               synced=self.cache.synced(), duration=duration, at=at,
                               interval=self.interval, coverage=self.coverage.state(),
                               hint_model=self.hints.model_info(self.node),
+                              datapath=datapath_info(self.datapath),
                               checkpoint_discarded=(self.checkpoint.discarded
                                                     if self.checkpoint is not None else None))
+
+
+def datapath_info(datapath: object) -> tuple[str, str, str]:
+    """``(hook, attach, requested)`` of a datapath for ``zonemeter_datapath_info``: the hook
+    it counts on (``veth``/``cgroup``), how it attached (``tcx``/``clsact``/``cgroup``) and
+    the ``--hook`` it was given (``veth``/``cgroup``/``auto``); ``unknown`` for what a
+    datapath without these attributes (a test fake) does not say."""
+    config = getattr(datapath, "config", None)
+    return (str(getattr(datapath, "hook", "unknown")), str(getattr(datapath, "attach_mode", "unknown")),
+            str(getattr(config, "hook", "unknown")))
 
 
 def active_services(totals: AttributionTotals) -> set[ServiceRef]:
@@ -376,6 +421,7 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
                    duration: float, at: float, interval: float,
                    coverage: CoverageState | None = None,
                    hint_model: tuple[str, str, str, str] | None = None,
+                   datapath: tuple[str, str, str] | None = None,
                    checkpoint_discarded: Mapping[str, int] | None = None) -> ExportSnapshot:
     """The :class:`ExportSnapshot` of one interval: the totals and locality as their stages
     produced them, plus self-health (docs/metrics.md says where each byte goes).
@@ -392,6 +438,7 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         coverage: hook coverage (:class:`agent.datapath.coverage.HookCoverage`).
         hint_model: ``HintModel.model_info(node)``: (kubernetes_version,
             kube_proxy_version, source, kube_proxy_source), or None.
+        datapath: :func:`datapath_info` of the node's datapath, or None.
         checkpoint_discarded: ``Checkpointer.discarded`` (``{reason: count}``), or None
             without a checkpoint.
     """
@@ -407,6 +454,7 @@ def build_snapshot(totals: AttributionTotals, *, locality: Mapping[ServiceRef, L
         interval_seconds=interval,
         coverage=coverage or CoverageState(),
         hint_model=hint_model,
+        datapath=datapath,
         checkpoint_discarded=checkpoint_discarded or {},
     )
 

@@ -321,17 +321,24 @@ class CoverageState:
     the window ratio, for the exporter.
 
     Attributes:
-        counted_bytes: L3 bytes our programs counted on the hooked interfaces, in the
-            intervals that had interface counters (cumulative).
-        carried_bytes: L3 bytes the same interfaces carried in those intervals by their own
-            counters (cumulative).
+        counted_bytes: L3 bytes our programs counted that the compared interfaces should
+            have carried (veth hook: every byte, on the hooked veths; cgroup hook: bytes of
+            peers off the node, which cross an uplink), in the intervals that had
+            interface counters (cumulative).
+        carried_bytes: L3 bytes the compared interfaces (the hooked veths, or the node's
+            uplinks) carried in those intervals by their own counters (cumulative).
         unseen_bytes: per interval ``max(0, carried - counted)``, summed (cumulative): bytes
             the interfaces carried that no program of ours counted.
         ratio: counted / carried over the last ``WINDOW_SECONDS`` (300 s), NaN when the
             window carried fewer than ``MIN_CARRIED_BYTES`` (64 KiB; both in
             :mod:`agent.datapath.coverage`). Above 1 with GSO (we count each wire segment's
             headers, the device one super-packet).
-        starved: ``ratio`` below ``STARVED_RATIO`` (0.5).
+        starved: ``ratio`` below ``STARVED_RATIO`` (0.5), or ``tcp_direction_ratio``
+            below ``ONE_WAY_RATIO`` (0.001).
+        tcp_direction_ratio: TCP packets counted in the less busy direction (into or out
+            of local sockets and pods) over those of the busier one, in the same window;
+            NaN below ``MIN_TCP_PACKETS`` (1,000). 0 when a data plane moves one direction
+            past the hook (and past the devices' counters, so ``ratio`` cannot see it).
     """
 
     counted_bytes: int = 0
@@ -339,6 +346,7 @@ class CoverageState:
     unseen_bytes: int = 0
     ratio: float = math.nan
     starved: bool = False
+    tcp_direction_ratio: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)

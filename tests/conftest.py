@@ -26,8 +26,11 @@ import pytest
 _MUST_RUN = ("tests/kernel/", "tests/e2e/", "tests/deploy/")
 #: the serial pytest-xdist groups: tests under these paths -> group name (the first match).
 #: The churn test goes with the kernel tests only to even out the two groups' wall times
-#: (by the slowest tests' durations in a full run).
-LAB_GROUPS = {"tests/e2e/test_churn.py": "lab-kernel", "tests/e2e/": "lab-e2e",
+#: (by the slowest tests' durations in a full run). The demo on the bypass data plane runs
+#: cgroup-hook agents, whose programs sit on the machine's cgroup root where
+#: tests/kernel/test_datapath_cgroup.py counts ours exactly: one group, one at a time.
+LAB_GROUPS = {"tests/e2e/test_churn.py": "lab-kernel", "tests/e2e/test_demo_bypass.py": "lab-kernel",
+              "tests/e2e/": "lab-e2e",
               "tests/kernel/": "lab-kernel", "tests/deploy/": "lab-kernel"}
 _skipped_in_ci: list[str] = []
 

@@ -112,13 +112,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hook", choices=HOOKS, default="veth",
                    help="where the programs count: veth (host-side pod veths), cgroup (cgroup_skb "
                    "on the node's cgroup v2 root: every socket, whatever the CNI; host-network "
-                   "endpoints counted at their node) or auto (cgroup when the node has cgroup v2, "
-                   "else veth). Must be the same on every node (default %(default)s; "
-                   "docs/datapath.md, The cgroup_skb hook)")
+                   "endpoints counted at their node) or auto (cgroup when a cgroup_skb link "
+                   "attaches on the cgroup v2 hierarchy's root, else veth; the choice is logged "
+                   "and exported as zonemeter_datapath_info). Should be the same on every node: "
+                   "ZonemeterHookMixed fires otherwise (default %(default)s; docs/datapath.md, "
+                   "The cgroup_skb hook)")
     p.add_argument("--cgroup-root", metavar="DIR",
                    help="cgroup hook: the node's cgroup v2 root (default: the cgroup2 mount in "
-                   "/proc/self/mountinfo). In a container, mount the host's and name it here: the "
-                   "container's own /sys/fs/cgroup is its cgroup namespace, not the node's")
+                   "/proc/self/mountinfo). In a container, mount the host's /sys/fs/cgroup and name "
+                   "it here (its unified/ subdirectory is used on hybrid hosts): the container's "
+                   "own /sys/fs/cgroup is its cgroup namespace, not the node's")
+    p.add_argument("--uplink-interfaces", metavar="GLOB,...",
+                   help="cgroup hook: the node's uplinks, whose counters the coverage check "
+                   "compares with the bytes counted for peers off the node (fnmatch; default: "
+                   "every physical device, else the default routes' devices)")
     p.add_argument("--cgroup-scope-netns", metavar="NETNS,...",
                    help="cgroup hook: count only sockets of these network namespaces (/run/netns "
                    "names). For labs, whose namespaces share the machine's cgroup tree; a node "
@@ -405,6 +412,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
     exclude = _patterns(args.exclude_interfaces, "--exclude-interfaces")
     include = _patterns(args.interface_patterns, "--interface-patterns")
     scope = _patterns(args.cgroup_scope_netns, "--cgroup-scope-netns")
+    uplinks = _patterns(args.uplink_interfaces, "--uplink-interfaces")
     pin_path, explicit = pin_path_for(args)
     no_bpffs = False
     if pin_path is not None and not explicit:
@@ -414,7 +422,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
                             flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach,
-                            hook=args.hook, scope_netns=scope, cgroup_root=args.cgroup_root)
+                            hook=args.hook, scope_netns=scope, cgroup_root=args.cgroup_root,
+                            uplink_patterns=uplinks)
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name
@@ -463,9 +472,9 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 loop.sync_endpoints()
                 dp.watch()
                 attached.set()
-                log.info("datapath attached", extra={"fields": {"interfaces": list(dp.attached()),
-                                                                 "attach_mode": dp.attach_mode,
-                                                                 "hook": getattr(dp, "hook", "veth")}})
+                log.info("datapath attached", extra={"fields": {
+                    "interfaces": list(dp.attached()), "attach_mode": dp.attach_mode,
+                    "hook": dp.hook, "requested": config.hook, "why": dp.hook_reason}})
                 poll = (source.poll_snapshot if source.snapshot_path is not None
                         else release_poll(source.cache))
                 _serve(loop, stop, args.interval, poll)

@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +167,72 @@ class InterfaceBytes:
     tx_packets: int
 
 
+#: net_device_flags IFF_LOOPBACK (include/uapi/linux/if.h)
+IFF_LOOPBACK = 0x8
+#: link kinds that stand for their slaves on the wire: the slaves (no kind, enslaved)
+#: are left out, the master is an uplink
+_BONDING_KINDS = ("bond", "team")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFacts:
+    """What :func:`select_uplinks` needs of one link (an RTM_NEWLINK message).
+
+    Attributes:
+        index: ifindex.
+        name: interface name.
+        kind: ``IFLA_INFO_KIND`` (``"veth"``, ``"vxlan"``, ``"bond"``...), None for a
+            device without one: a physical (or paravirtual) NIC.
+        loopback: ``IFF_LOOPBACK`` is set.
+        master: ``IFLA_MASTER``: the bond, team or bridge it is enslaved to, or None.
+    """
+
+    index: int
+    name: str
+    kind: str | None
+    loopback: bool
+    master: int | None
+
+
+def _link_facts(link: Any) -> LinkFacts:
+    info = link.get_attr("IFLA_LINKINFO")
+    kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+    return LinkFacts(int(link["index"]), link.get_attr("IFLA_IFNAME") or "", kind,
+                     bool(link["flags"] & IFF_LOOPBACK), link.get_attr("IFLA_MASTER") or None)
+
+
+def select_uplinks(links: Iterable[LinkFacts], patterns: Iterable[str],
+                   default_route_oifs: Callable[[], set[int]]) -> set[int]:
+    """The ifindexes of the node's uplinks, for the cgroup hook's coverage check
+    (docs/datapath.md, "Interface counters").
+
+    With ``patterns``: the links whose name matches one (fnmatch). Else every device that
+    puts packets on the wire itself: no link kind (a NIC) or a bond/team master, not
+    loopback, not enslaved (a bond's slaves and a bridge's ports are counted by their
+    master, or not at all). When there is none (a node whose only way out is a veth or
+    a bridge: a container node, a lab node), the devices of the default routes.
+    Tunnel devices (vxlan, geneve, ipip, wireguard) are never uplinks: their packets
+    leave encapsulated through an uplink, which counts them.
+
+    Args:
+        links: every link of the node's namespace.
+        patterns: ``DatapathConfig.uplink_patterns``.
+        default_route_oifs: returns the output devices of the default routes (called
+            only when needed: one more netlink dump).
+    """
+    links = list(links)
+    pats = tuple(patterns)
+    if pats:
+        return {ln.index for ln in links if any(fnmatch.fnmatchcase(ln.name, p) for p in pats)}
+    wire = {ln.index for ln in links
+            if (ln.kind is None or ln.kind in _BONDING_KINDS) and not ln.loopback
+            and ln.master is None}
+    if wire:
+        return wire
+    present = {ln.index for ln in links if not ln.loopback}
+    return default_route_oifs() & present
+
+
 def _drain_events(fd: int) -> int:
     """Read and discard every datagram waiting on netlink socket ``fd`` without blocking.
 
@@ -279,8 +345,13 @@ class Datapath:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._closed = False
+        #: why the hook is what it is (one line, for the start-up log)
+        self.hook_reason = ""
         #: "veth" or "cgroup": DatapathConfig.hook resolved against this node
         self.hook = self._resolve_hook()
+        if self.config.hook == "auto":
+            log.info("hook auto: counting at the %s (%s)",
+                     "sockets (cgroup_skb)" if self.hook == "cgroup" else "pod veths", self.hook_reason)
         self._cgroup: cgroup.CgroupLinks | None = None
         #: "tcx" or "clsact": DatapathConfig.attach resolved against this kernel; "cgroup"
         #: for the cgroup hook
@@ -340,29 +411,59 @@ class Datapath:
             self._set_scope(self.config.scope_netns)
 
     def _resolve_hook(self) -> str:
-        """Return ``"veth"`` or ``"cgroup"`` for ``config.hook``: auto takes cgroup when
-        netns is None and a cgroup v2 hierarchy is mounted; sets ``self._cgroup_root``.
+        """Return ``"veth"`` or ``"cgroup"`` for ``config.hook``; sets ``self._cgroup_root``
+        and ``self.hook_reason`` (why, one line, for the start-up log).
+
+        ``auto`` takes cgroup when the datapath is not confined to a namespace, a cgroup2
+        filesystem is mounted (or ``cgroup_root`` names one), its directory is the root
+        of the hierarchy (so its programs run for every socket of the machine, not for a
+        container's own cgroup namespace) and a cgroup_skb link attaches there
+        (:func:`agent.datapath.cgroup.probe`); else veth (docs/datapath.md, "Which hook:
+        auto").
 
         Raises:
             RuntimeFailure: cgroup was asked for and no cgroup v2 hierarchy is mounted.
         """
         want = self.config.hook
-        self._cgroup_root = self.config.cgroup_root
+        self._cgroup_root = None
         if want == "veth":
+            self.hook_reason = "asked for"
             return "veth"
-        if self._cgroup_root is None:
-            try:
-                self._cgroup_root = cgroup.cgroup2_root()
-            except RuntimeFailure:
-                if want == "cgroup":
-                    raise
-                log.info("hook auto: no cgroup v2 hierarchy, counting at the pod veths")
-                return "veth"
         if want == "auto" and self.config.netns is not None:
-            log.info("hook auto: a namespaced datapath counts at the pod veths")
+            self.hook_reason = "a namespaced datapath (a lab node) counts at the pod veths"
             return "veth"
-        if want == "auto":
-            log.info("hook auto: counting at the sockets (cgroup_skb on %s)", self._cgroup_root)
+        try:
+            root = cgroup.cgroup2_root(under=self.config.cgroup_root)
+        except RuntimeFailure as err:
+            if want == "cgroup":
+                raise
+            self.hook_reason = str(err)
+            return "veth"
+        self._cgroup_root = root
+        try:
+            whole = cgroup.is_hierarchy_root(root)
+        except OSError as err:
+            if want == "cgroup":
+                raise RuntimeFailure(f"cgroup root {root}: {err}") from err
+            self.hook_reason = f"cannot read {root}: {err.strerror}"
+            return "veth"
+        if not whole:
+            why = (f"{root} is not the root of the cgroup v2 hierarchy (a container's own "
+                   "cgroup namespace?): its programs would count only the sockets of cgroups "
+                   "below it; mount the host's cgroup2 root and pass it as --cgroup-root")
+            if want == "cgroup":
+                log.warning("%s", why)
+            else:
+                self.hook_reason = why
+                return "veth"
+        if want == "cgroup":
+            self.hook_reason = "asked for"
+            return "cgroup"
+        failure = cgroup.probe(root)
+        if failure is not None:
+            self.hook_reason = failure
+            return "veth"
+        self.hook_reason = f"a cgroup_skb link attaches on the cgroup v2 root {root}"
         return "cgroup"
 
     def _set_scope(self, namespaces: Iterable[str]) -> None:
@@ -895,18 +996,43 @@ class Datapath:
             self._endpoints = wanted
 
     def _read_counters(self) -> dict[int, tuple[str, int, int, int, int]]:
-        """The ``IFLA_STATS64`` counters of every attached interface now (one link dump)."""
+        """The ``IFLA_STATS64`` counters, now, of the interfaces the coverage check compares
+        (one link dump): the attached veths, or for the cgroup hook the node's uplinks
+        (:func:`select_uplinks`)."""
         out: dict[int, tuple[str, int, int, int, int]] = {}
-        with self._lock:
-            attached = dict(self._attached)
-        if not attached:
-            return out
-        for link in self._ipr().get_links():
+        if self.hook == "cgroup":
+            links = list(self._ipr().get_links())
+            wanted = select_uplinks([_link_facts(link) for link in links],
+                                    self.config.uplink_patterns, self._default_route_oifs)
+        else:
+            with self._lock:
+                wanted = set(self._attached)
+            if not wanted:
+                return out
+            links = list(self._ipr().get_links())
+        for link in links:
             index = link["index"]
             st = link.get_attr("IFLA_STATS64")
-            if index in attached and st is not None:
+            if index in wanted and st is not None:
                 out[index] = (link.get_attr("IFLA_IFNAME"), int(st["rx_bytes"]),
                               int(st["rx_packets"]), int(st["tx_bytes"]), int(st["tx_packets"]))
+        return out
+
+    def _default_route_oifs(self) -> set[int]:
+        """Output devices of the default routes (IPv4 and IPv6, main table) in the node's
+        namespace, multipath next hops included."""
+        out: set[int] = set()
+        ipr = self._ipr()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for route in ipr.get_routes(family=family, table=254):
+                if route["dst_len"] != 0 or route.get_attr("RTA_DST") is not None:
+                    continue
+                oif = route.get_attr("RTA_OIF")
+                if oif:
+                    out.add(int(oif))
+                for hop in route.get_attr("RTA_MULTIPATH") or ():
+                    if hop.get("oif"):
+                        out.add(int(hop["oif"]))
         return out
 
     def drain(self) -> list[FlowDelta]:
@@ -944,10 +1070,11 @@ class Datapath:
         return self.tables.commit()
 
     def interface_bytes(self) -> dict[int, InterfaceBytes]:
-        """Return what each attached host-side veth carried between the two latest
-        drains, by its own counters: ``{ifindex: InterfaceBytes}``. An interface
-        attached since the previous drain is absent until the next one (its counters
-        have no start inside the interval); so is one renamed or gone.
+        """Return what each attached host-side veth (for the cgroup hook: each uplink of
+        the node, :func:`select_uplinks`) carried between the two latest drains, by its
+        own counters: ``{ifindex: InterfaceBytes}``. An interface attached (or become an
+        uplink) since the previous drain is absent until the next one (its counters have
+        no start inside the interval); so is one renamed or gone.
 
         For the coverage comparison: the bytes our programs counted on it in the same
         interval should be ``rx_bytes - 14 * rx_packets`` (ingress) and ``tx_bytes - 14 *

@@ -39,29 +39,122 @@ RELEASE = (BPF_CGROUP_INET_SOCK_RELEASE, "release", "zm_cg_release")
 CGROUP_PIN_PREFIX = "zm_cgroup_"
 
 
-def cgroup2_root(mountinfo: str = "/proc/self/mountinfo") -> str:
-    """Return the mount point of the cgroup v2 hierarchy (``/sys/fs/cgroup`` on unified
-    nodes, ``/sys/fs/cgroup/unified`` on hybrid ones).
+def cgroup2_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Return the mount points of every cgroup2 filesystem, in ``mountinfo`` order.
 
     Reads ``mountinfo`` (proc(5): field 5 the mount point, the field after ``-`` the
-    filesystem type); the first ``cgroup2`` mount wins.
+    filesystem type).
 
     Raises:
-        RuntimeFailure: no cgroup2 filesystem is mounted (or mountinfo is unreadable).
+        RuntimeFailure: mountinfo is unreadable.
     """
     try:
         with open(mountinfo, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as err:
         raise RuntimeFailure(f"cannot read {mountinfo}: {err}") from err
+    out = []
     for line in lines:
         left, sep, right = line.partition(" - ")
         fields = left.split()
         if sep and len(fields) >= 5 and right.split()[:1] == ["cgroup2"]:
             # octal escapes of the kernel's show_mountinfo (\040 for a space)
-            return fields[4].encode().decode("unicode_escape")
+            out.append(fields[4].encode().decode("unicode_escape"))
+    return out
+
+
+def cgroup2_root(mountinfo: str = "/proc/self/mountinfo", under: str | None = None) -> str:
+    """Return the mount point of the cgroup v2 hierarchy (``/sys/fs/cgroup`` on unified
+    nodes, ``/sys/fs/cgroup/unified`` on hybrid ones).
+
+    Args:
+        mountinfo: the mount table to read (proc(5)).
+        under: a directory given by the user (``--cgroup-root``): itself when it is a
+            cgroup2 mount, else its ``unified`` subdirectory when that is one (the host's
+            ``/sys/fs/cgroup`` of a hybrid node, mounted recursively into a container),
+            else itself (a subdirectory of a cgroup2 mount: a cgroup). None: the first
+            cgroup2 mount.
+
+    Raises:
+        RuntimeFailure: no cgroup2 filesystem is mounted (or mountinfo is unreadable).
+    """
+    mounts = cgroup2_mounts(mountinfo)
+    if under is not None:
+        want = os.path.normpath(under)
+        for candidate in (want, os.path.join(want, "unified")):
+            if candidate in mounts:
+                return candidate
+        return want
+    if mounts:
+        return mounts[0]
     raise RuntimeFailure(f"no cgroup2 filesystem in {mountinfo}: the cgroup hook needs "
                          "cgroup v2 (mount -t cgroup2 none /sys/fs/cgroup)")
+
+
+#: the inode (kernfs id) of the root directory of the cgroup v2 hierarchy: the root
+#: cgroup's id is 1 (``cgroup_id()``; kernfs numbers its root 1), whatever mount shows it
+ROOT_CGROUP_ID = 1
+
+
+def is_hierarchy_root(path: str) -> bool:
+    """Whether the cgroup v2 directory path is the root of the hierarchy (id 1), i.e. its
+    programs run for every socket of the machine. A container's own ``/sys/fs/cgroup``
+    under a private cgroup namespace is its cgroup, not the root (a larger id).
+
+    Raises:
+        OSError: path cannot be read.
+    """
+    return cgroup_id(path) == ROOT_CGROUP_ID
+
+
+#: BPF_PROG_LOAD (enum bpf_cmd) and BPF_PROG_TYPE_CGROUP_SKB (enum bpf_prog_type)
+BPF_PROG_LOAD = 5
+BPF_PROG_TYPE_CGROUP_SKB = 8
+#: ``r0 = 1; exit`` (struct bpf_insn: code, dst|src, off, imm): a cgroup_skb program
+#: that lets every packet pass, as ours do
+_PASS_PROGRAM = struct.pack("=BBhi", 0xB7, 0, 0, 1) + struct.pack("=BBhi", 0x95, 0, 0, 0)
+
+
+def probe(root: str) -> str | None:
+    """Whether a cgroup_skb link can be attached on root: load a two-instruction program
+    that passes every packet, attach it as a cgroup ingress link on root, detach it.
+
+    The program returns 1 (a cgroup_skb verdict is the AND of every program), so for the
+    microseconds it is attached it changes nothing. Needs what the real attach needs
+    (CAP_BPF and CAP_NET_ADMIN, cgroup BPF in the kernel, the directory).
+
+    Returns:
+        None when it could be attached, else the reason (one line).
+    """
+    insns = ctypes.create_string_buffer(_PASS_PROGRAM, len(_PASS_PROGRAM))
+    lic = ctypes.create_string_buffer(b"GPL")
+    attr = tcx._attr()
+    # prog_load: prog_type @0, insn_cnt @4, insns @8, license @16
+    struct.pack_into("=IIQQ", attr, 0, BPF_PROG_TYPE_CGROUP_SKB, len(_PASS_PROGRAM) // 8,
+                     ctypes.addressof(insns), ctypes.addressof(lic))
+    try:
+        prog = tcx.sys_bpf(BPF_PROG_LOAD, attr)
+    except OSError as err:
+        return f"cannot load a cgroup_skb program: {err.strerror}"
+    try:
+        try:
+            cg = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            return f"cannot open {root}: {err.strerror}"
+        try:
+            link = link_create(prog, cg, BPF_CGROUP_INET_INGRESS)
+        except OSError as err:
+            return f"cannot attach a cgroup_skb link to {root}: {err.strerror}"
+        finally:
+            os.close(cg)
+        try:
+            tcx.link_detach(link)
+        except OSError:
+            pass
+        os.close(link)
+        return None
+    finally:
+        os.close(prog)
 
 
 def link_create(prog_fd: int, cgroup_fd: int, attach_type: int) -> int:

@@ -43,9 +43,19 @@ class DatapathConfig:
             programs on the node's cgroup v2 root: every socket of the node, whatever the
             data plane; docs/datapath.md, "The cgroup_skb hook") or ``"auto"`` (cgroup
             when the node has a cgroup v2 hierarchy and netns is None, else veth). The
-            hook must be the same on every node of a cluster (docs/attribution.md).
-        cgroup_root: the cgroup v2 directory the cgroup hook attaches to; None: the
-            mount point of the cgroup2 filesystem (/proc/self/mountinfo).
+            hook should be the same on every node of a cluster (docs/attribution.md; a mix
+            is detected by ``ZonemeterHookMixed``). ``auto`` takes cgroup only when the
+            cgroup2 directory is the hierarchy's root and a cgroup link attaches there
+            (docs/datapath.md, "Which hook: auto").
+        cgroup_root: the cgroup v2 directory the cgroup hook attaches to, or a directory
+            whose ``unified`` subdirectory is one (the host's ``/sys/fs/cgroup`` of a hybrid
+            node mounted into a container); None: the mount point of the cgroup2
+            filesystem (/proc/self/mountinfo).
+        uplink_patterns: cgroup hook only: fnmatch patterns of the node's uplinks, the
+            interfaces whose own counters the coverage check compares with the bytes the
+            hook counted for peers off the node (docs/datapath.md, "Interface counters");
+            empty: every physical device (no link kind, not loopback, not enslaved),
+            else the devices of the default routes.
         scope_netns: cgroup hook only: names of network namespaces (``/run/netns/NAME``);
             when set, only packets of sockets in these namespaces are counted (needs
             ``bpf_get_netns_cookie`` for cgroup_skb, Linux 6.12+). Empty on a node (every
@@ -90,6 +100,7 @@ class DatapathConfig:
     netns: str | None = None
     hook: str = "veth"
     cgroup_root: str | None = None
+    uplink_patterns: tuple[str, ...] = ()
     scope_netns: tuple[str, ...] = ()
     attach: str = "auto"
     interface_patterns: tuple[str, ...] = ()

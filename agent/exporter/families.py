@@ -110,6 +110,11 @@ def _hint_model(s: ExportSnapshot, _: str) -> Iterable[Sample]:
         yield tuple(label(v) for v in s.hint_model), 1
 
 
+def _datapath(s: ExportSnapshot, _: str) -> Iterable[Sample]:
+    if s.datapath is not None:
+        yield tuple(label(v) for v in s.datapath), 1
+
+
 def _scalar(value: float) -> Iterable[Sample]:
     yield (), value
 
@@ -209,24 +214,37 @@ FAMILIES: tuple[MetricFamily, ...] = (
         (), lambda s, _: _scalar(s.attached_interfaces)),
     MetricFamily(
         "zonemeter_hook_counted_bytes_total", COUNTER,
-        "L3 bytes our programs counted on the hooked interfaces (intervals with interface "
-        "counters only).",
+        "L3 bytes our programs counted that the compared interfaces should have carried: every "
+        "byte on the veth hook, bytes of peers off the node on the cgroup hook (intervals with "
+        "interface counters only).",
         (), lambda s, _: _scalar(s.coverage.counted_bytes)),
     MetricFamily(
         "zonemeter_interface_bytes_total", COUNTER,
-        "L3 bytes the hooked interfaces carried in the same intervals by their own counters "
-        "(non-IP frames included).",
+        "L3 bytes the compared interfaces (the hooked veths; the node's uplinks on the cgroup "
+        "hook) carried in the same intervals by their own counters (non-IP frames included).",
         (), lambda s, _: _scalar(s.coverage.carried_bytes)),
     MetricFamily(
         "zonemeter_hook_unseen_bytes_total", COUNTER,
-        "L3 bytes the hooked interfaces carried beyond what our programs counted, summed per "
-        "interval: a data plane moving packets past the hook.",
+        "L3 bytes the compared interfaces carried beyond what our programs counted, summed per "
+        "interval: a data plane moving packets past the hook, or sockets outside its cgroup.",
         (), lambda s, _: _scalar(s.coverage.unseen_bytes)),
     MetricFamily(
         "zonemeter_hook_coverage_ratio", GAUGE,
-        "Bytes our programs counted over bytes the hooked interfaces carried in the last 5 "
+        "Bytes our programs counted over bytes the compared interfaces carried in the last 5 "
         "minutes; NaN below 64 KiB carried.",
         (), lambda s, _: _scalar(s.coverage.ratio)),
+    MetricFamily(
+        "zonemeter_hook_tcp_direction_ratio", GAUGE,
+        "TCP packets our programs counted in the less busy direction (into or out of local pods "
+        "or sockets) over the busier one in the last 5 minutes; 0 when a data plane moves one "
+        "direction past the hook; NaN below 1,000 packets.",
+        (), lambda s, _: _scalar(s.coverage.tcp_direction_ratio)),
+    MetricFamily(
+        "zonemeter_datapath_info", GAUGE,
+        "Where this agent counts: hook (veth or cgroup), attach (tcx, clsact or cgroup) and "
+        "the --hook it was given (requested: veth, cgroup or auto); always 1. Every agent of "
+        "a cluster should show the same hook (alert ZonemeterHookMixed).",
+        ("hook", "attach", "requested"), _datapath),
     MetricFamily(
         "zonemeter_collector_duration_seconds", GAUGE,
         "Wall time of the last drain and attribution.",

@@ -33,6 +33,8 @@ class ExportSnapshot:
         hint_model: what the hint model assumes: ``(kubernetes_version, kube_proxy_version,
             source, kube_proxy_source)`` (``HintModel.model_info`` of this node), or None
             before the model exists.
+        datapath: ``(hook, attach, requested)`` of the node's datapath
+            (:func:`agent.loop.datapath_info`), or None (not known yet).
         checkpoint_discarded: ``{reason: count}`` of checkpoint files discarded
             (:data:`agent.checkpoint.DISCARD_REASONS`); empty without a checkpoint.
     """
@@ -48,6 +50,7 @@ class ExportSnapshot:
     interval_seconds: float = 0.0
     coverage: CoverageState = field(default_factory=CoverageState)
     hint_model: tuple[str, str, str, str] | None = None
+    datapath: tuple[str, str, str] | None = None
     checkpoint_discarded: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -7,6 +7,8 @@ Go module by tools/kube/build.sh), in a network namespace of its own.
 * PodSecurity admission (on by default in kube-apiserver) admits a Pod made from each
   DaemonSet's template in its namespace, and refuses the same Pod where the namespace
   enforces ``baseline``, so the namespace labels are what admits it;
+* the agent with ``components/cgroup-hook`` (the host's cgroup2 root as a hostPath) applies
+  and is admitted alike;
 * the agent's ServiceAccount, with a token the server issued (TokenRequest), may get, list
   and watch exactly pods, nodes, services and endpointslices (the SelfSubjectRulesReview
   behind ``kubectl auth can-i --list``, and ``kubectl auth can-i`` probes)
@@ -116,6 +118,34 @@ def test_kustomization_applies_and_pod_security_admits_its_pods(cp: ControlPlane
     refused = cp.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
     assert "hostNetwork" in refused.stderr or "host namespaces" in refused.stderr, refused.stderr
+
+
+def test_the_cgroup_hook_component_applies_and_pod_security_admits_it(cp: ControlPlane, tmp_path: Path) -> None:
+    """The agent with components/cgroup-hook (a hostPath of the host's /sys/fs/cgroup):
+    the server stores it as rendered, and the privileged namespace admits its pod."""
+    import os
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    rel = os.path.relpath(DEPLOY, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{rel}/agent]\ncomponents: [{rel}/components/cgroup-hook]\n")
+    done = cp.kubectl("apply", "-k", str(overlay), check=False)
+    assert done.returncode == 0, done.stderr
+    stored = json.loads(cp.kubectl("get", "daemonset", "zonemeter-agent", "-n", "zonemeter", "-o",
+                                   "json").stdout)
+    spec = stored["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["args"][-2:] == ["--hook=cgroup", "--cgroup-root=/run/zonemeter/cgroupv2"]
+    assert {"name": "host-cgroup", "mountPath": "/run/zonemeter/cgroupv2", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "host-cgroup", "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}} in spec["volumes"]
+    (ds,) = [o for o in _rendered(overlay) if o["kind"] == "DaemonSet"]
+    admitted = cp.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(_pod_from(ds, "zonemeter")),
+                          check=False)
+    assert admitted.returncode == 0, admitted.stderr
+    # put the plain agent back for the tests that follow
+    back = cp.kubectl("apply", "-k", str(DEPLOY / "agent"), check=False)
+    assert back.returncode == 0, back.stderr
 
 
 def _token_kubeconfig(cp: ControlPlane, namespace: str, account: str, path: Path) -> Path:

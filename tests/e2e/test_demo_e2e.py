@@ -57,11 +57,11 @@ class Run:
 
 
 def _execute(spec, work: Path, prometheus: bool, during=None,  # type: ignore[no-untyped-def]
-             duration: float = 8, kubernetes: str = "emulated") -> Iterator[Run]:
+             duration: float = 8, kubernetes: str = "emulated", hook: str = "veth") -> Iterator[Run]:
     opts = DemoOptions(duration_seconds=duration, interval_seconds=1, prometheus=prometheus,
                        scrape_seconds=0.5, warmup_requests=30, workdir=work,
                        state_dir=work / "state", hints=lab_hints("oracle").kind,
-                       kubernetes=kubernetes)
+                       kubernetes=kubernetes, hook=hook)
     with DemoRun(spec, opts) as run:
         result = run.execute(during=during)
         yield Run(run, result, run.cluster.lab.ground_truth())

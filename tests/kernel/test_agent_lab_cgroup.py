@@ -17,13 +17,16 @@ web-hb1 was counted nowhere (docs/attribution.md).
 
 from __future__ import annotations
 
+import os
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kernel.test_agent_lab import INTERVAL, Agents, expected, service_bytes
+from agent.datapath import tcx
+from tests.kernel.test_agent_lab import INTERVAL, Agents, coverage, expected, service_bytes
 
 pytestmark = pytest.mark.kernel
 
@@ -98,5 +101,76 @@ def test_host_network_endpoint_counted_at_its_node_without_mixed_loss(lab, tmp_p
         assert other.get("zonemeter_skipped_bytes_total/clusterip_client_copy", 0) > 0
         rcs = agents.stop()
         assert rcs == {"a1": 0, "b1": 0}, {n: agents.logs[n].read_text()[-2000:] for n in agents.logs}
+    finally:
+        agents.kill()
+
+
+def agent_cgroup_links(pid: int) -> list[int]:
+    """Link ids of the cgroup links one agent process holds (``/proc/PID/fdinfo``:
+    ``link_type: cgroup``), so the test detaches exactly that agent's, nobody else's."""
+    ids = []
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        if fields.get("link_type", "").strip() == "cgroup":
+            ids.append(int(fields["link_id"]))
+    return sorted(set(ids))
+
+
+def detach_link(link_id: int) -> None:
+    attr = tcx._attr()
+    struct.pack_into("=I", attr, 0, link_id)
+    fd = tcx.sys_bpf(tcx.BPF_LINK_GET_FD_BY_ID, attr)
+    try:
+        tcx.link_detach(fd)
+    finally:
+        os.close(fd)
+
+
+def test_cgroup_coverage_is_quiet_when_complete_and_alarmed_when_starved(lab, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The cgroup hook's comparison: bytes counted for peers off the node against the
+    uplinks' own counters. a1 counts its pods (complete): quiet, ratio about 1. b1's scope
+    leaves its pods out (as a --cgroup-root that is not the hierarchy's root would): its
+    uplink carries client-b1's calls, its programs see none of them: alarmed. Then a1's
+    cgroup links are detached from outside while traffic goes on: a1 is alarmed too."""
+    snapshot = lab.write_snapshot(tmp_path / "lab.json")
+    uplinks = ["--uplink-interfaces", f"{lab.prefix}u*"]
+    extra = {"a1": ["--hook", "cgroup", "--cgroup-scope-netns", scope(lab, "a1"), *uplinks],
+             "b1": ["--hook", "cgroup", "--cgroup-scope-netns", lab.node_netns("b1"), *uplinks]}
+    agents = Agents(lab, snapshot, tmp_path, extra=extra)
+    try:
+        agents.wait_ready()
+        web = lab.pod_ip("web-a1")
+        # client-b1 (b1's pod) to web-a1 (a1's pod): over both uplinks, ~360 KB each way
+        r = lab.run_flow("client-b1", web, 8080, "tcp", 1200, 9000, count=40)
+        assert (r.ok, r.failed) == (40, 0), r
+        time.sleep(INTERVAL * 2.5)
+        a1, b1 = coverage(agents.scrape("a1")), coverage(agents.scrape("b1"))
+        assert a1["zonemeter_interface_bytes_total"] > 40 * 10200, a1
+        assert 0.95 < a1["zonemeter_hook_coverage_ratio"] <= 1.05, a1
+        assert "hook coverage low" not in agents.logs["a1"].read_text()
+        assert b1["zonemeter_interface_bytes_total"] > 40 * 10200, b1
+        assert b1["zonemeter_hook_coverage_ratio"] < 0.05, b1
+        assert b1["zonemeter_hook_unseen_bytes_total"] > 40 * 10200, b1
+        assert agents.logs["b1"].read_text().count("hook coverage low") == 1
+        info = 'zonemeter_datapath_info{attach="cgroup",hook="cgroup",requested="cgroup"} 1.0'
+        assert info in agents.scrape("a1") and info in agents.scrape("b1")
+
+        # a1's programs detached behind its back: the uplink goes on carrying
+        links = agent_cgroup_links(agents.procs["a1"].pid)
+        assert len(links) == 2, links  # ingress and egress
+        for link in links:
+            detach_link(link)
+        r = lab.run_flow("client-b1", web, 8080, "tcp", 1200, 9000, count=120)
+        assert (r.ok, r.failed) == (120, 0), r
+        time.sleep(INTERVAL * 2.5)
+        a1 = coverage(agents.scrape("a1"))
+        assert a1["zonemeter_hook_coverage_ratio"] < 0.3, a1
+        assert a1["zonemeter_hook_unseen_bytes_total"] > 120 * 10200, a1
+        assert agents.logs["a1"].read_text().count("hook coverage low") == 1
+        assert agents.stop() == {"a1": 0, "b1": 0}
     finally:
         agents.kill()

@@ -188,3 +188,43 @@ def test_socket_counters_fold_after_a_drain_and_on_close_exactly(lab: Lab) -> No
     finally:
         sk.close()
         plain.close()
+
+
+def _resolve(**kw: object) -> tuple[str, str]:
+    """(hook, why) that Datapath would resolve for a DatapathConfig(**kw), without
+    compiling anything."""
+    dp = Datapath.__new__(Datapath)
+    dp.config = DatapathConfig(**kw)  # type: ignore[arg-type]
+    return dp._resolve_hook(), dp.hook_reason
+
+
+def test_auto_takes_the_cgroup_hook_only_where_a_link_attaches_on_the_hierarchys_root(
+        caplog: pytest.LogCaptureFixture) -> None:
+    root = cg.cgroup2_root()
+    before = {side: cg.query(root, t) for t, side, _ in cg.SIDES}
+    assert cg.probe(root) is None
+    assert {side: cg.query(root, t) for t, side, _ in cg.SIDES} == before  # it left nothing
+    hook, why = _resolve(hook="auto")
+    assert hook == "cgroup" and root in why
+    assert _resolve(hook="auto", netns="zm-any")[0] == "veth"  # a lab node's datapath
+    assert _resolve(hook="veth") == ("veth", "asked for")
+    # a cgroup below the root (what a container sees of its own cgroup namespace): its
+    # programs would count only the sockets under it
+    child = os.path.join(root, f"zmtest{secrets.token_hex(3)}")
+    os.mkdir(child)
+    try:
+        assert cg.probe(child) is None  # a link would attach: attaching is not the test
+        hook, why = _resolve(hook="auto", cgroup_root=child)
+        assert hook == "veth" and "not the root of the cgroup v2 hierarchy" in why, why
+        with caplog.at_level("WARNING", logger="agent.datapath.attach"):
+            assert _resolve(hook="cgroup", cgroup_root=child)[0] == "cgroup"  # as asked, warned
+        assert any("not the root" in r.getMessage() for r in caplog.records)
+    finally:
+        os.rmdir(child)
+    hook, why = _resolve(hook="auto", cgroup_root="/nonexistent/cgroup")
+    assert hook == "veth" and "cannot read" in why
+    # the host's /sys/fs/cgroup as --cgroup-root: on a hybrid host (this machine) its
+    # unified/ mount is taken, on a unified one the directory itself
+    top = os.path.dirname(root) if root.endswith("/unified") else root
+    assert _resolve(hook="auto", cgroup_root=top) == (
+        "cgroup", f"a cgroup_skb link attaches on the cgroup v2 root {root}")

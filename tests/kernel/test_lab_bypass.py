@@ -18,7 +18,7 @@ import pytest
 from test_datapath import PROTO, SERVICE, SERVICE_PORT, SIZES, TOPOLOGY, VIP_PORT, attribute
 
 from agent.datapath import Datapath, DatapathConfig
-from agent.datapath.coverage import STARVED_RATIO, HookCoverage
+from agent.datapath.coverage import MIN_TCP_PACKETS, STARVED_RATIO, HookCoverage, tcp_packets
 from agent.records import FlowDelta, IPAddress
 from tools.lab import Lab, Topology
 from tools.lab.bypass import BypassDataPlane
@@ -100,6 +100,34 @@ def test_veth_hook_is_starved_and_the_coverage_alarm_says_so(env: Env) -> None:
     finally:
         plane.close()
         env.close_datapaths()
+
+
+def test_veth_hook_first_on_the_bypass_plane_sees_one_direction_and_says_so(env: Env) -> None:
+    """Our TCX links attached after the data plane's go first: every packet out of a pod
+    is counted, but bpf_redirect_peer moves every packet into a pod past the host veth,
+    its egress hook and its tx counters alike. The byte comparison reads complete; the
+    TCP direction comparison finds nothing counted into the pods."""
+    plane = BypassDataPlane(env.lab)
+    try:
+        env.attach("veth")  # after the plane: ours at the head of each list
+        cov = HookCoverage()
+        env.drain()
+        for node in ("a", "b"):
+            cov.add(0.0, 0, env.dps[node].interface_bytes())
+        run(env, "a1", env.pod_ip("b1", 4), SERVICE_PORT, "tcp", count=100)
+        per_node = env.drain()
+        deltas = [d for ds in per_node.values() for d in ds]
+        interfaces = {(node, i): c for node, dp in env.dps.items()
+                      for i, c in dp.interface_bytes().items()}
+        into, out = tcp_packets(deltas)
+        state = cov.add(1.0, sum(d.bytes for d in deltas), interfaces, (into, out))  # type: ignore[arg-type]
+    finally:
+        plane.close()
+        env.close_datapaths()
+    assert out >= MIN_TCP_PACKETS and into == 0, (into, out)
+    # what the veths' own counters say matches what ours counted: no byte gap to see
+    assert state.ratio > 0.95, state
+    assert state.tcp_direction_ratio == 0.0 and state.starved, state
 
 
 CASES = [(fam, proto, placement, access) for fam in (4, 6) for proto in ("tcp", "udp")

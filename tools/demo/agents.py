@@ -197,8 +197,13 @@ class AgentProcess:
 
 def agent_argv(lab: Lab, node: str, snapshot: Path | None, address: str, interval: float,
                python: str = sys.executable, command: list[str] | None = None,
-               extra: tuple[str, ...] = (), kubeconfig: Path | None = None) -> list[str]:
+               extra: tuple[str, ...] = (), kubeconfig: Path | None = None,
+               hook: str = "veth") -> list[str]:
     """Return the command line of the agent for ``node`` (the agent verb's flags, docs/agent.md).
+
+    ``hook`` ``"cgroup"`` runs the cgroup hook, scoped to the node's lab namespaces (its own
+    and its pods': every lab shares the machine's cgroup tree) and compared with its uplink
+    (docs/datapath.md, "Interface counters").
 
     The agent reads its metadata from ``snapshot`` (``--snapshot``) or, when ``kubeconfig`` is
     given, from the apiserver it names (``--kubeconfig``: a lab on real Kubernetes). ``command``
@@ -217,9 +222,14 @@ def agent_argv(lab: Lab, node: str, snapshot: Path | None, address: str, interva
     vx = lab.vxlan_device(node)
     if vx is not None:
         exclude.append(vx[1])
+    hooked: list[str] = []
+    if hook == "cgroup":
+        scope = [netns] + [lab.pod_netns(p.name) for p in lab.topology.pods_on(node) if not p.host_network]
+        hooked = ["--hook", "cgroup", "--cgroup-scope-netns", ",".join(scope),
+                  "--uplink-interfaces", uplink]
     return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, *source,
             "--netns", netns, "--metrics-address", address, "--interval", f"{interval:g}",
-            "--exclude-interfaces", ",".join(exclude), *extra]
+            "--exclude-interfaces", ",".join(exclude), *hooked, *extra]
 
 
 def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
@@ -243,12 +253,14 @@ class AgentFleet:
         extra_args: more ``zonemeter agent`` flags for every agent.
         kubeconfig: the agents read the apiserver with it instead of a snapshot (a lab on real
             Kubernetes: :attr:`tools.lab.Lab.agent_kubeconfig`).
+        hook: ``veth`` or ``cgroup``: where every agent counts (:func:`agent_argv`).
     """
 
     def __init__(self, lab: Lab, snapshot: Path | None, logdir: Path, interval: float = 2.0,
                  command: list[str] | None = None, extra_args: tuple[str, ...] = (),
-                 kubeconfig: Path | None = None) -> None:
+                 kubeconfig: Path | None = None, hook: str = "veth") -> None:
         self.kubeconfig = kubeconfig
+        self.hook = hook
         self.extra_args = tuple(extra_args)
         env_cmd = os.environ.get("ZONEMETER_DEMO_AGENT", "").split()
         self.command = command or env_cmd or None
@@ -281,7 +293,8 @@ class AgentFleet:
                 with open(log, "wb") as fh:
                     proc = subprocess.Popen(
                         agent_argv(self.lab, node.name, self.snapshot, address, self.interval,
-                                   command=self.command, extra=self.extra_args, kubeconfig=self.kubeconfig),
+                                   command=self.command, extra=self.extra_args, kubeconfig=self.kubeconfig,
+                                   hook=self.hook),
                         stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
                         env=_env(), start_new_session=True)
                 self.agents.append(AgentProcess(node.name, address, proc, log))

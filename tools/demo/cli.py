@@ -76,6 +76,9 @@ def register(subparsers: Any) -> None:
                    "tools/kube/build.sh decide, and the agents read the apiserver (docs/lab.md)")
     p.add_argument("--kube-proxy-mode", choices=("iptables", "nftables"), default="iptables",
                    help="mode of the real kube-proxy (--kubernetes real; default iptables)")
+    p.add_argument("--hook", choices=("veth", "cgroup"), default="veth",
+                   help="where the agents count: at the pod veths (default) or at the sockets "
+                   "(cgroup_skb; needed for nodes with dataPlane: bypass, docs/lab.md)")
     p.add_argument("--teardown", type=Path, metavar="DIR",
                    help="stop what a --keep run left in DIR and exit")
     p.set_defaults(func=run)
@@ -206,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
     options = DemoOptions(duration_seconds=args.duration, interval_seconds=args.interval,
                           refresh_seconds=max(2.0, args.interval), prometheus=args.prometheus,
                           keep=args.keep, workdir=args.workdir, hints=args.hints,
-                          kubernetes=args.kubernetes, kube_proxy_mode=args.kube_proxy_mode)
+                          kubernetes=args.kubernetes, kube_proxy_mode=args.kube_proxy_mode,
+                          hook=args.hook)
     restore = sigterm_as_interrupt()
     owner = os.getpid()
     run_ = DemoRun(spec, options)

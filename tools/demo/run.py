@@ -78,6 +78,8 @@ class DemoOptions:
             kube-controller-manager and kube-proxy; the agents read the apiserver with the
             token of deploy/daemonset's ServiceAccount), see docs/lab.md.
         kube_proxy_mode: the real kube-proxy's mode, ``iptables`` or ``nftables``.
+        hook: where the agents count, ``veth`` or ``cgroup`` (docs/datapath.md); a topology
+            whose nodes run ``dataPlane: bypass`` needs ``cgroup`` (docs/lab.md).
     """
 
     duration_seconds: float = 30.0
@@ -94,6 +96,7 @@ class DemoOptions:
     hints: str = "auto"
     kubernetes: str = "emulated"
     kube_proxy_mode: str = "iptables"
+    hook: str = "veth"
 
 
 @dataclass(slots=True)
@@ -170,7 +173,8 @@ class DemoRun:
         self.fleet = AgentFleet(self.cluster.lab, None if real else self.cluster.snapshot_path,
                                 self.workdir / "logs", self.options.interval_seconds,
                                 extra_args=self.options.agent_args,
-                                kubeconfig=self.cluster.lab.agent_kubeconfig if real else None)
+                                kubeconfig=self.cluster.lab.agent_kubeconfig if real else None,
+                                hook=self.options.hook)
         self.prometheus_url: str | None = None
         self._prom: subprocess.Popen[bytes] | None = None
         self._handles: list[FlowHandle] = []

@@ -63,7 +63,8 @@ class BypassDataPlane:
     Args:
         lab: a :class:`tools.lab.Lab` (up, ``options.mode`` flat).
         nodes: node names to switch to bpf-host-routing; None: every node.
-        socket_lb: install the socket-LB too (for every lab namespace).
+        socket_lb: install the socket-LB too, for the namespaces of ``nodes`` (the node's
+            and its pods'); :meth:`sync` follows later proxy programming.
 
     Raises:
         InputError: the lab is not in flat mode, or a node is unknown.
@@ -80,6 +81,9 @@ class BypassDataPlane:
         self.nodes = nodes if nodes is not None else [n.name for n in lab.topology.nodes]
         self._links: list[int] = []
         self._bpfs: list[Any] = []
+        self._lb: Any = None
+        self._rev: Any = None
+        self._cookies: dict[str, int] = {}  # network namespace -> its cookie
         try:
             for node in self.nodes:
                 self._route_node(BPF, node)
@@ -127,44 +131,12 @@ class BypassDataPlane:
                 ns, lambda i=index, p=prog: tcx.link_create(p, i, tcx.BPF_TCX_INGRESS)))
 
     def _socket_lb(self, bpf_cls: Any) -> None:
-        """Fill the ClusterIP table per lab namespace and attach the sock_addr programs."""
-        lab = self.lab
+        """Fill the ClusterIP table for the namespaces of every node of the plane and
+        attach the sock_addr programs."""
         b = self._load(bpf_cls)
-        lb, rev = b[b"lb"], b[b"lb_rev"]
-        for node in lab.topology.nodes:
-            spaces = [lab.node_netns(node.name)] + [
-                lab.pod_netns(p.name) for p in lab.topology.pods_on(node.name)
-                if not p.host_network]
-            rules = lab.proxy_rules(node.name)
-            for ns in spaces:
-                cookie = _cookie(ns)
-                for r in rules:
-                    proto = _PROTO[r.protocol]
-                    key = lb.Key()
-                    key.cookie = cookie
-                    for i, byte in enumerate(_mapped(r.cluster_ip)):
-                        key.vip[i] = byte
-                    key.port = socket.htons(r.port)
-                    key.proto = proto
-                    val = lb.Leaf()
-                    eps = r.endpoints[:_BACKENDS]
-                    val.n = len(eps)
-                    for j, (addr, port) in enumerate(eps):
-                        for i, byte in enumerate(_mapped(addr)):
-                            val.be[j].a[i] = byte
-                        val.be[j].port = socket.htons(port)
-                        rk = rev.Key()
-                        rk.cookie = cookie
-                        for i, byte in enumerate(_mapped(addr)):
-                            rk.vip[i] = byte
-                        rk.port = socket.htons(port)
-                        rk.proto = proto
-                        rv = rev.Leaf()
-                        for i, byte in enumerate(_mapped(r.cluster_ip)):
-                            rv.a[i] = byte
-                        rv.port = socket.htons(r.port)
-                        rev[rk] = rv
-                    lb[key] = val
+        self._lb, self._rev = b[b"lb"], b[b"lb_rev"]
+        for node in self.nodes:
+            self.sync(node)
         root = cgroup.cgroup2_root()
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -173,6 +145,52 @@ class BypassDataPlane:
                 self._links.append(cgroup.link_create(prog, fd, attach_type))
         finally:
             os.close(fd)
+
+    def sync(self, node: str) -> None:
+        """(Re)write the socket-LB's entries of node's namespaces (the node's own and its
+        pods') from :meth:`tools.lab.Lab.proxy_rules`, so the socket-LB picks among the
+        endpoints that node's proxy selects now; the lab calls it whenever it programs
+        the node. Nothing without a socket-LB."""
+        if self._lb is None:
+            return
+        lab, lb, rev = self.lab, self._lb, self._rev
+        spaces = [lab.node_netns(node)] + [lab.pod_netns(p.name) for p in lab.topology.pods_on(node)
+                                           if not p.host_network]
+        cookies = {ns: self._cookies.get(ns) or _cookie(ns) for ns in spaces}
+        self._cookies.update(cookies)
+        mine = set(cookies.values())
+        for table in (lb, rev):
+            for key in [k for k in table.keys() if k.cookie in mine]:
+                del table[key]
+        rules = lab.proxy_rules(node)
+        for cookie in mine:
+            for r in rules:
+                proto = _PROTO[r.protocol]
+                key = lb.Key()
+                key.cookie = cookie
+                for i, byte in enumerate(_mapped(r.cluster_ip)):
+                    key.vip[i] = byte
+                key.port = socket.htons(r.port)
+                key.proto = proto
+                val = lb.Leaf()
+                eps = r.endpoints[:_BACKENDS]
+                val.n = len(eps)
+                for j, (addr, port) in enumerate(eps):
+                    for i, byte in enumerate(_mapped(addr)):
+                        val.be[j].a[i] = byte
+                    val.be[j].port = socket.htons(port)
+                    rk = rev.Key()
+                    rk.cookie = cookie
+                    for i, byte in enumerate(_mapped(addr)):
+                        rk.vip[i] = byte
+                    rk.port = socket.htons(port)
+                    rk.proto = proto
+                    rv = rev.Leaf()
+                    for i, byte in enumerate(_mapped(r.cluster_ip)):
+                        rv.a[i] = byte
+                    rv.port = socket.htons(r.port)
+                    rev[rk] = rv
+                lb[key] = val
 
     def close(self) -> None:
         """Detach every program of the data plane (idempotent)."""
@@ -186,3 +204,4 @@ class BypassDataPlane:
         for b in self._bpfs:
             b.cleanup()
         self._bpfs = []
+        self._lb = self._rev = None

@@ -181,6 +181,12 @@ def _up(args: argparse.Namespace) -> int:
             svc.pop("clusterIP", None)
             svc.pop("clusterIP6", None)
         topo = Topology.from_dict(data, source=args.topology or "<default topology>")
+    for node in topo.nodes:
+        if node.data_plane == "bypass":
+            # the bypass data plane's links live as long as the process holding the lab
+            raise InputError("the bypass data plane lives only while the process that built "
+                             "the lab runs, and lab up exits: use it from a test or zonemeter demo",
+                             source=args.topology, obj=f"Node {node.name}", field="dataPlane")
     lab = Lab(topo, prefix=args.prefix, state_dir=args.state_dir,
               server_max_seconds=args.server_seconds, kubernetes=args.kubernetes,
               proxy_mode=args.kube_proxy_mode)

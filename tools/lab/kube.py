@@ -376,8 +376,14 @@ class LabKubernetes(LabNamespaces):
 
         Raises:
             InputError: a Service lists its ``endpoints`` instead of a selector (the real
-                EndpointSlice controller writes slices only for Services with a selector).
+                EndpointSlice controller writes slices only for Services with a selector);
+                a node has ``dataPlane: bypass`` (its socket-LB follows the emulation).
         """
+        for n in self.topology.nodes:
+            if n.data_plane != "kube-proxy":
+                raise InputError("the bypass data plane follows the kube-proxy emulation, not the "
+                                 "real kube-proxy (use --kubernetes emulated)",
+                                 obj=f"Node {n.name}", field="dataPlane")
         for s in self.topology.services:
             if s.selector is None:
                 raise InputError("the real EndpointSlice controller serves only Services with a selector; "

@@ -105,6 +105,8 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
         self._addr_owner = self._address_index()
         #: pod name -> server pid
         self._servers: dict[str, int] = {}
+        #: the bypass data plane of the nodes with ``dataPlane: bypass`` (this process's)
+        self.bypass: Any = None
         #: ground truth of counters folded away by remove_pod (see there)
         self._archived: dict[tuple[str, str, str], tuple[int, int]] = {}
         #: nft counter values at the last removal (gains since then are not archived yet)
@@ -147,6 +149,9 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
 
     def down(self) -> list[str]:
         """Tear the lab down (idempotent). Returns the namespaces removed."""
+        if self.bypass is not None:
+            self.bypass.close()
+            self.bypass = None
         return Lab.down_prefix(self.prefix, self.state_dir)
 
     @staticmethod
@@ -239,6 +244,11 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
         self._start_servers()
         if self.kubernetes == "real":
             self._build_kubernetes()
+        bypass = [n.name for n in topo.nodes if n.data_plane == "bypass"]
+        if bypass:
+            from tools.lab.bypass import BypassDataPlane
+
+            self.bypass = BypassDataPlane(self, nodes=bypass)
         self._write_state()  # with the server pids
 
     def _start_servers(self, pods: Iterable[Pod] | None = None) -> None:

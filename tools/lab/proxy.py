@@ -124,7 +124,8 @@ class LabProxy(LabState):
             self.set_node_endpoints(node.name, choice)
 
     def program_node(self, node: str) -> None:
-        """(Re)write ``node``'s nat and filter tables from :meth:`proxy_rules`.
+        """(Re)write ``node``'s nat and filter tables from :meth:`proxy_rules` (and, on a
+        ``dataPlane: bypass`` node, its socket-LB's table, :mod:`tools.lab.bypass`).
 
         Nothing is written on a node that runs the real kube-proxy (:meth:`uses_kube_proxy`):
         its tables are kube-proxy's.
@@ -139,6 +140,9 @@ class LabProxy(LabState):
         nsexec(ns, ["iptables-restore", "-w"], input=kubeproxy.render(rules, 4))
         if self.topology.options.ipv6:
             nsexec(ns, ["ip6tables-restore", "-w"], input=kubeproxy.render(rules, 6))
+        bypass = getattr(self, "bypass", None)
+        if bypass is not None and node in bypass.nodes:
+            bypass.sync(node)  # the socket-LB picks among the same endpoints
 
     def program_all_nodes(self) -> None:
         """Program every node's proxy (see :meth:`program_node`)."""

@@ -130,6 +130,11 @@ class Node:
         pod_cidr, pod_cidr_v6: this node's pod ranges.
         ignore_hints: this node's kube-proxy emulation ignores hints (a data plane that
             does not honour them); recorded for the caller that programs endpoints.
+        data_plane: ``"kube-proxy"`` (default: host veths, host routing, the iptables
+            emulation) or ``"bypass"`` (YAML ``dataPlane: bypass``, flat mode only): the
+            node's pod packets are moved by ``bpf_redirect_peer``/``bpf_redirect_neigh`` and
+            its sockets' ClusterIPs resolved by a socket-LB, as Cilium's BPF host routing
+            does (:mod:`tools.lab.bypass`; the lab installs it while its process runs).
     """
 
     name: str
@@ -143,6 +148,11 @@ class Node:
     pod_cidr: ipaddress.IPv4Network
     pod_cidr_v6: ipaddress.IPv6Network | None
     ignore_hints: bool = False
+    data_plane: str = "kube-proxy"
+
+
+#: values of a node's ``dataPlane``
+DATA_PLANES = ("kube-proxy", "bypass")
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +373,9 @@ class Topology:
             "zones": [{"name": z.name, **({"region": z.region} if z.region else {})}
                       for z in self.zones],
             "nodes": [{"name": n.name, "zone": n.zone, "cpu": n.cpu,
-                       "ignoreHints": n.ignore_hints} for n in self.nodes],
+                       "ignoreHints": n.ignore_hints,
+                       **({"dataPlane": n.data_plane} if n.data_plane != "kube-proxy" else {})}
+                      for n in self.nodes],
             "pods": [{
                 "name": p.name, "namespace": p.namespace, "node": p.node, "labIndex": p.index,
                 **({} if p.host_network else {"ip": str(p.ip)}),
@@ -539,7 +551,7 @@ class _Parser:
         for i, item in enumerate(raw):
             obj = f"nodes[{i}]"
             m = self.mapping(item, obj, None)
-            self.unknown_keys(m, {"name", "zone", "cpu", "ignoreHints"}, obj)
+            self.unknown_keys(m, {"name", "zone", "cpu", "ignoreHints", "dataPlane"}, obj)
             name = self.name(m.get("name"), obj, "name", subdomain=True)
             obj = f"Node {name}"
             if any(n.name == name for n in nodes):
@@ -554,6 +566,12 @@ class _Parser:
             ignore = m.get("ignoreHints", False)
             if not isinstance(ignore, bool):
                 raise self.fail(f"must be true or false, got {ignore!r}", obj, "ignoreHints")
+            plane = m.get("dataPlane", "kube-proxy")
+            if plane not in DATA_PLANES:
+                raise self.fail(f"must be one of {', '.join(DATA_PLANES)}, got {plane!r}", obj,
+                                "dataPlane")
+            if plane == "bypass" and opt.mode != "flat":
+                raise self.fail("the bypass data plane needs options.mode flat", obj, "dataPlane")
             ip, overlay_ip = _nth_host(opt.node_cidr, i), _nth_host(opt.overlay_cidr, i)
             if ip is None or overlay_ip is None:
                 raise self.fail("too many nodes for options.node_cidr/overlay_cidr", obj, "name")
@@ -570,7 +588,8 @@ class _Parser:
                 ip6=opt.node_cidr_v6[i + 1] if opt.ipv6 else None,
                 overlay_ip=overlay_ip if vx else None,
                 overlay_ip6=opt.overlay_cidr_v6[i + 1] if vx and opt.ipv6 else None,
-                pod_cidr=block, pod_cidr_v6=block6 if opt.ipv6 else None, ignore_hints=ignore))
+                pod_cidr=block, pod_cidr_v6=block6 if opt.ipv6 else None, ignore_hints=ignore,
+                data_plane=plane))
         return nodes
 
     def pods(self, raw: list[Any], nodes: list[Node], opt: Options) -> list[Pod]:

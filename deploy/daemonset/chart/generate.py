@@ -3,8 +3,9 @@
 
 The kustomization is the source of truth; the chart is its rendered output with a few
 fields turned into values (image, pull policy, resources, tolerations, node selector,
-``--interval``, ``--attach``, ``--zone-cidrs``, extra arguments, the Prometheus Operator
-objects on/off, the namespace object on/off) and Helm's own labels added. With the
+``--interval``, ``--attach``, ``--zone-cidrs``, ``--hook`` with the host's cgroup2 mount
+of components/cgroup-hook, extra arguments, the Prometheus Operator objects on/off, the
+namespace object on/off) and Helm's own labels added. With the
 default values `helm template` gives back the kustomize output (tests/unit/deploy/
 test_chart.py checks both, and fails when the committed chart differs from this script's
 output).
@@ -39,6 +40,10 @@ CHART_NAME = "zonemeter"
 ZONE_CIDRS_DIR = "/etc/zonemeter/zone-cidrs"
 ZONE_CIDRS_KEY = "zone-cidrs"
 ATTACH_MODES = ("auto", "tcx", "clsact")  # agent/cli/agent.py, --attach
+HOOKS = ("veth", "cgroup", "auto")  # agent/cli/agent.py, --hook
+#: where components/cgroup-hook mounts the host's /sys/fs/cgroup (--cgroup-root); the
+#: chart's hook value mounts it the same way (tests/unit/deploy/test_chart.py compares)
+CGROUP_ROOT = "/run/zonemeter/cgroupv2"
 #: kinds the chart creates only with monitoring.enabled (Prometheus Operator CRDs)
 OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}
 #: template file per kind; ConfigMaps are told apart by name
@@ -161,6 +166,10 @@ def _args(rest: list[str]) -> Callable[[str], str]:
             '{{- if ne .Values.attach "auto" }}',
             "  - --attach={{ .Values.attach }}",
             "{{- end }}",
+            '{{- if ne .Values.hook "veth" }}',
+            "  - --hook={{ .Values.hook }}",
+            f"  - --cgroup-root={CGROUP_ROOT}",
+            "{{- end }}",
             "{{- if .Values.zoneCidrs }}",
             f"  - --zone-cidrs={ZONE_CIDRS_DIR}/{ZONE_CIDRS_KEY}",
             "{{- end }}",
@@ -179,6 +188,16 @@ def _zone_cidrs_mount(ind: str) -> str:
 def _zone_cidrs_volume(ind: str) -> str:
     return _indented(ind, ["{{- if .Values.zoneCidrs }}", "- name: zone-cidrs", "  configMap:",
                            "    name: zonemeter-zone-cidrs", "{{- end }}"])
+
+
+def _cgroup_mount(ind: str) -> str:
+    return _indented(ind, ['{{- if ne .Values.hook "veth" }}', "- name: host-cgroup",
+                           f"  mountPath: {CGROUP_ROOT}", "  readOnly: true", "{{- end }}"])
+
+
+def _cgroup_volume(ind: str) -> str:
+    return _indented(ind, ['{{- if ne .Values.hook "veth" }}', "- name: host-cgroup", "  hostPath:",
+                           "    path: /sys/fs/cgroup", "    type: Directory", "{{- end }}"])
 
 
 def _zone_cidrs_checksum(ind: str) -> str:
@@ -228,12 +247,13 @@ def _templatize(obj: dict[str, Any], values: dict[str, Any]) -> dict[str, Callab
     interval = [a for a in args if a.startswith("--interval=")]
     if len(interval) != 1:
         raise GenerateError(f"DaemonSet {meta['name']}: container agent: args: want one --interval=S, got {args}")
-    for flag in ("--attach", "--zone-cidrs"):
+    for flag in ("--attach", "--zone-cidrs", "--hook", "--cgroup-root"):
         if any(a == flag or a.startswith(flag + "=") for a in args):
             raise GenerateError(f"DaemonSet {meta['name']}: container agent: args: {flag} is a chart value")
     text = interval[0].split("=", 1)[1]
     values["interval"] = float(text) if "." in text else int(text)
     values["attach"] = "auto"
+    values["hook"] = "veth"
     values["zoneCidrs"] = ""
     values["extraArgs"] = []
     c["args"] = _s("args")
@@ -247,9 +267,13 @@ def _templatize(obj: dict[str, Any], values: dict[str, Any]) -> dict[str, Callab
     values["tolerations"] = spec.get("tolerations", [])
     spec["tolerations"] = _s("tolerations")
     subs["tolerations"] = _block("tolerations", ".Values.tolerations")
-    c.setdefault("volumeMounts", []).append(_s("zoneCidrsMount"))
+    c.setdefault("volumeMounts", []).append(_s("cgroupMount"))
+    subs["cgroupMount"] = _cgroup_mount
+    c["volumeMounts"].append(_s("zoneCidrsMount"))
     subs["zoneCidrsMount"] = _zone_cidrs_mount
-    spec.setdefault("volumes", []).append(_s("zoneCidrsVolume"))
+    spec.setdefault("volumes", []).append(_s("cgroupVolume"))
+    subs["cgroupVolume"] = _cgroup_volume
+    spec["volumes"].append(_s("zoneCidrsVolume"))
     subs["zoneCidrsVolume"] = _zone_cidrs_volume
     pod["metadata"].setdefault("annotations", {})[_s("checksum")] = ""
     subs["checksum"] = _zone_cidrs_checksum
@@ -338,6 +362,11 @@ def _values_text(v: dict[str, Any]) -> str:
         f"# How the programs attach to pod veths: {' | '.join(ATTACH_MODES)} (agent --attach;\n"
         "# docs/datapath.md, Hooks). auto adds no argument.\n",
         dump("attach"),
+        f"# Where the agent counts: {' | '.join(HOOKS)} (agent --hook; docs/datapath.md, \"The cgroup_skb\n"
+        "# hook\"). cgroup and auto also mount the host's /sys/fs/cgroup read-only at\n"
+        f"# {CGROUP_ROOT} and pass it as --cgroup-root (components/cgroup-hook does the same\n"
+        "# for kustomize). Use one value on every node: ZonemeterHookMixed fires otherwise.\n",
+        dump("hook"),
         "# Drain and export period in seconds (agent --interval).\n",
         dump("interval"),
         "# Contents of a zone-CIDR file (CSV `cidr,zone[,region]` or YAML; docs/metadata.md). When set,\n"
@@ -371,6 +400,7 @@ def _schema() -> dict[str, Any]:
                                      "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}},
             "createNamespace": {"type": "boolean"},
             "attach": {"enum": list(ATTACH_MODES)},
+            "hook": {"enum": list(HOOKS)},
             "interval": {"type": "number", "exclusiveMinimum": 0},
             "zoneCidrs": {"type": "string"},
             "extraArgs": {"type": "array", "items": {"type": "string"}},

@@ -325,6 +325,8 @@ class Model:
     kernel_behind: frozenset[str] = frozenset()
     #: the cgroup hook on every node (socket view) instead of the veth hook
     sockets: bool = False
+    #: nodes on the cgroup hook while the others are on the veth hook (a mixed cluster)
+    socket_nodes: frozenset[str] = frozenset()
     #: socket view: host sockets' egress keyed by the post-DNAT backend (unconnected UDP)
     egress_backend: bool = False
 
@@ -346,6 +348,10 @@ class Model:
                 return n["metadata"]["name"], a, False
         return None, a, False
 
+    def _sockets(self, node_name: str | None) -> bool:
+        """Whether node_name's datapath is the cgroup hook (sees its sockets)."""
+        return self.sockets or node_name in self.socket_nodes
+
     def _local_endpoints(self, node_name: str) -> set[tuple[IPAddress, int, int]]:
         """The endpoint table the agent writes into the node's BPF map (veth endpoints only)."""
         out: set[tuple[IPAddress, int, int]] = set()
@@ -353,7 +359,7 @@ class Model:
             return out
         for (a, port, proto) in self.meta.endpoints:
             n, _, veth = self._pod(str(a))
-            if n == node_name and (veth or self.sockets):
+            if n == node_name and (veth or self._sockets(node_name)):
                 out.add((a, port, proto))
         return out
 
@@ -366,7 +372,7 @@ class Model:
         bport = c.bport if c.bport is not None else c.dport
         dst = ip(c.dst)
         rport = c.dport if c.dport not in EPHEMERAL else 0
-        if (cveth or self.sockets) and cnode:
+        if (cveth or self._sockets(cnode)) and cnode:
             local_eps = self._local_endpoints(cnode)
             # the client's own (addr, sport) is never an endpoint: sport is ephemeral
             assert (caddr, c.sport, c.proto) not in local_eps
@@ -383,7 +389,7 @@ class Model:
                 self._emit(cnode, FlowDelta(kind, caddr, r, rp, c.proto, n, max(1, n // 1400),
                                             local_port=lport))
         snode, saddr, sveth = self._pod(str(backend))
-        if (sveth or self.sockets) and snode:
+        if (sveth or self._sockets(snode)) and snode:
             if (saddr, bport, c.proto) in self._local_endpoints(snode):
                 for kind, n in ((FlowKind.REQUEST, c.req), (FlowKind.RESPONSE, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, caddr, bport, c.proto, n, 1))

@@ -217,18 +217,21 @@ SCENARIOS = {
 
 
 def run(conns: list[Conn], behind: frozenset[str] = frozenset(),
-        sockets: bool = False, egress_backend: bool = False) -> dict[str, Attributor]:
+        sockets: bool = False, egress_backend: bool = False,
+        socket_nodes: frozenset[str] = frozenset()) -> dict[str, Attributor]:
     """One Attributor per node fed what the kernel model counted; ``behind``: nodes whose
     kernel endpoint map is still empty; ``sockets``: the cgroup hook on every node
-    (``egress_backend``: host sockets unconnected, see Model)."""
+    (``egress_backend``: host sockets unconnected, see Model); ``socket_nodes``: the
+    cgroup hook on these nodes only, the veth hook on the others (a mixed cluster)."""
     o = objects()
     meta, hints = build(o)
-    model = Model(meta, o, kernel_behind=behind, sockets=sockets, egress_backend=egress_backend)
+    model = Model(meta, o, kernel_behind=behind, sockets=sockets, egress_backend=egress_backend,
+                  socket_nodes=socket_nodes)
     for c in conns:
         model.send(c)
     out = {}
     for node in ("n1", "n2", "n3"):
-        out[node] = Attributor(node, meta, hints, sockets_seen=sockets)
+        out[node] = Attributor(node, meta, hints, sockets_seen=sockets or node in socket_nodes)
         out[node].attribute(model.deltas.get(node, []), T0)
     assert set(model.deltas) <= set(out)
     return out
@@ -268,6 +271,41 @@ def test_socket_view_counts_each_byte_once_and_loses_no_host_network_share(
     for t in totals:
         assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
         assert "clusterip_mixed_host_network" not in t.skipped_bytes
+
+
+#: a cluster on two hooks (docs/datapath.md, "A cluster on two hooks"): what the whole
+#: cluster counts of each scenario's request and response bytes, (request x, response x),
+#: when the client's node n1 is on the veth hook and n2..n3 on the cgroup hook, and the
+#: other way round. Everything not listed is counted once either way.
+MIXED = {
+    # a Service whose endpoints are all host-network: the veth client counts it (no agent
+    # sees the server side on the veth hook), a cgroup server counts it too; a cgroup
+    # client skips its copy and a veth server cannot see it
+    "clusterip_host_network": ((2, 2), (0, 0)),
+    "direct_host_network": ((2, 2), (0, 0)),
+    # a ClusterIP mixing pod and host-network endpoints: the veth client drops its copy
+    # (clusterip_mixed_host_network) as always, so only the host-network server's hook counts
+    "clusterip_mixed_to_host_network": ((1, 1), (0, 0)),
+    "host_client_clusterip_to_host_network": ((1, 1), (0, 0)),
+    # host processes, no Service: the cgroup node keeps only its own sockets' egress, the
+    # veth node sees no host socket at all, or a pod's both directions with a node
+    "host_to_host_cross_zone": ((0, 1), (1, 0)),
+    "pod_to_node": ((1, 2), (1, 0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted({**SCENARIOS, **SOCKET_SCENARIOS}))
+def test_a_cluster_on_two_hooks_doubles_or_loses_exactly_the_listed_bytes(name: str) -> None:
+    c = {**SCENARIOS, **SOCKET_SCENARIOS}[name]
+    veth_client, cgroup_client = MIXED.get(name, ((1, 1), (1, 1)))
+    for socket_nodes, (rq, rs) in ((frozenset({"n2", "n3"}), veth_client),
+                                   (frozenset({"n1"}), cgroup_client)):
+        totals = [a.totals() for a in run([c], socket_nodes=socket_nodes).values()]
+        assert sum(accounted(t) for t in totals) == rq * c.req + rs * c.resp, (name, socket_nodes)
+        # per node, every byte seen is still counted or a known copy: nothing disappears
+        # inside an agent; what is wrong is which agent saw what
+        for t in totals:
+            assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
 
 
 def test_socket_view_counts_host_network_endpoints_at_their_own_node() -> None:

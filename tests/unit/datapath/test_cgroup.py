@@ -38,3 +38,28 @@ def test_no_cgroup2_is_one_clear_error(tmp_path: Path) -> None:
     f.write_text(HYBRID.replace("cgroup2", "cgroup"))
     with pytest.raises(RuntimeFailure, match="no cgroup2 filesystem"):
         cgroup2_root(str(f))
+
+
+#: a container that mounted the host's /sys/fs/cgroup (hybrid) at /run/zonemeter/cgroupv2,
+#: recursively, beside its own cgroup-namespaced /sys/fs/cgroup
+CONTAINER = """\
+600 500 0:88 / / rw - overlay overlay rw
+610 600 0:90 / /sys/fs/cgroup ro - cgroup2 cgroup rw
+620 600 0:27 / /run/zonemeter/cgroupv2 ro - tmpfs tmpfs ro,mode=755
+621 620 0:38 / /run/zonemeter/cgroupv2/unified ro - cgroup2 cgroup2 rw
+"""
+
+
+def test_cgroup_root_flag_takes_its_unified_mount_on_a_hybrid_host(tmp_path: Path) -> None:
+    f = tmp_path / "mountinfo"
+    f.write_text(CONTAINER)
+    # without --cgroup-root the first cgroup2 mount is the container's own namespace
+    assert cgroup2_root(str(f)) == "/sys/fs/cgroup"
+    assert cgroup2_root(str(f), under="/run/zonemeter/cgroupv2/") == "/run/zonemeter/cgroupv2/unified"
+    # a unified host: the directory itself is the mount
+    f.write_text(CONTAINER.replace("tmpfs tmpfs ro,mode=755", "cgroup2 cgroup2 rw").replace(
+        "621 620 0:38 / /run/zonemeter/cgroupv2/unified ro - cgroup2 cgroup2 rw\n", ""))
+    assert cgroup2_root(str(f), under="/run/zonemeter/cgroupv2") == "/run/zonemeter/cgroupv2"
+    # a cgroup below a mount (no mount of its own) is taken as given
+    assert cgroup2_root(str(f), under="/run/zonemeter/cgroupv2/kubepods.slice") == (
+        "/run/zonemeter/cgroupv2/kubepods.slice")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,30 @@ def test_attach_adds_the_agent_argument(defaults: list[dict[str, Any]], tmp_path
     got = template(tmp_path, f"attach={mode}")
     assert _container(got)["args"] == [*_container(defaults)["args"], f"--attach={mode}"]
     assert _changed(defaults, got) == {("DaemonSet", "zonemeter-agent")}
+
+
+def test_hook_cgroup_equals_the_cgroup_hook_component(kustomized: list[dict[str, Any]], tmp_path: Path) -> None:
+    """hook=cgroup renders what components/cgroup-hook does to the kustomization."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    rel = os.path.relpath(DEPLOY, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{rel}]\ncomponents: [{rel}/components/cgroup-hook]\n")
+    want = {_key(o): o for o in gen.kustomize(_kubectl(), overlay)}
+    got = without_helm_labels(template(tmp_path, "hook=cgroup", "createNamespace=true"))
+    assert got == want
+    assert _changed(kustomized, list(want.values())) == {("DaemonSet", "zonemeter-agent")}
+
+
+def test_hook_auto_mounts_the_root_too_and_veth_is_the_default(defaults: list[dict[str, Any]],
+                                                                tmp_path: Path) -> None:
+    assert not any(a.startswith(("--hook", "--cgroup-root")) for a in _container(defaults)["args"])
+    assert "host-cgroup" not in {m["name"] for m in _container(defaults)["volumeMounts"]}
+    cg, auto = template(tmp_path, "hook=cgroup"), template(tmp_path, "hook=auto")
+    assert _container(auto)["args"] == [a.replace("--hook=cgroup", "--hook=auto") for a in _container(cg)["args"]]
+    assert _container(auto)["volumeMounts"] == _container(cg)["volumeMounts"]
+    bad = helm("template", "x", str(CHART), "--set", "hook=netkit", tmp=tmp_path, check=False)
+    assert bad.returncode != 0 and "hook" in bad.stderr, bad.stderr
 
 
 def test_interval(defaults: list[dict[str, Any]], tmp_path: Path) -> None:

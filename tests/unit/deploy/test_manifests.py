@@ -1,8 +1,9 @@
 """deploy/daemonset: the kustomization renders to valid, least-privilege objects.
 
 Rendering uses a small reader of the kustomization features the directory uses
-(resources, images, configMapGenerator, Component patches); it refuses any other
-kustomization key, so it cannot silently render something different from kustomize.
+(resources, images, configMapGenerator, Component patches: strategic merge, or JSON 6902
+`add` operations); it refuses any other kustomization key or patch operation, so it
+cannot silently render something different from kustomize.
 Built-in kinds are validated against the Kubernetes OpenAPI schemas bundled by the
 PyPI package kubernetes-validate (strict: unknown fields are errors) for 1.33, 1.34
 and 1.35. PodMonitor and PrometheusRule are custom resources with no schema in that
@@ -75,6 +76,23 @@ def _strategic_merge(base: Any, patch: Any) -> Any:
     return copy.deepcopy(patch)
 
 
+def _json6902(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply JSON patch (RFC 6902) ``add`` operations, as kustomize does for a patch file
+    holding a list; any other operation is refused."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        assert op["op"] == "add", f"teach _json6902 the {op['op']} operation first"
+        *parents, last = op["path"].lstrip("/").split("/")
+        node: Any = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node.insert(len(node) if last == "-" else int(last), copy.deepcopy(op["value"]))
+        else:
+            node[last] = copy.deepcopy(op["value"])
+    return out
+
+
 def render(directory: Path, components: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
     """Render a kustomization directory into its list of objects."""
     kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
@@ -110,7 +128,7 @@ def render(directory: Path, components: tuple[Path, ...] = ()) -> list[dict[str,
         ckust = yaml.safe_load((comp / "kustomization.yaml").read_text())
         assert set(ckust) <= KUSTOMIZATION_KEYS and ckust["kind"] == "Component"
         for patch in ckust["patches"]:
-            (patch_doc,) = _load_docs(comp / patch["path"])
+            patch_doc: Any = yaml.safe_load((comp / patch["path"]).read_text())
             target = patch["target"]
             hits = [
                 i
@@ -118,7 +136,10 @@ def render(directory: Path, components: tuple[Path, ...] = ()) -> list[dict[str,
                 if o["kind"] == target["kind"] and o["metadata"]["name"] == target["name"]
             ]
             assert len(hits) == 1, f"patch target {target} matched {len(hits)} objects"
-            objs[hits[0]] = _strategic_merge(objs[hits[0]], patch_doc)
+            if isinstance(patch_doc, list):
+                objs[hits[0]] = _json6902(objs[hits[0]], patch_doc)
+            else:
+                objs[hits[0]] = _strategic_merge(objs[hits[0]], patch_doc)
     return objs
 
 
@@ -218,6 +239,34 @@ def test_legacy_kernel_component_validates(version: str) -> None:
     assert sc["allowPrivilegeEscalation"] is True
     # The patch merged into the container: mounts and probes are still there.
     assert _agent_container(objs)["volumeMounts"] == _agent_container(render(DEPLOY))["volumeMounts"]
+
+
+CGROUP_HOOK = DEPLOY / "components" / "cgroup-hook"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_cgroup_hook_component_validates_and_mounts_the_hosts_cgroup_root(version: str) -> None:
+    objs = render(DEPLOY, components=(CGROUP_HOOK,))
+    ds = _one(objs, "DaemonSet")
+    kubernetes_validate.validate(ds, version, strict=True)
+    base = _agent_container(render(DEPLOY))
+    c = _agent_container(objs)
+    # the arguments: the default ones, then the hook and the root the mount provides
+    assert c["args"] == base["args"] + ["--hook=cgroup", "--cgroup-root=/run/zonemeter/cgroupv2"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert c["volumeMounts"][:-1] == base["volumeMounts"]
+    assert mounts["/run/zonemeter/cgroupv2"] == {"name": "host-cgroup", "mountPath": "/run/zonemeter/cgroupv2",
+                                                 "readOnly": True}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["host-cgroup"]["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
+    # the mount point is the one --cgroup-root names, and the agent accepts the flag
+    from agent.cli import build_parser
+
+    args = build_parser().parse_args(["agent", "--node-name", "n", *c["args"]])
+    assert (args.hook, args.cgroup_root) == ("cgroup", "/run/zonemeter/cgroupv2")
+    # nothing else changed: capabilities, probes, the other objects
+    assert c["securityContext"] == base["securityContext"]
+    assert [o for o in objs if o["kind"] != "DaemonSet"] == [o for o in render(DEPLOY) if o["kind"] != "DaemonSet"]
 
 
 def test_validator_catches_a_wrong_field(objects: list[dict[str, Any]]) -> None:
@@ -586,14 +635,15 @@ def test_render_equals_kubectl_kustomize(sub: str) -> None:
     assert _by_key(_kubectl_kustomize(DEPLOY / sub)) == _by_key(render(DEPLOY / sub))
 
 
-def test_component_render_equals_kubectl_kustomize(tmp_path: Path) -> None:
+@pytest.mark.parametrize("component", ["legacy-kernel", "cgroup-hook"])
+def test_component_render_equals_kubectl_kustomize(tmp_path: Path, component: str) -> None:
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     rel = os.path.relpath(DEPLOY, overlay)
     (overlay / "kustomization.yaml").write_text(
-        f"resources: [{rel}]\ncomponents: [{rel}/components/legacy-kernel]\n"
+        f"resources: [{rel}]\ncomponents: [{rel}/components/{component}]\n"
     )
-    want = render(DEPLOY, components=(DEPLOY / "components" / "legacy-kernel",))
+    want = render(DEPLOY, components=(DEPLOY / "components" / component,))
     assert _by_key(_kubectl_kustomize(overlay)) == _by_key(want)
 
 

@@ -51,6 +51,8 @@ CONTRACT_METRICS = {
     "zonemeter_interface_bytes_total",
     "zonemeter_hook_unseen_bytes_total",
     "zonemeter_hook_coverage_ratio",
+    "zonemeter_datapath_info",
+    "zonemeter_hook_tcp_direction_ratio",
 }
 OTHER_METRICS = {"up", "kube_daemonset_status_number_ready", "kube_daemonset_status_desired_number_scheduled"}
 # Grafana variables and the values substituted before promtool parses a query.

@@ -63,8 +63,10 @@ def full_snapshot() -> ExportSnapshot:
         collector_duration_seconds=0.25,
         metadata_synced={"pods": True, "nodes": False},
         generated_at=1700000001.0, interval_seconds=10.0,
-        coverage=CoverageState(counted_bytes=90000, carried_bytes=120000, unseen_bytes=30000, ratio=0.75),
+        coverage=CoverageState(counted_bytes=90000, carried_bytes=120000, unseen_bytes=30000, ratio=0.75,
+                               tcp_direction_ratio=0.5),
         hint_model=("1.37", "1.31", "cluster", "node"),
+        datapath=("cgroup", "cgroup", "auto"),
     )
 
 
@@ -136,18 +138,24 @@ zonemeter_flow_table_capacity 65536.0
 # HELP zonemeter_attached_interfaces Interfaces the datapath is attached to.
 # TYPE zonemeter_attached_interfaces gauge
 zonemeter_attached_interfaces 3.0
-# HELP zonemeter_hook_counted_bytes_total L3 bytes our programs counted on the hooked interfaces (intervals with interface counters only).
+# HELP zonemeter_hook_counted_bytes_total L3 bytes our programs counted that the compared interfaces should have carried: every byte on the veth hook, bytes of peers off the node on the cgroup hook (intervals with interface counters only).
 # TYPE zonemeter_hook_counted_bytes_total counter
 zonemeter_hook_counted_bytes_total 90000.0
-# HELP zonemeter_interface_bytes_total L3 bytes the hooked interfaces carried in the same intervals by their own counters (non-IP frames included).
+# HELP zonemeter_interface_bytes_total L3 bytes the compared interfaces (the hooked veths; the node's uplinks on the cgroup hook) carried in the same intervals by their own counters (non-IP frames included).
 # TYPE zonemeter_interface_bytes_total counter
 zonemeter_interface_bytes_total 120000.0
-# HELP zonemeter_hook_unseen_bytes_total L3 bytes the hooked interfaces carried beyond what our programs counted, summed per interval: a data plane moving packets past the hook.
+# HELP zonemeter_hook_unseen_bytes_total L3 bytes the compared interfaces carried beyond what our programs counted, summed per interval: a data plane moving packets past the hook, or sockets outside its cgroup.
 # TYPE zonemeter_hook_unseen_bytes_total counter
 zonemeter_hook_unseen_bytes_total 30000.0
-# HELP zonemeter_hook_coverage_ratio Bytes our programs counted over bytes the hooked interfaces carried in the last 5 minutes; NaN below 64 KiB carried.
+# HELP zonemeter_hook_coverage_ratio Bytes our programs counted over bytes the compared interfaces carried in the last 5 minutes; NaN below 64 KiB carried.
 # TYPE zonemeter_hook_coverage_ratio gauge
 zonemeter_hook_coverage_ratio 0.75
+# HELP zonemeter_hook_tcp_direction_ratio TCP packets our programs counted in the less busy direction (into or out of local pods or sockets) over the busier one in the last 5 minutes; 0 when a data plane moves one direction past the hook; NaN below 1,000 packets.
+# TYPE zonemeter_hook_tcp_direction_ratio gauge
+zonemeter_hook_tcp_direction_ratio 0.5
+# HELP zonemeter_datapath_info Where this agent counts: hook (veth or cgroup), attach (tcx, clsact or cgroup) and the --hook it was given (requested: veth, cgroup or auto); always 1. Every agent of a cluster should show the same hook (alert ZonemeterHookMixed).
+# TYPE zonemeter_datapath_info gauge
+zonemeter_datapath_info{attach="cgroup",hook="cgroup",requested="auto"} 1.0
 # HELP zonemeter_collector_duration_seconds Wall time of the last drain and attribution.
 # TYPE zonemeter_collector_duration_seconds gauge
 zonemeter_collector_duration_seconds 0.25
@@ -193,6 +201,8 @@ def test_metric_names_are_exactly_the_contract() -> None:
         "zonemeter_interface_bytes": "counter",
         "zonemeter_hook_unseen_bytes": "counter",
         "zonemeter_hook_coverage_ratio": "gauge",
+        "zonemeter_hook_tcp_direction_ratio": "gauge",
+        "zonemeter_datapath_info": "gauge",
         "zonemeter_flow_table_entries": "gauge",
         "zonemeter_flow_table_capacity": "gauge",
         "zonemeter_attached_interfaces": "gauge",
@@ -237,7 +247,7 @@ def test_keyed_families_label_the_fields_of_their_key_record_in_order() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 25 and all(not m.samples for m in described)
+    assert len(described) == 27 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:

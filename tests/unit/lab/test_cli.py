@@ -31,6 +31,17 @@ def test_lab_up_with_bad_topology_exits_2(tmp_path: Path, capsys: pytest.Capture
     assert "Node n1: zone: unknown zone" in err and "\n" not in err
 
 
+def test_lab_up_refuses_a_bypass_node_it_could_not_keep(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    topo = tmp_path / "lab.yaml"
+    topo.write_text("zones: [{name: z}]\nnodes: [{name: n1, zone: z, dataPlane: bypass}]\n")
+    assert main(["lab", "up", "--topology", str(topo), "--state-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zonemeter: error: ") and str(topo) in err and "\n" not in err
+    assert "Node n1: dataPlane: the bypass data plane lives only while" in err
+    assert not list(tmp_path.glob("*.json"))  # nothing was built
+
+
 def test_lab_status_without_lab_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                         ) -> None:
     assert main(["lab", "status", "--prefix", "zmnone", "--state-dir", str(tmp_path)]) == 2

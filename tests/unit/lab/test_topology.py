@@ -100,6 +100,16 @@ def test_offloads_option_is_off_by_default_and_round_trips_when_on() -> None:
     assert err.value.field == "offloads" and "\n" not in str(err.value)
 
 
+def test_data_plane_is_kube_proxy_by_default_and_bypass_round_trips() -> None:
+    topo = Topology.from_dict(BASE)
+    assert {n.data_plane for n in topo.nodes} == {"kube-proxy"}
+    assert all("dataPlane" not in n for n in topo.to_dict()["nodes"])  # state files unchanged
+    topo = Topology.from_dict(_with("nodes.0.dataPlane", "bypass"))
+    assert [n.data_plane for n in topo.nodes][:2] == ["bypass", "kube-proxy"]
+    again = Topology.from_dict(json.loads(json.dumps(topo.to_dict())))
+    assert again.nodes == topo.nodes
+
+
 def test_from_yaml_reads_a_file(tmp_path: Path) -> None:
     path = tmp_path / "lab.yaml"
     path.write_text(DEFAULT_TOPOLOGY)
@@ -121,6 +131,8 @@ def test_from_yaml_reads_a_file(tmp_path: Path) -> None:
     (_with("nodes.0.cpu", -1), "Node a1", "cpu", "positive"),
     (_with("nodes.1.name", "a1"), "Node a1", "name", "duplicate"),
     (_with("nodes.0.name", "A_1"), "nodes[0]", "name", "DNS label"),
+    (_with("nodes.0.dataPlane", "cilium"), "Node a1", "dataPlane", "kube-proxy, bypass"),
+    ({**_with("nodes.0.dataPlane", "bypass"), "options": {"mode": "vxlan"}}, "Node a1", "dataPlane", "flat"),
     (_with("pods.0.node", "zz"), "Pod client-a1", "node", "unknown node"),
     (_with("pods.0.ip", "10.244.2.5"), "Pod client-a1", "ip", "pod CIDR"),
     (_with("pods.0.ip", "10.244.1.1"), "Pod client-a1", "ip", "reserved"),
