@@ -181,6 +181,7 @@ def test_live_scrape_prices_only_the_billed_classes(tmp_path: Path,
     classes = {(c["client_kind"], c["lb_type"]): c for c in doc["classes"]}
     alb, pod = classes[("load-balancer", "aws-alb")], classes[("pod", "")]
     assert alb["billed"] is False and alb["usd_per_month_after"] == 0.0
+    assert alb["before_cross_zone_bytes_per_second"] == pytest.approx(m * ALB / db, rel=1e-9)
     assert alb["after_cross_zone_bytes_per_second"] == pytest.approx(m * ALB / da, rel=1e-9)
     assert pod["billed"] is True and pod["usd_per_month_after"] == pytest.approx(
         m * CROSS_AFTER / da * 2_629_746 / 1e9 * 0.02, rel=1e-9)
