@@ -124,7 +124,8 @@ CLASS_RULES: Mapping[str, Mapping[tuple[str, str], ClassRule]] = {
         ClassRule("load-balancer", "other", True, "a load balancer without a rule: priced as "
                   "ordinary inter-AZ transfer", AWS_EC2_TRANSFER, sure=False),
         ClassRule("external", "", False, _EXTERNAL_WHY, AWS_EC2_TRANSFER),
-        ClassRule("unknown", "", True, "client not resolved: priced as inter-AZ transfer",
+        ClassRule("unknown", "", True, "class unknown (a client that resolved to nothing, or "
+                  "bytes counted before client classes): priced as inter-AZ transfer",
                   AWS_EC2_TRANSFER, sure=False),
         ClassRule("", "", True, _NO_CLASS_WHY, AWS_EC2_TRANSFER),
     ]),
@@ -151,7 +152,8 @@ CLASS_RULES: Mapping[str, Mapping[tuple[str, str], ClassRule]] = {
         ClassRule("load-balancer", "other", True, "a load balancer without a rule: priced as "
                   "ordinary inter-zone transfer", GCP_VPC, sure=False),
         ClassRule("external", "", False, _EXTERNAL_WHY, GCP_VPC),
-        ClassRule("unknown", "", True, "client not resolved: priced as inter-zone transfer",
+        ClassRule("unknown", "", True, "class unknown (a client that resolved to nothing, or "
+                  "bytes counted before client classes): priced as inter-zone transfer",
                   GCP_VPC, sure=False),
         ClassRule("", "", True, _NO_CLASS_WHY, GCP_VPC),
     ]),

@@ -70,6 +70,7 @@ def accounted(t) -> int:  # type: ignore[no-untyped-def]
     ("n3", "10.1.3.20", "172.31.1.5", B, B, "same_zone", None, "cidr", "none"),        # CIDR-mapped VM
     ("n3", "10.1.3.20", "172.31.70.1", "unknown", B, "unknown", "cidr_without_zone", "cidr", "none"),
     ("n3", "10.1.3.20", "10.9.9.9", "unknown", B, "unknown", "no_pod_for_ip", "unknown", "none"),
+    ("n2", "fd00:10:1:2::20", "fd00:10:9::9", "unknown", A, "unknown", "no_pod_for_ip", "unknown", "none"),
     ("n3", "10.1.3.20", "10.1.5.50", "unknown", B, "unknown", "node_without_zone", "pod", "none"),  # batch n5
     ("n3", "10.1.3.20", "192.168.0.1", A, B, "cross_zone", None, "node", "none"),      # host-network client n1
     ("n2", "fd00:10:1:2::20", "fd00:10:1:1::10", A, A, "same_zone", None, "pod", "none"),  # IPv6
@@ -79,9 +80,12 @@ def accounted(t) -> int:  # type: ignore[no-untyped-def]
     ("n2", "fd00:10:1:2::20", "fd00:172:32::9", A, A, "same_zone", None, "cidr", "none"),  # IPv6 VM
     ("n2", "fd00:10:1:2::20", "2001:db8::7", "unknown", A, "external", None, "external", "none"),
 ])
+@pytest.mark.parametrize("sockets", [False, True], ids=["veth", "cgroup"])
 def test_service_bytes_classified_both_directions(cluster, server_node, server_ip, client_ip,  # type: ignore[no-untyped-def]
-                                                  cz, sz, crossing, reason, kind, lb) -> None:
-    at = attributor(cluster, server_node)
+                                                  cz, sz, crossing, reason, kind, lb, sockets) -> None:
+    # the endpoint's node classes its client alike on both hooks (the socket view keys a
+    # packet by the socket's own addresses: the same client address here)
+    at = attributor(cluster, server_node, sockets_seen=sockets)
     at.attribute([req(server_ip, client_ip, 8080, 700),
                   req(server_ip, client_ip, 8080, 9100, FlowKind.RESPONSE)], T0)
     t = at.totals()
