@@ -314,6 +314,11 @@ MIXED = {
     # veth node sees no host socket at all, or a pod's both directions with a node
     "host_to_host_cross_zone": ((0, 1), (1, 0)),
     "pod_to_node": ((1, 2), (1, 0)),
+    # a load balancer to a host-network server on n3: only a cgroup n3 sees it
+    "load_balancer_to_host_network": ((1, 1), (0, 0)),
+    # a host process on n1 to a managed database behind a ClusterIP: only a cgroup n1
+    # sees its socket (no agent sees the database's side)
+    "host_client_clusterip_selectorless_cidr": ((0, 0), (1, 1)),
 }
 
 
