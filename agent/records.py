@@ -75,10 +75,15 @@ class FlowDelta:
 
 
 class PeerKind(enum.Enum):
-    """What an address resolved to (see :meth:`agent.k8s` resolution order)."""
+    """What an address resolved to (see :meth:`agent.k8s` resolution order).
+
+    The values are the client classes of docs/attribution.md, *Client classes* (except a
+    host-network pod, which resolves to ``NODE``), so a kind's value is its label value.
+    """
 
     POD = "pod"            # a pod IP (not host-network)
     NODE = "node"          # a node address, or a host-network pod on it
+    LOAD_BALANCER = "load-balancer"  # a ``--zone-cidrs`` range marked ``kind: load-balancer``
     CIDR = "cidr"          # outside the cluster, in a ``--zone-cidrs`` range
     EXTERNAL = "external"  # outside the cluster, no zone known
     UNKNOWN = "unknown"    # looks like a cluster address but resolves to nothing (see reason)
@@ -100,6 +105,8 @@ class Peer:
         host_network: the pod uses the node's network namespace.
         reason: for UNKNOWN peers (and peers with zone None), why: ``no_pod_for_ip``,
             ``node_without_zone``, ``pod_without_node``...
+        lb_type: for LOAD_BALANCER peers, the load balancer's type from the zone CIDR file
+            (``agent.k8s.cidrs.LB_TYPES``: ``aws-alb``, ``aws-nlb``, ...); None otherwise.
     """
 
     kind: PeerKind
@@ -112,6 +119,7 @@ class Peer:
     workload_kind: str | None = None
     host_network: bool = False
     reason: str | None = None
+    lb_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +174,11 @@ class ServiceBytesKey:
         client_zone, server_zone: zone labels, ``unknown`` when missing.
         crossing: same_node, same_zone, cross_zone, cross_region, external, unknown.
         direction: ``request`` (client -> endpoint) or ``response`` (endpoint -> client).
+        client_kind: the client's class (``agent.attribution.vocabulary.CLIENT_KINDS``:
+            ``pod``, ``node``, ``load-balancer``, ``cidr``, ``external``, ``unknown``;
+            docs/attribution.md, *Client classes*).
+        lb_type: the load balancer's type when ``client_kind`` is ``load-balancer``
+            (``agent.k8s.cidrs.LB_TYPES``), else ``none``.
     """
 
     namespace: str
@@ -175,6 +188,8 @@ class ServiceBytesKey:
     server_zone: str
     crossing: str
     direction: str
+    client_kind: str = "unknown"
+    lb_type: str = "none"
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -189,7 +204,8 @@ class HintIgnoredKey:
         client_kind: ``pod`` (a pod with its own address) or ``node`` (the client's
             address is a node's: a host-network client, or a NodePort/LoadBalancer hop
             masqueraded to the node that received it); docs/attribution.md, "Why bytes
-            ignored the hints".
+            ignored the hints". The vocabulary of :class:`ServiceBytesKey`'s
+            ``client_kind``, of which only these two are judged.
     """
 
     namespace: str
@@ -231,7 +247,8 @@ class WorkloadBytesKey:
             pod is not in the cache).
         client_zone: the local pod's zone (this node's zone).
         remote_zone: the peer's zone, ``unknown`` when missing.
-        remote_kind: ``pod``, ``node``, ``cidr``, ``external`` or ``unknown``.
+        remote_kind: ``pod``, ``node``, ``load-balancer``, ``cidr``, ``external`` or
+            ``unknown`` (the client classes' vocabulary, docs/attribution.md).
         crossing: same_node, same_zone, cross_zone, cross_region, external, unknown.
         direction: ``egress`` (out of the local pod) or ``ingress`` (into it; only from
             non-pod peers, which no other agent sees).
@@ -298,6 +315,10 @@ class PairRow:
         bytes: L3 bytes in the interval the row covers (not cumulative).
         port: the Service port label (as in :class:`ServiceBytesKey`), ``""`` for
             non-Service traffic.
+        client_kind: the client's class (as in :class:`ServiceBytesKey`; for non-Service
+            rows the class of whichever side is the client), ``unknown`` for ``other``.
+        lb_type: the client load balancer's type, ``none`` unless ``client_kind`` is
+            ``load-balancer``.
     """
 
     client: str
@@ -309,6 +330,8 @@ class PairRow:
     crossing: str
     bytes: int
     port: str = ""
+    client_kind: str = "unknown"
+    lb_type: str = "none"
 
 
 def _read_only(value: Mapping[Any, Any]) -> Mapping[Any, Any]:

@@ -21,7 +21,7 @@ rule table"; :func:`agent.attribution.counted_here`). Per delta kind:
     unless the endpoint has no veth: then counted here as Service traffic.
   - a pod (on any node, or an unresolved cluster address): only ``EGRESS`` is kept (the
     other pod's node counts the other direction as its own egress).
-  - anything else (node, CIDR, external): both directions are kept.
+  - anything else (node, load balancer, CIDR, external): both directions are kept.
 
 Service ambiguity: an endpoint ``(address, port, protocol)`` that backs several Service
 ports is attributed to the first by ``(namespace, service, port, port_name)`` and counted
@@ -62,6 +62,9 @@ from agent.attribution.vocabulary import (
     FAMILY_HINT_IGNORED,
     FAMILY_SERVICE,
     FAMILY_WORKLOAD,
+    K_NODE,
+    K_POD,
+    NO_LB,
     P_CLUSTERIP,
     P_DIRECT,
     R_ATTRIBUTION_ERROR,
@@ -75,6 +78,8 @@ from agent.attribution.vocabulary import (
     S_POD_PEER_INGRESS,
     UNKNOWN,
     counted_here,
+    lb_label,
+    peer_class,
 )
 from agent.attribution.vocabulary import crossing as _crossing
 from agent.errors import ZonemeterError
@@ -192,6 +197,8 @@ class HintView(Protocol):
         ...
 
 
+#: kinds of addresses outside the cluster: no agent sees their side
+_OUTSIDE = frozenset({PeerKind.CIDR, PeerKind.LOAD_BALANCER, PeerKind.EXTERNAL})
 #: series_expired / expired_bytes when expiry is off: every family, none expired
 _NONE_EXPIRED: Mapping[str, int] = types.MappingProxyType({f: 0 for f in EXPIRY_FAMILIES})
 
@@ -265,8 +272,8 @@ _Ep = tuple[_Svc, str, dict[str, bool]]
 _NOT_CACHED_EP: _Ep = (_NOT_CACHED, "", {})
 #: the client of a REQUEST/RESPONSE delta: (client_zone label, crossing, unknown-crossing
 #: reason or None, client node for the hint check or None, hint check applies, pair label,
-#: unresolved, client kind label ``pod``/``node``)
-_Client = tuple[str, str, str | None, str | None, bool, str, bool, str]
+#: unresolved, client class (``CLIENT_KINDS``), its ``lb_type`` label)
+_Client = tuple[str, str, str | None, str | None, bool, str, bool, str, str]
 #: an EGRESS/INGRESS remote, tagged by its first item:
 #: (_SKIP, skipped reason, unsettled: decided on endpoints that did not all resolve,
 #: client path key (namespace, service, this node, path) or None)
@@ -275,11 +282,13 @@ _SKIP = 0
 #: client path key or None): Service traffic counted at the client (the endpoint has no veth)
 _SERVER_SIDE = 1
 #: (_PEER_SIDE, remote_zone label, remote_kind, crossing, reason, INGRESS counted here
-#: (``counted_here(INGRESS, ...)``), pair label, unresolved): non-Service traffic
+#: (``counted_here(INGRESS, ...)``), pair label, unresolved, remote ``lb_type`` label):
+#: non-Service traffic
 _PEER_SIDE = 2
 _Remote = tuple[Any, ...]
-#: a local pod: (namespace, workload, workload_kind, pair label, unresolved)
-_Local = tuple[str, str, str, str, bool]
+#: a local pod: (namespace, workload, workload_kind, pair label, unresolved, its class
+#: ``pod``/``node``/``unknown`` as a client)
+_Local = tuple[str, str, str, str, bool, str]
 
 
 class _NotJudged(dict[str, bool]):
@@ -397,7 +406,7 @@ class Attributor:
         self._top_n = top_n
         self._pair_capacity = pair_capacity
         # cumulative counters, keyed by plain tuples on the hot path
-        self._service: dict[tuple[str, str, str, str, str, str, str], int] = {}
+        self._service: dict[tuple[str, str, str, str, str, str, str, str, str], int] = {}
         self._ignored: dict[tuple[str, str, str, str, str, str], int] = {}
         self._paths: dict[tuple[str, str, str, str], int] = {}
         self._workload: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
@@ -415,7 +424,7 @@ class Attributor:
         self._path_keys: dict[tuple[str, ...], ClientPathKey] = {}
         self._workload_keys: dict[tuple[str, ...], WorkloadBytesKey] = {}
         # per-interval pairs
-        self._pairs: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
+        self._pairs: dict[tuple[str, str, str, str, str, str, str, str, str, str], int] = {}
         self._pairs_other = 0
         self._interval_start: float | None = None
         self._top: tuple[PairRow, ...] = ()
@@ -532,7 +541,7 @@ class Attributor:
                     cl = clients.get(rk)
                     if cl is None:
                         cl = clients[rk] = self._client(b, remote, rk)
-                    czl, crossing, reason, cnode, check, clabel, unresolved, ckind = cl
+                    czl, crossing, reason, cnode, check, clabel, unresolved, ckind, clb = cl
                     if unresolved and not final:
                         if room > 0:
                             room -= 1
@@ -547,7 +556,7 @@ class Attributor:
                             ig = ig_by_node[cnode] = self._is_ignored(b, svc, cnode, local)
                     ns, sname, sport, ambiguous = svc
                     key = (ns, sname, sport, czl, szl, crossing,
-                           "request" if kind is request else "response")
+                           "request" if kind is request else "response", ckind, clb)
                     service[key] = service.get(key, 0) + nb
                     if late:
                         diag[D_LATE_ENDPOINT] = diag.get(D_LATE_ENDPOINT, 0) + nb
@@ -564,7 +573,7 @@ class Attributor:
                         ignored[ikey] = v + nb
                     elif check and cnode is None:
                         diag[D_HINT_CHECK_NO_CLIENT_NODE] = diag.get(D_HINT_CHECK_NO_CLIENT_NODE, 0) + nb
-                    pk = (clabel, slabel, ns, sname, czl, szl, crossing, sport)
+                    pk = (clabel, slabel, ns, sname, czl, szl, crossing, sport, ckind, clb)
                 else:
                     # EGRESS / INGRESS at a local pod
                     rkey = (rk, d.port, d.protocol)
@@ -587,12 +596,12 @@ class Attributor:
                     loc = locals_.get(hk)
                     if loc is None:
                         loc = locals_[hk] = self._local(b, local, lk, hook, final)
-                    lns, lworkload, lkind, llabel, lunresolved = loc
+                    lns, lworkload, lkind, llabel, lunresolved, lclass = loc
                     if tag == _SERVER_SIDE:
                         _, svc, rzl, crossing, reason, ig, rlabel, path = r
                         runresolved = False
                     else:
-                        _, rzl, rkind, crossing, reason, ingress_here, rlabel, runresolved = r
+                        _, rzl, rkind, crossing, reason, ingress_here, rlabel, runresolved, rlb = r
                     if not final and (lunresolved or (runresolved and kind is egress)):
                         if room > 0:
                             room -= 1
@@ -604,12 +613,14 @@ class Attributor:
                     if tag == _SERVER_SIDE:
                         ns, sname, sport, ambiguous = svc
                         direction = "request" if kind is egress else "response"
-                        key = (ns, sname, sport, czl, rzl, crossing, direction)
+                        # the client is the local side (a pod; with the socket view maybe
+                        # the node itself)
+                        key = (ns, sname, sport, czl, rzl, crossing, direction, lclass, NO_LB)
                         service[key] = service.get(key, 0) + nb
                         if ambiguous:
                             diag[D_AMBIGUOUS_SERVICE] = diag.get(D_AMBIGUOUS_SERVICE, 0) + nb
                         if ig:
-                            ikey = (ns, sname, czl, rzl, node, "pod")
+                            ikey = (ns, sname, czl, rzl, node, K_NODE if lclass == K_NODE else K_POD)
                             v = ignored.get(ikey)
                             if v is None:
                                 ikey = self._ignored_key(ikey)
@@ -617,7 +628,7 @@ class Attributor:
                             ignored[ikey] = v + nb
                         if path is not None:
                             paths[path] = paths.get(path, 0) + nb
-                        pk = (llabel, rlabel, ns, sname, czl, rzl, crossing, sport)
+                        pk = (llabel, rlabel, ns, sname, czl, rzl, crossing, sport, lclass, NO_LB)
                     else:
                         if kind is not egress and not ingress_here:
                             skipped[S_POD_PEER_INGRESS] = skipped.get(S_POD_PEER_INGRESS, 0) + nb
@@ -629,9 +640,9 @@ class Attributor:
                         # and the remote's is ephemeral (0) or higher (docs/attribution.md,
                         # "Top pairs")
                         if lp and (not port or lp < port):
-                            pk = (rlabel, llabel, "", "", rzl, czl, crossing, "")
+                            pk = (rlabel, llabel, "", "", rzl, czl, crossing, "", rkind, rlb)
                         else:
-                            pk = (llabel, rlabel, "", "", czl, rzl, crossing, "")
+                            pk = (llabel, rlabel, "", "", czl, rzl, crossing, "", lclass, NO_LB)
                         workload[wkey] = workload.get(wkey, 0) + nb
                     if reason is not None:
                         unknown[reason] = unknown.get(reason, 0) + nb
@@ -664,7 +675,7 @@ class Attributor:
         """
         start = self._interval_start if self._interval_start is not None else at
         top = heapq.nsmallest(self._top_n, self._pairs.items(), key=lambda kv: (-kv[1], kv[0]))
-        rows = [PairRow(*k[:7], bytes=v, port=k[7]) for k, v in top]
+        rows = [PairRow(*k[:7], bytes=v, port=k[7], client_kind=k[8], lb_type=k[9]) for k, v in top]
         other = self._pairs_other + sum(self._pairs.values()) - sum(v for _, v in top)
         if other:
             rows.append(PairRow("other", "other", "", "", UNKNOWN, UNKNOWN, UNKNOWN, other))
@@ -774,7 +785,9 @@ class Attributor:
             def reasons(name: str) -> dict[str, int]:
                 return {str(k): _count(v) for k, v in dict(state[name]).items()}
 
-            service, ignored, workload = (series("service", 7), series("ignored", 6, 4),
+            # rows of a checkpoint from before client classes: client_kind and lb_type
+            # "unknown" (the class of those bytes was not recorded)
+            service, ignored, workload = (series("service", 9, 7), series("ignored", 6, 4),
                                           series("workload", 8))
             paths = series("paths", 4, 4)
             maps = {n: reasons(n) for n in ("unattributed", "unknown", "skipped", "diag",
@@ -891,8 +904,7 @@ class Attributor:
         # kube-proxy on the client's node decides; CIDR and external clients have none
         check = c.kind is PeerKind.POD or c.kind is PeerKind.NODE or c.kind is PeerKind.UNKNOWN
         return (cz or UNKNOWN, crossing, reason, c.node, check, _label(c, ip),
-                c.kind is PeerKind.UNKNOWN,
-                "node" if c.kind is PeerKind.NODE or c.host_network else "pod")
+                c.kind is PeerKind.UNKNOWN, peer_class(c), lb_label(c))
 
     def _local(self, b: _Batch, ip: IPAddress, k: int, hook: int, final: bool) -> _Local:
         """The workload labels and pair label of a local pod (on its veth ``hook``);
@@ -901,8 +913,11 @@ class Attributor:
         if p.kind is PeerKind.POD:
             return (p.namespace or UNKNOWN, p.workload or p.name or UNKNOWN,
                     p.workload_kind or ("Pod" if p.name else UNKNOWN), _label(p, ip),
-                    not settled)
-        return (UNKNOWN, UNKNOWN, UNKNOWN, str(ip), p.kind is PeerKind.UNKNOWN)
+                    not settled, peer_class(p))
+        # a veth is a pod's whatever its address resolves to; with the socket view a local
+        # side may be the node itself (a host process, a host-network pod)
+        cls = peer_class(p) if self._sockets_seen else K_POD
+        return (UNKNOWN, UNKNOWN, UNKNOWN, str(ip), p.kind is PeerKind.UNKNOWN, cls)
 
     def _remote(self, b: _Batch, d: FlowDelta, rk: int) -> _Remote:
         """Decide an EGRESS/INGRESS delta by its remote (address, port, protocol)."""
@@ -947,10 +962,9 @@ class Attributor:
         reason: str | None = None
         if crossing == UNKNOWN:
             reason = R_NODE_WITHOUT_ZONE if b.oz is None else (peer.reason or DEFAULT_REASON[pk])
-        rkind = "node" if peer.host_network else pk.value
         ingress_here = counted_here(FlowKind.INGRESS, remote_is_frontend=False, remote_is_pod=podlike)
-        return (_PEER_SIDE, peer.zone or UNKNOWN, rkind, crossing, reason, ingress_here, _label(peer, remote),
-                pk is PeerKind.UNKNOWN)
+        return (_PEER_SIDE, peer.zone or UNKNOWN, peer_class(peer), crossing, reason, ingress_here,
+                _label(peer, remote), pk is PeerKind.UNKNOWN, lb_label(peer))
 
     def _server_side(self, b: _Batch, svc: _Svc, server: Peer, ignored: bool, label: str,
                      path: tuple[str, str, str, str] | None) -> _Remote:
@@ -1052,10 +1066,10 @@ class Attributor:
 
     def _unseen(self, peer: Peer) -> bool:
         """True when no agent counts the peer's own side: :func:`_no_veth` on the veth
-        hook; with ``sockets_seen`` only addresses outside the cluster (CIDR-mapped,
-        external), since every node's sockets, host-network ones included, are seen."""
+        hook; with ``sockets_seen`` only addresses outside the cluster (CIDR-mapped, load
+        balancers, external), since every node's sockets, host-network ones included, are seen."""
         if self._sockets_seen:
-            return peer.kind is PeerKind.CIDR or peer.kind is PeerKind.EXTERNAL
+            return peer.kind in _OUTSIDE
         return _no_veth(peer)
 
     def _hostnet_server(self, peers: list[Peer]) -> tuple[str, Peer | None]:

@@ -7,10 +7,12 @@ with their meaning; docs/metrics.md says which series carries which), together w
 
 from __future__ import annotations
 
-from agent.records import FlowKind, PeerKind
+from agent.records import FlowKind, Peer, PeerKind
 
 __all__ = [
+    "CLIENT_KINDS",
     "CROSSINGS",
+    "NO_LB",
     "EXPIRY_FAMILIES",
     "P_CLUSTERIP",
     "P_DIRECT",
@@ -25,6 +27,8 @@ __all__ = [
     "UNKNOWN",
     "counted_here",
     "crossing",
+    "lb_label",
+    "peer_class",
 ]
 
 #: label value for anything missing (docs/metrics.md: "missing values are unknown")
@@ -38,6 +42,21 @@ EXTERNAL = "external"
 
 #: every value ``crossing`` takes
 CROSSINGS: tuple[str, ...] = (SAME_NODE, SAME_ZONE, CROSS_ZONE, CROSS_REGION, EXTERNAL, UNKNOWN)
+
+# Client classes (docs/attribution.md, "Client classes"): one vocabulary for the
+# ``client_kind`` of zonemeter_service_bytes_total and of the hint-ignored series, and for
+# the ``remote_kind`` of zonemeter_workload_bytes_total.
+K_POD = "pod"                       # a pod with its own address
+K_NODE = "node"                     # a Node's address: host-network pod or process, or a
+#                                     NodePort/LoadBalancer hop the receiving node masqueraded
+K_LOAD_BALANCER = "load-balancer"   # in a --zone-cidrs range marked kind load-balancer
+K_CIDR = "cidr"                     # in another --zone-cidrs range (a VM, a managed database)
+K_EXTERNAL = "external"             # an address nothing maps
+#: every client class, in the order reports list them (``unknown``: a cluster address that
+#: resolves to nothing, its reason in zonemeter_unknown_crossing_bytes_total)
+CLIENT_KINDS: tuple[str, ...] = (K_POD, K_NODE, K_LOAD_BALANCER, K_CIDR, K_EXTERNAL, UNKNOWN)
+#: ``lb_type`` of a client that is not a load balancer
+NO_LB = "none"
 
 # Reasons vocabulary (docs/attribution.md lists them with their meaning).
 # unattributed: bytes in no service/workload series
@@ -94,8 +113,30 @@ DEFAULT_REASON = {
     PeerKind.POD: R_NODE_WITHOUT_ZONE,
     PeerKind.NODE: R_NODE_WITHOUT_ZONE,
     PeerKind.CIDR: R_CIDR_WITHOUT_ZONE,
+    PeerKind.LOAD_BALANCER: R_CIDR_WITHOUT_ZONE,  # never used: the zone CIDR file gives a zone
     PeerKind.EXTERNAL: R_NO_POD_FOR_IP,  # never used: external is never "unknown"
 }
+
+
+def peer_class(peer: Peer) -> str:
+    """The client class of a resolved peer (one of :data:`CLIENT_KINDS`).
+
+    A host-network pod (``PeerKind.NODE``, or a peer with ``host_network``) is ``node``: its
+    address is its node's, so the bytes cannot tell it from a node process or from a
+    NodePort/LoadBalancer hop masqueraded to that node. Every other kind's value is its class.
+    """
+    if peer.host_network:
+        return K_NODE
+    return peer.kind.value
+
+
+def lb_label(peer: Peer) -> str:
+    """The ``lb_type`` label of a peer: its load balancer type, :data:`NO_LB` for any other
+    class (``unknown`` for a load balancer without a type, which the zone CIDR parser never
+    gives)."""
+    if peer.kind is PeerKind.LOAD_BALANCER:
+        return peer.lb_type or UNKNOWN
+    return NO_LB
 
 
 def counted_here(kind: FlowKind, *, remote_is_frontend: bool, remote_is_pod: bool) -> bool:

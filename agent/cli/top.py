@@ -141,7 +141,7 @@ def flows_problem(doc: Any) -> str | None:
         for key in ("client", "server", "client_zone", "server_zone", "crossing"):
             if not isinstance(p.get(key), str):
                 return f"{where}.{key}"
-        for key in ("namespace", "service"):
+        for key in ("namespace", "service", "client_kind", "lb_type"):
             if key in p and not isinstance(p[key], str):
                 return f"{where}.{key}"
         if p.get("service") and "namespace" not in p:
@@ -224,6 +224,21 @@ ALWAYS_SHOWN = ("cross_zone", "same_zone", "same_node")
 FULL_WIDTH = 136
 
 
+def pair_class(p: Mapping[str, Any], short: bool = False) -> str:
+    """The CLASS cell of a pair row: its client's class (docs/attribution.md, *Client
+    classes*), a load balancer as ``lb:<lb_type>`` (``short``: without the cloud's prefix or
+    ``-lb`` suffix, ``lb:nlb``, ``lb:gcp``); ``?`` for an agent that does not say."""
+    kind = p.get("client_kind")
+    if not kind:
+        return "?"
+    if kind != "load-balancer":
+        return str(kind)
+    lb = str(p.get("lb_type") or "unknown")
+    if short:
+        lb = lb.removeprefix("aws-").removesuffix("-lb")
+    return f"lb:{lb}"
+
+
 def _fit(text: str, width: int) -> str:
     """``text`` cut to ``width`` columns, a cut marked with a trailing ``~``."""
     return text if len(text) <= width else text[:max(0, width - 1)] + "~"
@@ -270,17 +285,19 @@ def render(cur: Mapping[str, Any], prev: Mapping[str, Any] | None, url: str, pai
     lines.append("")
     span = cur.get("pairs_interval")
     dur = (span[1] - span[0]) if span and span[1] > span[0] else 0.0
-    cross_w, zones_w, val_w = (13, 22, 10) if full else (11, 14, 9)
-    rest = width - cross_w - zones_w - val_w
+    cross_w, zones_w, val_w, class_w = (13, 22, 10, 12) if full else (11, 14, 9, 9)
+    rest = width - cross_w - zones_w - val_w - class_w
     client_w = server_w = min(29, max(10, rest * 2 // 5))
     svc_w = min(25, max(8, rest - client_w - server_w))
-    lines.append(f"{'CLIENT':<{client_w}}{'SERVER':<{server_w}}{'SERVICE':<{svc_w}}{'CROSSING':<{cross_w}}"
-                 f"{'ZONES':<{zones_w}}{'B/s' if dur else 'BYTES':>{val_w}}")
+    lines.append(f"{'CLIENT':<{client_w}}{'CLASS':<{class_w}}{'SERVER':<{server_w}}{'SERVICE':<{svc_w}}"
+                 f"{'CROSSING':<{cross_w}}{'ZONES':<{zones_w}}{'B/s' if dur else 'BYTES':>{val_w}}")
     for p in cur.get("pairs", [])[:pairs]:
         svc = f"{p['namespace']}/{p['service']}" if p.get("service") else "-"
         zones = f"{p['client_zone']}>{p['server_zone']}"
         val = p["bytes"] / dur if dur else p["bytes"]
-        lines.append(f"{_fit(p['client'], client_w - 1):<{client_w}}{_fit(p['server'], server_w - 1):<{server_w}}"
+        cls = pair_class(p, short=not full)
+        lines.append(f"{_fit(p['client'], client_w - 1):<{client_w}}{_fit(cls, class_w - 1):<{class_w}}"
+                     f"{_fit(p['server'], server_w - 1):<{server_w}}"
                      f"{_fit(svc, svc_w - 1):<{svc_w}}{_fit(p['crossing'], cross_w - 1):<{cross_w}}"
                      f"{_fit(zones, zones_w - 1):<{zones_w}}{_human(val, ''):>{val_w}}")
     if not cur.get("pairs"):

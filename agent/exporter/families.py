@@ -119,7 +119,8 @@ def _scalar(value: float) -> Iterable[Sample]:
     yield (), value
 
 
-SERVICE_LABELS = ("namespace", "service", "port", "client_zone", "server_zone", "crossing", "direction")
+SERVICE_LABELS = ("namespace", "service", "port", "client_zone", "server_zone", "crossing", "direction",
+                  "client_kind", "lb_type")
 HINT_IGNORED_LABELS = ("namespace", "service", "client_zone", "server_zone", "client_node", "client_kind")
 CLIENT_PATH_LABELS = ("namespace", "service", "client_node", "path")
 WORKLOAD_LABELS = ("namespace", "workload", "workload_kind", "client_zone", "remote_zone", "remote_kind",
@@ -133,7 +134,8 @@ FAMILIES: tuple[MetricFamily, ...] = (
     MetricFamily(
         "zonemeter_service_bytes_total", COUNTER,
         "L3 bytes of Service traffic counted at the endpoint's node, by client and server zone, "
-        "crossing and direction.",
+        "crossing, direction and the client's class (pod, node, load-balancer with its lb_type, "
+        "cidr, external, unknown).",
         SERVICE_LABELS, lambda s, _: _keyed(s.totals.service_bytes)),
     MetricFamily(
         "zonemeter_service_hint_ignored_bytes_total", COUNTER,

@@ -5,10 +5,18 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from agent.attribution.vocabulary import K_LOAD_BALANCER
 from agent.exporter.families import UNKNOWN, label
 from agent.exporter.snapshot import ExportSnapshot
 
-__all__ = ["flows_document"]
+__all__ = ["client_class", "flows_document"]
+
+
+def client_class(client_kind: str, lb_type: str) -> str:
+    """One text for a client class: ``client_kind``, or ``load-balancer/<lb_type>`` for a load
+    balancer (so an ALB and an NLB, priced differently, stay apart)."""
+    kind = label(client_kind)
+    return f"{kind}/{label(lb_type)}" if kind == K_LOAD_BALANCER else kind
 
 
 def flows_document(snap: ExportSnapshot, top: int = 20) -> dict[str, Any]:
@@ -19,6 +27,8 @@ def flows_document(snap: ExportSnapshot, top: int = 20) -> dict[str, Any]:
         {"generated_at": float, "interval_seconds": float,
          "services": [{"namespace", "service", "bytes_total",
                        "by_crossing": {crossing: bytes}, "by_direction": {dir: bytes},
+                       "by_client_kind": {client_kind: bytes},   # load balancers as
+                                                                  # load-balancer/<lb_type>
                        "hint_ignored_bytes", "mode", "reason",
                        "locality_in_effect": {client_zone: bool},
                        "expected_cross_zone": {client_zone: share 0..1}}],   # by bytes, desc
@@ -43,7 +53,8 @@ def flows_document(snap: ExportSnapshot, top: int = 20) -> dict[str, Any]:
         key = (label(ns), label(svc))
         if key not in services:
             services[key] = {"namespace": key[0], "service": key[1], "bytes_total": 0,
-                             "by_crossing": {}, "by_direction": {}, "hint_ignored_bytes": 0,
+                             "by_crossing": {}, "by_direction": {}, "by_client_kind": {},
+                             "hint_ignored_bytes": 0,
                              "mode": UNKNOWN, "reason": UNKNOWN, "locality_in_effect": {},
                              "expected_cross_zone": {}}
         return services[key]
@@ -53,6 +64,8 @@ def flows_document(snap: ExportSnapshot, top: int = 20) -> dict[str, Any]:
         e["bytes_total"] += v
         e["by_crossing"][label(k.crossing)] = e["by_crossing"].get(label(k.crossing), 0) + v
         e["by_direction"][label(k.direction)] = e["by_direction"].get(label(k.direction), 0) + v
+        cls = client_class(k.client_kind, k.lb_type)
+        e["by_client_kind"][cls] = e["by_client_kind"].get(cls, 0) + v
     for hk, hv in totals.hint_ignored_bytes.items():
         entry(hk.namespace, hk.service)["hint_ignored_bytes"] += hv
     for ref, loc in snap.locality.items():

@@ -16,7 +16,8 @@ Resolution order (:meth:`ClusterMetadata.resolve`):
    node's bridge, the source of kubelet probes and of node-to-pod traffic. Without this
    those bytes would be ``no_pod_for_ip`` and their ingress copy skipped as a pod's
    (counted by no veth);
-3. a ``--zone-cidrs`` range: CIDR;
+3. a ``--zone-cidrs`` range: CIDR, or LOAD_BALANCER (with its ``lb_type``) for a range
+   marked ``kind: load-balancer``;
 4. inside a node's ``spec.podCIDRs`` (or an extra pod CIDR) but no pod: UNKNOWN, reason
    ``no_pod_for_ip``;
 5. anything else: EXTERNAL.
@@ -48,7 +49,7 @@ from typing import Any
 
 from cachetools import TTLCache
 
-from agent.k8s.cidrs import IPNetwork, PrefixTable, ZoneCidr
+from agent.k8s.cidrs import KIND_LOAD_BALANCER, IPNetwork, PrefixTable, ZoneCidr
 from agent.k8s.parse import (
     BAD_SHAPE,
     NO_NODE_NAME,
@@ -505,7 +506,10 @@ class ClusterMetadata:
                 else:
                     zc = self._zone_cidrs.lookup(ip)
                     if zc is not None:
-                        peer = Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region)
+                        peer = (Peer(PeerKind.LOAD_BALANCER, zone=zc.zone, region=zc.region,
+                                     lb_type=zc.lb_type)
+                                if zc.kind == KIND_LOAD_BALANCER else
+                                Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region))
                     elif self._pod_cidrs.lookup(ip):
                         peer = Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
                     else:

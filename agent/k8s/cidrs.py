@@ -1,15 +1,20 @@
 """Longest-prefix matching over IPv4/IPv6 networks, and the ``--zone-cidrs`` file.
 
 The zone CIDR file maps address ranges outside the cluster (a cloud subnet belongs to one
-zone) to a zone and region, so traffic to managed databases and VMs gets a zone. Two
-formats are accepted:
+zone) to a zone and region, so traffic to managed databases and VMs gets a zone. A range
+may be marked as a load balancer's (``kind`` ``load-balancer`` with its ``type``, one of
+:data:`LB_TYPES`), so its bytes form their own client class and are priced by the cloud's
+rule for load-balancer traffic (docs/metadata.md, *Zone CIDR file*; docs/report.md,
+*Prices by client class*). Two formats are accepted:
 
-* CSV, one range per line: ``cidr,zone[,region]``; a first line ``cidr,zone,region`` is a
-  header; blank lines and lines starting with ``#`` are skipped.
-* YAML (or JSON): a list of mappings ``{cidr: ..., zone: ..., region: ...}``, or a mapping
-  with such a list under ``cidrs:``.
+* CSV, one range per line: ``cidr,zone[,region[,kind[,type]]]``; a first line starting
+  ``cidr,zone`` is a header; blank lines and lines starting with ``#`` are skipped.
+* YAML (or JSON): a list of mappings ``{cidr: ..., zone: ..., region: ..., kind: ...,
+  type: ...}``, or a mapping with such a list under ``cidrs:``.
 
-Every error names the file, the line and the field (``zones.csv: line 3: cidr: ...``).
+``kind`` is ``cidr`` (the default: a VM, a managed database) or ``load-balancer``; a
+``type`` without a ``kind`` means ``load-balancer``. Every error names the file, the line
+and the field (``zones.csv: line 3: cidr: ...``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ from agent.records import IPAddress
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 V = TypeVar("V")
+
+#: ``kind`` of a range: another peer mapped to a zone (a VM, a managed database) ...
+KIND_CIDR = "cidr"
+#: ... or a load balancer's addresses (the source address its targets see)
+KIND_LOAD_BALANCER = "load-balancer"
+KINDS: tuple[str, ...] = (KIND_CIDR, KIND_LOAD_BALANCER)
+#: ``type`` of a load-balancer range, the ``lb_type`` label of its Service bytes; a fixed set
+#: so a typo is an error rather than a new series, and so each has a price rule
+#: (``agent.report.pricing.CLASS_RULES``). ``other``: a load balancer zonemeter has no rule
+#: for (priced as ordinary inter-zone transfer).
+LB_TYPES: tuple[str, ...] = ("aws-alb", "aws-nlb", "aws-clb", "gcp-lb", "azure-lb", "other")
 
 
 class PrefixTable(Generic[V]):
@@ -89,14 +105,56 @@ class ZoneCidr:
         network: the address range (host bits must be zero).
         zone: the zone its addresses live in.
         region: the region, or None when not given.
+        kind: :data:`KIND_CIDR` or :data:`KIND_LOAD_BALANCER`.
+        lb_type: the load balancer's type (one of :data:`LB_TYPES`) for a load-balancer
+            range, else None.
     """
 
     network: IPNetwork
     zone: str
     region: str | None
+    kind: str = KIND_CIDR
+    lb_type: str | None = None
 
 
-def _make(cidr: object, zone: object, region: object, source: str, where: str) -> ZoneCidr:
+def _text(value: object, source: str, where: str, name: str) -> str | None:
+    """``value`` stripped, None when absent or blank; InputError when not a string."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError("not a string", source=source, obj=where, field=name)
+    return value.strip() or None
+
+
+def _kind(kind: object, lb_type: object, source: str, where: str) -> tuple[str, str | None]:
+    """The range's ``(kind, lb_type)`` from the optional ``kind`` and ``type`` fields.
+
+    Raises:
+        InputError: an unknown kind or type, a load-balancer without a type, a type on a
+            ``cidr`` range; naming the field.
+    """
+    k = _text(kind, source, where, "kind")
+    t = _text(lb_type, source, where, "type")
+    if k is not None and k.lower() not in KINDS:
+        raise InputError(f"unknown kind {k!r} (expected {' or '.join(KINDS)})", source=source,
+                         obj=where, field="kind")
+    k = k.lower() if k is not None else (KIND_LOAD_BALANCER if t is not None else KIND_CIDR)
+    if k == KIND_CIDR:
+        if t is not None:
+            raise InputError(f"a type ({t!r}) is only for kind {KIND_LOAD_BALANCER}",
+                             source=source, obj=where, field="type")
+        return k, None
+    if t is None:
+        raise InputError(f"missing: a {KIND_LOAD_BALANCER} range needs its type "
+                         f"({', '.join(LB_TYPES)})", source=source, obj=where, field="type")
+    if t.lower() not in LB_TYPES:
+        raise InputError(f"unknown load balancer type {t!r} (expected one of "
+                         f"{', '.join(LB_TYPES)})", source=source, obj=where, field="type")
+    return k, t.lower()
+
+
+def _make(cidr: object, zone: object, region: object, source: str, where: str,
+          kind: object = None, lb_type: object = None) -> ZoneCidr:
     if not isinstance(cidr, str) or not cidr.strip():
         raise InputError("missing or not a string", source=source, obj=where, field="cidr")
     try:
@@ -108,7 +166,14 @@ def _make(cidr: object, zone: object, region: object, source: str, where: str) -
     if region is not None and not isinstance(region, str):
         raise InputError("not a string", source=source, obj=where, field="region")
     reg = region.strip() if isinstance(region, str) and region.strip() else None
-    return ZoneCidr(net, zone.strip(), reg)
+    k, t = _kind(kind, lb_type, source, where)
+    return ZoneCidr(net, zone.strip(), reg, k, t)
+
+
+#: the CSV columns, in order (all but the first two optional)
+_CSV_FIELDS = ("cidr", "zone", "region", "kind", "type")
+#: the YAML keys of one range
+_YAML_FIELDS = _CSV_FIELDS
 
 
 def _parse_csv(text: str, source: str) -> Iterator[tuple[str, ZoneCidr]]:
@@ -129,11 +194,14 @@ def _parse_csv(text: str, source: str) -> Iterator[tuple[str, ZoneCidr]]:
             continue
         where = f"line {lineno}"
         if len(cells) < 2:
-            raise InputError("missing (expected cidr,zone[,region])", source=source, obj=where,
-                             field="zone")
-        if len(cells) > 3:
-            raise InputError(f"expected at most 3 fields, got {len(cells)}", source=source, obj=where)
-        yield where, _make(cells[0], cells[1], cells[2] if len(cells) == 3 else None, source, where)
+            raise InputError("missing (expected cidr,zone[,region[,kind[,type]]])", source=source,
+                             obj=where, field="zone")
+        if len(cells) > len(_CSV_FIELDS):
+            raise InputError(f"expected at most {len(_CSV_FIELDS)} fields "
+                             f"({','.join(_CSV_FIELDS)}), got {len(cells)}", source=source, obj=where)
+        cells += [""] * (len(_CSV_FIELDS) - len(cells))
+        yield where, _make(cells[0], cells[1], cells[2] or None, source, where,
+                           cells[3] or None, cells[4] or None)
 
 
 def _scalar(node: yaml.Node) -> object:
@@ -161,20 +229,21 @@ def _parse_yaml(text: str, source: str) -> Iterator[tuple[str, ZoneCidr]]:
                 root = v
                 break
         else:
-            raise InputError("expected a list of {cidr, zone, region} or a 'cidrs:' key",
+            raise InputError("expected a list of {cidr, zone, region, kind, type} or a 'cidrs:' key",
                              source=source, obj=f"line {root.start_mark.line + 1}")
     if not isinstance(root, yaml.SequenceNode):
-        raise InputError("expected a list of {cidr, zone, region}", source=source,
+        raise InputError("expected a list of {cidr, zone, region, kind, type}", source=source,
                          obj=f"line {root.start_mark.line + 1}")
     for item in root.value:
         where = f"line {item.start_mark.line + 1}"
         if not isinstance(item, yaml.MappingNode):
-            raise InputError("expected a mapping with cidr, zone, region", source=source, obj=where)
+            raise InputError("expected a mapping with cidr, zone, region, kind, type", source=source,
+                             obj=where)
         fields: dict[str, object] = {}
         for k, v in item.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else None
-            if key not in ("cidr", "zone", "region"):
-                raise InputError("unknown field (expected cidr, zone, region)", source=source,
+            if key not in _YAML_FIELDS:
+                raise InputError(f"unknown field (expected {', '.join(_YAML_FIELDS)})", source=source,
                                  obj=f"line {k.start_mark.line + 1}", field=str(key))
             if key in fields:  # {zone: a, zone: b}: the second would silently win
                 raise InputError("given twice", source=source,
@@ -188,7 +257,8 @@ def _parse_yaml(text: str, source: str) -> Iterator[tuple[str, ZoneCidr]]:
                 problem = " ".join(str(getattr(err, "problem", None) or err).split())[:120]
                 raise InputError(f"unreadable value ({v.tag}): {problem}", source=source,
                                  obj=f"line {v.start_mark.line + 1}", field=str(key)) from None
-        yield where, _make(fields.get("cidr"), fields.get("zone"), fields.get("region"), source, where)
+        yield where, _make(fields.get("cidr"), fields.get("zone"), fields.get("region"), source, where,
+                           fields.get("kind"), fields.get("type"))
 
 
 def parse_zone_cidrs(text: str, source: str = "<memory>") -> tuple[ZoneCidr, ...]:
@@ -198,7 +268,8 @@ def parse_zone_cidrs(text: str, source: str = "<memory>") -> tuple[ZoneCidr, ...
         the ranges in file order.
 
     Raises:
-        InputError: naming ``source``, the line and the field (cidr, zone, region).
+        InputError: naming ``source``, the line and the field (cidr, zone, region, kind,
+            type).
     """
     text = text.removeprefix("\ufeff")  # a BOM would make the CSV header a bad cidr
     first = next((ln.strip() for ln in text.splitlines()
@@ -211,9 +282,11 @@ def parse_zone_cidrs(text: str, source: str = "<memory>") -> tuple[ZoneCidr, ...
     seen: dict[IPNetwork, tuple[str, ZoneCidr]] = {}
     for where, zc in entries:
         prev = seen.setdefault(zc.network, (where, zc))
-        if (prev[1].zone, prev[1].region) != (zc.zone, zc.region):
-            raise InputError(f"{zc.network} is already mapped to zone {prev[1].zone!r} "
-                             f"(region {prev[1].region!r}) on {prev[0]}", source=source,
+        p = prev[1]
+        if (p.zone, p.region, p.kind, p.lb_type) != (zc.zone, zc.region, zc.kind, zc.lb_type):
+            what = p.kind if p.lb_type is None else f"{p.kind} {p.lb_type}"
+            raise InputError(f"{zc.network} is already mapped to zone {p.zone!r} "
+                             f"(region {p.region!r}, {what}) on {prev[0]}", source=source,
                              obj=where, field="cidr")
     return tuple(zc for _, zc in entries)
 

@@ -20,7 +20,9 @@ seconds and a Service:
 The change: ``saved = cross_before - cross_after``; ``normalized_saved = fraction_before *
 total_after - cross_after`` (the cross-zone bytes the after-window traffic would have sent
 at the before window's cross-zone fraction, minus what it sent); dollars a month are priced
-from the normalised figure.
+from the same figure over the **billed** cross-zone bytes only: those of the client classes
+the price's cloud bills (``client_kind``/``lb_type``, :meth:`agent.report.pricing.Price.rule`;
+docs/report.md, "Prices by client class").
 """
 
 from __future__ import annotations
@@ -66,19 +68,52 @@ class ServiceKey:
 
 @dataclass(frozen=True, slots=True)
 class PairRate:
-    """Cross-zone bytes per second of one direction between two zones.
+    """Cross-zone bytes per second of one direction between two zones, for one client class.
 
     Attributes:
         direction: ``request`` (client -> endpoint) or ``response``.
         client_zone: zone of the client.
         server_zone: zone of the endpoint.
         bytes_per_second: average over the window, bytes/s (L3 bytes).
+        client_kind: the client's class (``client_kind`` of the series; a workload row's
+            ``remote_kind``), ``""`` when the series has none (an agent before client classes).
+        lb_type: the load balancer's type for ``load-balancer``, else ``""`` or ``none``.
     """
 
     direction: str
     client_zone: str
     server_zone: str
     bytes_per_second: float
+    client_kind: str = ""
+    lb_type: str = ""
+
+
+def merged_pairs(pairs: Iterable[PairRate]) -> dict[tuple[str, str, str], float]:
+    """Bytes/s by ``(direction, client_zone, server_zone)``, summed over client classes (in
+    the order first seen)."""
+    out: dict[tuple[str, str, str], float] = {}
+    for p in pairs:
+        k = (p.direction, p.client_zone, p.server_zone)
+        out[k] = out.get(k, 0.0) + p.bytes_per_second
+    return out
+
+
+def class_rates(pairs: Iterable[PairRate]) -> dict[tuple[str, str], float]:
+    """Cross-zone bytes/s by client class ``(client_kind, lb_type)`` (``lb_type`` ``""``
+    unless ``client_kind`` is ``load-balancer``)."""
+    out: dict[tuple[str, str], float] = {}
+    for p in pairs:
+        k = (p.client_kind, p.lb_type if p.client_kind == "load-balancer" else "")
+        out[k] = out.get(k, 0.0) + p.bytes_per_second
+    return out
+
+
+def billed_cross_zone(w: WindowStats, price: Price) -> float:
+    """The window's cross-zone bytes/s that ``price``'s cloud bills: all of them less the
+    pairs of classes it does not bill (:meth:`Price.rule`)."""
+    free = sum(v for (kind, lb), v in class_rates(w.cross_zone_pairs).items()
+               if not price.billed(kind, lb))
+    return max(0.0, w.cross_zone_bytes_per_second - free)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +153,8 @@ class WindowStats:
         hint_ignored_bytes_per_second: hint-ignored bytes, bytes/s.
         locality_in_effect_share: fraction of the window (0..1) with locality in effect, or
             ``None`` when the state is unknown throughout.
-        cross_zone_pairs: cross-zone bytes/s by (direction, client_zone, server_zone),
-            largest first.
+        cross_zone_pairs: cross-zone bytes/s by (direction, client_zone, server_zone,
+            client_kind, lb_type), largest first (:func:`merged_pairs` sums the classes).
         withdrawn_at: instants (Unix seconds) inside the window where the state went from in
             effect to not in effect.
         spread: variation of the rates within the window, ``None`` when not measured (the
@@ -156,15 +191,19 @@ class Change:
             ``fraction_before * total_after - cross_after``; ``None`` when the before window
             had no traffic. For the total: the sum over the Services whose normalised change
             is significant.
-        usd_per_month_saved: ``normalized_saved`` priced over a month of 30.44 days when the
-            change is significant (negative: the cost rose), 0.0 when it is within the noise,
-            ``None`` when ``normalized_saved`` is undefined or its noise unknown.
+        usd_per_month_saved: ``billed_normalized_saved`` priced over a month of 30.44 days
+            when the change is significant (negative: the cost rose), 0.0 when it is within
+            the noise, ``None`` when ``normalized_saved`` is undefined or its noise unknown.
         warnings: one line each.
         change_time: the change instant (Unix seconds) when known.
         series: cross-zone bytes/s over both windows for the chart, ``[(t, v)]``.
         saved_stderr: standard error of ``saved``, bytes/s (:func:`change_errors`); ``None``
             when a window's spread is unknown.
         normalized_stderr: standard error of ``normalized_saved``, bytes/s, likewise.
+        billed_normalized_saved: ``normalized_saved`` over the cross-zone bytes of the
+            classes the price's cloud bills (:func:`billed_cross_zone`), bytes/s; equal to
+            it when every class is billed; ``None`` when it is undefined. Significance is
+            judged on ``normalized_saved`` (docs/report.md, "Prices by client class").
     """
 
     key: ServiceKey | None
@@ -178,6 +217,7 @@ class Change:
     series: tuple[tuple[float, float], ...] = ()
     saved_stderr: float | None = None
     normalized_stderr: float | None = None
+    billed_normalized_saved: float | None = None
 
     @property
     def saved_significant(self) -> bool | None:
@@ -272,6 +312,8 @@ class Report:
             with one before and one after window only (empty otherwise, or with a Service
             selected).
         workload_total: their total, ``None`` when there are none.
+        classes: cross-zone bytes and their cost by client class (:class:`ClassCost`), the
+            Services' then the non-Service rows'.
     """
 
     price: Price
@@ -284,6 +326,51 @@ class Report:
     assumptions: tuple[str, ...] = field(default=())
     workloads: tuple[WorkloadChange, ...] = ()
     workload_total: Change | None = None
+    classes: tuple[ClassCost, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClassCost:
+    """Cross-zone bytes of one client class over both windows, and what they cost.
+
+    Attributes:
+        scope: ``services`` (``zonemeter_service_bytes_total``, by the client's class) or
+            ``workloads`` (``zonemeter_workload_bytes_total``, by the remote's class).
+        client_kind, lb_type: the class (:class:`PairRate`).
+        before, after: cross-zone bytes/s in each window (summed over Services or rows).
+        billed: whether the price's cloud bills them (:meth:`Price.rule`).
+        usd_per_month_before, usd_per_month_after: each window's rate held for a month at
+            the price, $0 when not billed.
+        reason, source, sure: the rule's (:class:`agent.report.pricing.ClassRule`).
+    """
+
+    scope: str
+    client_kind: str
+    lb_type: str
+    before: float
+    after: float
+    billed: bool
+    usd_per_month_before: float
+    usd_per_month_after: float
+    reason: str
+    source: str
+    sure: bool
+
+
+def class_costs(scope: str, before: WindowStats, after: WindowStats, price: Price
+                ) -> tuple[ClassCost, ...]:
+    """One :class:`ClassCost` per client class with cross-zone bytes in either window
+    (totals' windows: every Service's, or every non-Service row's), largest after first."""
+    b, a = class_rates(before.cross_zone_pairs), class_rates(after.cross_zone_pairs)
+    out = []
+    for kind, lb in sorted(set(b) | set(a), key=lambda k: (-a.get(k, 0.0), -b.get(k, 0.0), k)):
+        rule = price.rule(kind, lb)
+        vb, va = b.get((kind, lb), 0.0), a.get((kind, lb), 0.0)
+        out.append(ClassCost(scope, kind, lb, vb, va, rule.billed,
+                             price.usd_per_month(vb) if rule.billed else 0.0,
+                             price.usd_per_month(va) if rule.billed else 0.0,
+                             rule.reason, rule.source, rule.sure))
+    return tuple(out)
 
 
 def label_matchers(service: ServiceKey | None, extra: str = "") -> str:
@@ -610,7 +697,8 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
         end = format_ms(prometheus_ms(w.end))
         totals_q[f"{i}"] = (f"sum by (namespace, service) "
                             f"(increase({BYTES}{scope.matchers()}[{rng}] @ {end}))")
-        cross_q[f"{i}"] = ("sum by (namespace, service, direction, client_zone, server_zone) "
+        cross_q[f"{i}"] = ("sum by (namespace, service, direction, client_zone, server_zone, "
+                           "client_kind, lb_type) "
                            f"(increase({BYTES}{scope.matchers(CROSS_ZONE)}[{rng}] @ {end}))")
         hints_q[f"{i}"] = (f"sum by (namespace, service) "
                            f"(increase({HINT_IGNORED}{scope.matchers()}[{rng}] @ {end}))")
@@ -646,7 +734,8 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
         for smp in cross.get(f"{i}", []):
             pairs.setdefault(_key(smp.labels), []).append(PairRate(
                 smp.labels.get("direction", "unknown"), smp.labels.get("client_zone", "unknown"),
-                smp.labels.get("server_zone", "unknown"), smp.value / d))
+                smp.labels.get("server_zone", "unknown"), smp.value / d,
+                smp.labels.get("client_kind", ""), smp.labels.get("lb_type", "")))
         hint_by = {_key(s.labels): s.value / d for s in hints.get(f"{i}", [])}
         stats: dict[ServiceKey, WindowStats] = {}
         for smp in totals.get(f"{i}", []):
@@ -654,7 +743,8 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
             if not scope.admits(key):
                 continue
             prs = sorted(pairs.get(key, []), key=lambda p: (-p.bytes_per_second, p.direction,
-                                                            p.client_zone, p.server_zone))
+                                                            p.client_zone, p.server_zone,
+                                                            p.client_kind, p.lb_type))
             share, withdrawn = shares.get(key, (None, ()))
             stats[key] = WindowStats(
                 window=w,
@@ -854,14 +944,18 @@ def change_of(key: ServiceKey | None, before: WindowStats, after: WindowStats, p
             warnings.append(f"locality state unknown in the after window (no {IN_EFFECT} series)")
         elif after.locality_in_effect_share == 0:
             warnings.append("locality not in effect at any time in the after window")
+    billed: float | None = None
+    if frac is not None:  # the same arithmetic over the billed classes' bytes
+        billed = (billed_cross_zone(before, price) / before.bytes_per_second * after.bytes_per_second
+                  - billed_cross_zone(after, price))
     saved_se, normalized_se = change_errors(before, after)
     sig = None if normalized is None else significant(normalized, normalized_se)
-    usd = None if sig is None or normalized is None else (
-        price.usd_per_month(normalized) if sig else 0.0)
+    usd = None if sig is None or billed is None else (
+        price.usd_per_month(billed) if sig else 0.0)
     if normalized is not None and sig is None:
         warnings.append("too few sub-windows to measure the noise: the change is not priced")
     return Change(key, before, after, saved, normalized, usd, tuple(warnings), change_time, series,
-                  saved_se, normalized_se)
+                  saved_se, normalized_se, billed)
 
 
 def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
@@ -875,10 +969,10 @@ def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
         share = sum(s.bytes_per_second * (s.locality_in_effect_share or 0.0) for s in known) / weight
     else:
         share = sum(s.locality_in_effect_share or 0.0 for s in known) / len(known)
-    pairs: dict[tuple[str, str, str], float] = {}
+    pairs: dict[tuple[str, str, str, str, str], float] = {}
     for s in stats:
         for p in s.cross_zone_pairs:
-            k = (p.direction, p.client_zone, p.server_zone)
+            k = (p.direction, p.client_zone, p.server_zone, p.client_kind, p.lb_type)
             pairs[k] = pairs.get(k, 0.0) + p.bytes_per_second
     spreads = [s.spread for s in stats]
     spread = None
@@ -895,7 +989,7 @@ def _sum_stats(window: Window, stats: list[WindowStats]) -> WindowStats:
         cross_zone_bytes_per_second=sum(s.cross_zone_bytes_per_second for s in stats),
         hint_ignored_bytes_per_second=sum(s.hint_ignored_bytes_per_second for s in stats),
         locality_in_effect_share=share,
-        cross_zone_pairs=tuple(PairRate(*k, v) for k, v in
+        cross_zone_pairs=tuple(PairRate(*k[:3], v, *k[3:]) for k, v in
                                sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))),
         spread=spread)
 
@@ -915,6 +1009,7 @@ def total_of(changes: list[Change], price: Price, before: Window, after: Window,
     a = _sum_stats(after, [c.after for c in changes])
     counted = [c for c in changes if c.significant]
     normalized = sum(c.normalized_saved or 0.0 for c in counted)
+    billed = sum(c.billed_normalized_saved or 0.0 for c in counted)
     normalized_se = math.sqrt(sum((c.normalized_stderr or 0.0) ** 2 for c in counted))
     saved_ses = [c.saved_stderr for c in changes]
     saved_se = (None if any(v is None for v in saved_ses)
@@ -933,10 +1028,10 @@ def total_of(changes: list[Change], price: Price, before: Window, after: Window,
     if unknown:
         warnings.append(f"normalised total leaves out {noun} whose noise is unknown: "
                         + ", ".join(unknown))
-    usd = price.usd_per_month(normalized) if significant(normalized, normalized_se) else 0.0
+    usd = price.usd_per_month(billed) if significant(normalized, normalized_se) else 0.0
     return Change(None, b, a, b.cross_zone_bytes_per_second - a.cross_zone_bytes_per_second,
                   normalized, usd, tuple(warnings), saved_stderr=saved_se,
-                  normalized_stderr=normalized_se)
+                  normalized_stderr=normalized_se, billed_normalized_saved=billed)
 
 
 #: scrape interval assumed when it cannot be measured, seconds
@@ -998,6 +1093,27 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
             for i, (_, _, scope) in enumerate(spans)]
 
 
+def class_summary(price: Price) -> str:
+    """One phrase naming the Service client classes the price bills and those it does not."""
+    from agent.report.pricing import CLASS_RULES
+    if price.name not in CLASS_RULES:
+        return "every class billed"
+    rules = CLASS_RULES[price.name].values()
+
+    def name(kind: str, lb: str) -> str:
+        return f"{kind}/{lb}" if lb else (kind or "no class")
+
+    free = [name(r.client_kind, r.lb_type) for r in rules if not r.billed
+            and r.client_kind not in ("external", "") and not (r.client_kind == "load-balancer"
+                                                                and not r.lb_type)]
+    paid = [name(r.client_kind, r.lb_type) for r in rules if r.billed
+            and r.client_kind not in ("", "unknown") and r.lb_type != "other"
+            and not (r.client_kind == "load-balancer" and not r.lb_type) and r.sure]
+    if not any(r.billed for r in rules):
+        return "no class billed"
+    return f"billed {', '.join(paid) or 'none'}; not billed {', '.join(free) or 'none'}"
+
+
 def assumptions(price: Price) -> tuple[str, ...]:
     """The lines the report prints to state how it computed its numbers."""
     return (
@@ -1008,7 +1124,10 @@ def assumptions(price: Price) -> tuple[str, ...]:
         "rates = increase() over the window / window seconds (counter resets handled by "
         "Prometheus; edges between scrapes are extrapolated as rate() does)",
         "normalised saving = before cross-zone fraction x after bytes/s - after cross-zone "
-        "bytes/s; $/month is priced from it; total = sum over Services",
+        "bytes/s; total = sum over Services",
+        "$/month = the normalised saving over the cross-zone bytes of the client classes the "
+        f"price bills ({price.name}: {class_summary(price)}; by class below, with each rule's "
+        "reason and source; docs/report.md, Prices by client class)",
         "locality in effect at an instant = every zonemeter_service_locality_in_effect series "
         "of the Service (all client zones, all agents) is 1; share = fraction of the window's "
         "query steps with that state",
@@ -1064,8 +1183,11 @@ def report_for_windows(client: PromClient, price: Price, before: Window, after: 
         workloads, workload_total = workload_changes(client, price, before, after, scrape)
         if not workloads:
             workload_total = None
+    classes = class_costs("services", total.before, total.after, price)
+    if workload_total is not None:
+        classes += class_costs("workloads", workload_total.before, workload_total.after, price)
     return Report(price, before, after, change_time, tuple(changes), total, tuple(warn),
-                  assumptions(price), workloads, workload_total)
+                  assumptions(price), workloads, workload_total, classes)
 
 
 def _order(c: Change) -> tuple[float, str, str]:
@@ -1229,4 +1351,5 @@ def report_per_service(client: PromClient, price: Price, now: float, *,
     env_after = Window(min(a.start for _, a in spans), max(a.end for _, a in spans))
     total = total_of(changes, price, env_before, env_after)
     return Report(price, None, None, None, tuple(changes), total, tuple(warnings),
-                  (*assumptions(price), PER_SERVICE_WORKLOADS))
+                  (*assumptions(price), PER_SERVICE_WORKLOADS),
+                  classes=class_costs("services", total.before, total.after, price))

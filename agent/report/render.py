@@ -8,7 +8,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agent.report.compute import NO_SIGNIFICANT_CHANGE, SIGNIFICANCE_Z, Change, Report, WindowStats
+from agent.report.compute import (
+    NO_SIGNIFICANT_CHANGE,
+    SIGNIFICANCE_Z,
+    Change,
+    ClassCost,
+    Report,
+    WindowStats,
+    class_rates,
+    merged_pairs,
+)
 from agent.report.timespec import format_time
 from agent.report.workloads import WorkloadChange
 
@@ -70,11 +79,9 @@ def pair_rows(c: Change) -> list[tuple[tuple[str, str, str], float, float]]:
     """``[((direction, client_zone, server_zone), before, after)]`` of one change, bytes/s,
     in the before window's order then the after window's new pairs."""
     keys: dict[tuple[str, str, str], list[float]] = {
-        (p.direction, p.client_zone, p.server_zone): [p.bytes_per_second, 0.0]
-        for p in c.before.cross_zone_pairs}
-    for p in c.after.cross_zone_pairs:
-        keys.setdefault((p.direction, p.client_zone, p.server_zone), [0.0, 0.0])[1] = \
-            p.bytes_per_second
+        k: [v, 0.0] for k, v in merged_pairs(c.before.cross_zone_pairs).items()}
+    for k, v in merged_pairs(c.after.cross_zone_pairs).items():
+        keys.setdefault(k, [0.0, 0.0])[1] = v
     return [(k, b, a) for k, (b, a) in keys.items()]
 
 
@@ -109,7 +116,9 @@ def window_json(w: WindowStats, drop_pairs: frozenset[tuple[str, str, str]] = fr
         ``{"bytes_per_second": float, "cross_zone_bytes_per_second": float,
         "cross_zone_fraction": float | None, "hint_ignored_bytes_per_second": float,
         "locality_in_effect_share": float | None, "cross_zone_by_pair": [{"direction",
-        "client_zone", "server_zone", "bytes_per_second"}], "bytes_per_second_stderr",
+        "client_zone", "server_zone", "bytes_per_second"}] (summed over client classes),
+        "cross_zone_by_class": [{"client_kind", "lb_type", "bytes_per_second"}],
+        "bytes_per_second_stderr",
         "cross_zone_bytes_per_second_stderr": float | None, "sub_windows": int | None,
         "sub_window_seconds": float | None}``; rates and standard errors in bytes/s.
     """
@@ -121,10 +130,12 @@ def window_json(w: WindowStats, drop_pairs: frozenset[tuple[str, str, str]] = fr
         "hint_ignored_bytes_per_second": w.hint_ignored_bytes_per_second,
         "locality_in_effect_share": w.locality_in_effect_share,
         "cross_zone_by_pair": [
-            {"direction": p.direction, "client_zone": p.client_zone,
-             "server_zone": p.server_zone, "bytes_per_second": p.bytes_per_second}
-            for p in w.cross_zone_pairs
-            if (p.direction, p.client_zone, p.server_zone) not in drop_pairs],
+            {"direction": d, "client_zone": cz, "server_zone": sz, "bytes_per_second": v}
+            for (d, cz, sz), v in merged_pairs(w.cross_zone_pairs).items()
+            if (d, cz, sz) not in drop_pairs],
+        "cross_zone_by_class": [
+            {"client_kind": kind, "lb_type": lb, "bytes_per_second": v}
+            for (kind, lb), v in class_rates(w.cross_zone_pairs).items()],
         "bytes_per_second_stderr": None if sp is None else math.sqrt(sp.var_bytes),
         "cross_zone_bytes_per_second_stderr": None if sp is None else math.sqrt(sp.var_cross),
         "sub_windows": None if sp is None else sp.sub_windows,
@@ -143,6 +154,7 @@ def _change_json(c: Change, all_rows: bool = True) -> dict[str, Any]:
         "cross_zone_bytes_per_second_saved_significant": c.saved_significant,
         "normalized_cross_zone_bytes_per_second_saved": c.normalized_saved,
         "normalized_cross_zone_bytes_per_second_saved_stderr": c.normalized_stderr,
+        "billed_normalized_cross_zone_bytes_per_second_saved": c.billed_normalized_saved,
         "significant": c.significant,
         "change": c.verdict,
         "usd_per_month_saved": c.usd_per_month_saved,
@@ -200,9 +212,49 @@ def to_json(report: Report, all_rows: bool = False) -> dict[str, Any]:
         "workloads_total": workload_total,
         "hidden_all_zero_rows": {"services": hidden.services, "zone_pairs": hidden.zone_pairs,
                                  "workloads": shown_workloads(report, all_rows)[1]},
+        "classes": [class_json(k) for k in report.classes],
         "assumptions": list(report.assumptions),
         "warnings": list(report.warnings),
     }
+
+
+def class_json(k: ClassCost) -> dict[str, Any]:
+    """One ``classes`` entry: ``{"scope", "client_kind", "lb_type",
+    "before_cross_zone_bytes_per_second", "after_cross_zone_bytes_per_second", "billed",
+    "usd_per_month_before", "usd_per_month_after", "reason", "source", "sure"}``."""
+    return {"scope": k.scope, "client_kind": k.client_kind, "lb_type": k.lb_type,
+            "before_cross_zone_bytes_per_second": k.before,
+            "after_cross_zone_bytes_per_second": k.after, "billed": k.billed,
+            "usd_per_month_before": k.usd_per_month_before,
+            "usd_per_month_after": k.usd_per_month_after,
+            "reason": k.reason, "source": k.source, "sure": k.sure}
+
+
+def class_label(kind: str, lb_type: str) -> str:
+    """A class for people: ``pod``, ``load-balancer aws-alb``, ``(no class)`` for series of
+    agents from before client classes."""
+    if not kind:
+        return "(no class)"
+    return f"{kind} {lb_type}" if kind == "load-balancer" and lb_type else kind
+
+
+CLASS_HEADER: tuple[str, ...] = ("CLIENT CLASS", "CROSS-ZONE/S before>after", "BILLED",
+                                 "$/MONTH before>after", "WHY")
+
+
+def class_rows(report: Report, scope: str) -> list[tuple[str, ...]]:
+    """Rows of the by-class table of one scope (``services`` or ``workloads``)."""
+    rows: list[tuple[str, ...]] = []
+    for k in report.classes:
+        if k.scope != scope:
+            continue
+        rows.append((
+            class_label(k.client_kind, k.lb_type),
+            f"{fmt_rate(k.before)} > {fmt_rate(k.after)}",
+            "yes" if k.billed else "no",
+            f"{fmt_usd(k.usd_per_month_before)} > {fmt_usd(k.usd_per_month_after)}",
+            k.reason + ("" if k.sure else " (unsure: docs/report.md)")))
+    return rows
 
 
 def _num(v: float | None) -> str:
@@ -410,6 +462,13 @@ def to_table(report: Report, all_rows: bool = False) -> str:
             lines.append("    (none)")
         for (direction, cz, sz), b, a in pairs:
             lines.append(f"    {direction:<8} {cz} -> {sz}: {fmt_rate(b)} > {fmt_rate(a)}")
+    for scope, what in (("services", "Service bytes by the client's class"),
+                        ("workloads", "non-Service bytes by the remote's class")):
+        rows = class_rows(report, scope)
+        if rows:
+            lines.append("")
+            lines.append(f"cross-zone {what} and their cost at the price ({report.price.name}):")
+            lines += ["  " + ln for ln in _grid(CLASS_HEADER, rows)]
     wl, wl_hidden = shown_workloads(report, all_rows)
     if report.workload_total is not None:
         lines.append("")

@@ -12,7 +12,8 @@ The report groups them by ``(namespace, workload, workload_kind, remote_kind)`` 
 the Services' arithmetic to each group (:func:`agent.report.compute.change_of`): the window
 rates are ``increase()`` over the window / its seconds, the noise comes from sub-windows of
 the same length as the Services', the normalised saving uses the group's own cross-zone
-fraction, and only a significant change is priced (docs/report.md, "Non-Service traffic").
+fraction, and only a significant change is priced, by the rule of the row's remote class
+(docs/report.md, "Non-Service traffic" and "Prices by client class").
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class WorkloadKey:
     Attributes:
         namespace, workload, kind: the local workload (``workload_kind`` ``Deployment``,
             ``StatefulSet``, ``Pod``, ...).
-        remote_kind: the peer class, ``pod``, ``node``, ``cidr``, ``external`` or ``unknown``.
+        remote_kind: the peer class, ``pod``, ``node``, ``load-balancer``, ``cidr``,
+            ``external`` or ``unknown`` (the client classes' vocabulary).
     """
 
     namespace: str
@@ -90,9 +92,12 @@ def _stats(client: PromClient, window: Window, scrape: float) -> dict[WorkloadKe
     for s in client.query(f"sum by ({GROUP}, direction, client_zone, remote_zone) "
                           f"(increase({WORKLOAD_BYTES}{{{CROSS_ZONE}}}[{d}] {at}))", window.end):
         if math.isfinite(s.value) and s.value > 0:
+            # the row's class is its remote's (a pod's hop to a load balancer, a managed
+            # database...), priced by that class's rule (docs/report.md, Prices by client class)
             pairs.setdefault(_wkey(s.labels), []).append(PairRate(
                 s.labels.get("direction", ""), s.labels.get("client_zone", ""),
-                s.labels.get("remote_zone", ""), s.value / window.seconds))
+                s.labels.get("remote_zone", ""), s.value / window.seconds,
+                s.labels.get("remote_kind", "")))
     length = sub_window_seconds(window.seconds, scrape)
     n = int(math.floor(window.seconds / length + 1e-9))
     grid = [window.start + k * length for k in range(1, n + 1)]

@@ -322,8 +322,8 @@ def test_a_restarted_agent_serves_the_checkpointed_counters_from_its_first_scrap
     monkeypatch.setattr(agent.datapath, "Datapath", factory)
     snap = write_snapshot(tmp_path / "cluster.json")
     cp = tmp_path / "state" / "cp"
-    series = ('zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",'
-              'direction="response",namespace="shop",port="80",server_zone="zone-b",'
+    series = ('zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-a",crossing="cross_zone",'
+              'direction="response",lb_type="none",namespace="shop",port="80",server_zone="zone-b",'
               'service="web"} 4000.0')
 
     def run(feed: bool) -> str:

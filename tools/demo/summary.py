@@ -10,10 +10,12 @@ JSON (``zonemeter demo -o json``), exactly the schema of docs/demo.md::
                    "expected_cross_zone": {zone: float}, "observed_cross_zone": {zone: float},
                    "hint_ignored_causes": [{"client_node", "cause", "bytes",
                                             "ground_truth_bytes", "ground_truth_cause",
-                                            "kube_proxy_version", "sentence"}]}],
+                                            "kube_proxy_version", "sentence"}],
+                   "cost_by_class": [{"client_kind", "lb_type", "cross_zone_bytes", "billed",
+                                      "usd_per_month_at_aws_price", "reason"}]}],
      "workloads": [{"namespace", "workload", "workload_kind", "remote_kind", "client_zone",
                     "remote_zone", "bytes": {crossing: int}, "cross_zone_bytes": int,
-                    "usd_per_month_at_aws_price": float}],
+                    "usd_per_month_at_aws_price": float, "billed": bool, "reason": str}],
      "usd_per_month_at_aws_price": {"services": float, "workloads": float, "total": float},
      "double_counted_bytes": int}
 
@@ -24,6 +26,13 @@ crossing; an extrapolation of the lab's traffic rate. ``expected_cross_zone`` (t
 zone, the measured window's cross-zone bytes over all its bytes of the Service, both
 directions; zones that sent nothing are absent) are extra keys too: every demo call has the
 same size, so a byte share is a call share.)
+
+Dollars follow AWS's rules per client class (``agent.report.pricing``, docs/report.md
+*Prices by client class*): a Service's ``usd_per_month_at_aws_price`` prices only the
+cross-zone bytes of the classes AWS bills (not an ALB's or a CLB's hop to its targets);
+``cost_by_class`` (extra) lists each class with cross-zone bytes, its share of the dollars
+($0 when not billed) and the rule's reason; a ``workloads`` row is priced by its remote's
+class (``billed``, ``reason``).
 
 ``hint_ignored_causes`` (extra): the Service's hint-ignored bytes per client node and cause
 (``agent.attribution.verdict``: ``data-plane``, ``client-side``, ``external``, ``unknown``),
@@ -112,6 +121,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
         hint = sum(n for (sns, sname, _, _), n in agents.hint_ignored.items()
                    if (sns, sname) == (ns, name))
         _, reason = agents.info.get((ns, name), ("", "unknown"))
+        classes = cost_by_class(agents, baseline, ns, name, seconds)
         in_effect = agents.in_effect.get((ns, name), {})
         expected = agents.expected.get((ns, name), {})
         services.append({
@@ -125,11 +135,12 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "locality_in_effect": {z: in_effect[z] for z in sorted(in_effect)},
             "reason": reason,
             "warnings": list(model.warnings),
-            "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
-                got.get("cross_zone", 0) - _cross_zone(baseline, ns, name), seconds),
+            "usd_per_month_at_aws_price": round(sum(
+                c["usd_per_month_at_aws_price"] for c in classes), 2),
             "expected_cross_zone": {z: expected[z] for z in sorted(expected)},
             "observed_cross_zone": observed_cross_zone(agents, baseline, ns, name),
             "hint_ignored_causes": _causes(ns, name, verdicts, window, t, seconds),
+            "cost_by_class": classes,
         })
     workloads = workload_rows(agents, baseline, seconds)
     usd_services = round(sum(s["usd_per_month_at_aws_price"] for s in services), 2)
@@ -184,12 +195,13 @@ def workload_rows(agents: AgentMetrics, baseline: AgentMetrics | None,
     """Non-Service bytes per (namespace, workload, workload_kind, remote_kind, client_zone,
     remote_zone), both directions, every crossing, with the cost of the measured window's
     cross-zone bytes (less ``baseline``'s, the warm-up) held for a month at AWS's price
-    (:func:`usd_per_month_at_aws_price`, the Services' arithmetic).
+    (:func:`usd_per_month_at_aws_price`, the Services' arithmetic) when AWS bills the
+    remote's class (``billed``, ``reason``: :meth:`agent.report.pricing.Price.rule`).
 
     Returns:
         rows sorted by cross-zone bytes (largest first), then labels; the keys are
-        :data:`_WORKLOAD_ROW`, ``bytes`` ({crossing: int}), ``cross_zone_bytes`` and
-        ``usd_per_month_at_aws_price``.
+        :data:`_WORKLOAD_ROW`, ``bytes`` ({crossing: int}), ``cross_zone_bytes``,
+        ``usd_per_month_at_aws_price``, ``billed`` and ``reason``.
     """
     def grouped(m: AgentMetrics | None) -> dict[tuple[str, ...], dict[str, int]]:
         out: dict[tuple[str, ...], dict[str, int]] = {}
@@ -202,12 +214,46 @@ def workload_rows(agents: AgentMetrics, baseline: AgentMetrics | None,
     rows = []
     for key, by in now.items():
         cz = by.get("cross_zone", 0)
+        rule = AWS.rule(key[3])  # the remote's class (a pod's hop to a load balancer, ...)
         rows.append({**dict(zip(_WORKLOAD_ROW, key, strict=True)),
                      "bytes": {c: by[c] for c in _CROSSING_ORDER if c in by},
                      "cross_zone_bytes": cz,
                      "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
-                         cz - before.get(key, {}).get("cross_zone", 0), seconds)})
+                         cz - before.get(key, {}).get("cross_zone", 0), seconds)
+                     if rule.billed else 0.0,
+                     "billed": rule.billed, "reason": rule.reason})
     rows.sort(key=lambda r: (-r["cross_zone_bytes"], *(r[k] for k in _WORKLOAD_ROW)))
+    return rows
+
+
+def cost_by_class(agents: AgentMetrics, baseline: AgentMetrics | None, ns: str, name: str,
+                  seconds: float) -> list[dict[str, Any]]:
+    """One Service's cross-zone bytes per client class, each priced by AWS's rule for that
+    class (:meth:`agent.report.pricing.Price.rule`): the measured window's bytes (less
+    ``baseline``'s) held for a month, $0 for a class AWS does not bill.
+
+    Returns:
+        ``[{"client_kind", "lb_type", "cross_zone_bytes" (since agent start, as the other
+        byte counts), "billed", "usd_per_month_at_aws_price", "reason"}]`` for the classes
+        with cross-zone bytes, largest first; ``lb_type`` ``""`` unless a load balancer.
+    """
+    def by_class(m: AgentMetrics | None) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for (sns, sname, crossing, kind, lb), n in (m.service_classes if m else {}).items():
+            if (sns, sname) == (ns, name) and crossing == "cross_zone":
+                k = (kind, lb if kind == "load-balancer" else "")
+                out[k] = out.get(k, 0) + n
+        return out
+
+    now, before = by_class(agents), by_class(baseline)
+    rows = []
+    for (kind, lb), n in sorted(now.items(), key=lambda kv: (-kv[1], kv[0])):
+        rule = AWS.rule(kind, lb)
+        rows.append({"client_kind": kind, "lb_type": lb, "cross_zone_bytes": n,
+                     "billed": rule.billed,
+                     "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
+                         n - before.get((kind, lb), 0), seconds) if rule.billed else 0.0,
+                     "reason": rule.reason})
     return rows
 
 
@@ -241,13 +287,6 @@ def observed_cross_zone(agents: AgentMetrics, baseline: AgentMetrics | None, ns:
         if crossing == "cross_zone":
             cross[cz] = cross.get(cz, 0) + n
     return {z: cross.get(z, 0) / total[z] for z in sorted(total) if total[z] > 0}
-
-
-def _cross_zone(metrics: AgentMetrics | None, ns: str, name: str) -> int:
-    if metrics is None:
-        return 0
-    return sum(n for (sns, sname, _, _, crossing, _), n in metrics.service_bytes.items()
-               if (sns, sname) == (ns, name) and crossing == "cross_zone")
 
 
 def _usd(value: float) -> str:
@@ -312,11 +351,25 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
                  f"Bytes are L3 bytes (IP header included), both directions.")
     lines.append("* extrapolation: this run's cross-zone bytes/s (measured traffic, warm-up "
                  "left out) held for a 30.44-day month at AWS's $0.01/GB each side = $0.02 per GB "
-                 "crossing; the lab's rate, not your bill.")
+                 "crossing, client classes AWS does not bill at $0; the lab's rate, not your bill.")
+    lines += _class_lines(summary)
     lines += _workload_lines(summary)
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
     lines += findings(summary, warning_messages)
     return "\n".join(lines)
+
+
+def _class_lines(summary: Mapping[str, Any]) -> list[str]:
+    """Cross-zone bytes of client classes AWS does not bill, one line per Service and class,
+    with the rule's reason (nothing when every cross-zone byte is billed)."""
+    out = []
+    for s in summary["services"]:
+        for c in s.get("cost_by_class", ()):
+            if not c["billed"] and c["cross_zone_bytes"]:
+                cls = " ".join(x for x in (c["client_kind"], c["lb_type"]) if x)
+                out.append(f"  {s['namespace']}/{s['name']}: {_n(c['cross_zone_bytes'])} "
+                           f"cross-zone bytes from {cls} at $0: {c['reason']}")
+    return ["not billed (client class, agent.report.pricing):", *out] if out else []
 
 
 def _workload_lines(summary: Mapping[str, Any], top: int = 5) -> list[str]:

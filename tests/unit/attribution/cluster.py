@@ -78,7 +78,7 @@ class FakeMetadata:
 
     def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
                  services: list[dict[str, Any]], slices: list[dict[str, Any]],
-                 cidrs: list[tuple[str, str | None, str | None]] = (),  # type: ignore[assignment]
+                 cidrs: list[tuple[str, ...]] = (),  # type: ignore[assignment]
                  replicasets: Mapping[str, str] | None = None) -> None:
         self.nodes: dict[str, Peer] = {}
         self.by_ip: dict[IPAddress, Peer] = {}
@@ -111,7 +111,9 @@ class FakeMetadata:
                         reason=None if host and host.zone else "node_without_zone")
             for i in p["status"]["podIPs"]:
                 self.by_ip[ipaddress.ip_address(i["ip"])] = peer
-        self.cidrs = [(ipaddress.ip_network(c), z, r) for c, z, r in cidrs]
+        # (cidr, zone, region[, load balancer type]): as --zone-cidrs ranges
+        self.cidrs = [(ipaddress.ip_network(c[0]), c[1], c[2], c[3] if len(c) > 3 else None)
+                      for c in cidrs]
         self.service_addrs: dict[tuple[IPAddress, int, int], ServicePort] = {}
         svc_ports: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for s in services:
@@ -144,10 +146,10 @@ class FakeMetadata:
         p = self.by_ip.get(ip)
         if p is not None:
             return p
-        for net, zone, region in self.cidrs:
+        for net, zone, region, lb in self.cidrs:
             if ip in net:
-                return Peer(PeerKind.CIDR, zone=zone, region=region,
-                            reason=None if zone else "cidr_without_zone")
+                return Peer(PeerKind.LOAD_BALANCER if lb else PeerKind.CIDR, zone=zone,
+                            region=region, reason=None if zone else "cidr_without_zone", lb_type=lb)
         if any(ip in net for net in POD_CIDRS if net.version == ip.version):
             return Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
         return Peer(PeerKind.EXTERNAL)
@@ -277,7 +279,11 @@ def objects() -> dict[str, Any]:
                [{"addresses": ["203.0.113.50"]}, {"addresses": ["203.0.113.51"]}],
                [("https", 443, "TCP")]),
     ]
-    cidrs = [("172.31.0.0/20", "eu-west-1b", "eu-west-1"), ("172.31.64.0/20", None, None)]
+    cidrs = [("172.31.0.0/20", "eu-west-1b", "eu-west-1"), ("172.31.64.0/20", None, None),
+             # a load balancer's addresses per zone (an ALB in a, an NLB in b), a VM range
+             ("172.31.128.0/24", "eu-west-1a", "eu-west-1", "aws-alb"),
+             ("fd00:172:31::/64", "eu-west-1b", "eu-west-1", "aws-nlb"),
+             ("fd00:172:32::/64", "eu-west-1a", "eu-west-1")]
     return {"nodes": nodes, "pods": pods, "services": services, "slices": slices, "cidrs": cidrs,
             "replicasets": {"web-7c9f": "web", "api-5d8b": "api"}}
 

@@ -157,7 +157,8 @@ def test_deleted_service_stays_within_retention_and_goes_after() -> None:
         assert samples(s, "zonemeter_service_bytes_total", service="web") == {
             frozenset({("namespace", "shop"), ("service", "web"), ("port", "80"),
                        ("client_zone", "zone-a"), ("server_zone", "zone-b"),
-                       ("crossing", "cross_zone"), ("direction", "request")}): 600.0}, n.elapsed
+                       ("crossing", "cross_zone"), ("direction", "request"),
+                       ("client_kind", "pod"), ("lb_type", "none")}): 600.0}, n.elapsed
         assert samples(s, "zonemeter_service_hint_ignored_bytes_total", service="web"), n.elapsed
         assert expired(s)[FAMILY_SERVICE] == 0
         n.tick()

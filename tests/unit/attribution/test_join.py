@@ -60,29 +60,39 @@ def accounted(t) -> int:  # type: ignore[no-untyped-def]
 # --------------------------------------------------------------------------- service traffic
 
 
-@pytest.mark.parametrize(("server_node", "server_ip", "client_ip", "cz", "sz", "crossing", "reason"), [
-    ("n1", "10.1.1.20", "10.1.1.10", A, A, "same_node", None),          # web n1 -> api n1
-    ("n2", "10.1.2.20", "10.1.1.10", A, A, "same_zone", None),          # web n1 -> api n2
-    ("n3", "10.1.3.20", "10.1.1.10", A, B, "cross_zone", None),         # web n1 -> api n3
-    ("n3", "10.1.3.20", "10.1.4.40", US, B, "cross_region", None),      # worker n4 -> api n3
-    ("n3", "10.1.3.20", "203.0.113.7", "unknown", B, "external", None),  # internet client
-    ("n3", "10.1.3.20", "172.31.1.5", B, B, "same_zone", None),         # CIDR-mapped VM
-    ("n3", "10.1.3.20", "172.31.70.1", "unknown", B, "unknown", "cidr_without_zone"),
-    ("n3", "10.1.3.20", "10.9.9.9", "unknown", B, "unknown", "no_pod_for_ip"),
-    ("n3", "10.1.3.20", "10.1.5.50", "unknown", B, "unknown", "node_without_zone"),  # batch on n5
-    ("n3", "10.1.3.20", "192.168.0.1", A, B, "cross_zone", None),       # host-network client on n1
-    ("n2", "fd00:10:1:2::20", "fd00:10:1:1::10", A, A, "same_zone", None),  # IPv6
+@pytest.mark.parametrize(("server_node", "server_ip", "client_ip", "cz", "sz", "crossing", "reason",
+                          "kind", "lb"), [
+    ("n1", "10.1.1.20", "10.1.1.10", A, A, "same_node", None, "pod", "none"),          # web n1 -> api n1
+    ("n2", "10.1.2.20", "10.1.1.10", A, A, "same_zone", None, "pod", "none"),          # web n1 -> api n2
+    ("n3", "10.1.3.20", "10.1.1.10", A, B, "cross_zone", None, "pod", "none"),         # web n1 -> api n3
+    ("n3", "10.1.3.20", "10.1.4.40", US, B, "cross_region", None, "pod", "none"),      # worker n4 -> api n3
+    ("n3", "10.1.3.20", "203.0.113.7", "unknown", B, "external", None, "external", "none"),  # internet
+    ("n3", "10.1.3.20", "172.31.1.5", B, B, "same_zone", None, "cidr", "none"),        # CIDR-mapped VM
+    ("n3", "10.1.3.20", "172.31.70.1", "unknown", B, "unknown", "cidr_without_zone", "cidr", "none"),
+    ("n3", "10.1.3.20", "10.9.9.9", "unknown", B, "unknown", "no_pod_for_ip", "unknown", "none"),
+    ("n2", "fd00:10:1:2::20", "fd00:10:9::9", "unknown", A, "unknown", "no_pod_for_ip", "unknown", "none"),
+    ("n3", "10.1.3.20", "10.1.5.50", "unknown", B, "unknown", "node_without_zone", "pod", "none"),  # batch n5
+    ("n3", "10.1.3.20", "192.168.0.1", A, B, "cross_zone", None, "node", "none"),      # host-network client n1
+    ("n2", "fd00:10:1:2::20", "fd00:10:1:1::10", A, A, "same_zone", None, "pod", "none"),  # IPv6
+    # load balancers (zone CIDR ranges marked kind load-balancer), IPv4 and IPv6
+    ("n3", "10.1.3.20", "172.31.128.9", A, B, "cross_zone", None, "load-balancer", "aws-alb"),
+    ("n2", "fd00:10:1:2::20", "fd00:172:31::9", B, A, "cross_zone", None, "load-balancer", "aws-nlb"),
+    ("n2", "fd00:10:1:2::20", "fd00:172:32::9", A, A, "same_zone", None, "cidr", "none"),  # IPv6 VM
+    ("n2", "fd00:10:1:2::20", "2001:db8::7", "unknown", A, "external", None, "external", "none"),
 ])
+@pytest.mark.parametrize("sockets", [False, True], ids=["veth", "cgroup"])
 def test_service_bytes_classified_both_directions(cluster, server_node, server_ip, client_ip,  # type: ignore[no-untyped-def]
-                                                  cz, sz, crossing, reason) -> None:
-    at = attributor(cluster, server_node)
+                                                  cz, sz, crossing, reason, kind, lb, sockets) -> None:
+    # the endpoint's node classes its client alike on both hooks (the socket view keys a
+    # packet by the socket's own addresses: the same client address here)
+    at = attributor(cluster, server_node, sockets_seen=sockets)
     at.attribute([req(server_ip, client_ip, 8080, 700),
                   req(server_ip, client_ip, 8080, 9100, FlowKind.RESPONSE)], T0)
     t = at.totals()
     # 10.1.x.20:8080 backs shop/api (and shop/api-canary for two of them): shop/api wins
     assert dict(t.service_bytes) == {
-        ServiceKey("shop", "api", "80", cz, sz, crossing, "request"): 700,
-        ServiceKey("shop", "api", "80", cz, sz, crossing, "response"): 9100,
+        ServiceKey("shop", "api", "80", cz, sz, crossing, "request", kind, lb): 700,
+        ServiceKey("shop", "api", "80", cz, sz, crossing, "response", kind, lb): 9100,
     }
     assert dict(t.unknown_crossing_bytes) == ({reason: 9800} if reason else {})
     assert not t.workload_bytes and not t.unattributed_bytes and not t.skipped_bytes
@@ -97,7 +107,7 @@ def test_server_on_node_without_zone_is_unknown(cluster) -> None:  # type: ignor
     at.attribute([req("10.1.5.50", "10.1.1.10", 8080, 42)], T0)
     t = at.totals()
     assert dict(t.service_bytes) == {
-        ServiceKey("shop", "batch", "8080", A, "unknown", "unknown", "request"): 42}
+        ServiceKey("shop", "batch", "8080", A, "unknown", "unknown", "request", "pod", "none"): 42}
     assert dict(t.unknown_crossing_bytes) == {"node_without_zone": 42}
 
 
@@ -114,7 +124,7 @@ def test_ambiguous_endpoint_attributed_once_to_first_service(cluster) -> None:  
     at3.attribute([req("10.1.3.30", "10.1.1.10", 5353, 80, proto=17)], T0)
     assert "ambiguous_service" not in at3.totals().diagnostics_bytes
     assert list(at3.totals().service_bytes) == [
-        ServiceKey("shop", "dns", "53", A, B, "cross_zone", "request")]
+        ServiceKey("shop", "dns", "53", A, B, "cross_zone", "request", "pod", "none")]
 
 
 def test_endpoint_without_service_is_unattributed(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -213,6 +223,13 @@ SCENARIOS = {
     "clusterip_selectorless_external": Conn("web-7c9f-abcde", "10.96.0.41", 443, 123, 4567,
                                             backend="203.0.113.51", bport=443),
     "direct_selectorless_cidr": Conn("web-7c9f-abcde", "172.31.1.6", 5432, 1, 2),
+    # a load balancer's address as the client (docs/attribution.md, "Two hops of NodePort
+    # and LoadBalancer traffic"): IP-mode targets, or a NodePort with externalTrafficPolicy
+    # Local (no SNAT): the endpoint sees the load balancer's own address
+    "load_balancer_ip_mode": Conn("172.31.128.9", "10.1.3.20", 8080, 5000, 90000),
+    "load_balancer_ip_mode_ipv6": Conn("fd00:172:31::9", "fd00:10:1:2::20", 8080, 700, 9000),
+    # externalTrafficPolicy Cluster: the receiving node n1 masqueraded the hop to its address
+    "nodeport_cluster_second_hop": Conn("node:n1", "10.1.3.20", 8080, 320, 4100),
 }
 
 
@@ -258,6 +275,12 @@ SOCKET_SCENARIOS = {
     "host_to_host_cross_zone": Conn("node:n1", "192.168.0.3", 10250, 500, 900),
     "host_client_clusterip_to_host_network": Conn("node:n1", "10.96.0.21", 9100, 50, 6000,
                                                   backend="192.168.0.2", bport=9100),
+    # a load balancer straight to a host-network server (an ingress controller on the node's
+    # port): no veth on either side, only sockets see it
+    "load_balancer_to_host_network": Conn("172.31.128.9", "192.168.0.3", 9100, 410, 8200),
+    # a host process calls a selector-less Service whose endpoint is a managed database
+    "host_client_clusterip_selectorless_cidr": Conn("node:n1", "10.96.0.40", 5432, 60, 700,
+                                                    backend="172.31.1.6", bport=5432),
 }
 
 
@@ -291,6 +314,11 @@ MIXED = {
     # veth node sees no host socket at all, or a pod's both directions with a node
     "host_to_host_cross_zone": ((0, 1), (1, 0)),
     "pod_to_node": ((1, 2), (1, 0)),
+    # a load balancer to a host-network server on n3: only a cgroup n3 sees it
+    "load_balancer_to_host_network": ((1, 1), (0, 0)),
+    # a host process on n1 to a managed database behind a ClusterIP: only a cgroup n1
+    # sees its socket (no agent sees the database's side)
+    "host_client_clusterip_selectorless_cidr": ((0, 0), (1, 1)),
 }
 
 
@@ -321,6 +349,74 @@ def test_socket_view_counts_host_network_endpoints_at_their_own_node() -> None:
         ("monitoring", "node-exporter", "response", "cross_zone"): 7000}
 
 
+def _by_class(agents: dict[str, Attributor]) -> dict[tuple[str, str, str, str, str], int]:
+    """Service bytes of every agent by (node, service, client_kind, lb_type, crossing)."""
+    out: dict[tuple[str, str, str, str, str], int] = {}
+    for node, a in agents.items():
+        for k, v in a.totals().service_bytes.items():
+            key = (node, k.service, k.client_kind, k.lb_type, k.crossing)
+            out[key] = out.get(key, 0) + v
+    return out
+
+
+@pytest.mark.parametrize("sockets", [False, True], ids=["veth", "cgroup"])
+def test_client_classes_of_load_balancer_and_node_hops(sockets: bool) -> None:
+    # an ALB in zone a sends to api on n3 (zone b); an NLB in zone b to api on n2 over IPv6;
+    # a NodePort hop masqueraded by n1 reaches api on n3: each counted once, at the
+    # endpoint's node, in its own class; load balancers are never judged hint-ignored
+    names = ("load_balancer_ip_mode", "load_balancer_ip_mode_ipv6", "nodeport_cluster_second_hop")
+    conns = [SCENARIOS[n] for n in names]
+    agents = run(conns, sockets=sockets)
+    alb, nlb, hop = conns
+    assert _by_class(agents) == {
+        ("n3", "api", "load-balancer", "aws-alb", "cross_zone"): alb.req + alb.resp,
+        ("n2", "api", "load-balancer", "aws-nlb", "cross_zone"): nlb.req + nlb.resp,
+        ("n3", "api", "node", "none", "cross_zone"): hop.req + hop.resp,
+    }
+    ignored = {k: v for a in agents.values() for k, v in a.totals().hint_ignored_bytes.items()}
+    # only the node hop is judged (n1's kube-proxy selects zone a's endpoints)
+    assert ignored == {HintIgnoredKey("shop", "api", A, B, "n1", "node"): hop.req + hop.resp}
+    zones = {(k.client_zone, k.server_zone) for a in agents.values() for k in a.totals().service_bytes
+             if k.client_kind == "load-balancer"}
+    assert zones == {(A, B), (B, A)}
+
+
+def test_socket_view_classes_load_balancer_and_host_clients() -> None:
+    lb = SOCKET_SCENARIOS["load_balancer_to_host_network"]
+    db = SOCKET_SCENARIOS["host_client_clusterip_selectorless_cidr"]
+    agents = run([lb, db], sockets=True)
+    assert _by_class(agents) == {
+        # the host-network server counts its load balancer client at its own node
+        ("n3", "node-exporter", "load-balancer", "aws-alb", "cross_zone"): lb.req + lb.resp,
+        # a host process's call to a managed database, counted at the client: class node
+        ("n1", "rds", "node", "none", "cross_zone"): db.req + db.resp,
+    }
+
+
+def test_workload_remote_kind_and_pair_class_of_a_load_balancer(cluster) -> None:  # type: ignore[no-untyped-def]
+    at = attributor(cluster, "n1")
+    # web dials an internal load balancer in zone a (its own zone), and one in zone b (v6)
+    at.attribute([flow(FlowKind.EGRESS, "10.1.1.10", "172.31.128.7", 443, 100),
+                  flow(FlowKind.INGRESS, "10.1.1.10", "172.31.128.7", 443, 900),
+                  flow(FlowKind.EGRESS, "fd00:10:1:1::10", "fd00:172:31::7", 443, 30)], T0)
+    at.close_interval(T0 + 10)
+    t = at.totals()
+    assert dict(t.workload_bytes) == {
+        WorkloadKey("shop", "web", "Deployment", A, A, "load-balancer", "same_zone", "egress"): 100,
+        WorkloadKey("shop", "web", "Deployment", A, A, "load-balancer", "same_zone", "ingress"): 900,
+        WorkloadKey("shop", "web", "Deployment", A, B, "load-balancer", "cross_zone", "egress"): 30,
+    }
+    # the pod is the client of both connections: its class, not the load balancer's
+    assert {(p.server, p.client_kind, p.lb_type) for p in t.top_pairs} == {
+        ("172.31.128.7", "pod", "none"), ("fd00:172:31::7", "pod", "none")}
+    # a load balancer as client of a Service: the pair row names its class and type
+    at3 = attributor(cluster, "n3")
+    at3.attribute([req("10.1.3.20", "172.31.128.9", 8080, 50)], T0)
+    at3.close_interval(T0 + 10)
+    assert [(p.client, p.client_kind, p.lb_type) for p in at3.totals().top_pairs] == [
+        ("172.31.128.9", "load-balancer", "aws-alb")]
+
+
 def test_socket_view_counts_host_to_host_at_the_sender() -> None:
     agents = run([SOCKET_SCENARIOS["host_to_host_cross_zone"]], sockets=True)
     t = {n: a.totals() for n, a in agents.items()}
@@ -347,7 +443,8 @@ def test_all_scenarios_together_once_and_in_the_right_series() -> None:
 
     api = [SCENARIOS[s] for s in ("clusterip_cross_zone", "clusterip_same_node", "clusterip_ipv6",
                                   "direct_pod", "direct_pod_same_node", "host_network_client",
-                                  "host_network_client_clusterip")]
+                                  "host_network_client_clusterip", "load_balancer_ip_mode",
+                                  "load_balancer_ip_mode_ipv6", "nodeport_cluster_second_hop")]
     assert service("shop", "api") == {"request": sum(c.req for c in api),
                                       "response": sum(c.resp for c in api)}
     dns = SCENARIOS["clusterip_udp"]
@@ -360,19 +457,22 @@ def test_all_scenarios_together_once_and_in_the_right_series() -> None:
     rds = [SCENARIOS["clusterip_selectorless_cidr"], SCENARIOS["direct_selectorless_cidr"]]
     assert service("shop", "rds") == {"request": sum(c.req for c in rds),
                                       "response": sum(c.resp for c in rds)}
-    assert t["n1"].service_bytes[ServiceKey("shop", "rds", "5432", A, B, "cross_zone", "request")] == 641
+    assert t["n1"].service_bytes[ServiceKey("shop", "rds", "5432", A, B, "cross_zone", "request", "pod", "none")] == 641
     partner = SCENARIOS["clusterip_selectorless_external"]
     assert t["n1"].service_bytes[ServiceKey("shop", "partner", "443", A, "unknown", "external",
-                                            "response")] == partner.resp
+                                            "response", "pod", "none")] == partner.resp
     nonsvc = [SCENARIOS[s] for s in ("pod_to_pod", "pod_to_pod_same_node", "pod_to_node",
                                      "pod_to_external", "pod_to_cidr",
                                      "server_replies_from_pod_to_pod")]
     assert sum(sum(x.workload_bytes.values()) for x in t.values()) == sum(c.req + c.resp for c in nonsvc)
     # zone a -> api in zone b: counted on n3 only (web on n1, and node n2 twice)
-    zone_a_clients = [SCENARIOS[s] for s in ("clusterip_cross_zone", "host_network_client",
-                                             "host_network_client_clusterip")]
-    assert t["n3"].service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "response")] == \
-        sum(c.resp for c in zone_a_clients)
+    # by client class: the pod's, and the host-network clients' (their node's address)
+    node_clients = [SCENARIOS[s] for s in ("host_network_client", "host_network_client_clusterip",
+                                           "nodeport_cluster_second_hop")]
+    assert t["n3"].service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "response",
+                                            "pod", "none")] == SCENARIOS["clusterip_cross_zone"].resp
+    assert t["n3"].service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "response",
+                                            "node", "none")] == sum(c.resp for c in node_clients)
     assert not any(k.service == "api" for k in t["n1"].service_bytes if k.crossing == "cross_zone")
 
 
@@ -439,8 +539,8 @@ def test_clusterip_to_host_network_endpoints_in_several_zones_is_unknown(cluster
                   flow(FlowKind.INGRESS, "10.1.1.10", "10.96.0.20", 9100, 900)], T0)
     t = at.totals()
     assert dict(t.service_bytes) == {
-        ServiceKey("monitoring", "node-exporter", "9100", A, "unknown", "unknown", "request"): 90,
-        ServiceKey("monitoring", "node-exporter", "9100", A, "unknown", "unknown", "response"): 900,
+        ServiceKey("monitoring", "node-exporter", "9100", A, "unknown", "unknown", "request", "pod", "none"): 90,
+        ServiceKey("monitoring", "node-exporter", "9100", A, "unknown", "unknown", "response", "pod", "none"): 900,
     }
     assert dict(t.unknown_crossing_bytes) == {"clusterip_to_host_network_endpoint": 990}
 
@@ -532,13 +632,13 @@ def test_totals_are_cumulative_monotonic_and_immutable(cluster) -> None:  # type
     at.attribute(batch, T0 + 10)
     at.attribute([], T0 + 20)
     second = at.totals()
-    assert first.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request")] == 100
-    assert second.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request")] == 200
+    assert first.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request", "pod", "none")] == 100
+    assert second.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request", "pod", "none")] == 200
     for name in ("service_bytes", "workload_bytes", "hint_ignored_bytes"):
         a, b = getattr(first, name), getattr(second, name)
         assert all(b[k] >= v for k, v in a.items())
     with pytest.raises(TypeError):
-        first.service_bytes[ServiceKey("x", "y", "1", A, A, "same_zone", "request")] = 1  # type: ignore[index]
+        first.service_bytes[ServiceKey("x", "y", "1", A, A, "same_zone", "request", "pod", "none")] = 1  # type: ignore[index]
     assert second.deltas_seen == 4 and second.bytes_seen == 214
 
 
@@ -556,7 +656,7 @@ def test_top_pairs_ranked_bounded_and_per_interval(cluster) -> None:  # type: ig
     assert t.top_interval == (T0, T0 + 10)
     assert t.top_pairs == (
         PairRow("shop/worker-x", "shop/api-5d8b-ccccc", "shop", "api", US, B, "cross_region", 400,
-                port="80"),
+                port="80", client_kind="pod"),
         PairRow("other", "other", "", "", "unknown", "unknown", "unknown", 150 + 30),
     )
     at.close_interval(T0 + 20)
@@ -626,7 +726,7 @@ def test_unresolved_client_held_until_metadata_arrives(cluster) -> None:  # type
     at.attribute([], T0 + 10)
     t = at.totals()
     assert t.held_bytes == 0
-    assert t.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request")] == 105
+    assert t.service_bytes[ServiceKey("shop", "api", "80", A, B, "cross_zone", "request", "pod", "none")] == 105
     assert not t.unknown_crossing_bytes
     assert t.bytes_seen == accounted(t) + sum(t.skipped_bytes.values())
 
@@ -676,7 +776,7 @@ def test_failing_own_node_lookup_keeps_the_batch(cluster) -> None:  # type: igno
     t = at.totals()
     # server zone unknown (this node's labels unavailable), the bytes still counted once
     assert dict(t.service_bytes) == {
-        ServiceKey("shop", "api", "80", A, "unknown", "unknown", "request"): 9}
+        ServiceKey("shop", "api", "80", A, "unknown", "unknown", "request", "pod", "none"): 9}
     assert dict(t.unknown_crossing_bytes) == {"node_without_zone": 9}
 
 
@@ -689,12 +789,13 @@ def test_totals_to_json_round_trips_through_json(cluster) -> None:  # type: igno
     doc = json.loads(json.dumps(at.totals().to_json()))
     assert doc["service_bytes"] == [{"namespace": "shop", "service": "api", "port": "80",
                                      "client_zone": A, "server_zone": B, "crossing": "cross_zone",
-                                     "direction": "request", "bytes": 100}]
+                                     "direction": "request", "client_kind": "pod",
+                                     "lb_type": "none", "bytes": 100}]
     assert doc["workload_bytes"][0]["workload"] == "db" and doc["workload_bytes"][0]["bytes"] == 5
     assert doc["top_pairs"][0] == {"client": "shop/web-7c9f-abcde", "server": "shop/api-5d8b-ccccc",
                                    "namespace": "shop", "service": "api", "client_zone": A,
                                    "server_zone": B, "crossing": "cross_zone", "bytes": 100,
-                                   "port": "80"}
+                                   "port": "80", "client_kind": "pod", "lb_type": "none"}
     assert doc["top_interval"] == [T0, T0 + 10]
     assert "locality" not in doc  # the hint model's (tests/unit/hints/test_model_locality.py)
 
@@ -738,7 +839,7 @@ def test_hostnet_decision_not_kept_while_endpoints_unresolved(cluster) -> None: 
     view.synced = True
     at.attribute([delta], T0 + 10)   # well within HOSTNET_TTL: decided again all the same
     assert dict(at.totals().service_bytes) == {
-        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request"): 50}
+        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request", "pod", "none"): 50}
 
 
 def test_clusterip_copy_held_while_its_endpoints_are_unresolved(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -767,7 +868,7 @@ def test_clusterip_copy_held_while_its_endpoints_are_unresolved(cluster) -> None
     t = at.totals()
     assert t.held_bytes == 0
     assert dict(t.service_bytes) == {
-        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request"): 50}
+        ServiceKey("monitoring", "exporter-n2", "9100", A, A, "same_zone", "request", "pod", "none"): 50}
 
 
 def test_non_canonical_selected_addresses_are_not_hint_ignored(cluster) -> None:  # type: ignore[no-untyped-def]
@@ -851,3 +952,12 @@ def test_state_round_trips_and_an_older_checkpoint_restores_its_hint_ignored_ser
     assert dict(again.totals().client_path_bytes) == {}
     with pytest.raises(ValueError):
         again.restore({**state, "ignored": [["shop", "api", A, 64]]})
+    # service rows from before client classes (seven labels): kind and type unknown, kept
+    old = {**state, "service": [["shop", "api", "80", A, B, "cross_zone", "request", 64]]}
+    again.restore(old)
+    assert dict(again.totals().service_bytes) == {
+        ServiceKey("shop", "api", "80", A, B, "cross_zone", "request", "unknown", "unknown"): 64}
+    assert dict(at.totals().service_bytes) == {
+        ServiceKey("shop", "api", "80", A, B, "cross_zone", "request", "node", "none"): 64}
+    with pytest.raises(ValueError):
+        again.restore({**state, "service": [["shop", "api", "80", A, B, "cross_zone", 64]]})

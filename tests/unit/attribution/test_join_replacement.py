@@ -82,7 +82,7 @@ def test_last_exchanges_of_a_removed_endpoint_stay_service_bytes() -> None:
     assert t.held_bytes == 0
     assert _service_bytes(t) == 3 * (REQUEST_BYTES + RESPONSE_BYTES)
     assert t.service_bytes[ServiceKey("shop", "web", "80", "zone-b", "zone-a", "cross_zone",
-                                      "request")] == 3 * REQUEST_BYTES
+                                      "request", "pod", "none")] == 3 * REQUEST_BYTES
 
 
 def test_new_pod_reusing_the_address_learnt_one_drain_late() -> None:

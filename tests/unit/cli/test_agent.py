@@ -91,8 +91,9 @@ def test_counters_are_cumulative_and_endpoints_follow_slices() -> None:
     assert res.endpoints_changed and res.services_evaluated == 1
     assert dp.endpoints[-1] == frozenset({(ip("10.244.2.30"), 5432, 6)})
     text = generate_latest(exp.registry()).decode()
-    assert ('zonemeter_service_bytes_total{client_zone="zone-b",crossing="same_node",direction="request",'
-            'namespace="shop",port="5432",server_zone="zone-b",service="db"} 111.0') in text
+    assert ('zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-b",crossing="same_node",'
+            'direction="request",lb_type="none",namespace="shop",port="5432",server_zone="zone-b",'
+            'service="db"} 111.0') in text
     assert "zonemeter_collector_duration_seconds 0.5" in text
     # nothing changed: no endpoint rewrite, no hint evaluation
     res = loop.tick()
@@ -196,8 +197,9 @@ def test_sigterm_detaches_then_drains_and_exports_the_last_bytes(
     assert dp.config.attach == "clsact"
     assert dp.events[:3] == ["watch", "drain", "close"] and dp.events[3] == "drain"
     text = seen["text"]
-    assert ('zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",direction="response",'
-            'namespace="shop",port="80",server_zone="zone-b",service="web"} 4000.0') in text
+    assert ('zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-a",crossing="cross_zone",'
+            'direction="response",lb_type="none",namespace="shop",port="80",server_zone="zone-b",'
+            'service="web"} 4000.0') in text
     err = capsys.readouterr().err.splitlines()
     logs = [json.loads(x) for x in err]  # every stderr line is one JSON object
     msgs = [x["msg"] for x in logs]

@@ -127,8 +127,9 @@ async def test_live_metadata_drives_endpoints_and_attribution(
         await until(lambda: dp.endpoints[-1] == want)
 
         dp.pending = [d(FlowKind.REQUEST, "10.244.1.21", "10.244.2.10", 8080, 321)]
-        line = ('zonemeter_service_bytes_total{client_zone="zone-b",crossing="cross_zone",'
-                'direction="request",namespace="shop",port="80",server_zone="zone-a",service="web"} 321.0')
+        line = ('zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-b",crossing="cross_zone",'
+                'direction="request",lb_type="none",namespace="shop",port="80",server_zone="zone-a",'
+                'service="web"} 321.0')
         await until(lambda: line in _metrics(url))
         assert 'zonemeter_metadata_synced{resource="endpointslices"} 1.0' in _metrics(url)
         assert ('zonemeter_hint_model_info{kube_proxy_source="default",kube_proxy_version="1.33",'

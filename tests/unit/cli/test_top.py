@@ -32,7 +32,10 @@ def snap(cross: int, same: int, at: float) -> ExportSnapshot:
                 ServiceBytesKey("shop", "web", "80", "zone-b", "zone-b", "same_zone", "response"): same},
             top_pairs=(PairRow(client="shop/client-a", server="shop/web-b", client_zone="zone-a",
                                server_zone="zone-b", crossing="cross_zone", namespace="shop", service="web",
-                               port="", bytes=4000),),
+                               port="", bytes=4000, client_kind="pod"),
+                       PairRow(client="10.0.9.4", server="shop/web-b", client_zone="zone-a",
+                               server_zone="zone-b", crossing="cross_zone", namespace="shop", service="web",
+                               port="80", bytes=2000, client_kind="load-balancer", lb_type="aws-nlb")),
             top_interval=(at - 2.0, at)),
         locality={ServiceRef("shop", "web"): Locality("PreferClose", "no-hints-for-zone",
                                                        {"zone-a": False, "zone-b": True}, 0.0)},
@@ -46,6 +49,24 @@ def server() -> Iterator[tuple[MetricsServer, Exporter]]:
     srv = start_server(exp, "127.0.0.1:0")
     yield srv, exp
     srv.close()
+
+
+def test_pairs_show_the_client_class() -> None:
+    e = Exporter()
+    e.update(snap(1000, 500, 100.0))
+    doc = e.flows()
+    for width, lb in ((80, "lb:nlb"), (160, "lb:aws-nlb")):
+        lines = render(doc, None, "http://x", width=width).splitlines()
+        head = next(ln for ln in lines if ln.startswith("CLIENT"))
+        assert head.split()[:3] == ["CLIENT", "CLASS", "SERVER"]
+        rows = {ln.split()[0]: ln.split()[1] for ln in lines
+                if ln.startswith(("shop/client-a", "10.0.9.4"))}
+        assert rows == {"shop/client-a": "pod", "10.0.9.4": lb}
+    # an agent from before client classes: its rows say nothing, shown as "?"
+    old = {**doc, "pairs": [{k: v for k, v in p.items() if k not in ("client_kind", "lb_type")}
+                            for p in doc["pairs"]]}
+    row = next(ln for ln in render(old, None, "http://x").splitlines() if ln.startswith("10.0.9.4"))
+    assert row.split()[1] == "?"
 
 
 def test_rates_are_differences_over_generated_at() -> None:

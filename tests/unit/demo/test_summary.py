@@ -168,7 +168,7 @@ def test_summary_schema_and_exact_match() -> None:
                         "ground_truth_cross_zone_bytes", "hint_ignored_bytes",
                         "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
                         "warnings", "usd_per_month_at_aws_price", "expected_cross_zone",
-                        "observed_cross_zone", "hint_ignored_causes"}
+                        "observed_cross_zone", "hint_ignored_causes", "cost_by_class"}
     assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
     assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
     assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000
@@ -240,6 +240,52 @@ def test_cost_extrapolates_the_measured_rate_at_aws_price() -> None:
     text = render_table(s, ["zone-a", "zone-b", "zone-c"])
     assert "$/MONTH AT AWS*" in text and "$0.11" in text
     assert "* extrapolation:" in text and "not your bill" in text
+
+
+#: shop/checkout's clients by class, from an agent that exports client_kind and lb_type: pods,
+#: an ALB (AWS does not bill its hop to targets) and an NLB (billed, cross-zone on)
+NODE_CLASSES = """\
+# TYPE zonemeter_service_bytes_total counter
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-c",server_zone="zone-b",crossing="cross_zone",direction="request",client_kind="pod",lb_type="none"} 1000.0
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-c",server_zone="zone-b",crossing="cross_zone",direction="response",client_kind="pod",lb_type="none"} 5000.0
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-a",server_zone="zone-b",crossing="cross_zone",direction="request",client_kind="load-balancer",lb_type="aws-alb"} 40000.0
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-c",server_zone="zone-b",crossing="cross_zone",direction="request",client_kind="load-balancer",lb_type="aws-nlb"} 3000.0
+zonemeter_service_bytes_total{namespace="shop",service="checkout",port="80",client_zone="zone-b",server_zone="zone-b",crossing="same_zone",direction="request",client_kind="load-balancer",lb_type="aws-alb"} 900.0
+# TYPE zonemeter_workload_bytes_total counter
+zonemeter_workload_bytes_total{namespace="shop",workload="batch",workload_kind="Job",client_zone="zone-c",remote_zone="zone-a",remote_kind="load-balancer",crossing="cross_zone",direction="egress"} 1000000.0
+"""
+
+
+def test_dollars_price_only_the_classes_aws_bills_and_show_the_rest_at_zero() -> None:
+    agents = parse_metrics(NODE_CLASSES)
+    assert agents.service_classes[("shop", "checkout", "cross_zone", "load-balancer", "aws-alb")] == 40000
+    s = build_summary(1.0, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model())
+    (svc,) = s["services"]
+    assert svc["cross_zone_bytes"] == 49000  # every class's bytes, as the agents count them
+    by = {(c["client_kind"], c["lb_type"]): c for c in svc["cost_by_class"]}
+    assert [(c["client_kind"], c["lb_type"]) for c in svc["cost_by_class"]] == [
+        ("load-balancer", "aws-alb"), ("pod", ""), ("load-balancer", "aws-nlb")]
+    alb = by[("load-balancer", "aws-alb")]
+    assert (alb["cross_zone_bytes"], alb["billed"], alb["usd_per_month_at_aws_price"]) == (40000, False, 0.0)
+    assert alb["reason"].startswith("Application Load Balancer to its targets")
+    assert by[("pod", "")]["usd_per_month_at_aws_price"] == usd_per_month_at_aws_price(6000, 1.0)
+    assert by[("load-balancer", "aws-nlb")]["usd_per_month_at_aws_price"] == \
+        usd_per_month_at_aws_price(3000, 1.0)
+    assert svc["usd_per_month_at_aws_price"] == round(usd_per_month_at_aws_price(6000, 1.0)
+                                                      + usd_per_month_at_aws_price(3000, 1.0), 2)
+    # a pod's own hop to a load balancer in another zone is billed on AWS
+    (row,) = [w for w in s["workloads"] if w["remote_kind"] == "load-balancer"]
+    assert row["billed"] and row["usd_per_month_at_aws_price"] == usd_per_month_at_aws_price(10**6, 1.0)
+    table = render_table(s, ["zone-a", "zone-b", "zone-c"])
+    assert ("  shop/checkout: 40,000 cross-zone bytes from load-balancer aws-alb at $0: "
+            "Application Load Balancer to its targets") in table
+    # an agent without the class labels: every cross-zone byte billed, as before classes
+    old = parse_metrics(NODE_B1)
+    assert build_summary(1.0, old, {"shop/checkout": _truth(1000, 5000, 700)}, _model())[
+        "services"][0]["cost_by_class"] == [{
+            "client_kind": "", "lb_type": "", "cross_zone_bytes": 6000, "billed": True,
+            "usd_per_month_at_aws_price": usd_per_month_at_aws_price(6000, 1.0),
+            "reason": "no client_kind label (an agent before client classes): priced as inter-zone"}]
 
 
 def test_table_marks_equal_and_different() -> None:

@@ -39,9 +39,12 @@ def full_snapshot() -> ExportSnapshot:
     return ExportSnapshot(
         totals=AttributionTotals(
         service_bytes={
-            ServiceBytesKey("shop", "cart", "80", "zone-a", "zone-b", "cross_zone", "response"): 5000,
-            ServiceBytesKey("shop", "cart", "80", "zone-a", "zone-b", "cross_zone", "request"): 1200,
-            ServiceBytesKey("shop", "cart", "80", "zone-b", "zone-b", "same_zone", "request"): 300,
+            ServiceBytesKey("shop", "cart", "80", "zone-a", "zone-b", "cross_zone", "response",
+                            "pod", "none"): 5000,
+            ServiceBytesKey("shop", "cart", "80", "zone-a", "zone-b", "cross_zone", "request",
+                            "pod", "none"): 1200,
+            ServiceBytesKey("shop", "cart", "80", "zone-b", "zone-b", "same_zone", "request",
+                            "load-balancer", "aws-alb"): 300,
         },
         hint_ignored_bytes={HintIgnoredKey("shop", "cart", "zone-a", "zone-b", "n-a", "pod"): 1200},
         client_path_bytes={ClientPathKey("shop", "cart", "n-b", "clusterip"): 300},
@@ -53,9 +56,11 @@ def full_snapshot() -> ExportSnapshot:
         diagnostics_bytes={"endpoint_not_in_kernel": 3300},
         series_expired={"zonemeter_workload_bytes_total": 2, "zonemeter_service_bytes_total": 0},
         top_pairs=(PairRow(client="shop/ui-1", server="shop/cart-2", client_zone="zone-a", server_zone="zone-b",
-                           crossing="cross_zone", namespace="shop", service="cart", port="80", bytes=6200),
-                   PairRow(client="shop/ui-2", server="shop/cart-2", client_zone="zone-b", server_zone="zone-b",
-                           crossing="same_zone", namespace="shop", service="cart", port="80", bytes=300))),
+                           crossing="cross_zone", namespace="shop", service="cart", port="80", bytes=6200,
+                           client_kind="pod"),
+                   PairRow(client="10.0.9.4", server="shop/cart-2", client_zone="zone-b", server_zone="zone-b",
+                           crossing="same_zone", namespace="shop", service="cart", port="80", bytes=300,
+                           client_kind="load-balancer", lb_type="aws-alb"))),
         locality={ServiceRef("shop", "cart"): Locality("PreferSameZone", "none",
                                                         {"zone-a": True, "zone-b": False}, 1700000000.5,
                                                         {"zone-a": 0.0, "zone-b": 0.5})},
@@ -71,11 +76,11 @@ def full_snapshot() -> ExportSnapshot:
 
 
 EXPECTED = '''\
-# HELP zonemeter_service_bytes_total L3 bytes of Service traffic counted at the endpoint's node, by client and server zone, crossing and direction.
+# HELP zonemeter_service_bytes_total L3 bytes of Service traffic counted at the endpoint's node, by client and server zone, crossing, direction and the client's class (pod, node, load-balancer with its lb_type, cidr, external, unknown).
 # TYPE zonemeter_service_bytes_total counter
-zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",direction="request",namespace="shop",port="80",server_zone="zone-b",service="cart"} 1200.0
-zonemeter_service_bytes_total{client_zone="zone-a",crossing="cross_zone",direction="response",namespace="shop",port="80",server_zone="zone-b",service="cart"} 5000.0
-zonemeter_service_bytes_total{client_zone="zone-b",crossing="same_zone",direction="request",namespace="shop",port="80",server_zone="zone-b",service="cart"} 300.0
+zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-a",crossing="cross_zone",direction="request",lb_type="none",namespace="shop",port="80",server_zone="zone-b",service="cart"} 1200.0
+zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-a",crossing="cross_zone",direction="response",lb_type="none",namespace="shop",port="80",server_zone="zone-b",service="cart"} 5000.0
+zonemeter_service_bytes_total{client_kind="load-balancer",client_zone="zone-b",crossing="same_zone",direction="request",lb_type="aws-alb",namespace="shop",port="80",server_zone="zone-b",service="cart"} 300.0
 # HELP zonemeter_service_hint_ignored_bytes_total L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that zone while topology hints were in effect, by the client's node and kind (pod or node).
 # TYPE zonemeter_service_hint_ignored_bytes_total counter
 zonemeter_service_hint_ignored_bytes_total{client_kind="pod",client_node="n-a",client_zone="zone-a",namespace="shop",server_zone="zone-b",service="cart"} 1200.0
@@ -220,9 +225,9 @@ def test_label_values_are_escaped_and_missing_ones_are_unknown() -> None:
     })))
     text = generate_latest(exp.registry()).decode()
     line = next(ln for ln in text.splitlines() if ln.startswith("zonemeter_service_bytes_total{"))
-    assert line == ('zonemeter_service_bytes_total{client_zone="line\\nbreak",crossing="unknown",'
-                    'direction="request",namespace="we\\"ird",port="80",server_zone="unknown",'
-                    'service="back\\\\slash"} 1.0')
+    assert line == ('zonemeter_service_bytes_total{client_kind="unknown",client_zone="line\\nbreak",'
+                    'crossing="unknown",direction="request",lb_type="none",namespace="we\\"ird",'
+                    'port="80",server_zone="unknown",service="back\\\\slash"} 1.0')
     # and a Prometheus parser reads the original values back
     fam = next(f for f in text_string_to_metric_families(text) if f.name == "zonemeter_service_bytes")
     assert fam.samples[0].labels["namespace"] == 'we"ird'
@@ -271,11 +276,15 @@ def test_flows_document() -> None:
         "namespace": "shop", "service": "cart", "bytes_total": 6500,
         "by_crossing": {"cross_zone": 6200, "same_zone": 300},
         "by_direction": {"request": 1500, "response": 5000},
+        "by_client_kind": {"pod": 6200, "load-balancer/aws-alb": 300},
         "hint_ignored_bytes": 1200, "mode": "PreferSameZone", "reason": "none",
         "locality_in_effect": {"zone-a": True, "zone-b": False},
         "expected_cross_zone": {"zone-a": 0.0, "zone-b": 0.5},
     }]
-    assert [p["client"] for p in doc["pairs"]] == ["shop/ui-1"]
+    assert [(p["client"], p["client_kind"], p["lb_type"]) for p in doc["pairs"]] == [
+        ("shop/ui-1", "pod", "none")]
+    assert [(p["client"], p["client_kind"], p["lb_type"]) for p in exp.flows(top=2)["pairs"]][1] == (
+        "10.0.9.4", "load-balancer", "aws-alb")
     assert doc["self"]["metadata_synced"] == {"nodes": False, "pods": True}
     assert doc["unattributed_bytes"] == {"flow_table_full": 9}
     assert doc["unknown_crossing_bytes"] == {"no_pod_for_ip": 4}
@@ -368,7 +377,8 @@ def test_mixed_none_and_int_labels_from_a_sloppy_producer_do_not_break_scrapes()
                   ServiceRef("a", None): Locality("Auto", "none", {}, 0.0)},  # type: ignore[arg-type]
     ))
     text = generate_latest(exp.registry()).decode()
-    assert 'client_zone="unknown",crossing="unknown",direction="request",namespace="a",port="80"' in text
+    assert ('client_kind="unknown",client_zone="unknown",crossing="unknown",direction="request",'
+            'lb_type="none",namespace="a",port="80"') in text
     assert 'zonemeter_unattributed_bytes_total{reason="unknown"} 3.0' in text
     assert 'zonemeter_service_locality_info{mode="none",namespace="a",reason="unknown",service="s"} 1.0' in text
     assert exp.flows()["unattributed_bytes"] == {"no_pod_for_ip": 4, "unknown": 3}

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.errors import InputError
-from agent.k8s.cidrs import parse_zone_cidrs
+from agent.k8s.cidrs import LB_TYPES, parse_zone_cidrs
 from agent.k8s.snapshot import KINDS, load_text
 
 KEYS = ["kind", "metadata", "name", "namespace", "items", "labels", "spec", "status",
@@ -128,11 +128,12 @@ NETS = st.one_of(
     st.sampled_from([ipaddress.ip_network(n) for n in ("10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24",
                                                         "0.0.0.0/0", "::/0", "fd00::/8")]))
 ZONES = st.sampled_from(["eu-west-1a", "eu-west-1b", "us-central1-c"])
-ROWS = st.lists(st.tuples(NETS, ZONES, st.none() | st.sampled_from(["eu-west-1", "r"])), max_size=8)
+ROWS = st.lists(st.tuples(NETS, ZONES, st.none() | st.sampled_from(["eu-west-1", "r"]),
+                          st.none() | st.sampled_from(LB_TYPES), st.booleans()), max_size=8)
 
 
-def _unique(rows: list[tuple[Any, str, str | None]]) -> list[tuple[Any, str, str | None]]:
-    out: dict[Any, tuple[Any, str, str | None]] = {}
+def _unique(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    out: dict[Any, tuple[Any, ...]] = {}
     for r in rows:
         out.setdefault(r[0], r)
     return list(out.values())
@@ -140,14 +141,19 @@ def _unique(rows: list[tuple[Any, str, str | None]]) -> list[tuple[Any, str, str
 
 @settings(max_examples=200, deadline=None)
 @given(ROWS, st.sampled_from(["csv", "csv-header", "yaml", "yaml-cidrs", "json"]), st.booleans(), st.booleans())
-def test_cidr_files_round_trip(rows: list[tuple[Any, str, str | None]], fmt: str, bom: bool, crlf: bool) -> None:
+def test_cidr_files_round_trip(rows: list[tuple[Any, ...]], fmt: str, bom: bool, crlf: bool) -> None:
+    # a load balancer's range with its type, its kind written out or implied by the type
     rows = _unique(rows)
     if fmt.startswith("csv"):
-        lines = (["cidr,zone,region"] if fmt == "csv-header" else []) + [
-            f"{n},{z}" + (f",{r}" if r else "") for n, z, r in rows]
+        lines = (["cidr,zone,region,kind,type"] if fmt == "csv-header" else []) + [
+            f"{n},{z}" + (f",{r or ''},{'load-balancer' if spelled else ''},{lb}" if lb
+                          else (f",{r}" if r else "")) for n, z, r, lb, spelled in rows]
         text = "\n".join(lines) + "\n"
     else:
-        items = [{"cidr": str(n), "zone": z, **({"region": r} if r else {})} for n, z, r in rows]
+        items = [{"cidr": str(n), "zone": z, **({"region": r} if r else {}),
+                  **({"type": lb} if lb else {}),
+                  **({"kind": "load-balancer" if lb else "cidr"} if spelled else {})}
+                 for n, z, r, lb, spelled in rows]
         doc: Any = {"cidrs": items} if fmt == "yaml-cidrs" else items
         text = json.dumps(doc) if fmt == "json" else yaml.safe_dump(doc)
         if not items and fmt == "yaml":
@@ -157,7 +163,8 @@ def test_cidr_files_round_trip(rows: list[tuple[Any, str, str | None]], fmt: str
     if bom:
         text = "\ufeff" + text
     got = parse_zone_cidrs(text, "zones")
-    assert [(z.network, z.zone, z.region) for z in got] == rows
+    assert [(z.network, z.zone, z.region, z.lb_type) for z in got] == [r[:4] for r in rows]
+    assert [z.kind for z in got] == ["load-balancer" if r[3] else "cidr" for r in rows]
 
 
 @settings(max_examples=300, deadline=None)
@@ -181,7 +188,12 @@ def test_cidr_same_network_two_zones_is_refused() -> None:
     with pytest.raises(InputError) as info:
         parse_zone_cidrs("10.0.0.0/8,a\n10.1.0.0/16,b\n10.0.0.0/8,b\n", "z.csv")
     assert str(info.value) == ("z.csv: line 3: cidr: 10.0.0.0/8 is already mapped to zone 'a' "
-                               "(region None) on line 1")
+                               "(region None, cidr) on line 1")
+    # one network as a VM range and as a load balancer's: refused too
+    with pytest.raises(InputError) as info:
+        parse_zone_cidrs("10.0.0.0/24,a,,load-balancer,aws-nlb\n10.0.0.0/24,a\n", "z.csv")
+    assert str(info.value) == ("z.csv: line 2: cidr: 10.0.0.0/24 is already mapped to zone 'a' "
+                               "(region None, load-balancer aws-nlb) on line 1")
     # the same mapping twice is harmless, and overlapping lengths are by design
     assert len(parse_zone_cidrs("10.0.0.0/8,a\n10.0.0.0/8,a\n10.0.0.0/16,b\n", "z.csv")) == 3
 

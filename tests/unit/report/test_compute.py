@@ -118,6 +118,57 @@ def test_total_sums_services_and_weights_the_share_by_bytes() -> None:
     assert t.after.cross_zone_pairs == (PairRate("request", "a", "b", 1.85e6),)
 
 
+def classed(w: Window, total: float, pairs: dict[tuple[str, str], float]) -> WindowStats:
+    """A window whose cross-zone bytes/s come from client classes ``(kind, lb_type)``."""
+    prs = tuple(PairRate("request", "a", "b", v, kind, lb) for (kind, lb), v in pairs.items())
+    return WindowStats(w, total, sum(pairs.values()), 0.0, 1.0, prs, (), STEADY)
+
+
+def test_dollars_price_only_the_classes_the_cloud_bills() -> None:
+    # before: 1 MB/s of 4 MB/s cross from pods, 2 MB/s from an ALB (free on AWS), 0.5 MB/s
+    # from an NLB (billed); after: pods 0.2 MB/s at 4 MB/s total, the load balancers unchanged
+    before = classed(B, 4e6, {("pod", "none"): 1e6, ("load-balancer", "aws-alb"): 2e6,
+                              ("load-balancer", "aws-nlb"): 5e5})
+    after = classed(A, 4e6, {("pod", "none"): 2e5, ("load-balancer", "aws-alb"): 2e6,
+                             ("load-balancer", "aws-nlb"): 5e5})
+    c = change_of(CART, before, after, AWS)
+    # the bytes arithmetic is over every cross-zone byte, as before classes existed
+    assert c.normalized_saved == pytest.approx(3.5e6 / 4e6 * 4e6 - 2.7e6)
+    # the dollars over the billed ones only: pods and the NLB, not the ALB
+    assert c.billed_normalized_saved == pytest.approx(1.5e6 / 4e6 * 4e6 - 7e5)
+    assert c.usd_per_month_saved == pytest.approx(AWS.usd_per_month(8e5))
+    # GCP bills both AWS types as ordinary transfer; Azure bills nothing
+    gcp = change_of(CART, before, after, Price("gcp", 0.01))
+    assert gcp.billed_normalized_saved == pytest.approx(gcp.normalized_saved)
+    assert change_of(CART, before, after, Price("azure", 0.0)).usd_per_month_saved == 0.0
+    # the total sums the billed figures of the Services it counts
+    pay = change_of(ServiceKey("shop", "pay"), classed(B, 2e6, {("node", "none"): 1e6}),
+                    classed(A, 2e6, {("node", "none"): 5e5}), AWS)
+    t = total_of([c, pay], AWS, B, A)
+    assert t.billed_normalized_saved == pytest.approx(8e5 + 5e5)
+    assert t.usd_per_month_saved == pytest.approx(AWS.usd_per_month(1.3e6))
+    # series of older agents (no client_kind): billed, so the figures are as before classes
+    old = change_of(CART, classed(B, 4e6, {("", ""): 3e6}), classed(A, 1.3e6, {("", ""): 3e5}), AWS)
+    assert old.usd_per_month_saved == pytest.approx(35.501571)
+
+
+def test_class_costs_show_unbilled_classes_at_zero_with_the_reason() -> None:
+    from agent.report.compute import class_costs
+    before = classed(B, 4e6, {("pod", "none"): 1e6, ("load-balancer", "aws-alb"): 2e6})
+    after = classed(A, 4e6, {("pod", "none"): 2e5, ("load-balancer", "aws-alb"): 3e6,
+                             ("cidr", "none"): 1e5})
+    rows = {(k.client_kind, k.lb_type): k for k in class_costs("services", before, after, AWS)}
+    alb = rows[("load-balancer", "aws-alb")]
+    assert (alb.before, alb.after, alb.billed) == (2e6, 3e6, False)
+    assert alb.usd_per_month_before == alb.usd_per_month_after == 0.0
+    assert "Application Load Balancer" in alb.reason and alb.source.startswith("https://")
+    pod = rows[("pod", "")]  # lb_type "none" is no part of a non-load-balancer class
+    assert pod.billed and pod.usd_per_month_after == pytest.approx(AWS.usd_per_month(2e5))
+    assert rows[("cidr", "")].usd_per_month_before == 0.0  # no bytes before
+    # largest after first
+    assert [k for k in rows] == [("load-balancer", "aws-alb"), ("pod", ""), ("cidr", "")]
+
+
 def test_total_share_unknown_without_any_state() -> None:
     c = change_of(CART, stats(B, 1e6, 1e5, None), stats(A, 1e6, 1e5, None), AWS)
     assert total_of([c], AWS, B, A).after.locality_in_effect_share is None

@@ -43,3 +43,78 @@ def test_one_month_length_everywhere() -> None:
         text = (mon / f).read_text()
         assert str(SECONDS_PER_MONTH) in text, f
         assert "2592000" not in text and "30 * 86400" not in text, f
+
+
+# ---------------------------------------------------------------- prices by client class
+
+@pytest.mark.parametrize("cloud, kind, lb, billed", [
+    # AWS: inter-AZ EC2 transfer for pods, nodes and VMs/managed databases; an ALB's or a
+    # CLB's hop to its targets is free, an NLB's (cross-zone load balancing on) is not
+    ("aws", "pod", "none", True), ("aws", "node", "none", True), ("aws", "cidr", "none", True),
+    ("aws", "load-balancer", "aws-alb", False), ("aws", "load-balancer", "aws-clb", False),
+    ("aws", "load-balancer", "aws-nlb", True), ("aws", "load-balancer", "other", True),
+    ("aws", "load-balancer", "", True),       # a pod's own hop to a load balancer (workloads)
+    ("aws", "external", "none", False), ("aws", "unknown", "none", True),
+    ("aws", "", "", True),                    # a series of an agent before client classes
+    # GCP: VM to VM between zones; a proxy load balancer's backend traffic is its own charge
+    ("gcp", "pod", "none", True), ("gcp", "node", "none", True),
+    ("gcp", "load-balancer", "gcp-lb", False), ("gcp", "external", "none", False),
+    # Azure: no inter-zone charge at all
+    ("azure", "pod", "none", False), ("azure", "load-balancer", "azure-lb", False),
+    ("azure", "cidr", "none", False),
+    # a number: every class billed, since it says nothing of a cloud's exceptions
+    ("0.03", "load-balancer", "aws-alb", True), ("0.03", "pod", "none", True),
+    ("0.03", "external", "none", False),
+])
+def test_class_rules(cloud: str, kind: str, lb: str, billed: bool) -> None:
+    rule = parse_price(cloud).rule(kind, lb)
+    assert rule.billed is billed and parse_price(cloud).billed(kind, lb) is billed
+    assert rule.reason
+
+
+def test_every_named_rule_cites_a_public_page_and_every_class_has_one() -> None:
+    from agent.attribution.vocabulary import CLIENT_KINDS
+    from agent.k8s.cidrs import LB_TYPES
+    from agent.report.pricing import CLASS_RULES, NAMED_PRICES, RULES_READ_ON
+
+    assert set(CLASS_RULES) == set(NAMED_PRICES)
+    assert RULES_READ_ON == "2026-12-07"
+    for cloud, rules in CLASS_RULES.items():
+        for kind in CLIENT_KINDS:
+            lbs = ("", *LB_TYPES) if kind == "load-balancer" else ("",)
+            for lb in lbs:
+                rule = rules[(kind, lb)]
+                assert rule.source.startswith("https://"), (cloud, kind, lb)
+                assert "no " + cloud + " rule" not in rule.reason
+
+
+def test_lb_type_is_read_only_for_load_balancers_and_unknown_classes_are_billed() -> None:
+    aws = parse_price("aws")
+    # a stray lb_type on another class is not a different class
+    assert aws.rule("pod", "aws-alb") == aws.rule("pod", "none") == aws.rule("pod")
+    odd = aws.rule("satellite")
+    assert odd.billed and not odd.sure and "no aws rule for class 'satellite'" in odd.reason
+    odd_lb = aws.rule("load-balancer", "f5")
+    assert odd_lb.billed and "type 'f5'" in odd_lb.reason
+
+
+def test_dashboard_and_rules_leave_out_exactly_the_free_load_balancer_types() -> None:
+    """The cost rule and panels exclude the lb_type values no cloud's own rule bills; the
+    regex there is this module's, not a second copy that could drift."""
+    import json
+    from pathlib import Path
+
+    from agent.report.pricing import CLASS_RULES, UNBILLED_LB_TYPES
+
+    own = {"aws-alb": "aws", "aws-clb": "aws", "aws-nlb": "aws", "gcp-lb": "gcp",
+           "azure-lb": "azure"}
+    assert set(UNBILLED_LB_TYPES) == {t for t, cloud in own.items()
+                                      if not CLASS_RULES[cloud][("load-balancer", t)].billed}
+    regex = "|".join(UNBILLED_LB_TYPES)
+    mon = Path(__file__).resolve().parents[3] / "deploy" / "daemonset" / "monitoring"
+    for f in ("prometheusrule.yaml", "rules.yml"):
+        assert f'lb_type!~"{regex}"' in (mon / f).read_text(), f
+    dash = json.loads((mon / "grafana-dashboard.json").read_text())
+    costs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])
+             if "$price_usd_per_gb" in t.get("expr", "")]
+    assert costs and all(f'lb_type!~"{regex}"' in e for e in costs), costs

@@ -269,3 +269,44 @@ def test_all_zero_rows_are_hidden_and_counted() -> None:
     assert len(to_json(r, all_rows=True)["services"]) == 3
     assert [row["name"] for row in csv.DictReader(io.StringIO(to_csv(r)))] == ["cart", "pay", ""]
     assert len(list(csv.DictReader(io.StringIO(to_csv(r, all_rows=True))))) == 4
+
+
+def test_classes_in_json_table_and_zone_pairs_summed_over_classes() -> None:
+    from agent.report.compute import class_costs
+    # shop/front: its clients are pods, an ALB (free on AWS) and an NLB (billed), all a -> b
+    before = WindowStats(B, 4e6, 3e6, 0.0, 1.0, (
+        PairRate("request", "a", "b", 1e6, "pod", "none"),
+        PairRate("request", "a", "b", 1.5e6, "load-balancer", "aws-alb"),
+        PairRate("request", "a", "b", 5e5, "load-balancer", "aws-nlb")), spread=STEADY)
+    after = WindowStats(A, 4e6, 2.2e6, 0.0, 1.0, (
+        PairRate("request", "a", "b", 2e5, "pod", "none"),
+        PairRate("request", "a", "b", 1.5e6, "load-balancer", "aws-alb"),
+        PairRate("request", "a", "b", 5e5, "load-balancer", "aws-nlb")), spread=STEADY)
+    front = change_of(ServiceKey("shop", "front"), before, after, AWS)
+    total = total_of([front], AWS, B, A)
+    report = Report(AWS, B, A, A.start, (front,), total, (), assumptions(AWS),
+                    classes=class_costs("services", total.before, total.after, AWS))
+    doc = json.loads(json.dumps(to_json(report)))
+    # zone pairs stay one row per (direction, zones), the classes are summed there
+    assert doc["services"][0]["after"]["cross_zone_by_pair"] == [
+        {"direction": "request", "client_zone": "a", "server_zone": "b", "bytes_per_second": 2.2e6}]
+    assert {(c["client_kind"], c["lb_type"]): c["bytes_per_second"]
+            for c in doc["services"][0]["after"]["cross_zone_by_class"]} == {
+        ("pod", ""): 2e5, ("load-balancer", "aws-alb"): 1.5e6, ("load-balancer", "aws-nlb"): 5e5}
+    alb = next(c for c in doc["classes"] if c["lb_type"] == "aws-alb")
+    assert alb["billed"] is False and alb["usd_per_month_after"] == 0.0
+    assert alb["reason"].startswith("Application Load Balancer") and alb["scope"] == "services"
+    nlb = next(c for c in doc["classes"] if c["lb_type"] == "aws-nlb")
+    assert nlb["billed"] is True and nlb["usd_per_month_after"] == pytest.approx(AWS.usd_per_month(5e5))
+    # the saving is priced on the billed classes only: pods' 0.8 MB/s, the NLB unchanged
+    assert doc["services"][0]["billed_normalized_cross_zone_bytes_per_second_saved"] == \
+        pytest.approx(8e5)
+    assert doc["services"][0]["usd_per_month_saved"] == pytest.approx(AWS.usd_per_month(8e5))
+    text = to_table(report)
+    lines = text.splitlines()
+    i = lines.index("cross-zone Service bytes by the client's class and their cost at the price (aws):")
+    rows = {ln.split()[0] + ("" if ln.split()[0] != "load-balancer" else " " + ln.split()[1]): ln
+            for ln in lines[i + 2:i + 5]}
+    assert "$0.00 > $0.00" in rows["load-balancer aws-alb"] and " no " in rows["load-balancer aws-alb"]
+    assert " yes " in rows["load-balancer aws-nlb"] and " yes " in rows["pod"]
+    assert any("not billed load-balancer/aws-alb" in a for a in report.assumptions)
