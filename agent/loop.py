@@ -117,6 +117,11 @@ class AgentLoop:
             (a malformed one is discarded, counted and logged; the loop starts from zero).
         locality_replicas: ring owners per Service of the locality series
             (:class:`agent.exporter.shard.LocalityShard`; 0: every Service).
+        agent_pod: this agent's own pod ``(namespace, name)`` (the DaemonSet's
+            ``POD_NAMESPACE``/``POD_NAME``): the ring holds the nodes where a pod of its
+            workload runs (:meth:`ClusterMetadata.workload_nodes`), so no Service is owned
+            only by nodes without an agent (Windows or virtual nodes, nodes the DaemonSet's
+            pod cannot start on). None, or while the pod is not cached: every Node.
     """
 
     def __init__(self, node: str, datapath: DatapathLike, cache: ClusterMetadata, hints: HintModel,
@@ -126,9 +131,11 @@ class AgentLoop:
                  hold_unresolved_seconds: float = 0.0, series_retention: float = 0.0,
                  monotonic: Callable[[], float] = time.monotonic,
                  checkpoint: Checkpointer | None = None, restore: Checkpoint | None = None,
-                 locality_replicas: int = DEFAULT_REPLICAS) -> None:
+                 locality_replicas: int = DEFAULT_REPLICAS,
+                 agent_pod: tuple[str, str] | None = None) -> None:
         self.node = node
         self.shard = LocalityShard(node, locality_replicas)
+        self.agent_pod = agent_pod
         self.datapath = datapath
         self.cache = cache
         self.hints = hints
@@ -378,6 +385,19 @@ class AgentLoop:
                        exc=err)
         return True
 
+    def ring_nodes(self) -> frozenset[str]:
+        """The nodes the locality ring is made of: those running an agent of this agent's
+        workload when its pod is known and cached (see ``agent_pod``), else every Node."""
+        if self.agent_pod is not None and self.shard.replicas:
+            nodes = self.cache.workload_nodes(*self.agent_pod)
+            if nodes:
+                return nodes
+            if self.cache.synced().get("pods"):
+                self._once("ring", logging.WARNING, "locality ring: pod %s/%s (POD_NAMESPACE, "
+                           "POD_NAME) is not among the cluster's running pods: the ring holds "
+                           "every Node", *self.agent_pod)
+        return self.cache.node_names()
+
     def snapshot(self, totals: AttributionTotals, at: float, duration: float) -> ExportSnapshot:
         """The :class:`ExportSnapshot` of ``totals``, the hint model's locality and self-health."""
         try:
@@ -387,7 +407,7 @@ class AgentLoop:
         except Exception as err:  # noqa: BLE001
             self.log_once("stats", "datapath stats failed", exc=err)
             table, attached = None, 0
-        locality = self.shard.select(self.hints.localities(), self.cache.node_names(),
+        locality = self.shard.select(self.hints.localities(), self.ring_nodes(),
                                      active_services(totals))
         return build_snapshot(totals, locality=locality, table=table, attached=attached,
                               synced=self.cache.synced(), duration=duration, at=at,

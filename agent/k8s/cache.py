@@ -158,6 +158,7 @@ class ClusterMetadata:
             maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
         self._nodes: dict[str, NodeRecord] = {}
         self._node_names: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._workload_nodes: dict[tuple[str, str], tuple[int, frozenset[str]]] = {}
         self._node_by_ip: dict[int, str] = {}
         #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
         self._gateway_by_ip: dict[int, str] = {}
@@ -617,6 +618,28 @@ class ClusterMetadata:
             if self._node_names[0] != gen:
                 self._node_names = (gen, frozenset(self._nodes))
             return self._node_names[1]
+
+    def workload_nodes(self, namespace: str, pod: str) -> frozenset[str] | None:
+        """The nodes running a pod of the workload pod ``namespace/pod`` belongs to (its
+        DaemonSet, for an agent): pods of that namespace with the same workload and kind,
+        not terminal, scheduled and holding an address (``status.podIPs``: their sandbox
+        runs; a pod that never started, on a node that cannot run it, has none). None when
+        the pod is not cached. Memoized per pod generation; scans one namespace.
+        """
+        with self._lock:
+            gen = self._generation["pods"]
+            hit = self._workload_nodes.get((namespace, pod))
+            if hit is not None and hit[0] == gen:
+                return hit[1]
+            me = self._pod_table.get(namespace, pod)
+            if me is None:
+                return None
+            nodes = frozenset(
+                r.node for r in self._pod_table.by_name.get(namespace, {}).values()
+                if r.workload == me.workload and r.workload_kind == me.workload_kind
+                and r.node is not None and r.ips and not r.terminal)
+            self._workload_nodes = {(namespace, pod): (gen, nodes)}
+            return nodes
 
     def node_zone(self, name: str) -> str | None:
         """Return the zone label of a node, or None (unknown node or no label)."""
