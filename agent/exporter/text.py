@@ -19,15 +19,18 @@ timestamps, exemplars, units or ``_created`` samples); anything else is the libr
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client.utils import floatToGoString as _go_float
 
-from agent.exporter.families import COUNTER, FAMILIES
+from agent.exporter.families import COUNTER, FAMILIES, key_labels
 from agent.exporter.snapshot import ExportSnapshot
 
 __all__ = ["render"]
 
-#: (family name, label values) -> the sample's text up to its value
-Prefixes = dict[tuple[str, tuple[str, ...]], str]
+#: (family name, label values) -> the sample's text up to its value; and for the families
+#: keyed by a label record, id(record) -> (record, label values, text up to the value)
+Prefixes = dict[Any, Any]
 
 
 def _value(text: str) -> str:
@@ -77,6 +80,21 @@ def render(snapshot: ExportSnapshot, version: str, *, openmetrics: bool,
             doc = row.help.replace("\\", r"\\").replace("\n", r"\n")
         append(f"# HELP {fname} {doc}\n# TYPE {fname} {row.type}\n")
         labels = row.labels
+        if row.series is not None:
+            # a series' record lives as long as the series (AttributionTotals keeps it):
+            # its label values and text are found by identity, without hashing the record
+            samples = []
+            for rec, value in row.series(snapshot).items():
+                hit = old.get(id(rec))
+                if hit is None or hit[0] is not rec:
+                    values = key_labels(rec)
+                    hit = (rec, values, _prefix(name, labels, values))
+                new[id(rec)] = hit
+                samples.append((hit[1], value, hit[2]))
+            samples.sort()  # as the library: by label values, then value
+            for _, value, p in samples:
+                append(p + _go_float(value) + "\n")  # type: ignore[no-untyped-call]
+            continue
         for values, value in sorted(row.getter(snapshot, version)):
             key = (name, values)
             p = old.get(key)

@@ -67,16 +67,22 @@ def test_render_equals_the_library_for_any_label_values(series: dict[tuple[str, 
 
 def test_series_text_is_reused_and_gone_series_are_dropped() -> None:
     exp = Exporter()
-    exp.update(full_snapshot())
+    first = full_snapshot()
+    exp.update(first)
     exp.render()
-    kept = dict(exp._prefixes)
-    exp.update(ExportSnapshot(totals=AttributionTotals(service_bytes={
-        ServiceBytesKey("shop", "cart", "80", "zone-a", "zone-b", "cross_zone", "request"): 7})))
+    rec = next(iter(first.totals.service_bytes))
+    text = exp._prefixes[id(rec)][2]
+    assert text.startswith("zonemeter_service_bytes_total{")
+    # the next interval's totals keep the record of a series that is still there
+    exp.update(ExportSnapshot(totals=AttributionTotals(service_bytes={rec: 7})))
     assert exp.render() == generate_latest(exp.registry())
-    svc = {k: v for k, v in exp._prefixes.items() if k[0] == "zonemeter_service_bytes_total"}
-    assert len(svc) == 1
-    (key, text), = svc.items()
-    assert kept[key] is text  # the same string object: built once, reused
+    assert exp._prefixes[id(rec)][2] is text  # built once, reused
+    kept = [v for v in exp._prefixes.values() if isinstance(v, tuple) and len(v) == 3]
+    assert [v[0] for v in kept] == [rec]  # the other series' text is gone with them
+    # a record equal to one seen but another object: its own text, the same bytes
+    twin = ServiceBytesKey(*(getattr(rec, f) for f in rec.__dataclass_fields__))
+    exp.update(ExportSnapshot(totals=AttributionTotals(service_bytes={twin: 7})))
+    assert exp.render() == generate_latest(exp.registry())
     # one snapshot scraped twice (an HA pair of Prometheus servers) renders once
     assert exp.render() is exp.render()
 
