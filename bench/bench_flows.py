@@ -36,7 +36,10 @@ the client pod to UDP sockets bound in the server pod, one burst per measurement
   fixed pseudo-random sequence): a few heavy flows and many light ones, which is what
   nodes see;
 * ``tcp4``: one TCP bulk transfer (the lab's links run without offloads: one skb per wire
-  packet).
+  packet);
+* ``tcp4-gso``: the same with TSO/GSO/GRO on both veths (the kernel's ``gso_max_segs``):
+  each program run sees a GSO packet of several wire packets, as on real nodes; ns per
+  program run (per skb).
 
 Port 8080 is a local Service endpoint (written to zm_endpoints), so its packets take the
 Service path with the endpoint test; other ports are non-Service traffic.
@@ -208,27 +211,44 @@ def shape(flows: int, distinct: bool) -> tuple[int, int]:
 
 
 class VariantDatapath(Datapath):
-    """Our programs compiled with extra ``-D`` options (an A/B variant of bpf/), loaded into
-    the bench's node namespace with their own maps and never attached by themselves."""
+    """Our programs compiled with extra ``-D`` options (an A/B variant of bpf/), or from
+    another tree's bpf/ directory (``bpf_dir``: e.g. ``git archive main bpf | tar -x -C
+    DIR``, then ``DIR/bpf``), loaded with their own maps and never attached by themselves.
+    The other tree's maps must have this tree's layout (the drain reads them)."""
 
-    def __init__(self, config: DatapathConfig, extra: list[str]) -> None:
+    def __init__(self, config: DatapathConfig, extra: list[str],
+                 bpf_dir: Path | None = None) -> None:
         self._extra = extra
-        super().__init__(config)
+        self._bpf_dir = bpf_dir
+        if bpf_dir is None:
+            super().__init__(config)
+            return
+        from unittest import mock
+
+        from agent.datapath import attach
+
+        with mock.patch.object(attach, "TC_SOURCE", bpf_dir / "tc.c"), \
+                mock.patch.object(attach, "CGROUP_SOURCE", bpf_dir / "cgroup.c"):
+            super().__init__(config)
 
     def cflags(self) -> list[str]:
-        return [*super().cflags(), *self._extra]
+        flags = super().cflags()
+        if self._bpf_dir is not None:
+            flags = [f"-I{self._bpf_dir}" if f.startswith("-I") else f for f in flags]
+        return [*flags, *self._extra]
 
 
 class FlowsBench(Bench):
     """:class:`bench.bench_datapath.Bench` with the minimal counter, the flows sender and
     optional variants of our programs (``variants``: name -> extra cflags)."""
 
-    def __init__(self, packets: int, variants: dict[str, list[str]] | None = None) -> None:
+    def __init__(self, packets: int, variants: dict[str, tuple[list[str], Path | None]] | None = None
+                 ) -> None:
         super().__init__(packets)
         self.variants: dict[str, VariantDatapath] = {}
-        for name, extra in (variants or {}).items():
+        for name, (extra, bpf_dir) in (variants or {}).items():
             vdp = VariantDatapath(DatapathConfig(netns=self.lab.node_netns("a"),
-                                                 attach="clsact"), extra)
+                                                 attach="clsact"), extra, bpf_dir)
             vdp.set_local_endpoints([(pod_ip(self.lab, "a2", f), PORT, p)
                                      for f in (4, 6) for p in (6, 17)])
             self.variants[name] = vdp
@@ -274,6 +294,19 @@ class FlowsBench(Bench):
                for port in range(PORT, PORT + nports) if p == 17 or port == PORT]
         for dp in (self.dp, *self.variants.values()):
             dp.set_local_endpoints(eps)
+
+    def offloads(self, on: bool) -> None:
+        """Turn TSO/GSO/GRO on (and ``gso_max_segs`` to the kernel default) or back off on
+        both pods' veths, both ends: the lab keeps them off so that one skb is one wire
+        packet; real nodes send TCP as GSO packets of up to 64 KiB."""
+        ends = [(self.lab.pod_netns(p), "eth0") for p in ("a1", "a2")]
+        ends += [self.lab.host_veth(p) for p in ("a1", "a2")]
+        state = "on" if on else "off"
+        for ns, dev in ends:
+            subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", state,
+                            "gso", state, "gro", state], check=True, capture_output=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_segs",
+                            "65535" if on else "1"], check=True, capture_output=True)
 
     def clear_tables(self) -> None:
         """Empty the minimal counter's table and drain ours, so every measurement starts
@@ -335,7 +368,7 @@ class FlowsBench(Bench):
         """(ns per packet summed over both hooks, keys the program's table holds after)."""
         fds = self.use(config)
         self.clear_tables()
-        if traffic == "tcp4":
+        if traffic in ("tcp4", "tcp4-gso"):
             before = [fdinfo(fd) for fd in dict.fromkeys(fds)]
             self.tcp_bulk(min(self.packets, 20000) * 200)
         else:
@@ -371,14 +404,20 @@ def main() -> int:
                     help="also measure our programs compiled with extra space-separated "
                     "cflags (e.g. 'nocache=-DZM_CACHE_SLOTS=1'), alternated with the rest; "
                     "repeatable")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also measure the programs of another tree's bpf/ directory DIR as "
+                    "'baseline' (e.g. git archive main bpf | tar -x -C /tmp/base; DIR "
+                    "/tmp/base/bpf)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     args = ap.parse_args()
-    variants: dict[str, list[str]] = {}
+    variants: dict[str, tuple[list[str], Path | None]] = {}
     for spec in args.variant:
         name, sep, flags = spec.partition("=")
         if not sep or not name or name in CONFIGS:
             raise SystemExit(f"bench_flows: --variant {spec!r}: expected NAME=CFLAGS with a new NAME")
-        variants[name] = flags.split()
+        variants[name] = (flags.split(), None)
+    if args.baseline:
+        variants["baseline"] = ([], Path(args.baseline))
     configs = (*CONFIGS, *variants)
     counters = (*COUNTERS, *variants)
     if os.geteuid() != 0:
@@ -391,7 +430,7 @@ def main() -> int:
         traffics += [f"udp4/{n}-distinct" for n in flows if 4096 < n <= 16384]
         traffics += [f"udp4/{n}-zipf" for n in flows if n >= 4096]
         traffics += [f"udp4/{n}-svc" for n in flows if n >= 64]
-        traffics.append("tcp4")
+        traffics += ["tcp4", "tcp4-gso"]
     if args.traffic:
         traffics = args.traffic
     old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
@@ -402,6 +441,7 @@ def main() -> int:
     try:
         set_stats(True)
         for traffic in traffics:
+            bench.offloads(traffic == "tcp4-gso")
             if traffic.endswith("-svc"):
                 bench.set_service_ports(shape(int(traffic.split("/")[1].split("-")[0]), False)[1])
             else:
