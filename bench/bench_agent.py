@@ -23,8 +23,10 @@ carry ifindex 0 (local pods resolved by address; the veth path costs the same lo
 Reported per flow count, over ``--intervals`` measured intervals after 3 warm-up ones:
 the tick's CPU time (``time.process_time``: this process only, which other jobs on shared
 cores do not inflate) and wall time, the scrape's CPU time, the agent's CPU as a share of
-one core at a 10 s interval ((tick + scrape) / 10 s), the series exported and the RSS after
-the run, each flow count with ``--locality-replicas`` 0 (every Service's locality series on
+one core at a 10 s interval ((tick + scrape) / 10 s; its mean is the figure, since a
+collection of the garbage collector lands in a few intervals only; the loop runs with the
+agent's :class:`agent.loop.HeapFreezer` unless ``--no-heap-freezer``), the series exported
+and the RSS after the run, each flow count with ``--locality-replicas`` 0 (every Service's locality series on
 every agent) and 3 (agent/exporter/shard.py), one after the other in one process. Also the
 drain alone of 1,000,000 entries (:func:`bench.bench_datapath.bench_drain`).
 
@@ -56,7 +58,7 @@ from agent.datapath.abi import FlowKey, FlowValue
 from agent.exporter import Exporter
 from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
-from agent.loop import AgentLoop
+from agent.loop import AgentLoop, HeapFreezer
 from bench import bench_cache as bc
 from bench.bench_datapath import bench_drain
 
@@ -149,11 +151,12 @@ def write_table(dp: Datapath, keys: Any, vals: Any) -> None:
 
 
 def summary(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+    return {"median": statistics.median(xs), "mean": statistics.mean(xs), "min": min(xs),
+            "max": max(xs)}
 
 
 def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
-        replicas: list[int], library: bool = False) -> dict[str, Any]:
+        replicas: list[int], library: bool = False, freeze: bool = True) -> dict[str, Any]:
     t0 = time.perf_counter()
     cache = ClusterMetadata()
     cache.replace("nodes", bc.nodes(nodes))
@@ -169,7 +172,7 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
         dp = Datapath(DatapathConfig(flow_capacity=max(n, 1024)))
         exporter = Exporter()
         loop = AgentLoop(NODE, dp, cache, hints, exporter, interval=INTERVAL,
-                         locality_replicas=rep)
+                         locality_replicas=rep, heap=HeapFreezer() if freeze else None)
         tick_cpu, tick_wall, scrape_cpu, lib_cpu, drained = [], [], [], [], []
         lib_text = b""
         try:
@@ -224,13 +227,16 @@ def main() -> int:
                     help="also time the drain of 1,000,000 entries (3 rounds)")
     ap.add_argument("--library-scrape", action="store_true",
                     help="also time each scrape as prometheus_client writes it (generate_latest)")
+    ap.add_argument("--no-heap-freezer", action="store_true",
+                    help="run the loop without agent.loop.HeapFreezer (the agent uses it)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_agent: run as root", file=sys.stderr)
         return 1
     res = run(args.flows or [1000, 10_000, 100_000], args.intervals, args.pods, args.nodes,
-              args.services, args.locality_replicas or [0, 3], args.library_scrape)
+              args.services, args.locality_replicas or [0, 3], args.library_scrape,
+              not args.no_heap_freezer)
     if args.drain_million:
         res["drain_1m_seconds"] = bench_drain(3, 1_000_000)
     res["load_average_1m"] = os.getloadavg()[0]
@@ -245,14 +251,16 @@ def main() -> int:
     print(f"{res['pods']} pods, {res['nodes']} nodes, {res['services']} Services (cache loaded "
           f"in {res['cache_load_s']} s); interval {INTERVAL:g} s; load average {res['load_average_1m']:.2f}\n")
     print("| flows per interval | locality replicas | series | tick CPU s | tick wall s | scrape CPU s | "
-          "scrape CPU s, prometheus_client | agent CPU, % of one core | RSS MiB |")
+          "scrape CPU s, prometheus_client | agent CPU, % of one core: mean, median (min..max) | "
+          "RSS MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in res["rows"].values():
         lib = row["library_scrape_cpu_s"]
         print(f"| {row['flows']:,} | {row['locality_replicas']} | {row['series']:,} | "
               f"{fmt(row['tick_cpu_s'])} | {fmt(row['tick_wall_s'])} | "
               f"{fmt(row['scrape_cpu_s'])} | {fmt(lib) if lib else '-'} | "
-              f"{fmt(row['core_percent'], digits=2)} | {row['rss_mib']} |")
+              f"{row['core_percent']['mean']:.2f} mean, {fmt(row['core_percent'], digits=2)} | "
+              f"{row['rss_mib']} |")
     for layout, s in res.get("drain_1m_seconds", {}).items():
         if "_step" not in layout:
             print(f"drain 1,000,000 entries ({layout}): {s['median']:.3f} s ({s['min']:.3f}..{s['max']:.3f})")

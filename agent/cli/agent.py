@@ -33,7 +33,7 @@ from agent.exporter.shard import DEFAULT_REPLICAS
 from agent.hints import DEFAULT_VERSION, HintModel
 from agent.k8s import ClusterMetadata
 from agent.logs import setup_logging
-from agent.loop import DEFAULT_INTERVAL, AgentLoop
+from agent.loop import DEFAULT_INTERVAL, AgentLoop, HeapFreezer
 
 log = logging.getLogger(__name__)
 
@@ -478,7 +478,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                                  series_retention=args.series_retention,
                                  checkpoint=checkpoint, restore=restore,
                                  locality_replicas=args.locality_replicas,
-                                 agent_pod=agent_pod(args))
+                                 agent_pod=agent_pod(args), heap=HeapFreezer())
                 # Live cluster: attach only once the endpoints are known, else Service bytes
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.
