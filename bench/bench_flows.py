@@ -46,7 +46,8 @@ Service path with the endpoint test; other ports are non-Service traffic.
 
 Usage (as root, from the repository root; nothing else busy on the machine):
     .venv/bin/python -m bench.bench_flows [--rounds 5] [--packets 200000]
-        [--flows 1 --flows 64 --flows 4096 --flows 65536] [--json]
+        [--flows 1 --flows 64 --flows 4096 --flows 65536] [--traffic ROW]...
+        [--baseline OTHER_TREE/bpf] [--variant NAME=CFLAGS]... [--json]
 
 Figures go to BENCHMARKS.md (*Many flows*).
 """
