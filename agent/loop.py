@@ -18,6 +18,7 @@ logged once per error type and the interval goes on with what it has.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -47,8 +48,8 @@ from agent.records import AttributionTotals, CoverageState, FlowDelta, IPAddress
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "TickResult", "build_snapshot",
-           "datapath_info", "restore_attributor"]
+__all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "HeapFreezer", "TickResult",
+           "build_snapshot", "datapath_info", "restore_attributor"]
 
 DEFAULT_INTERVAL = 10.0
 
@@ -71,6 +72,42 @@ class DatapathLike(Protocol):
     def interface_bytes(self) -> Mapping[int, InterfaceCounters]:
         """What each hooked interface carried between the two latest drains."""
         ...
+
+
+class HeapFreezer:
+    """Keeps the cyclic garbage collector off the agent's long-lived heap (CPython ``gc``).
+
+    The metadata cache of a large cluster is over a million tracked objects (150,000 pods:
+    bench/bench_agent.py), and a full collection traverses all of them: 1..3 s of CPU every
+    few intervals, more than the intervals' own work. After each interval the survivors go
+    to the permanent generation (``gc.freeze()``: collections skip them; reference counting
+    still frees them), so collections see one interval's new objects only; every
+    ``full_every`` seconds everything is unfrozen and collected once, so that reference
+    cycles frozen meanwhile are reclaimed (the agent's records hold none: they are freed by
+    reference counting).
+
+    Args:
+        full_every: seconds between full collections.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, full_every: float = 3600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.full_every = full_every
+        self._clock = clock
+        self._last_full = clock()
+        #: full collections run so far
+        self.full_collections = 0
+
+    def after_interval(self) -> None:
+        """Freeze what survived the interval; first collect everything when due."""
+        now = self._clock()
+        if now - self._last_full >= self.full_every:
+            gc.unfreeze()
+            gc.collect()
+            self._last_full = now
+            self.full_collections += 1
+        gc.freeze()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +154,13 @@ class AgentLoop:
             (a malformed one is discarded, counted and logged; the loop starts from zero).
         locality_replicas: ring owners per Service of the locality series
             (:class:`agent.exporter.shard.LocalityShard`; 0: every Service).
+        heap: what to do with the garbage collector after each interval (the agent
+            passes a :class:`HeapFreezer`); None: nothing.
+        agent_pod: this agent's own pod ``(namespace, name)`` (the DaemonSet's
+            ``POD_NAMESPACE``/``POD_NAME``): the ring holds the nodes where a pod of its
+            workload runs (:meth:`ClusterMetadata.workload_nodes`), so no Service is owned
+            only by nodes without an agent (Windows or virtual nodes, nodes the DaemonSet's
+            pod cannot start on). None, or while the pod is not cached: every Node.
     """
 
     def __init__(self, node: str, datapath: DatapathLike, cache: ClusterMetadata, hints: HintModel,
@@ -126,9 +170,13 @@ class AgentLoop:
                  hold_unresolved_seconds: float = 0.0, series_retention: float = 0.0,
                  monotonic: Callable[[], float] = time.monotonic,
                  checkpoint: Checkpointer | None = None, restore: Checkpoint | None = None,
-                 locality_replicas: int = DEFAULT_REPLICAS) -> None:
+                 locality_replicas: int = DEFAULT_REPLICAS,
+                 agent_pod: tuple[str, str] | None = None,
+                 heap: HeapFreezer | None = None) -> None:
         self.node = node
+        self.heap = heap
         self.shard = LocalityShard(node, locality_replicas)
+        self.agent_pod = agent_pod
         self.datapath = datapath
         self.cache = cache
         self.hints = hints
@@ -252,7 +300,11 @@ class AgentLoop:
             self._commit()
         self.ticks += 1
         nbytes = sum(d.bytes for d in deltas)
-        return TickResult(at, len(deltas), nbytes, evaluated, changed, duration)
+        n = len(deltas)
+        del deltas
+        if self.heap is not None:
+            self.heap.after_interval()
+        return TickResult(at, n, nbytes, evaluated, changed, duration)
 
     def _save(self) -> bool:
         """Write the checkpoint of the current totals; False (logged once) when it failed:
@@ -378,6 +430,19 @@ class AgentLoop:
                        exc=err)
         return True
 
+    def ring_nodes(self) -> frozenset[str]:
+        """The nodes the locality ring is made of: those running an agent of this agent's
+        workload when its pod is known and cached (see ``agent_pod``), else every Node."""
+        if self.agent_pod is not None and self.shard.replicas:
+            nodes = self.cache.workload_nodes(*self.agent_pod)
+            if nodes:
+                return nodes
+            if self.cache.synced().get("pods"):
+                self._once("ring", logging.WARNING, "locality ring: pod %s/%s (POD_NAMESPACE, "
+                           "POD_NAME) is not among the cluster's running pods: the ring holds "
+                           "every Node", *self.agent_pod)
+        return self.cache.node_names()
+
     def snapshot(self, totals: AttributionTotals, at: float, duration: float) -> ExportSnapshot:
         """The :class:`ExportSnapshot` of ``totals``, the hint model's locality and self-health."""
         try:
@@ -387,7 +452,7 @@ class AgentLoop:
         except Exception as err:  # noqa: BLE001
             self.log_once("stats", "datapath stats failed", exc=err)
             table, attached = None, 0
-        locality = self.shard.select(self.hints.localities(), self.cache.node_names(),
+        locality = self.shard.select(self.hints.localities(), self.ring_nodes(),
                                      active_services(totals))
         return build_snapshot(totals, locality=locality, table=table, attached=attached,
                               synced=self.cache.synced(), duration=duration, at=at,

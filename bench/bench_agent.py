@@ -9,8 +9,10 @@ Services, a quarter of them with topology-mode Auto and zone hints; the real
 programs attached: the entries are written into the active flow table from userspace with
 ``bpf_map_update_batch`` before each interval, so the kernel side costs nothing here) and
 exports to the real :class:`agent.exporter.Exporter`, which is scraped once per interval
-(``generate_latest``, the text a Prometheus scrape gets: at a 10 s interval and a 15-30 s
-scrape this is an upper bound).
+(:meth:`agent.exporter.Exporter.render` in OpenMetrics, what a Prometheus scrape gets from
+the agent's /metrics: at a 10 s interval and a 15-30 s scrape this is an upper bound; with
+``--library-scrape`` the same text is also timed as prometheus_client's
+``generate_latest`` writes it, which the agent served before agent/exporter/text.py).
 
 Each interval's N entries are fresh flows with the mix a node drains (kinds as in
 bench/bench_attribution.py): 45 % Service traffic at this node's endpoints (REQUEST and
@@ -21,8 +23,10 @@ carry ifindex 0 (local pods resolved by address; the veth path costs the same lo
 Reported per flow count, over ``--intervals`` measured intervals after 3 warm-up ones:
 the tick's CPU time (``time.process_time``: this process only, which other jobs on shared
 cores do not inflate) and wall time, the scrape's CPU time, the agent's CPU as a share of
-one core at a 10 s interval ((tick + scrape) / 10 s), the series exported and the RSS after
-the run, each flow count with ``--locality-replicas`` 0 (every Service's locality series on
+one core at a 10 s interval ((tick + scrape) / 10 s; its mean is the figure, since a
+collection of the garbage collector lands in a few intervals only; the loop runs with the
+agent's :class:`agent.loop.HeapFreezer` unless ``--no-heap-freezer``), the series exported
+and the RSS after the run, each flow count with ``--locality-replicas`` 0 (every Service's locality series on
 every agent) and 3 (agent/exporter/shard.py), one after the other in one process. Also the
 drain alone of 1,000,000 entries (:func:`bench.bench_datapath.bench_drain`).
 
@@ -54,7 +58,7 @@ from agent.datapath.abi import FlowKey, FlowValue
 from agent.exporter import Exporter
 from agent.hints import HintModel
 from agent.k8s.cache import ClusterMetadata
-from agent.loop import AgentLoop
+from agent.loop import AgentLoop, HeapFreezer
 from bench import bench_cache as bc
 from bench.bench_datapath import bench_drain
 
@@ -147,11 +151,12 @@ def write_table(dp: Datapath, keys: Any, vals: Any) -> None:
 
 
 def summary(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+    return {"median": statistics.median(xs), "mean": statistics.mean(xs), "min": min(xs),
+            "max": max(xs)}
 
 
 def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
-        replicas: list[int]) -> dict[str, Any]:
+        replicas: list[int], library: bool = False, freeze: bool = True) -> dict[str, Any]:
     t0 = time.perf_counter()
     cache = ClusterMetadata()
     cache.replace("nodes", bc.nodes(nodes))
@@ -167,8 +172,9 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
         dp = Datapath(DatapathConfig(flow_capacity=max(n, 1024)))
         exporter = Exporter()
         loop = AgentLoop(NODE, dp, cache, hints, exporter, interval=INTERVAL,
-                         locality_replicas=rep)
-        tick_cpu, tick_wall, scrape_cpu, drained = [], [], [], []
+                         locality_replicas=rep, heap=HeapFreezer() if freeze else None)
+        tick_cpu, tick_wall, scrape_cpu, lib_cpu, drained = [], [], [], [], []
+        lib_text = b""
         try:
             for r in range(3 + intervals):
                 keys, vals = traffic.fill(n)
@@ -177,8 +183,11 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
                 c0, w0 = time.process_time(), time.perf_counter()
                 res = loop.tick()
                 c1, w1 = time.process_time(), time.perf_counter()
-                text = generate_latest(exporter.registry())
+                text = exporter.render(openmetrics=True)
                 c2 = time.process_time()
+                if library and r >= 3:  # the same scrape written by prometheus_client
+                    lib_text = generate_latest(exporter.registry())
+                    lib_cpu.append(time.process_time() - c2)
                 if r >= 3:
                     tick_cpu.append(c1 - c0)
                     tick_wall.append(w1 - w0)
@@ -195,6 +204,8 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
                                              if line and not line.startswith(b"#")),
                                "tick_cpu_s": summary(tick_cpu), "tick_wall_s": summary(tick_wall),
                                "scrape_cpu_s": summary(scrape_cpu),
+                               "library_scrape_cpu_s": summary(lib_cpu) if lib_cpu else None,
+                               "library_exported_bytes": len(lib_text),
                                "core_percent": summary(share), "exported_bytes": len(text),
                                "rss_mib": round(bc.rss_mib(), 1)}
         print(f"bench_agent: {n} flows, --locality-replicas {rep} done", file=sys.stderr)
@@ -214,13 +225,18 @@ def main() -> int:
     ap.add_argument("--services", type=int, default=10_000)
     ap.add_argument("--drain-million", action="store_true",
                     help="also time the drain of 1,000,000 entries (3 rounds)")
+    ap.add_argument("--library-scrape", action="store_true",
+                    help="also time each scrape as prometheus_client writes it (generate_latest)")
+    ap.add_argument("--no-heap-freezer", action="store_true",
+                    help="run the loop without agent.loop.HeapFreezer (the agent uses it)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_agent: run as root", file=sys.stderr)
         return 1
     res = run(args.flows or [1000, 10_000, 100_000], args.intervals, args.pods, args.nodes,
-              args.services, args.locality_replicas or [0, 3])
+              args.services, args.locality_replicas or [0, 3], args.library_scrape,
+              not args.no_heap_freezer)
     if args.drain_million:
         res["drain_1m_seconds"] = bench_drain(3, 1_000_000)
     res["load_average_1m"] = os.getloadavg()[0]
@@ -235,12 +251,16 @@ def main() -> int:
     print(f"{res['pods']} pods, {res['nodes']} nodes, {res['services']} Services (cache loaded "
           f"in {res['cache_load_s']} s); interval {INTERVAL:g} s; load average {res['load_average_1m']:.2f}\n")
     print("| flows per interval | locality replicas | series | tick CPU s | tick wall s | scrape CPU s | "
-          "agent CPU, % of one core | RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+          "scrape CPU s, prometheus_client | agent CPU, % of one core: mean, median (min..max) | "
+          "RSS MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in res["rows"].values():
+        lib = row["library_scrape_cpu_s"]
         print(f"| {row['flows']:,} | {row['locality_replicas']} | {row['series']:,} | "
               f"{fmt(row['tick_cpu_s'])} | {fmt(row['tick_wall_s'])} | "
-              f"{fmt(row['scrape_cpu_s'])} | {fmt(row['core_percent'], digits=2)} | {row['rss_mib']} |")
+              f"{fmt(row['scrape_cpu_s'])} | {fmt(lib) if lib else '-'} | "
+              f"{row['core_percent']['mean']:.2f} mean, {fmt(row['core_percent'], digits=2)} | "
+              f"{row['rss_mib']} |")
     for layout, s in res.get("drain_1m_seconds", {}).items():
         if "_step" not in layout:
             print(f"drain 1,000,000 entries ({layout}): {s['median']:.3f} s ({s['min']:.3f}..{s['max']:.3f})")

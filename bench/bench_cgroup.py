@@ -206,17 +206,25 @@ def tcp_main(args: argparse.Namespace) -> dict[str, Any]:
                    "zonemeter-sk": Datapath(DatapathConfig(hook="cgroup", cgroup_root=child,
                                                            flow_capacity=cap,
                                                            socket_counters=True))}
+            if args.baseline:
+                from bench.bench_flows import VariantDatapath
+
+                dps["zonemeter-sk-base"] = VariantDatapath(
+                    DatapathConfig(hook="cgroup", cgroup_root=child, flow_capacity=cap,
+                                   socket_counters=True), [], Path(args.baseline))
             empty = BPF(src_file=str(CGROUP_SOURCE).encode(),
                         cflags=flags_for(dps["zonemeter"].config, (32768, 60999)))
             empty_fd = empty.load_func(b"zm_cg_empty", BPF.CGROUP_SKB).fd
             workers = Workers(conns)
             passes = max(1, args.packets // conns)
-            res: dict[str, list[float]] = {"empty": [], "zonemeter": [], "zonemeter-sk": []}
+            configs = ("empty", *dps)
+            res: dict[str, list[float]] = {c: [] for c in configs}
             try:
                 workers.passes(2)  # warm: every connection has sent
                 set_stats(True)
-                for _ in range(args.rounds):
-                    for config in ("empty", "zonemeter", "zonemeter-sk"):
+                for r in range(args.rounds):
+                    shift = r % len(configs)  # every configuration in every position
+                    for config in configs[shift:] + configs[:shift]:
                         progs = ({p: empty_fd for _, _, p in cg.SIDES} if config == "empty"
                                  else {n: f.fd for n, f in dps[config]._fns.items()})  # noqa: SLF001
                         fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY)
@@ -250,7 +258,7 @@ def tcp_main(args: argparse.Namespace) -> dict[str, Any]:
                     dp.close()
                 empty.cleanup()
             row: dict[str, Any] = {k: summary(v) for k, v in res.items()}
-            for config in ("zonemeter", "zonemeter-sk"):
+            for config in dps:
                 row[f"extra {config}"] = summary(
                     [z - e for z, e in zip(res[config], res["empty"], strict=True)])
             out["conns"][str(conns)] = row
@@ -270,6 +278,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--tcp-conns", type=int, nargs="+", default=[],
                     help="TCP connection counts to measure (see above) instead of UDP")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="--tcp-conns: also measure socket counters as built from another "
+                    "tree's bpf/ directory DIR ('zonemeter-sk-base'; e.g. git archive main bpf "
+                    "| tar -x -C /tmp/base, DIR /tmp/base/bpf)")
     args = ap.parse_args()
     if args.tcp_conns:
         res = tcp_main(args)
@@ -283,13 +295,15 @@ def main() -> int:
 
         print(f"load average (1 min) {fmt1(res['load'])}; ns per packet (per program run), "
               "median (min..max)")
-        print("| TCP connections | empty | zonemeter | zonemeter-sk | extra zonemeter | "
-              "extra zonemeter-sk |")
-        print("|---|---|---|---|---|---|")
+        cols = [c for c in ("zonemeter", "zonemeter-sk", "zonemeter-sk-base")
+                if any(c in row for row in res["conns"].values())]
+        print("| TCP connections | empty | " + " | ".join(cols) + " | "
+              + " | ".join(f"extra {c}" for c in cols) + " |")
+        print("|---|---|" + "---|" * (2 * len(cols)))
         for conns, row in res["conns"].items():
-            print(f"| {int(conns):,} | {fmt1(row['empty'])} | {fmt1(row['zonemeter'])} | "
-                  f"{fmt1(row['zonemeter-sk'])} | {fmt1(row['extra zonemeter'])} | "
-                  f"{fmt1(row['extra zonemeter-sk'])} |")
+            print(f"| {int(conns):,} | {fmt1(row['empty'])} | "
+                  + " | ".join(fmt1(row[c]) for c in cols) + " | "
+                  + " | ".join(fmt1(row[f"extra {c}"]) for c in cols) + " |")
         return 0
     from bcc import BPF
 

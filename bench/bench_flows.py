@@ -29,18 +29,25 @@ the client pod to UDP sockets bound in the server pod, one burst per measurement
   (docs/datapath.md, "Flow keys"), so S x P flows are P keys for us and S x P for the
   minimal counter: the ``keys`` column says how many each table held;
 * ``udp4/N-distinct``: N server ports, one client socket: N keys for both programs;
+* ``udp4/N-svc``: as ``udp4/N``, but every server port is a local Service endpoint (UDP),
+  so every packet takes the Service path of classification (the endpoint-port array, the
+  active-table lookup, the endpoint hash), as most of a node's pod traffic does;
 * ``udp4/N-zipf``: N flows (as ``udp4/N``) drawn from a Zipf-like law (exponent 1.1, a
   fixed pseudo-random sequence): a few heavy flows and many light ones, which is what
   nodes see;
 * ``tcp4``: one TCP bulk transfer (the lab's links run without offloads: one skb per wire
-  packet).
+  packet);
+* ``tcp4-gso``: the same with TSO/GSO/GRO on both veths (the kernel's ``gso_max_segs``):
+  each program run sees a GSO packet of several wire packets, as on real nodes; ns per
+  program run (per skb).
 
 Port 8080 is a local Service endpoint (written to zm_endpoints), so its packets take the
 Service path with the endpoint test; other ports are non-Service traffic.
 
 Usage (as root, from the repository root; nothing else busy on the machine):
     .venv/bin/python -m bench.bench_flows [--rounds 5] [--packets 200000]
-        [--flows 1 --flows 64 --flows 4096 --flows 65536] [--json]
+        [--flows 1 --flows 64 --flows 4096 --flows 65536] [--traffic ROW]...
+        [--baseline OTHER_TREE/bpf] [--variant NAME=CFLAGS]... [--json]
 
 Figures go to BENCHMARKS.md (*Many flows*).
 """
@@ -57,7 +64,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, run_in_netns
+from agent.datapath import ETH_P_ALL, PARENT_EGRESS, PARENT_INGRESS, Datapath, DatapathConfig, run_in_netns
 from bench.bench_datapath import Bench, LoadSampler, fdinfo, pod_ip, set_stats, summary
 
 PORT = 8080
@@ -204,11 +211,48 @@ def shape(flows: int, distinct: bool) -> tuple[int, int]:
     return flows // 4096, 4096
 
 
-class FlowsBench(Bench):
-    """:class:`bench.bench_datapath.Bench` with the minimal counter and the flows sender."""
+class VariantDatapath(Datapath):
+    """Our programs compiled with extra ``-D`` options (an A/B variant of bpf/), or from
+    another tree's bpf/ directory (``bpf_dir``: e.g. ``git archive main bpf | tar -x -C
+    DIR``, then ``DIR/bpf``), loaded with their own maps and never attached by themselves.
+    The other tree's maps must have this tree's layout (the drain reads them)."""
 
-    def __init__(self, packets: int) -> None:
+    def __init__(self, config: DatapathConfig, extra: list[str],
+                 bpf_dir: Path | None = None) -> None:
+        self._extra = extra
+        self._bpf_dir = bpf_dir
+        if bpf_dir is None:
+            super().__init__(config)
+            return
+        from unittest import mock
+
+        from agent.datapath import attach
+
+        with mock.patch.object(attach, "TC_SOURCE", bpf_dir / "tc.c"), \
+                mock.patch.object(attach, "CGROUP_SOURCE", bpf_dir / "cgroup.c"):
+            super().__init__(config)
+
+    def cflags(self) -> list[str]:
+        flags = super().cflags()
+        if self._bpf_dir is not None:
+            flags = [f"-I{self._bpf_dir}" if f.startswith("-I") else f for f in flags]
+        return [*flags, *self._extra]
+
+
+class FlowsBench(Bench):
+    """:class:`bench.bench_datapath.Bench` with the minimal counter, the flows sender and
+    optional variants of our programs (``variants``: name -> extra cflags)."""
+
+    def __init__(self, packets: int, variants: dict[str, tuple[list[str], Path | None]] | None = None
+                 ) -> None:
         super().__init__(packets)
+        self.variants: dict[str, VariantDatapath] = {}
+        for name, (extra, bpf_dir) in (variants or {}).items():
+            vdp = VariantDatapath(DatapathConfig(netns=self.lab.node_netns("a"),
+                                                 attach="clsact"), extra, bpf_dir)
+            vdp.set_local_endpoints([(pod_ip(self.lab, "a2", f), PORT, p)
+                                     for f in (4, 6) for p in (6, 17)])
+            self.variants[name] = vdp
         from bcc import BPF
 
         self.minimal_bpf = BPF(text=MINIMAL_C)
@@ -221,11 +265,15 @@ class FlowsBench(Bench):
         subprocess.run(["gcc", "-O2", "-o", str(self.flows_sender), str(src), "-lm"], check=True)
 
     def use(self, config: str) -> tuple[int, int]:
-        if config not in ("minimal", "minimal2"):
+        if config not in ("minimal", "minimal2") and config not in self.variants:
             return super().use(config)
         cfg = self.dp.config
-        fns = ((self.minimal_fn, self.minimal_fn) if config == "minimal"
-               else (self.minimal_fn, self.minimal2_fn))
+        if config in self.variants:
+            v = self.variants[config]._fns
+            fns = (v["zm_tc_from_pod"], v["zm_tc_to_pod"])
+        else:
+            fns = ((self.minimal_fn, self.minimal_fn) if config == "minimal"
+                   else (self.minimal_fn, self.minimal2_fn))
         for fn, (idx, parent) in zip(fns, ((self.client_if, PARENT_INGRESS),
                                            (self.server_if, PARENT_EGRESS)), strict=True):
             self.ipr.tc("replace-filter", "bpf", idx, cfg.tc_handle, fd=fn.fd,
@@ -233,21 +281,58 @@ class FlowsBench(Bench):
                         prio=cfg.tc_priority, protocol=ETH_P_ALL)
         return fns[0].fd, fns[1].fd
 
+    @staticmethod
+    def _empty(bpf: Any) -> int:
+        """Empty the minimal counter's table of ``bpf`` with batch syscalls (one key at a
+        time took seconds at 65,536 keys); returns how many keys it held."""
+        return sum(1 for _ in bpf["flows"].items_lookup_and_delete_batch())
+
+    def set_service_ports(self, nports: int) -> None:
+        """Make ports PORT..PORT+nports-1 of the server pod local Service endpoints (UDP and
+        TCP, both families) in our datapath and every variant: 1 is the default (only
+        PORT), more makes every flow of a ``-svc`` row Service traffic."""
+        eps = [(pod_ip(self.lab, "a2", f), port, p) for f in (4, 6) for p in (6, 17)
+               for port in range(PORT, PORT + nports) if p == 17 or port == PORT]
+        for dp in (self.dp, *self.variants.values()):
+            dp.set_local_endpoints(eps)
+
+    def offloads(self, on: bool) -> None:
+        """Turn TSO/GSO/GRO on (and ``gso_max_segs`` to the kernel default) or back off on
+        both pods' veths, both ends: the lab keeps them off so that one skb is one wire
+        packet; real nodes send TCP as GSO packets of up to 64 KiB."""
+        ends = [(self.lab.pod_netns(p), "eth0") for p in ("a1", "a2")]
+        ends += [self.lab.host_veth(p) for p in ("a1", "a2")]
+        state = "on" if on else "off"
+        for ns, dev in ends:
+            subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", state,
+                            "gso", state, "gro", state], check=True, capture_output=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_segs",
+                            "65535" if on else "1"], check=True, capture_output=True)
+
     def clear_tables(self) -> None:
         """Empty the minimal counter's table and drain ours, so every measurement starts
         with the same (empty) tables and ends holding only its own flows."""
-        self.minimal_bpf["flows"].clear()
-        self.minimal2_bpf["flows"].clear()
+        self._empty(self.minimal_bpf)
+        self._empty(self.minimal2_bpf)
         self.dp.drain()
+        for v in self.variants.values():
+            v.drain()
 
     def keys_held(self, config: str) -> int:
         if config == "minimal":
-            return len(self.minimal_bpf["flows"])
+            return self._empty(self.minimal_bpf)
         if config == "minimal2":
-            return len(self.minimal_bpf["flows"]) + len(self.minimal2_bpf["flows"])
+            return self._empty(self.minimal_bpf) + self._empty(self.minimal2_bpf)
         if config == "zonemeter":
             return len(self.dp.drain())
+        if config in self.variants:
+            return len(self.variants[config].drain())
         return 0
+
+    def close(self) -> None:
+        for v in self.variants.values():
+            v.close()
+        super().close()
 
     def flows_burst(self, family: int, nsocks: int, nports: int, zipf: bool,
                     count: int | None = None) -> float:
@@ -284,13 +369,14 @@ class FlowsBench(Bench):
         """(ns per packet summed over both hooks, keys the program's table holds after)."""
         fds = self.use(config)
         self.clear_tables()
-        if traffic == "tcp4":
+        if traffic in ("tcp4", "tcp4-gso"):
             before = [fdinfo(fd) for fd in dict.fromkeys(fds)]
             self.tcp_bulk(min(self.packets, 20000) * 200)
         else:
             fam, _, rest = traffic.partition("/")
             n, _, kind = rest.partition("-")
             nsocks, nports = shape(int(n), kind == "distinct")
+            kind = "" if kind == "svc" else kind
             family = 6 if fam == "udp6" else 4
             # warm-up: every flow's entry exists before the measured burst, which then sees
             # the steady state (a flow table some drains old), not first packets' inserts
@@ -313,8 +399,28 @@ def main() -> int:
                     help="concurrent flows (default 1, 64, 4096, 65536); repeatable")
     ap.add_argument("--no-extra", action="store_true",
                     help="only udp4/N (no IPv6, distinct-key, Zipf and TCP rows)")
+    ap.add_argument("--traffic", action="append", default=[], metavar="ROW",
+                    help="measure only these rows (e.g. udp4/4096-svc, tcp4); repeatable")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=CFLAGS",
+                    help="also measure our programs compiled with extra space-separated "
+                    "cflags (e.g. 'nocache=-DZM_CACHE_SLOTS=1'), alternated with the rest; "
+                    "repeatable")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also measure the programs of another tree's bpf/ directory DIR as "
+                    "'baseline' (e.g. git archive main bpf | tar -x -C /tmp/base; DIR "
+                    "/tmp/base/bpf)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
     args = ap.parse_args()
+    variants: dict[str, tuple[list[str], Path | None]] = {}
+    for spec in args.variant:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or name in CONFIGS:
+            raise SystemExit(f"bench_flows: --variant {spec!r}: expected NAME=CFLAGS with a new NAME")
+        variants[name] = (flags.split(), None)
+    if args.baseline:
+        variants["baseline"] = ([], Path(args.baseline))
+    configs = (*CONFIGS, *variants)
+    counters = (*COUNTERS, *variants)
     if os.geteuid() != 0:
         print("bench_flows: run as root", file=sys.stderr)
         return 1
@@ -324,25 +430,33 @@ def main() -> int:
         traffics += [f"udp6/{n}" for n in flows]
         traffics += [f"udp4/{n}-distinct" for n in flows if 4096 < n <= 16384]
         traffics += [f"udp4/{n}-zipf" for n in flows if n >= 4096]
-        traffics.append("tcp4")
+        traffics += [f"udp4/{n}-svc" for n in flows if n >= 64]
+        traffics += ["tcp4", "tcp4-gso"]
+    if args.traffic:
+        traffics = args.traffic
     old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     results: dict[str, Any] = {"rounds": args.rounds, "packets": args.packets,
                                "kernel": os.uname().release, "rows": {}}
     load = LoadSampler()
-    bench = FlowsBench(args.packets)
+    bench = FlowsBench(args.packets, variants)
     try:
         set_stats(True)
         for traffic in traffics:
-            ns: dict[str, list[float]] = {c: [] for c in CONFIGS}
+            bench.offloads(traffic == "tcp4-gso")
+            if traffic.endswith("-svc"):
+                bench.set_service_ports(shape(int(traffic.split("/")[1].split("-")[0]), False)[1])
+            else:
+                bench.set_service_ports(1)
+            ns: dict[str, list[float]] = {c: [] for c in configs}
             keys: dict[str, int] = {}
             for r in range(args.rounds):
-                shift = r % len(CONFIGS)
-                for config in CONFIGS[shift:] + CONFIGS[:shift]:
+                shift = r % len(configs)
+                for config in configs[shift:] + configs[:shift]:
                     v, k = bench.measure(config, traffic)
                     ns[config].append(v)
                     keys[config] = k
             extra = {c: [x - e for x, e in zip(ns[c], ns["empty"], strict=True)]
-                     for c in COUNTERS}
+                     for c in counters}
             ratio = [z / m for z, m in zip(extra["zonemeter"], extra["minimal"], strict=True)
                      if m > 0]
             ratio2 = [z / m for z, m in zip(extra["zonemeter"], extra["minimal2"], strict=True)
@@ -352,7 +466,10 @@ def main() -> int:
                 **{f"extra_{c}": summary(v) for c, v in extra.items()},
                 "ratio_zonemeter_over_minimal": summary(ratio) if ratio else None,
                 "ratio_zonemeter_over_minimal2": summary(ratio2) if ratio2 else None,
-                "keys": {c: keys[c] for c in COUNTERS}}
+                "keys": {c: keys[c] for c in counters},
+                "ratio_over_minimal2": {
+                    c: summary([z / m for z, m in zip(extra[c], extra["minimal2"], strict=True)
+                                if m > 0] or [float("nan")]) for c in variants}}
             print(f"bench_flows: {traffic} done", file=sys.stderr)
     finally:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)
@@ -381,6 +498,14 @@ def main() -> int:
               f"{fmt_ratio(row['ratio_zonemeter_over_minimal'])} | "
               f"{fmt_ratio(row['ratio_zonemeter_over_minimal2'])} | "
               f"{k['minimal']} / {k['minimal2']} / {k['zonemeter']} |")
+    if variants:
+        print("\n| traffic | " + " | ".join(f"{v} extra ns | {v} / minimal2" for v in variants)
+              + " |")
+        print("|---|" + "---|---|" * len(variants))
+        for traffic, row in results["rows"].items():
+            print(f"| {traffic} | " + " | ".join(
+                f"{fmt(row[f'extra_{v}'])} | {fmt_ratio(row['ratio_over_minimal2'][v])}"
+                for v in variants) + " |")
     return 0
 
 

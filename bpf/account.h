@@ -8,8 +8,8 @@
  * accessors before including this header (tc.c and cgroup.c do):
  *   static __always_inline struct zm_flow_value *zm_lost_counter(void);
  *       the zm_lost counter (index 0), or NULL
- *   static __always_inline struct zm_cache_slot *zm_cache_slot_at(__u32 idx);
- *       this CPU's slot idx of the active flow cache, or NULL when none is active
+ *   static __always_inline void *zm_active_cache(void);
+ *       the active per-CPU flow cache (zm_cache_active's map), or NULL when none is set
  * Flow tables are reached through the map pointer the caller passes (what
  * zm_active_flows() returned), with the plain bpf_map_*_elem helpers, which need no
  * rewriting.
@@ -83,47 +83,74 @@ static __always_inline int zm_key_eq(const struct zm_flow_key *a, const struct z
 	       x[5] == y[5];
 }
 
-/* Returns this CPU's cache slot for key (a multiplicative hash of its six words), or
- * NULL when no cache is active. */
-static __always_inline struct zm_cache_slot *zm_cache_slot_for(const struct zm_flow_key *key)
+/* Where a key stands in its set of this CPU's flow cache (zm_cache_probe). */
+struct zm_cache_probe {
+	struct zm_cache_slot *hit;   /* the slot holding the key, or NULL */
+	struct zm_cache_slot *empty; /* the first empty slot of the set, or NULL */
+};
+
+/* Looks key up in its set of cache (this CPU's slots of the active per-CPU flow cache; NULL:
+ * none is active) and fills *pr. The set is chosen by a multiplicative hash of the key's
+ * six 64-bit words. A slot keeps the first flow that took it until the agent empties the
+ * cache (after a switch: docs/datapath.md, "Per-CPU flow cache"), so the slots of a set
+ * fill from way 0 on and the first empty way ends the search. Returns nothing. */
+static __always_inline void zm_cache_probe(void *cache, const struct zm_flow_key *key,
+					   struct zm_cache_probe *pr)
 {
 	const __u64 *w = (const __u64 *)key;
 	__u64 h = (w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4] ^ w[5]) * 0x9E3779B97F4A7C15ULL;
-	return zm_cache_slot_at((__u32)(h >> 32) & (ZM_CACHE_SLOTS - 1));
+	__u32 base = ((__u32)(h >> 32) & (ZM_CACHE_SETS - 1)) * ZM_CACHE_WAYS;
+	pr->hit = NULL;
+	pr->empty = NULL;
+	if (!cache)
+		return;
+#pragma unroll
+	for (int i = 0; i < ZM_CACHE_WAYS; i++) {
+		__u32 idx = base + i;
+		struct zm_cache_slot *s = bpf_map_lookup_elem(cache, &idx);
+		if (!s)
+			return;
+		if (!s->packets) {
+			pr->empty = s;
+			return;
+		}
+		if (zm_key_eq(&s->key, key)) {
+			pr->hit = s;
+			return;
+		}
+	}
 }
 
-/* Adds bytes/packets in place when slot (may be NULL) holds key. Returns 1 when counted
- * there, 0 when the slot holds another flow or there is no slot. */
-static __always_inline int zm_count_cached(struct zm_cache_slot *slot,
-					   const struct zm_flow_key *key, __u64 bytes,
-					   __u64 packets)
+/* Adds bytes/packets to a cache slot of this CPU (plain adds: a slot belongs to one CPU
+ * and tc programs do not nest on a CPU; not for PREEMPT_RT kernels, where BPF programs
+ * can be preempted). Returns nothing. */
+static __always_inline void zm_cache_add(struct zm_cache_slot *s, __u64 bytes, __u64 packets)
 {
-	if (!slot || !zm_key_eq(&slot->key, key))
-		return 0;
-	slot->bytes += bytes;
-	slot->packets += packets;
-	return 1;
+	s->bytes += bytes;
+	s->packets += packets;
 }
 
-/* Counts bytes/packets for key through this CPU's cache slot: added in place when the
- * slot holds key; otherwise the slot's counts go to the flow table (zm_account) and key
- * takes the slot. Without a cache, straight to the table. Plain adds: a slot belongs to
- * one CPU and tc programs do not nest on a CPU (not for PREEMPT_RT kernels, where BPF
- * programs can be preempted). Returns nothing. */
-static __always_inline void zm_count(void *flows, struct zm_cache_slot *slot,
-				     struct zm_flow_key *key, __u64 bytes, __u64 packets)
+/* Counts a packet whose key pr found in no slot of its set: the set's first empty slot
+ * takes the key; when the set is full the packet goes to the flow table (into v, the key's
+ * entry, when the caller already looked it up; else zm_account) and the set keeps its
+ * flows. Evicting a slot's flow instead would cost a second flow-table operation (moving
+ * its counts) on every such packet: at many flows two colliding flows would evict each
+ * other on every packet (BENCHMARKS.md, "Many flows"). Returns nothing. */
+static __always_inline void zm_count_miss(void *flows, struct zm_cache_probe *pr,
+					  struct zm_flow_key *key, struct zm_flow_value *v,
+					  __u64 bytes, __u64 packets)
 {
-	if (!slot) {
-		zm_account(flows, key, bytes, packets);
+	struct zm_cache_slot *s = pr->empty;
+	if (s) {
+		__builtin_memcpy(&s->key, key, sizeof(*key));
+		s->bytes = bytes;
+		s->packets = packets;
 		return;
 	}
-	if (zm_count_cached(slot, key, bytes, packets))
-		return;
-	if (slot->packets)
-		zm_account(flows, &slot->key, slot->bytes, slot->packets);
-	__builtin_memcpy(&slot->key, key, sizeof(*key));
-	slot->bytes = bytes;
-	slot->packets = packets;
+	if (v)
+		zm_add_value(v, bytes, packets);
+	else
+		zm_account(flows, key, bytes, packets);
 }
 
 #endif /* ZONEMETER_ACCOUNT_H */

@@ -66,14 +66,12 @@ static __always_inline void *zm_active_flows(void)
 	return zm_active.lookup(&zero);
 }
 
-/* Returns this CPU's slot idx of the active per-CPU flow cache, or NULL. */
-static __always_inline struct zm_cache_slot *zm_cache_slot_at(__u32 idx)
+/* Returns the active per-CPU flow cache (the map zm_cache_active points at), or NULL when
+ * none is set. */
+static __always_inline void *zm_active_cache(void)
 {
 	int zero = 0;
-	void *cache = zm_cache_active.lookup(&zero);
-	if (!cache)
-		return NULL;
-	return bpf_map_lookup_elem(cache, &idx);
+	return zm_cache_active.lookup(&zero);
 }
 
 /* Returns the counter of packets that found no flow or overflow entry. */
@@ -229,17 +227,23 @@ static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt 
 #define ZM_SK_COUNTING 1
 #define ZM_SK_RELEASED 2
 
-struct zm_sk_dir {
-	struct zm_flow_key key; /* the flow this direction counts to */
-	__u64 bytes;            /* wire L3 bytes not yet in a flow table */
-	__u64 packets;          /* wire packets not yet in a flow table */
-	__u64 gen;              /* zm_generation() when key was taken */
-	__u32 state;            /* ZM_SK_* */
-	__u32 reserved_76;
-};
+/* The storage of one socket: per direction i ([0] egress, leaving the socket; [1]
+ * ingress) the flow key its packets count to and what they counted since. The fields every
+ * packet reads and writes (zm_sk_fast) come first: with the storage's own 8-byte map
+ * pointer in front of them (struct bpf_local_storage_data, whose element puts it at the
+ * start of a cache line: bpf_local_storage_elem.sdata is ____cacheline_aligned) they fill
+ * one cache line, so a packet touches one line of its socket's storage. Not pinned. */
 struct zm_sk_slot {
-	struct zm_sk_dir dir[2]; /* [0] egress (leaving the socket), [1] ingress */
+	__u64 gen[2];               /* 0:  zm_generation() when key[i] was taken */
+	__u64 bytes[2];             /* 16: wire L3 bytes not yet in a flow table */
+	__u64 packets[2];           /* 32: wire packets not yet in a flow table */
+	__u8 state[2];              /* 48: ZM_SK_* */
+	__u8 family[2];             /* 50: key[i].family */
+	__u32 reserved_52;          /* 52: always 0 */
+	struct zm_flow_key key[2];  /* 56: the flow direction i counts to */
 };
+_Static_assert(sizeof(struct zm_sk_slot) == 152, "sizeof(struct zm_sk_slot) != 152");
+_Static_assert(__builtin_offsetof(struct zm_sk_slot, key) == 56, "zm_sk_slot.key != 56");
 BPF_SK_STORAGE(zm_sk, struct zm_sk_slot);
 
 /* Returns zm_epoch[1] + zm_epoch[2]: grows by one each time the agent empties a side. */
@@ -251,17 +255,17 @@ static __always_inline __u64 zm_generation(void)
 	return (a ? *a : 0) + (b ? *b : 0);
 }
 
-/* Moves what d holds into the active flow table (zm_account: entry, overflow or
- * zm_lost). Returns nothing. */
-static __always_inline void zm_sk_fold(struct zm_sk_dir *d)
+/* Moves what direction i (0 or 1) of s holds into the active flow table (zm_account: entry,
+ * overflow or zm_lost). Returns nothing. */
+static __always_inline void zm_sk_fold(struct zm_sk_slot *s, int i)
 {
-	__u64 b = d->bytes, n = d->packets;
+	__u64 b = s->bytes[i], n = s->packets[i];
 	if (!b && !n)
 		return;
-	__sync_fetch_and_add(&d->bytes, -b);
-	__sync_fetch_and_add(&d->packets, -n);
+	__sync_fetch_and_add(&s->bytes[i], -b);
+	__sync_fetch_and_add(&s->packets[i], -n);
 	struct zm_flow_key k __attribute__((aligned(8)));
-	__builtin_memcpy(&k, &d->key, sizeof(k));
+	__builtin_memcpy(&k, &s->key[i], sizeof(k));
 	void *flows = zm_active_flows();
 	if (flows)
 		zm_account(flows, &k, b, n);
@@ -292,15 +296,16 @@ static __always_inline int zm_sk_claim(struct __sk_buff *skb, int into_local,
 	struct zm_sk_slot *s = zm_sk.sk_storage_get(sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!s)
 		return 0;
-	struct zm_sk_dir *d = into_local ? &s->dir[1] : &s->dir[0];
-	if (d->state == ZM_SK_RELEASED)
+	int i = into_local ? 1 : 0;
+	if (s->state[i] == ZM_SK_RELEASED)
 		return 0;
-	zm_sk_fold(d); /* what a racing packet left under the old key */
-	__builtin_memcpy(&d->key, key, sizeof(*key));
-	d->gen = zm_generation();
-	__sync_fetch_and_add(&d->bytes, bytes);
-	__sync_fetch_and_add(&d->packets, packets);
-	d->state = ZM_SK_COUNTING;
+	zm_sk_fold(s, i); /* what a racing packet left under the old key */
+	__builtin_memcpy(&s->key[i], key, sizeof(*key));
+	s->family[i] = key->family;
+	s->gen[i] = zm_generation();
+	__sync_fetch_and_add(&s->bytes[i], bytes);
+	__sync_fetch_and_add(&s->packets[i], packets);
+	s->state[i] = ZM_SK_COUNTING;
 	return 1;
 }
 
@@ -325,21 +330,26 @@ static __always_inline __u32 zm_sk_hdr_len(struct __sk_buff *skb, int family)
 }
 
 /* The per-packet path of a socket that holds a key: adds the packet to its storage.
- * Returns 1 when counted there, 0 when the full path must classify and count it. */
+ * Returns 1 when counted there, 0 when the full path must classify and count it.
+ * skb->sk goes to bpf_sk_storage_get as it is (the helper takes a sock_common and finds
+ * no storage for request, time-wait and other non-full sockets: net/core/bpf_sk_storage.c,
+ * bpf_sk_storage_get), so no bpf_sk_fullsock call; only established TCP sockets ever get
+ * storage (zm_sk_claim), so the protocol needs no test, only the state. */
 static __always_inline int zm_sk_fast(struct __sk_buff *skb, int into_local, int family)
 {
-	struct bpf_sock *sk = zm_sk_tcp(skb);
+	struct bpf_sock *sk = skb->sk;
 	if (!sk)
 		return 0;
 	struct zm_sk_slot *s = zm_sk.sk_storage_get(sk, 0, 0);
 	if (!s)
 		return 0;
-	struct zm_sk_dir *d = into_local ? &s->dir[1] : &s->dir[0];
-	if (d->state != ZM_SK_COUNTING || d->key.family != family)
+	int i = into_local ? 1 : 0;
+	if (s->state[i] != ZM_SK_COUNTING || s->family[i] != family ||
+	    sk->state != ZM_TCP_ESTABLISHED)
 		return 0;
-	if (d->gen != zm_generation()) {
-		d->state = ZM_SK_NONE;
-		zm_sk_fold(d);
+	if (s->gen[i] != zm_generation()) {
+		s->state[i] = ZM_SK_NONE;
+		zm_sk_fold(s, i);
 		return 0;
 	}
 	__u64 bytes = skb->len, packets = 1;
@@ -351,8 +361,8 @@ static __always_inline int zm_sk_fast(struct __sk_buff *skb, int into_local, int
 		packets = segs;
 		bytes += (__u64)(segs - 1) * hdr;
 	}
-	__sync_fetch_and_add(&d->bytes, bytes);
-	__sync_fetch_and_add(&d->packets, packets);
+	__sync_fetch_and_add(&s->bytes[i], bytes);
+	__sync_fetch_and_add(&s->packets[i], packets);
 	return 1;
 }
 #endif /* ZM_SOCK_COUNTERS */
@@ -428,10 +438,10 @@ int zm_cg_release(struct bpf_sock *sk)
 {
 	struct zm_sk_slot *s = zm_sk.sk_storage_get(sk, 0, 0);
 	if (s) {
-		s->dir[0].state = ZM_SK_RELEASED;
-		s->dir[1].state = ZM_SK_RELEASED;
-		zm_sk_fold(&s->dir[0]);
-		zm_sk_fold(&s->dir[1]);
+		s->state[0] = ZM_SK_RELEASED;
+		s->state[1] = ZM_SK_RELEASED;
+		zm_sk_fold(s, 0);
+		zm_sk_fold(s, 1);
 	}
 	return 1;
 }

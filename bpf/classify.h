@@ -159,6 +159,7 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	 * gossip UDP 9094 -> 9094, NTP 123 -> 123), which the receiving endpoint counts as its
 	 * request; counted here as egress too, it would be counted twice. */
 	__be16 svc_port = into_local ? p.dport : p.sport;
+	struct zm_cache_probe pr;
 	key.proto = p.proto;
 	key.family = p.family;
 	key.ifindex = ifindex;
@@ -169,16 +170,18 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		 * endpoint test passed for this flow since the last drain: count without
 		 * repeating it. An endpoint removed meanwhile is thus classified as such until
 		 * the next drain starts a fresh table and cache. */
-		struct zm_cache_slot *slot = zm_cache_slot_for(&key);
-		if (zm_count_cached(slot, &key, bytes, packets))
+		zm_cache_probe(zm_active_cache(), &key, &pr);
+		if (pr.hit) {
+			zm_cache_add(pr.hit, bytes, packets);
 			return;
-		if (bpf_map_lookup_elem(flows, &key) ||
-		    zm_endpoint_lookup_at(key.local, svc_port, p.proto)) {
+		}
+		struct zm_flow_value *v = bpf_map_lookup_elem(flows, &key);
+		if (v || zm_endpoint_lookup_at(key.local, svc_port, p.proto)) {
 #ifdef ZM_SOCK_COUNTERS
 			if (zm_sk_claim(skb, into_local, &key, bytes, packets))
 				return;
 #endif
-			zm_count(flows, slot, &key, bytes, packets);
+			zm_count_miss(flows, &pr, &key, v, bytes, packets);
 			return;
 		}
 	}
@@ -195,7 +198,11 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	if (zm_sk_claim(skb, into_local, &key, bytes, packets))
 		return;
 #endif
-	zm_count(flows, zm_cache_slot_for(&key), &key, bytes, packets);
+	zm_cache_probe(zm_active_cache(), &key, &pr);
+	if (pr.hit)
+		zm_cache_add(pr.hit, bytes, packets);
+	else
+		zm_count_miss(flows, &pr, &key, NULL, bytes, packets);
 }
 
 #endif /* ZONEMETER_CLASSIFY_H */

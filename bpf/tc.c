@@ -54,15 +54,12 @@ static __always_inline void *zm_active_flows(void)
 	return zm_active.lookup(&zero);
 }
 
-/* Returns the cache slot idx (0..ZM_CACHE_SLOTS-1) of this CPU in the active per-CPU flow
- * cache, or NULL when no cache is set. */
-static __always_inline struct zm_cache_slot *zm_cache_slot_at(__u32 idx)
+/* Returns the active per-CPU flow cache (the map zm_cache_active points at), or NULL when
+ * none is set. */
+static __always_inline void *zm_active_cache(void)
 {
 	int zero = 0;
-	void *cache = zm_cache_active.lookup(&zero);
-	if (!cache)
-		return NULL;
-	return bpf_map_lookup_elem(cache, &idx);
+	return zm_cache_active.lookup(&zero);
 }
 
 /* Returns the counter of packets that found no flow or overflow entry (never NULL in practice). */

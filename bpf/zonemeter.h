@@ -51,8 +51,17 @@
  * any change to the structs below or to the maps in maps.h. */
 #define ZM_LAYOUT_VERSION 3
 
-/* Slots of the per-CPU flow cache in front of each flow table (power of two). */
+/* Slots of the per-CPU flow cache in front of each flow table (power of two), in sets of
+ * ZM_CACHE_WAYS slots (a power of two too): a key may sit in any slot of its set
+ * (account.h). Overridable with -D for A/B runs (bench/bench_flows.py --variant); the
+ * agent reads the slot count from the map itself. */
+#ifndef ZM_CACHE_SLOTS
 #define ZM_CACHE_SLOTS 256
+#endif
+#ifndef ZM_CACHE_WAYS
+#define ZM_CACHE_WAYS 1
+#endif
+#define ZM_CACHE_SETS (ZM_CACHE_SLOTS / ZM_CACHE_WAYS)
 
 /* One overflow entry per (kind, family): 4 kinds x 2 families. The agent seeds them in
  * both flow tables, so a table holds ZM_FLOW_CAPACITY flows plus these. */

@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 import ipaddress
 import logging
+import socket
 import time
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -107,6 +108,10 @@ __all__ = ["HINT_IGNORED_NODES", "HOSTNET_TTL", "LOOKUP_ERRORS", "Attributor", "
 #: seconds a "do this Service's selected endpoints lack a veth?" decision is reused across
 #: drains (only decisions in which every endpoint resolved; see _clusterip_hostnet)
 HOSTNET_TTL = 300.0
+
+#: endpoint address texts whose parsed form is kept across drains (see _hostnet_decide)
+PARSED_MAX = 1 << 16
+_NOT_PARSED: Any = object()
 
 #: distinct ``client_node`` values of one Service's hint-ignored series on one agent; the
 #: bytes of further client nodes go to ``client_node="other"`` (docs/metrics.md, Series count)
@@ -247,6 +252,31 @@ def _canonical(text: str) -> str:
         except ValueError:
             pass
         return text
+
+
+def _endpoint_address(text: str) -> IPAddress | None:
+    """``ip_address(_canonical(text))``, or None when ``text`` is no address. A canonical
+    dotted quad (most EndpointSlice addresses) is read by ``inet_pton``, which refuses
+    leading zeros and short forms (glibc ``inet_pton4``), several times faster; anything
+    else takes the ipaddress path."""
+    try:
+        return ipaddress.IPv4Address(socket.inet_pton(socket.AF_INET, text))
+    except OSError:
+        pass
+    try:
+        return ipaddress.ip_address(_canonical(text))
+    except ValueError:
+        return None
+
+
+def _link_scope(ip: IPAddress) -> bool:
+    """``ip.is_link_local or ip.is_multicast or ip.is_unspecified``; for IPv4 by its integer
+    (169.254.0.0/16, 224.0.0.0/4, 0.0.0.0: RFC 3927, RFC 5771), about five times faster
+    than the three ``ipaddress`` properties, which test network membership."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        v: int = ip._ip  # type: ignore[attr-defined]
+        return v >> 16 == 0xA9FE or v >> 28 == 0xE or v == 0
+    return ip.is_link_local or ip.is_multicast or ip.is_unspecified
 
 
 def _ikey(ip: IPAddress) -> int:
@@ -408,6 +438,8 @@ class Attributor:
         # cumulative counters, keyed by plain tuples on the hot path
         self._service: dict[tuple[str, str, str, str, str, str, str, str, str], int] = {}
         self._ignored: dict[tuple[str, str, str, str, str, str], int] = {}
+        # (the series dict, its size, (namespace, service) -> client nodes) for _ignored_key
+        self._ignored_nodes: tuple[dict[Any, int], int, dict[tuple[str, str], set[str]]] | None = None
         self._paths: dict[tuple[str, str, str, str], int] = {}
         self._workload: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
         self._unattributed: dict[str, int] = {}
@@ -435,6 +467,9 @@ class Attributor:
         self._canonical: dict[frozenset[str], frozenset[str]] = {}
         # ClusterIP host-network decisions by selected endpoint set: (decided at, decision)
         self._hostnet: dict[frozenset[str], tuple[float, tuple[str, Peer | None]]] = {}
+        # selected endpoint address text -> (address, _ikey) or None (not an address):
+        # parsing took two ipaddress calls per endpoint of every decision
+        self._parsed: dict[str, tuple[IPAddress, int] | None] = {}
 
     # ------------------------------------------------------------------ public verbs
 
@@ -842,7 +877,7 @@ class Attributor:
     def _peer(self, b: _Batch, ip: IPAddress, k: int) -> Peer:
         p = b.peers.get(k)
         if p is None:
-            if ip.is_link_local or ip.is_multicast or ip.is_unspecified:
+            if _link_scope(ip):
                 # link-scope packets (IPv6 neighbour discovery, MLD reports, DAD from ::,
                 # 169.254/16) never leave the veth's link: they stay between the pod and
                 # this node, so they are the node's traffic, never cross-zone
@@ -888,8 +923,7 @@ class Attributor:
         """A local address resolved by its veth ``hook`` when the metadata can (the pod
         that held it when the bytes were counted), else by time: ``(peer, settled)``."""
         rv = self._resolve_veth
-        if hook and rv is not None and not (ip.is_link_local or ip.is_multicast
-                                            or ip.is_unspecified):
+        if hook and rv is not None and not _link_scope(ip):
             return rv(ip, hook, b.at, final)
         return self._peer(b, ip, lk), True
 
@@ -985,10 +1019,22 @@ class Attributor:
         series count stays bounded by Services, not nodes: docs/metrics.md, Series count).
         Scans the Service's series: only on a key's first bytes."""
         ns, svc, _, _, cnode, _ = key
-        nodes = {k[4] for k in self._ignored if k[0] == ns and k[1] == svc}
-        if cnode in nodes or len(nodes - {OTHER_NODE}) < HINT_IGNORED_NODES:
-            return key
-        return (*key[:4], OTHER_NODE, key[5])
+        ignored = self._ignored
+        index = self._ignored_nodes
+        if index is None or index[0] is not ignored or index[1] != len(ignored):
+            # built again only when series were added or removed elsewhere (expiry, a
+            # restore); scanning every series for every new key was quadratic
+            by_svc: dict[tuple[str, str], set[str]] = {}
+            for k in ignored:
+                by_svc.setdefault((k[0], k[1]), set()).add(k[4])
+            index = (ignored, len(ignored), by_svc)
+        nodes = index[2].setdefault((ns, svc), set())
+        if not (cnode in nodes or len(nodes - {OTHER_NODE}) < HINT_IGNORED_NODES):
+            key = (*key[:4], OTHER_NODE, key[5])
+        nodes.add(key[4])
+        # the caller adds key to the series at once: count it as added
+        self._ignored_nodes = (ignored, len(ignored) + (key not in ignored), index[2])
+        return key
 
     def _path(self, b: _Batch, ns: str, svc: str, path: str) -> tuple[str, str, str, str] | None:
         """The client path key of this node's pods' traffic to a Service, or None when
@@ -1055,12 +1101,17 @@ class Attributor:
                         ) -> tuple[tuple[str, Peer | None], bool]:
         """The decision for a selected endpoint set, and whether every endpoint resolved."""
         peers: list[Peer] = []
+        parsed = self._parsed
         for a in sorted(selected):
-            try:
-                ip = ipaddress.ip_address(_canonical(a))
-            except ValueError:
-                continue
-            peers.append(self._peer(b, ip, _ikey(ip)))
+            hit = parsed.get(a, _NOT_PARSED)
+            if hit is _NOT_PARSED:
+                ip = _endpoint_address(a)
+                hit = None if ip is None else (ip, _ikey(ip))
+                if len(parsed) >= PARSED_MAX:
+                    parsed.clear()
+                parsed[a] = hit
+            if hit is not None:
+                peers.append(self._peer(b, hit[0], hit[1]))
         settled = all(p.kind is not PeerKind.UNKNOWN for p in peers)
         return self._hostnet_server(peers), settled
 

@@ -33,7 +33,7 @@ from agent.exporter.shard import DEFAULT_REPLICAS
 from agent.hints import DEFAULT_VERSION, HintModel
 from agent.k8s import ClusterMetadata
 from agent.logs import setup_logging
-from agent.loop import DEFAULT_INTERVAL, AgentLoop
+from agent.loop import DEFAULT_INTERVAL, AgentLoop, HeapFreezer
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,12 @@ def register(subparsers: Any) -> None:
                    "on every agent) from N agents chosen by hashing Node names, plus every "
                    "agent that counted bytes of the Service; 0: every agent exports every "
                    "Service (default %(default)d; docs/metrics.md, Locality series)")
+    p.add_argument("--pod-name", default=os.environ.get("POD_NAME"), metavar="NAME",
+                   help="this agent's own pod (default: $POD_NAME); with --pod-namespace, "
+                   "the --locality-replicas ring holds only the nodes running a pod of its "
+                   "DaemonSet, not every Node (docs/metrics.md, Locality series)")
+    p.add_argument("--pod-namespace", default=os.environ.get("POD_NAMESPACE"), metavar="NS",
+                   help="this agent's pod's namespace (default: $POD_NAMESPACE)")
     p.add_argument("--sync-timeout-seconds", type=float, default=60.0, metavar="SECONDS",
                    help="live cluster: wait this long for the first list of every resource "
                    "before attaching (default %(default)g)")
@@ -180,6 +186,14 @@ def register(subparsers: Any) -> None:
                    "under --pin-path) and exit")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
+
+
+def agent_pod(args: argparse.Namespace) -> tuple[str, str] | None:
+    """``(namespace, name)`` of the agent's own pod from ``--pod-namespace``/``--pod-name``,
+    or None when either is unset or empty (the ring then holds every Node)."""
+    if args.pod_name and args.pod_namespace:
+        return args.pod_namespace, args.pod_name
+    return None
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -463,7 +477,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                                  hold_unresolved_seconds=args.hold_unresolved_seconds,
                                  series_retention=args.series_retention,
                                  checkpoint=checkpoint, restore=restore,
-                                 locality_replicas=args.locality_replicas)
+                                 locality_replicas=args.locality_replicas,
+                                 agent_pod=agent_pod(args), heap=HeapFreezer())
                 # Live cluster: attach only once the endpoints are known, else Service bytes
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.

@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.datapath.abi import (
-    CACHE_SLOTS,
     FAMILY_INET,
     FAMILY_INET6,
     FLOW_KEY_WIRE,
@@ -180,6 +179,9 @@ class FlowTables:
         if caches is not None:
             from bcc.utils import get_possible_cpus
 
+            # slots per CPU as the programs were built (ZM_CACHE_SLOTS; bench variants
+            # build others), read from the map itself
+            self._cache_slots = map_info(caches[0][0]).max_entries
             # a per-CPU array value is one CacheSlot per possible CPU
             self._cache_buf = (CacheSlot * len(get_possible_cpus()))()
             self._cache_zero = (CacheSlot * len(get_possible_cpus()))()
@@ -341,7 +343,7 @@ class FlowTables:
         idx = ct.c_int(0)
         used: list[int] = []
         out: list[tuple[bytes, int, int]] = []
-        for i in range(CACHE_SLOTS):
+        for i in range(self._cache_slots):
             idx.value = i
             if lib.bpf_lookup_elem(cache_fd, ct.byref(idx), ct.byref(buf)) < 0:
                 raise RuntimeFailure(f"cannot read flow cache slot {i}: "

@@ -40,6 +40,7 @@ Failed release their IPs (the kubelet and CNI reuse them) even though the object
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -124,6 +125,12 @@ class MetadataSettings:
 
 
 
+def _drop_older_half(memo: dict[Any, Any]) -> None:
+    """Remove the first half of ``memo``'s keys in insertion order (the oldest entries)."""
+    for k in list(itertools.islice(memo, len(memo) // 2)):
+        del memo[k]
+
+
 class ClusterMetadata:
     """Thread-safe cache of cluster metadata with IP and endpoint resolution.
 
@@ -147,7 +154,10 @@ class ClusterMetadata:
         # resolve() results per address key; entries are dropped whenever the address's
         # pod or host-network pod changes, all of them on any node change; bounded
         self._memo: dict[int, Peer] = {}
-        self._memo_max = 1 << 15
+        # a node's pods reach well over 32,768 addresses in a large cluster (150,000 pods:
+        # bench/bench_agent.py), and an emptied memo makes the next drain resolve every
+        # address again; when full, the older half goes (insertion order), never all
+        self._memo_max = 1 << 17
         self._pod_table = PodTable(self.settings.grace_seconds, self.settings.max_deleted, clock,
                                    self._memo)
         # endpoint_services() results; cleared on any Service or EndpointSlice change
@@ -158,6 +168,7 @@ class ClusterMetadata:
             maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock)
         self._nodes: dict[str, NodeRecord] = {}
         self._node_names: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._workload_nodes: dict[tuple[str, str], tuple[int, frozenset[str]]] = {}
         self._node_by_ip: dict[int, str] = {}
         #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
         self._gateway_by_ip: dict[int, str] = {}
@@ -516,7 +527,7 @@ class ClusterMetadata:
                         peer = Peer(PeerKind.EXTERNAL)
             if not past:  # the answer does not depend on ``at``: remember it
                 if len(self._memo) >= self._memo_max:
-                    self._memo.clear()
+                    _drop_older_half(self._memo)
                 self._memo[k] = peer
             return peer
 
@@ -618,6 +629,28 @@ class ClusterMetadata:
                 self._node_names = (gen, frozenset(self._nodes))
             return self._node_names[1]
 
+    def workload_nodes(self, namespace: str, pod: str) -> frozenset[str] | None:
+        """The nodes running a pod of the workload pod ``namespace/pod`` belongs to (its
+        DaemonSet, for an agent): pods of that namespace with the same workload and kind,
+        not terminal, scheduled and holding an address (``status.podIPs``: their sandbox
+        runs; a pod that never started, on a node that cannot run it, has none). None when
+        the pod is not cached. Memoized per pod generation; scans one namespace.
+        """
+        with self._lock:
+            gen = self._generation["pods"]
+            hit = self._workload_nodes.get((namespace, pod))
+            if hit is not None and hit[0] == gen:
+                return hit[1]
+            me = self._pod_table.get(namespace, pod)
+            if me is None:
+                return None
+            nodes = frozenset(
+                r.node for r in self._pod_table.by_name.get(namespace, {}).values()
+                if r.workload == me.workload and r.workload_kind == me.workload_kind
+                and r.node is not None and r.ips and not r.terminal)
+            self._workload_nodes = {(namespace, pod): (gen, nodes)}
+            return nodes
+
     def node_zone(self, name: str) -> str | None:
         """Return the zone label of a node, or None (unknown node or no label)."""
         with self._lock:
@@ -672,7 +705,7 @@ class ClusterMetadata:
                     return self._service_ports(gone, port, protocol)
             result = self._service_ports(entries, port, protocol)
             if len(self._ep_memo) >= self._memo_max:
-                self._ep_memo.clear()
+                _drop_older_half(self._ep_memo)
             self._ep_memo[ek] = result
             return result
 

@@ -961,3 +961,30 @@ def test_state_round_trips_and_an_older_checkpoint_restores_its_hint_ignored_ser
         ServiceKey("shop", "api", "80", A, B, "cross_zone", "request", "node", "none"): 64}
     with pytest.raises(ValueError):
         again.restore({**state, "service": [["shop", "api", "80", A, B, "cross_zone", 64]]})
+
+
+@pytest.mark.parametrize("text", ["169.254.0.0", "169.254.3.4", "169.255.0.1", "224.0.0.1",
+                                  "239.255.255.255", "240.0.0.1", "223.255.255.255", "0.0.0.0",
+                                  "0.0.0.1", "10.1.2.3", "fe80::1", "ff02::1", "::", "fd00::1"])
+def test_link_scope_is_the_three_ipaddress_properties(text: str) -> None:
+    import ipaddress
+
+    from agent.attribution.join import _link_scope
+
+    a = ipaddress.ip_address(text)
+    assert _link_scope(a) == (a.is_link_local or a.is_multicast or a.is_unspecified)
+
+
+@pytest.mark.parametrize("text", ["10.244.1.7", "010.244.1.7", "10.244.001.7", "10.244.1",
+                                  "255.255.255.255", "256.1.1.1", "fd00:0::1", "FD00::1",
+                                  "::ffff:10.1.2.3", " 10.1.2.3", "pod-a", ""])
+def test_endpoint_addresses_parse_as_the_canonical_path_does(text: str) -> None:
+    import ipaddress
+
+    from agent.attribution.join import _canonical, _endpoint_address
+
+    try:
+        want = ipaddress.ip_address(_canonical(text))
+    except ValueError:
+        want = None
+    assert _endpoint_address(text) == want

@@ -221,7 +221,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
     for flag in ("--node-name", "--snapshot", "--kubeconfig", "--netns", "--metrics-address",
                  "--interval", "--zone-cidrs", "--exclude-interfaces", "--interface-patterns",
                  "--kubernetes-version", "--kube-proxy-version", "--feature-gates", "--flow-capacity",
-                 "--log-level",
+                 "--log-level", "--locality-replicas", "--pod-name", "--pod-namespace",
                  "--final-linger-seconds", "0.0.0.0:11808"):
         assert flag in out
 

@@ -7,6 +7,7 @@ loads BPF or touches an interface.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import os
 from pathlib import Path
@@ -188,3 +189,24 @@ def test_endpoints_are_not_overwritten_before_the_slices_were_ever_listed() -> N
     cache.replace("endpointslices", c["endpointslices"][1:])  # ... and what it last heard
     loop.tick()
     assert len(dp.endpoints) == 2 and len(dp.endpoints[-1]) == 1
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({"POD_NAME": "zonemeter-agent-x7k2p", "POD_NAMESPACE": "zonemeter"},
+     ("zonemeter", "zonemeter-agent-x7k2p")),
+    ({"POD_NAME": "zonemeter-agent-x7k2p"}, None),  # the ring then holds every Node
+    ({"POD_NAME": "", "POD_NAMESPACE": "zonemeter"}, None),
+    ({}, None),
+])
+def test_the_agent_finds_its_own_pod_from_the_downward_api(
+        env: dict[str, str], expect: tuple[str, str] | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.cli import agent as agent_cli
+
+    for k in ("POD_NAME", "POD_NAMESPACE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    parser = argparse.ArgumentParser()
+    agent_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["agent", "--node-name", "n1"])
+    assert agent_cli.agent_pod(args) == expect

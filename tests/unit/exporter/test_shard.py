@@ -142,3 +142,66 @@ def test_two_agents_one_replica_export_each_idle_service_once_and_their_own_alwa
     exported = {n: set(exp.snapshot().locality) for n, (_, _, exp) in loops.items()}
     assert ServiceRef("shop", "web") in exported["na"]
     assert exported["nb"] == every
+
+
+def _mixed_cluster(n_services: int) -> tuple[ClusterMetadata, list[str]]:
+    """A cluster of 12 Nodes where the agent DaemonSet runs on 6: 3 Windows nodes (outside
+    its nodeSelector: no pod), 2 virtual nodes (its pod scheduled, never started: no IP), a
+    node whose agent pod was deleted; ``n_services`` Services with one endpoint each.
+    Returns the cache and the nodes that run an agent."""
+    from tests.fixtures import k8s
+
+    nodes = [f"n{i}" for i in range(12)]
+    running, pending = nodes[:6], nodes[9:11]
+    pods = [k8s.pod(f"agent-{n}", f"10.0.0.{i + 1}", n, namespace="zonemeter", app="agent",
+                    owner=("DaemonSet", "zonemeter-agent"), host_network=True)
+            for i, n in enumerate(nodes) if n in running]
+    pods += [k8s.pod(f"agent-{n}", None, n, namespace="zonemeter", app="agent",
+                     owner=("DaemonSet", "zonemeter-agent"), phase="Pending") for n in pending]
+    # another DaemonSet of the same namespace, on every node: not ours
+    pods += [k8s.pod(f"other-{n}", f"10.0.1.{i + 1}", n, namespace="zonemeter", app="other",
+                     owner=("DaemonSet", "node-exporter"), host_network=True)
+             for i, n in enumerate(nodes)]
+    services, slices = [], []
+    for s in range(n_services):
+        ip = f"10.244.{s // 200}.{s % 200 + 10}"
+        services.append(k8s.service(f"svc-{s}", cluster_ip=f"10.96.{s // 200}.{s % 200 + 1}"))
+        slices.append(k8s.endpointslice(f"svc-{s}-a", f"svc-{s}", [k8s.endpoint(ip, "zone-a", "n0")]))
+        pods.append(k8s.pod(f"svc-{s}-0", ip, "n0", app=f"svc-{s}"))
+    cache = ClusterMetadata(clock=lambda: 1000.0)
+    cache.load_snapshot(Snapshot(nodes=[k8s.node(n, "zone-a" if i % 2 else "zone-b")
+                                        for i, n in enumerate(nodes)],
+                                 services=services, endpointslices=slices, pods=pods))
+    # its node has no agent right now
+    cache.apply("pods", "DELETED", k8s.pod("agent-n5", "10.0.0.6", "n5", namespace="zonemeter"))
+    return cache, running[:5]
+
+
+def test_the_ring_holds_the_nodes_running_the_agent_and_every_service_keeps_an_exporter() -> None:
+    cache, agents = _mixed_cluster(300)
+    hints = HintModel(cache)
+    refs = {ServiceRef("shop", f"svc-{s}") for s in range(300)}
+    exported: dict[str, set[ServiceRef]] = {}
+    for n in agents:
+        loop = AgentLoop(n, FakeDatapath(), cache, hints, Exporter(version="t"), interval=10,
+                         clock=lambda: 1000.0, locality_replicas=2,
+                         agent_pod=("zonemeter", f"agent-{n}"))
+        assert loop.ring_nodes() == frozenset(agents)
+        loop.tick()
+        exported[n] = set(loop.exporter.snapshot().locality) & refs
+    per_service = {r: sum(r in e for e in exported.values()) for r in refs}
+    assert set(per_service.values()) == {2}, "each Service exactly --locality-replicas times"
+    # the ring of every Node (no pod identity) leaves Services whose owners all lack an agent
+    orphans = 0
+    for r in refs:
+        owners_all = owners(sorted(cache.node_names()), r, 2)
+        orphans += not owners_all & set(agents)
+    assert orphans > 0
+
+
+def test_without_its_pod_in_the_cache_the_ring_is_every_node() -> None:
+    cache, agents = _mixed_cluster(1)
+    loop = AgentLoop("n5", FakeDatapath(), cache, HintModel(cache), Exporter(version="t"),
+                     interval=10, clock=lambda: 1000.0, agent_pod=("zonemeter", "agent-n5"))
+    assert loop.ring_nodes() == cache.node_names() and len(cache.node_names()) == 12
+    assert cache.workload_nodes("zonemeter", "agent-n0") == frozenset(agents)

@@ -450,6 +450,17 @@ def test_memoized_answers_follow_changes() -> None:
     assert c.resolve(ip("10.0.1.31")).kind is PeerKind.UNKNOWN         # host-network pod gone
 
 
+def test_a_full_memo_drops_its_older_half_and_answers_stay_right() -> None:
+    c = make()
+    c._memo_max = 8
+    addrs = [ip(f"10.0.1.{i}") for i in range(100, 120)]
+    first = [c.resolve(a) for a in addrs]
+    # never emptied at once: 20 answers in a memo of 8 leave the 8 newest (clearing all
+    # whenever full would leave the last 4)
+    assert len(c._memo) == 8
+    assert [c.resolve(a) for a in addrs] == first
+
+
 def test_concurrent_writers_and_readers() -> None:
     """Watch threads write while the agent reads: no exception, and a consistent end."""
     import threading
