@@ -9,10 +9,9 @@ Services, a quarter of them with topology-mode Auto and zone hints; the real
 programs attached: the entries are written into the active flow table from userspace with
 ``bpf_map_update_batch`` before each interval, so the kernel side costs nothing here) and
 exports to the real :class:`agent.exporter.Exporter`, which is scraped once per interval
-(:meth:`agent.exporter.Exporter.render` in OpenMetrics, what a Prometheus scrape gets from
-the agent's /metrics: at a 10 s interval and a 15-30 s scrape this is an upper bound; with
-``--library-scrape`` the same text is also timed as prometheus_client's
-``generate_latest`` writes it, which the agent served before agent/exporter/text.py).
+(:meth:`agent.exporter.Exporter.render` in OpenMetrics, prometheus_client's text, what a
+Prometheus scrape gets from the agent's /metrics: at a 10 s interval and a 15-30 s scrape
+this is an upper bound).
 
 Each interval's N entries are fresh flows with the mix a node drains (kinds as in
 bench/bench_attribution.py): 45 % Service traffic at this node's endpoints (REQUEST and
@@ -50,8 +49,6 @@ import statistics
 import sys
 import time
 from typing import Any
-
-from prometheus_client import generate_latest
 
 from agent.datapath import Datapath, DatapathConfig
 from agent.datapath.abi import FlowKey, FlowValue
@@ -156,7 +153,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 
 def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
-        replicas: list[int], library: bool = False, freeze: bool = True) -> dict[str, Any]:
+        replicas: list[int], freeze: bool = True) -> dict[str, Any]:
     t0 = time.perf_counter()
     cache = ClusterMetadata()
     cache.replace("nodes", bc.nodes(nodes))
@@ -173,8 +170,7 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
         exporter = Exporter()
         loop = AgentLoop(NODE, dp, cache, hints, exporter, interval=INTERVAL,
                          locality_replicas=rep, heap=HeapFreezer() if freeze else None)
-        tick_cpu, tick_wall, scrape_cpu, lib_cpu, drained = [], [], [], [], []
-        lib_text = b""
+        tick_cpu, tick_wall, scrape_cpu, drained = [], [], [], []
         try:
             for r in range(3 + intervals):
                 keys, vals = traffic.fill(n)
@@ -185,9 +181,6 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
                 c1, w1 = time.process_time(), time.perf_counter()
                 text = exporter.render(openmetrics=True)
                 c2 = time.process_time()
-                if library and r >= 3:  # the same scrape written by prometheus_client
-                    lib_text = generate_latest(exporter.registry())
-                    lib_cpu.append(time.process_time() - c2)
                 if r >= 3:
                     tick_cpu.append(c1 - c0)
                     tick_wall.append(w1 - w0)
@@ -204,8 +197,6 @@ def run(flows: list[int], intervals: int, pods: int, nodes: int, services: int,
                                              if line and not line.startswith(b"#")),
                                "tick_cpu_s": summary(tick_cpu), "tick_wall_s": summary(tick_wall),
                                "scrape_cpu_s": summary(scrape_cpu),
-                               "library_scrape_cpu_s": summary(lib_cpu) if lib_cpu else None,
-                               "library_exported_bytes": len(lib_text),
                                "core_percent": summary(share), "exported_bytes": len(text),
                                "rss_mib": round(bc.rss_mib(), 1)}
         print(f"bench_agent: {n} flows, --locality-replicas {rep} done", file=sys.stderr)
@@ -225,8 +216,6 @@ def main() -> int:
     ap.add_argument("--services", type=int, default=10_000)
     ap.add_argument("--drain-million", action="store_true",
                     help="also time the drain of 1,000,000 entries (3 rounds)")
-    ap.add_argument("--library-scrape", action="store_true",
-                    help="also time each scrape as prometheus_client writes it (generate_latest)")
     ap.add_argument("--no-heap-freezer", action="store_true",
                     help="run the loop without agent.loop.HeapFreezer (the agent uses it)")
     ap.add_argument("--json", action="store_true")
@@ -235,8 +224,7 @@ def main() -> int:
         print("bench_agent: run as root", file=sys.stderr)
         return 1
     res = run(args.flows or [1000, 10_000, 100_000], args.intervals, args.pods, args.nodes,
-              args.services, args.locality_replicas or [0, 3], args.library_scrape,
-              not args.no_heap_freezer)
+              args.services, args.locality_replicas or [0, 3], not args.no_heap_freezer)
     if args.drain_million:
         res["drain_1m_seconds"] = bench_drain(3, 1_000_000)
     res["load_average_1m"] = os.getloadavg()[0]
@@ -251,14 +239,13 @@ def main() -> int:
     print(f"{res['pods']} pods, {res['nodes']} nodes, {res['services']} Services (cache loaded "
           f"in {res['cache_load_s']} s); interval {INTERVAL:g} s; load average {res['load_average_1m']:.2f}\n")
     print("| flows per interval | locality replicas | series | tick CPU s | tick wall s | scrape CPU s | "
-          "scrape CPU s, prometheus_client | agent CPU, % of one core: mean, median (min..max) | "
+          "agent CPU, % of one core: mean, median (min..max) | "
           "RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for row in res["rows"].values():
-        lib = row["library_scrape_cpu_s"]
         print(f"| {row['flows']:,} | {row['locality_replicas']} | {row['series']:,} | "
               f"{fmt(row['tick_cpu_s'])} | {fmt(row['tick_wall_s'])} | "
-              f"{fmt(row['scrape_cpu_s'])} | {fmt(lib) if lib else '-'} | "
+              f"{fmt(row['scrape_cpu_s'])} | "
               f"{row['core_percent']['mean']:.2f} mean, {fmt(row['core_percent'], digits=2)} | "
               f"{row['rss_mib']} |")
     for layout, s in res.get("drain_1m_seconds", {}).items():

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics_exposition
 from prometheus_client.registry import Collector
 
-from agent.exporter import text
 from agent.exporter.families import COUNTER, FAMILIES, MetricFamily
 from agent.exporter.flows import flows_document
 from agent.exporter.snapshot import ExportSnapshot
@@ -39,10 +39,10 @@ class Exporter(Collector):
     def __init__(self, version: str = "0.1.0") -> None:
         self.version = version
         self._snapshot = ExportSnapshot()
-        self._prefixes: text.Prefixes = {}
-        #: (snapshot, openmetrics) -> its text: a second scrape of one snapshot (an HA
-        #: pair of Prometheus servers) costs nothing
-        self._rendered: tuple[ExportSnapshot, bool, bytes] | None = None
+        self._registry = self.registry()
+        #: the last text written, per format: (snapshot, its text); a second scrape of one
+        #: snapshot (an HA pair of Prometheus servers) costs nothing
+        self._rendered: dict[bool, tuple[ExportSnapshot, bytes]] = {}
 
     def update(self, snapshot: ExportSnapshot) -> None:
         """Make ``snapshot`` the one scrapes see (one atomic reference swap)."""
@@ -62,17 +62,18 @@ class Exporter(Collector):
         return self._families(self._snapshot)
 
     def render(self, *, openmetrics: bool = False) -> bytes:
-        """Return the /metrics text of the current snapshot, exactly as prometheus_client's
+        """Return the /metrics text of the current snapshot, UTF-8: prometheus_client's
         ``generate_latest`` (Prometheus text 0.0.4) or, with ``openmetrics``, its
-        ``openmetrics.generate_latest`` (OpenMetrics 1.0.0) writes it for this collector,
-        UTF-8 (:func:`agent.exporter.text.render`, at about half the library's CPU)."""
+        ``openmetrics.generate_latest`` (OpenMetrics 1.0.0) over this collector. The text
+        is written once per snapshot and format; later scrapes of the same snapshot get
+        the same bytes."""
         snap = self._snapshot
-        done = self._rendered
-        if done is not None and done[0] is snap and done[1] == openmetrics:
-            return done[2]
-        body, self._prefixes = text.render(snap, self.version, openmetrics=openmetrics,
-                                           prefixes=self._prefixes)
-        self._rendered = (snap, openmetrics, body)
+        done = self._rendered.get(openmetrics)
+        if done is not None and done[0] is snap:
+            return done[1]
+        write = openmetrics_exposition.generate_latest if openmetrics else generate_latest
+        body = write(self._registry)
+        self._rendered[openmetrics] = (snap, body)
         return body
 
     def registry(self) -> CollectorRegistry:

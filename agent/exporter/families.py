@@ -52,9 +52,6 @@ class MetricFamily:
         help: the ``# HELP`` text.
         labels: label names, in the order the getter yields values.
         getter: ``(snapshot, build version) -> samples`` (any order; the collector sorts).
-        series: for a family keyed by a label record: ``snapshot -> {record: value}``, the
-            mapping ``getter`` reads (through :func:`key_labels`); lets the /metrics writer
-            (agent/exporter/text.py) keep each record's text across scrapes.
     """
 
     name: str
@@ -62,7 +59,6 @@ class MetricFamily:
     help: str
     labels: tuple[str, ...]
     getter: Callable[[ExportSnapshot, str], Iterable[Sample]]
-    series: Callable[[ExportSnapshot], Mapping[Any, float]] | None = None
 
 
 #: label record type -> its field names, in order
@@ -152,21 +148,18 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "L3 bytes of Service traffic counted at the endpoint's node, by client and server zone, "
         "crossing, direction and the client's class (pod, node, load-balancer with its lb_type, "
         "cidr, external, unknown).",
-        SERVICE_LABELS, lambda s, _: _keyed(s.totals.service_bytes),
-        lambda s: s.totals.service_bytes),
+        SERVICE_LABELS, lambda s, _: _keyed(s.totals.service_bytes)),
     MetricFamily(
         "zonemeter_service_hint_ignored_bytes_total", COUNTER,
         "L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that "
         "zone while topology hints were in effect, by the client's node and kind (pod or node).",
-        HINT_IGNORED_LABELS, lambda s, _: _keyed(s.totals.hint_ignored_bytes),
-        lambda s: s.totals.hint_ignored_bytes),
+        HINT_IGNORED_LABELS, lambda s, _: _keyed(s.totals.hint_ignored_bytes)),
     MetricFamily(
         "zonemeter_service_client_path_bytes_total", COUNTER,
         "L3 bytes this node's pods exchanged with a Service its kube-proxy filters by topology, "
         "by path: clusterip (a Service address) or direct (an endpoint outside this node's "
         "selection); evidence for why bytes ignored the hints, never billed again.",
-        CLIENT_PATH_LABELS, lambda s, _: _keyed(s.totals.client_path_bytes),
-        lambda s: s.totals.client_path_bytes),
+        CLIENT_PATH_LABELS, lambda s, _: _keyed(s.totals.client_path_bytes)),
     MetricFamily(
         "zonemeter_service_locality_in_effect", GAUGE,
         "1 when kube-proxy keeps this Service's ClusterIP traffic from client_zone close: "
@@ -190,8 +183,7 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "zonemeter_workload_bytes_total", COUNTER,
         "L3 bytes of non-Service traffic of a local pod by workload, remote zone and kind, "
         "crossing and direction (egress from / ingress to the workload).",
-        WORKLOAD_LABELS, lambda s, _: _keyed(s.totals.workload_bytes),
-        lambda s: s.totals.workload_bytes),
+        WORKLOAD_LABELS, lambda s, _: _keyed(s.totals.workload_bytes)),
     MetricFamily(
         "zonemeter_unattributed_bytes_total", COUNTER,
         "L3 bytes that could not be attributed, by reason.",

@@ -145,10 +145,12 @@ def make_app(exporter: Exporter, readiness: Readiness, *,
 
 def _fast_metrics(exporter: Exporter, environ: dict[str, Any]
                   ) -> tuple[list[tuple[str, str]], bytes] | None:
-    """``(headers, body)`` of a ``GET /metrics`` answered with :meth:`Exporter.render`, with
-    the content type and gzip encoding prometheus_client's app would choose for the request
-    (``choose_encoder``, ``gzip_accepted``); None when the library must answer: another
-    method, a ``name[]`` filter, the ``dots`` name escaping, or a format it may add."""
+    """``(headers, body)`` of a ``GET /metrics`` answered with :meth:`Exporter.render` (the
+    library's text, written once per snapshot, so the second Prometheus of an HA pair costs
+    nothing), with the content type and gzip encoding prometheus_client's app would choose
+    for the request (``choose_encoder``, ``gzip_accepted``); None when the library's own app
+    answers: another method, a ``name[]`` filter, the ``dots`` name escaping, or a format
+    it may add."""
     if environ.get("REQUEST_METHOD", "GET") != "GET" or "name[]" in parse_qs(
             environ.get("QUERY_STRING", "")):
         return None
