@@ -445,6 +445,7 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
                  "crossing, client classes AWS does not bill at $0; the lab's rate, not your bill.")
     lines += _class_lines(summary)
     lines += _workload_lines(summary)
+    lines += _breakdown_lines(summary)
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
     lines += findings(summary, warning_messages)
     return "\n".join(lines)
@@ -478,6 +479,34 @@ def _workload_lines(summary: Mapping[str, Any], top: int = 5) -> list[str]:
         out.append(f"  {r['namespace']}/{r['workload']} ({r['workload_kind']}) -> "
                    f"{r['remote_kind']} {r['client_zone']}->{r['remote_zone']}: "
                    f"{_n(r['cross_zone_bytes'])} cross-zone, ${r['usd_per_month_at_aws_price']:,.2f}/month")
+    return out
+
+
+def _breakdown_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The per zone-pair comparison in one line per kind of traffic (Services' rows, the
+    non-Service rows the lab expects), each row that differs, and the hops no pod veth
+    carries (nothing when the summary has no breakdown)."""
+    pairs = [r for s in summary.get("services", ()) for r in s.get("by_zone_pair", ())]
+    rows = summary.get("workload_breakdown")
+    if not pairs and not rows:
+        return []
+    seen = [r for r in rows or () if r["seen_by_agents"]]
+    out = []
+    for what, group in (("Service", pairs), ("non-Service", seen)):
+        if not group:
+            continue
+        differ = [r for r in group if r["bytes"] != r["ground_truth_bytes"]]
+        out.append(f"{what} bytes per zone pair and direction: {len(group) - len(differ)} of "
+                   f"{len(group)} equal to the lab's")
+        for r in differ:
+            who = f"{r['namespace']}/{r['workload']} {r['remote_kind']} " if "workload" in r else ""
+            out.append(f"  ! {who}{r['client_zone']}->{r.get('server_zone', r.get('remote_zone'))} "
+                       f"{r['direction']}: agents {_n(r['bytes'])}, lab {_n(r['ground_truth_bytes'])}")
+    for r in rows or ():
+        if not r["seen_by_agents"]:
+            out.append(f"  unseen (no pod veth on the path): {r['namespace']}/{r['workload']} "
+                       f"{r['direction']} with {r['remote_kind']} {r['remote_zone']}: "
+                       f"{_n(r['ground_truth_bytes'])} bytes")
     return out
 
 
