@@ -1,7 +1,11 @@
 """Every path a byte takes, in one demo run, checked from the demo's JSON alone
 (docs/demo.md, "Every path"; docs/examples/every-path.yaml).
 
-One lab, one run (a module fixture: about 80 s on two cores), four nodes in three zones:
+One run per mode (a module fixture, every check shares it): the kube-proxy emulation
+(about 70 s on two cores) and real Kubernetes (about 100 s: the real EndpointSlice controller
+writes the slices, the headless Service's too, and the real kube-proxy serves a1, b1 and c1,
+node ports with externalTrafficPolicy Local and Cluster included; c2 keeps the emulation
+that ignores hints). Four nodes in three zones:
 ``c2``'s data plane ignores hints, ``mesh-b1`` balances itself over ``shop/checkout``'s
 endpoints, a load balancer per zone (``lb-a`` an ALB with IP targets, ``lb-b`` and ``lb-c``
 NLBs on node ports, Local and Cluster), a host-network ingress on ``a1``, the headless
@@ -30,17 +34,18 @@ pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "every-path.yaml"
 
 
-@pytest.fixture(scope="module")
-def summary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("demo-every-path")
+@pytest.fixture(scope="module", params=["emulated", "real"])
+def summary(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    work = tmp_path_factory.mktemp(f"demo-every-path-{request.param}")
     opts = DemoOptions(duration_seconds=6, interval_seconds=1, warmup_requests=10, workdir=work,
-                       state_dir=work / "state", hints=lab_hints("oracle").kind)
+                       state_dir=work / "state", hints=lab_hints("oracle").kind, kubernetes=request.param)
     began = time.monotonic()
     with DemoRun(load_demo(EXAMPLE), opts) as run:
         result = run.execute()
     doc = dict(result.summary)
     doc["agent_exit_codes"] = result.agent_exit_codes
-    print(f"every-path demo run: {time.monotonic() - began:.1f} s wall")
+    doc["asked_mode"] = request.param
+    print(f"every-path demo run ({request.param}): {time.monotonic() - began:.1f} s wall")
     yield doc
 
 
@@ -57,6 +62,11 @@ def test_every_request_completed_and_agents_exit_cleanly(summary: dict[str, Any]
     assert {f["path"] for f in summary["flows"]} == {
         "clusterIP", "endpoints", "nodePort", "node", "outside", "pod", "hostPort"}
     assert {fam for f in summary["flows"] for fam in f["families"]} == {4, 6}
+    # the lab followed upstream (the oracle) or the real components, and the model agrees
+    assert summary["model_disagreements"] == []
+    kube = summary["kubernetes"]
+    assert kube["mode"] == summary["asked_mode"]
+    assert kube.get("emulatedProxyNodes", ["c2"]) == ["c2"]  # real: c2 keeps the emulation
 
 
 def test_service_bytes_per_zone_pair_and_direction_equal_the_lab(summary: dict[str, Any]) -> None:

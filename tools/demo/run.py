@@ -402,8 +402,10 @@ class DemoRun:
         summary["zone_cidrs"] = None if self.cluster.zone_cidrs_path is None else {
             "path": str(self.cluster.zone_cidrs_path),
             "load_balancers_marked": self.cluster.load_balancers_marked}
-        # which control plane and kube-proxy judged the run, with their versions
+        # which control plane and kube-proxy judged the run, with their versions, and where
+        # the agents' model answers otherwise (hints, kube-proxy endpoints: model bugs)
         summary["kubernetes"] = self.cluster.lab.kubernetes_status()
+        summary["model_disagreements"] = list(self.cluster.disagreements)
         if summary["kubernetes"]["mode"] == "emulated":
             summary["kubernetes"]["hints"] = self.cluster.hints.kind  # "oracle" or "model"
         result = DemoResult(summary=summary,
