@@ -131,7 +131,7 @@ class ServiceTruth:
         by_series: (client_zone, server_zone, crossing, direction) -> bytes: the labels of
             ``zonemeter_service_bytes_total`` without namespace, service and port.
         by_class: (client_kind, client_zone, server_zone, crossing, direction) -> bytes: the
-            same with the client's class (:func:`client_class`).
+            same with the client's class (:meth:`DemoCluster.side`).
         hint_ignored: (client_zone, server_zone) -> bytes (both directions).
         hint_ignored_by_cause: (client node, cause) -> hint-ignored bytes (both directions)
             and the cause the lab played (docs/attribution.md, "Why bytes ignored the
@@ -755,7 +755,8 @@ class DemoCluster:
         chose)."""
         if self.side(client).kind == "node":
             return "external"
-        flow = self.paths.get((client, server)) or self.paths.get((client, self._first_of(server)))
+        # a replaced pod plays its predecessor's part
+        flow = self.paths.get((self._first_of(client), self._first_of(server)))
         return "data-plane" if flow is None or flow.path == "clusterIP" else "client-side"
 
     def _first_of(self, pod: str) -> str:
