@@ -144,8 +144,9 @@ class LabTraffic(LabNamespaces):
             dsts = [ipaddress.ip_address(t.strip()) for t in texts]
         except ValueError:
             raise InputError(f"not an IP address: {dst_ip!r}", obj="flow", field="dst_ip") from None
-        if not dsts or (reuse and len(dsts) > 1):
-            raise InputError("give one address (several only without reuse)", obj="flow", field="dst_ip")
+        if not dsts or (reuse and len(dsts) > 1) or len({d.version for d in dsts}) > 1:
+            raise InputError("give one address, or several of one family without reuse", obj="flow",
+                             field="dst_ip")
         dst = dsts[0]
         if proto not in ("tcp", "udp"):
             raise InputError(f"must be tcp or udp, got {proto!r}", obj="flow", field="proto")
