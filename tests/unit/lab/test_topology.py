@@ -174,9 +174,6 @@ def test_from_yaml_reads_a_file(tmp_path: Path) -> None:
                                                     "ports": [{"port": 80, "hostPort": 81}]},
                                                    *BASE["pods"][1:]]},
      "Pod client-a1", "ports[0].hostPort", "must equal its port"),
-    (_with("nodes.0.dataPlane", "bypass"), "Node a1", "dataPlane", "kube-proxy, ignore-hints"),
-    (_with("nodes.0", {**BASE["nodes"][0], "ignoreHints": True, "dataPlane": "kube-proxy"}), "Node a1",
-     "dataPlane", "contradicts"),
     (_with("outside", [{"name": "lb", "kind": "router", "zone": "zone-a"}]), "outside peer lb", "kind",
      "load-balancer, database, vm, external"),
     (_with("outside", [{"name": "lb", "kind": "load-balancer", "zone": "zone-z"}]), "outside peer lb",
@@ -445,11 +442,11 @@ def test_outside_flow_needs_the_outside_peer() -> None:
 
 
 def test_paths_resolve_and_round_trip() -> None:
-    """Headless Services, LoadBalancer/externalTrafficPolicy, hostPort, data planes and
-    outside peers resolve, and survive to_dict (the state file) unchanged."""
+    """Headless Services, LoadBalancer/externalTrafficPolicy, hostPort and outside peers
+    resolve, and survive to_dict (the state file) unchanged."""
     data = copy.deepcopy(BASE)
     data["options"] = {"ipv6": True}
-    data["nodes"][2]["dataPlane"] = "ignore-hints"
+    data["nodes"][2]["ignoreHints"] = True
     data["pods"] += [{"name": "peer-a1", "namespace": "shop", "node": "a1", "app": "peer", "ports": [7000]},
                      {"name": "cache-a1", "namespace": "shop", "node": "a1", "app": "cache",
                       "ports": [{"port": 6379, "hostPort": 16379}]}]
@@ -468,7 +465,7 @@ def test_paths_resolve_and_round_trip() -> None:
     assert (lb.node_ports, lb.external_traffic_policy) == (True, "Local")
     assert topo.pod("cache-a1").ports[0].host_port == 16379
     b1 = topo.node("b1")
-    assert (b1.data_plane, b1.ignore_hints) == ("ignore-hints", True)
+    assert b1.ignore_hints
     assert [(o.name, o.client_kind, str(o.ip)) for o in topo.outside] == [
         ("lb-a", "load-balancer", "192.168.100.252"), ("db", "cidr", "192.168.100.251"),
         ("net", "external", "192.168.100.250")]
