@@ -1,8 +1,8 @@
-"""Every path a byte takes, in one demo run, checked from the demo's JSON alone
+"""Every path a byte takes, in one demo run per mode, checked from the demo's JSON alone
 (docs/demo.md, "Every path"; docs/examples/every-path.yaml).
 
 One run per mode (a module fixture, every check shares it): the kube-proxy emulation
-(about 70 s on two cores) and real Kubernetes (about 100 s: the real EndpointSlice controller
+(70-100 s on two cores) and real Kubernetes (about 90 s: the real EndpointSlice controller
 writes the slices, the headless Service's too, and the real kube-proxy serves a1, b1 and c1,
 node ports with externalTrafficPolicy Local and Cluster included; c2 keeps the emulation
 that ignores hints). Four nodes in three zones:
