@@ -11,9 +11,10 @@ endpoints, a load balancer per zone (``lb-a`` an ALB with IP targets, ``lb-b`` a
 NLBs on node ports, Local and Cluster), a host-network ingress on ``a1``, the headless
 ``shop/peers``, the managed database ``orders-db`` in zone-b, pod -> node, host -> pod,
 pod -> pod and a hostPort, in IPv4 and IPv6. Each test reads ``summary`` (the ``-o json``
-document) only: per Service and for non-Service traffic the agents' bytes per zone pair and
-direction equal the lab's, hint-ignored bytes carry the cause the lab played on the node
-that played it, and what no agent can see is named as such.
+document) only: per Service and for non-Service traffic the agents' bytes per zone pair,
+direction and client class equal the lab's, dollars follow AWS's rule per class,
+hint-ignored bytes carry the cause the lab played on the node that played it, and what no
+agent can see is named as such.
 """
 
 from __future__ import annotations
@@ -82,13 +83,17 @@ def test_service_bytes_per_zone_pair_and_direction_equal_the_lab(summary: dict[s
     assert sum(summary["unattributed_bytes"].values()) == 0
 
 
-def test_each_client_class_is_played_where_the_topology_puts_it(summary: dict[str, Any]) -> None:
-    """The lab's classes per Service (ground truth): pods call checkout and the headless
-    peers; web is reached by the ALB's IP targets (a load-balancer client), by the NodePort
-    hop c2 masqueraded and the host-network ingress (node clients); api, externalTrafficPolicy
-    Local, sees the NLB's own address. Agents' bytes per class are compared once they
-    export ``client_kind`` (``client_kind_exported``)."""
-    lb = "load-balancer" if summary["zone_cidrs"]["load_balancers_marked"] else "cidr"
+def test_each_client_class_is_counted_where_the_topology_puts_it(summary: dict[str, Any]) -> None:
+    """Per Service, zone pair, direction and client class the agents' bytes equal the lab's:
+    pods call checkout and the headless peers; web is reached by the ALB's IP targets (a
+    load-balancer client), by the NodePort hop c2 masqueraded and the host-network ingress
+    (node clients); api, externalTrafficPolicy Local, sees the NLB's own address."""
+    assert summary["client_kind_exported"] is True
+    assert summary["zone_cidrs"]["load_balancers_marked"] is True
+    lb = "load-balancer"
+    for s in summary["services"]:
+        for r in s["by_client_kind"]:
+            assert r["bytes"] == r["ground_truth_bytes"] > 0, (s["name"], r)
 
     def classes(key: str) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
@@ -103,6 +108,31 @@ def test_each_client_class_is_played_where_the_topology_puts_it(summary: dict[st
     assert set(classes("shop/api")) == {(lb, "zone-b")}
     api = _svc(summary, "shop/api")
     assert set(api["bytes"]) == {"same_zone"}  # the NLB's zone-b address, its own node's endpoint
+
+
+def test_dollars_by_client_class(summary: dict[str, Any]) -> None:
+    """At AWS's rules: the ALB's hop to web's pods crosses zones but is not billed (its
+    dollars 0, with the reason), the NodePort hop and the ingress (node clients) and the
+    pods' calls are; a Service's dollars are its billed classes' only; the database's
+    cross-zone bytes are billed non-Service bytes."""
+    def lab_cross_zone(key: str, kind: str) -> int:
+        return sum(r["ground_truth_bytes"] for r in _svc(summary, key)["by_client_kind"]
+                   if r["client_kind"] == kind and r["crossing"] == "cross_zone")
+
+    web = _svc(summary, "shop/web")
+    classes = {(c["client_kind"], c["lb_type"]): c for c in web["cost_by_class"]}
+    assert set(classes) == {("load-balancer", "aws-alb"), ("node", "")}
+    alb, node = classes[("load-balancer", "aws-alb")], classes[("node", "")]
+    assert alb["cross_zone_bytes"] == lab_cross_zone("shop/web", "load-balancer") > 0
+    assert (alb["billed"], alb["usd_per_month_at_aws_price"]) == (False, 0.0) and alb["reason"]
+    assert node["cross_zone_bytes"] == lab_cross_zone("shop/web", "node") > 0
+    assert node["billed"] and node["usd_per_month_at_aws_price"] > 0
+    assert web["usd_per_month_at_aws_price"] == node["usd_per_month_at_aws_price"]
+    [pod] = _svc(summary, "shop/checkout")["cost_by_class"]
+    assert (pod["client_kind"], pod["billed"]) == ("pod", True) and pod["usd_per_month_at_aws_price"] > 0
+    assert _svc(summary, "shop/api")["cost_by_class"] == []  # the NLB's zone-b calls stay in zone-b
+    db = [w for w in summary["workloads"] if w["remote_kind"] == "cidr" and w["cross_zone_bytes"]]
+    assert db and all(w["billed"] and w["usd_per_month_at_aws_price"] > 0 for w in db)
 
 
 def test_hint_ignored_verdicts_name_node_and_cause(summary: dict[str, Any]) -> None:
