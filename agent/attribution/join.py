@@ -183,9 +183,10 @@ class MetadataView(Protocol):
         """The node called ``name`` as a NODE peer (zone, region), or None if unknown."""
         ...
 
-    # Optional: ``resolve_host_port(ip, port, protocol) -> Peer | None``, the host-network
-    # pod that serves a node address's port (``MetadataAdapter.resolve_host_port``); a view
-    # without it leaves node addresses as ``node/NAME``.
+    # Optional: ``resolve_host_port(ip, port, protocol) -> Peer | None``, the pod that
+    # serves a node address's port, host-network or through a hostPort
+    # (``MetadataAdapter.resolve_host_port``); a view without it leaves node addresses as
+    # ``node/NAME``.
 
 
 
@@ -984,7 +985,8 @@ class Attributor:
             return self._server_side(b, svc_, peer, ig, _label(peer, remote), path)
         if peer.kind is PeerKind.NODE and port and self._host_port is not None:
             # a node address on a port exactly one host-network pod there declares is
-            # that pod (docs/attribution.md, "Host-network servers by port")
+            # that pod; a hostPort is the pod it is DNATed to, a POD peer whose node
+            # counts its egress (docs/attribution.md, "Host-network servers by port")
             hp = self._host_port(remote, port, proto)
             if hp is not None:
                 peer = hp

@@ -532,10 +532,13 @@ class ClusterMetadata:
             return peer
 
     def resolve_host_port(self, ip: IPAddress, port: int, protocol: int) -> Peer | None:
-        """The host-network pod serving ``ip:port/protocol``, when ``ip`` is a node's address
-        (or a host-network pod's) and exactly one live host-network pod on that node
-        declares the port (``containerPort``/``hostPort``, :func:`agent.k8s.parse.pod_host_ports`);
-        else None (the address is then the node, as :meth:`resolve` says). Never raises.
+        """The pod serving ``ip:port/protocol``, when ``ip`` is a node's address (or a
+        host-network pod's) and exactly one live pod on that node serves the port there: a
+        host-network pod declaring it (``containerPort``/``hostPort``), or another pod's
+        ``hostPort``, which the CNI's portmap plugin DNATs to that pod (its peer is then a
+        POD: docs/attribution.md, "Host-network servers by port");
+        :func:`agent.k8s.parse.pod_host_ports`. Else None (the address is then the node, as
+        :meth:`resolve` says). Never raises.
 
         Declared ports are what the pod spec says, not what is listening: a pod that binds
         a port it does not declare stays ``node/NAME``, and two pods declaring one port

@@ -84,10 +84,12 @@ class PodRecord:
         terminal: phase Succeeded or Failed (its IPs are released).
         since: when the cache first saw the pod holding its IPs (seconds since the epoch,
             cache clock); 0.0 straight out of :func:`parse_pod`.
-        host_ports: host-network pods only: the ``(port, protocol number)`` pairs its
-            containers declare (``containerPort`` and ``hostPort`` of
-            ``spec.containers[].ports`` and ``spec.initContainers[].ports``; with host
-            networking both are ports of the node's address), sorted; ``()`` otherwise.
+        host_ports: the ``(port, protocol number)`` pairs of the node's address the pod
+            serves, sorted: for a host-network pod every ``containerPort`` and ``hostPort``
+            of ``spec.containers[].ports`` and ``spec.initContainers[].ports`` (with host
+            networking both are ports of the node's address); for any other pod its
+            ``hostPort`` values (the CNI's portmap plugin DNATs them to the pod);
+            ``()`` when there are none.
     """
 
     namespace: str
@@ -243,7 +245,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
         workload_kind=sys.intern(kind),
         host_network=host_network,
         terminal=status.get("phase") in ("Succeeded", "Failed"),
-        host_ports=pod_host_ports(spec) if host_network else (),
+        host_ports=pod_host_ports(spec, host_network),
     )
 
 
@@ -251,14 +253,16 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
 _PORT_PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 
 
-def pod_host_ports(spec: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
-    """The ``(port, protocol number)`` pairs a pod's containers declare, sorted.
+def pod_host_ports(spec: Mapping[str, Any], host_network: bool = True) -> tuple[tuple[int, int], ...]:
+    """The ``(port, protocol number)`` pairs of its node's address a pod serves, sorted.
 
     Reads ``containerPort`` and ``hostPort`` of every ``ports[]`` entry of
     ``spec.containers`` and ``spec.initContainers`` (sidecars serve too); ``protocol``
     defaults to TCP (core/v1 ``ContainerPort``). With ``hostNetwork`` the API server's
     defaulting sets ``hostPort`` to ``containerPort`` (``pkg/apis/core/v1/defaults.go``
-    ``SetDefaults_Pod``), so both name the port on the node's address. Malformed entries
+    ``SetDefaults_Pod``), so both name the port on the node's address. Without it only
+    ``hostPort`` does: the CNI's portmap plugin DNATs ``node:hostPort`` to the pod
+    (containernetworking/plugins ``plugins/meta/portmap``). Malformed entries
     (not objects, ports outside 1..65535, unknown protocols) are skipped, never raised:
     a declared port is a resolution hint, not something the agent must understand.
     """
@@ -273,7 +277,7 @@ def pod_host_ports(spec: Mapping[str, Any]) -> tuple[tuple[int, int], ...]:
                 proto = _PORT_PROTOCOLS.get(p.get("protocol") or "TCP")
                 if proto is None:
                     continue
-                for field_ in ("containerPort", "hostPort"):
+                for field_ in ("containerPort", "hostPort") if host_network else ("hostPort",):
                     n = p.get(field_)
                     if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 65536:
                         out.add((n, proto))

@@ -83,8 +83,9 @@ class PodTable:
         hostnet_by_ip: address key -> node of a host-network pod using it.
         hostnet_gen: bumped whenever the host-network address set changes.
         host_ports: ``(node, port, protocol number)`` -> ``{(namespace, name): record}`` of
-            the live host-network pods on that node declaring that port
-            (``PodRecord.host_ports``), for :meth:`host_port_owner`.
+            the live pods on that node serving that port of its address (host-network pods'
+            declared ports, other pods' ``hostPort``: ``PodRecord.host_ports``), for
+            :meth:`host_port_owner`.
         released: bumped whenever a pod's tenure of an address ends.
         veths: address key -> the host veths its bytes were counted on and the tenure
             each is bound to (:meth:`veth_owner`).
@@ -129,8 +130,8 @@ class PodTable:
             self.release(rec, rec.ips)
 
     def _index_host_ports(self, rec: PodRecord, *, add: bool) -> None:
-        """Add ``rec``'s declared host-network ports to :attr:`host_ports`, or remove them."""
-        if not rec.host_network or not rec.node:
+        """Add ``rec``'s ports of its node's address to :attr:`host_ports`, or remove them."""
+        if not rec.node:
             return
         who = (rec.namespace, rec.name)
         for port, proto in rec.host_ports:
@@ -145,8 +146,9 @@ class PodTable:
                         del self.host_ports[k]
 
     def host_port_owner(self, node: str, port: int, protocol: int) -> PodRecord | None:
-        """The one live host-network pod on ``node`` declaring ``port``/``protocol``
-        (``containerPort``/``hostPort``), or None when none or several do."""
+        """The one live pod on ``node`` serving ``port``/``protocol`` of the node's address (a
+        host-network pod's ``containerPort``/``hostPort``, another pod's ``hostPort``), or
+        None when none or several do."""
         owners = self.host_ports.get((node, port, protocol))
         if owners is None or len(owners) != 1:
             return None

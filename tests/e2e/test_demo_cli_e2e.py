@@ -23,7 +23,13 @@ def test_demo_json_run_and_cleanup(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert set(doc) == {"duration_seconds", "services", "double_counted_bytes", "workloads",
-                        "usd_per_month_at_aws_price", "kubernetes"}
+                        "usd_per_month_at_aws_price", "kubernetes", "workload_breakdown",
+                        "client_kind_exported", "unattributed_bytes", "flows", "requests",
+                        "zone_cidrs", "model_disagreements"}
+    # the default cluster: ClusterIP calls only, no outside peer (no zone-CIDR file), and
+    # every non-Service byte is a pod's link traffic with its own node (left out)
+    assert {f["path"] for f in doc["flows"]} == {"clusterIP"} and doc["zone_cidrs"] is None
+    assert doc["workload_breakdown"] == [] and doc["requests"]["failed"] == 0
     assert doc["kubernetes"]["mode"] == "emulated" and doc["kubernetes"]["hints"] in ("oracle", "model")
     assert doc["double_counted_bytes"] == 0 and doc["duration_seconds"] >= 3
     names = [s["name"] for s in doc["services"]]

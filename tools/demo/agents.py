@@ -64,6 +64,9 @@ class AgentMetrics:
         service_classes: (namespace, service, crossing, client_kind, lb_type) -> bytes of
             ``zonemeter_service_bytes_total`` by the client's class (``""`` for an agent
             without the labels), what prices them (docs/report.md, Prices by client class).
+        service_bytes_by_kind: (namespace, service, client_kind, client_zone, server_zone,
+            crossing, direction) -> bytes, summed over the other labels; empty when the
+            agents export no ``client_kind`` label on the family.
         hint_ignored: (namespace, service, client_zone, server_zone) -> bytes.
         hint_ignored_by_node: (namespace, service, client_node, client_kind) -> bytes.
         client_paths: (namespace, service, client_node, path) -> bytes of
@@ -85,6 +88,7 @@ class AgentMetrics:
 
     service_bytes: dict[ServiceSeries, int] = field(default_factory=dict)
     service_classes: dict[tuple[str, str, str, str, str], int] = field(default_factory=dict)
+    service_bytes_by_kind: dict[tuple[str, str, str, str, str, str, str], int] = field(default_factory=dict)
     hint_ignored: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     hint_ignored_by_node: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     client_paths: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
@@ -115,6 +119,9 @@ def parse_metrics(text: str) -> AgentMetrics:
                 m.service_bytes[k6] = m.service_bytes.get(k6, 0) + int(v)
                 kc = (k6[0], k6[1], k6[4], lb.get("client_kind", ""), lb.get("lb_type", ""))
                 m.service_classes[kc] = m.service_classes.get(kc, 0) + int(v)
+                if "client_kind" in lb:
+                    k7 = (k6[0], k6[1], lb["client_kind"], *k6[2:])
+                    m.service_bytes_by_kind[k7] = m.service_bytes_by_kind.get(k7, 0) + int(v)  # type: ignore[index]
             elif s.name == HINT_IGNORED_BYTES:
                 k4 = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_zone", ""),
                       lb.get("server_zone", ""))
@@ -159,6 +166,8 @@ def merge(parts: Iterable[AgentMetrics]) -> AgentMetrics:
             out.service_bytes[k6] = out.service_bytes.get(k6, 0) + n
         for kc, n in p.service_classes.items():
             out.service_classes[kc] = out.service_classes.get(kc, 0) + n
+        for k7, n in p.service_bytes_by_kind.items():
+            out.service_bytes_by_kind[k7] = out.service_bytes_by_kind.get(k7, 0) + n
         for k4, n in p.hint_ignored.items():
             out.hint_ignored[k4] = out.hint_ignored.get(k4, 0) + n
         for k4, n in p.hint_ignored_by_node.items():

@@ -33,6 +33,8 @@ examples:
   zonemeter demo --prometheus --keep      # leave agents + Prometheus running to explore
   zonemeter demo --teardown /tmp/zonemeter-demo-XXXX   # end a --keep run
   zonemeter demo --topology my-cluster.yaml --mode vxlan --ipv6
+  zonemeter demo --topology docs/examples/every-path.yaml -o json   # every path a byte takes
+  zonemeter demo --zone-cidrs zones.yaml  # also map these ranges (managed databases, LBs)
   zonemeter demo --kubernetes real --keep # real control plane and kube-proxy; prints a kubectl line
 
 The live table goes to standard error, the final summary to standard output.
@@ -79,6 +81,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hook", choices=("veth", "cgroup"), default="veth",
                    help="where the agents count: at the pod veths (default) or at the sockets "
                    "(cgroup_skb; needed for nodes with dataPlane: bypass, docs/lab.md)")
+    p.add_argument("--zone-cidrs", type=Path, metavar="FILE",
+                   help="zone CIDR file (CSV or YAML, docs/metadata.md) the agents read, beside "
+                   "the entries the lab writes for the topology's outside peers")
     p.add_argument("--teardown", type=Path, metavar="DIR",
                    help="stop what a --keep run left in DIR and exit")
     p.set_defaults(func=run)
@@ -203,6 +208,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check(args)
     spec = load_demo(args.topology, mode=args.mode, ipv6=True if args.ipv6 else None)
+    if args.zone_cidrs is not None:
+        from agent.k8s.cidrs import load_zone_cidrs
+
+        load_zone_cidrs(args.zone_cidrs)  # a bad file is one line naming it, before any build
     if os.geteuid() != 0:
         raise RuntimeFailure("the demo needs root (network namespaces, iptables, BPF)")
     zones = [z.name for z in spec.topology.zones]
@@ -210,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
                           refresh_seconds=max(2.0, args.interval), prometheus=args.prometheus,
                           keep=args.keep, workdir=args.workdir, hints=args.hints,
                           kubernetes=args.kubernetes, kube_proxy_mode=args.kube_proxy_mode,
-                          hook=args.hook)
+                          hook=args.hook,
+                          zone_cidrs=args.zone_cidrs)
     restore = sigterm_as_interrupt()
     owner = os.getpid()
     run_ = DemoRun(spec, options)

@@ -39,7 +39,7 @@ from typing import Any
 from agent import hints as hint_model
 from agent.errors import InputError, RuntimeFailure
 from tools.demo.hintsource import KUBERNETES_VERSION, HintSource, RealSource, hint_source, objects
-from tools.demo.topology import DemoSpec, TrafficPlan, service_port
+from tools.demo.topology import DemoSpec, FlowPlan, TrafficPlan, observed_client
 from tools.lab import FlowHandle, FlowSpec, Lab
 from tools.lab import snapshot as lab_snapshot
 from tools.lab.topology import Node, Service, Topology
@@ -47,8 +47,50 @@ from tools.lab.topology import Node, Service, Topology
 __all__ = ["CROSSINGS", "DIRECTIONS", "KUBERNETES_VERSION", "DemoCluster", "LocalityChange",
            "ServiceModel", "ServiceTruth", "controller_snapshot", "controller_snapshot_of",
            "evaluate", "hint_source"]
-CROSSINGS = ("same_node", "same_zone", "cross_zone", "cross_region", "unknown")
+CROSSINGS = ("same_node", "same_zone", "cross_zone", "cross_region", "external", "unknown")
 DIRECTIONS = ("request", "response")
+#: (namespace, workload, workload_kind, remote_kind, client_zone, remote_zone, crossing,
+#: direction): the labels of ``zonemeter_workload_bytes_total`` a ground-truth row stands for
+WorkloadKey = tuple[str, str, str, str, str, str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a ground-truth pair, as the agents should resolve it.
+
+    Attributes:
+        name: the lab's name (pod, ``node/<n>``, ``outside/<peer>``, ``ip/<addr>``).
+        kind: the client class (``pod``, ``node``, ``load-balancer``, ``cidr``,
+            ``external``, ``unknown``; the vocabulary of ``client_kind``/``remote_kind``).
+        zone, region: where it is (None: no zone, an external peer).
+        node: its node (pods, host-network pods, node addresses), else None.
+        veth: a pod with its own network namespace (an agent sees its veth).
+        namespace, workload: the pod's namespace and name (the agents' workload of a pod
+            without owner), else the lab name.
+    """
+
+    name: str
+    kind: str
+    zone: str | None
+    region: str | None
+    node: str | None
+    veth: bool
+    namespace: str
+    workload: str
+
+
+def crossing_of(a: Side, b: Side) -> str:
+    """The agents' ``crossing`` of a pair (docs/attribution.md, *Classification*: external
+    first, then same node, unknown zone, region, zone)."""
+    if a.kind == "external" or b.kind == "external":
+        return "external"
+    if a.node is not None and a.node == b.node:
+        return "same_node"
+    if a.zone is None or b.zone is None:
+        return "unknown"
+    if a.region and b.region and a.region != b.region:
+        return "cross_region"
+    return "same_zone" if a.zone == b.zone else "cross_zone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,18 +130,30 @@ class ServiceTruth:
         bytes: crossing -> bytes (both directions).
         by_series: (client_zone, server_zone, crossing, direction) -> bytes: the labels of
             ``zonemeter_service_bytes_total`` without namespace, service and port.
+        by_class: (client_kind, client_zone, server_zone, crossing, direction) -> bytes: the
+            same with the client's class (:meth:`DemoCluster.side`).
         hint_ignored: (client_zone, server_zone) -> bytes (both directions).
-        hint_ignored_by_node: client node -> its hint-ignored bytes (both directions).
-        hint_cause: client node -> the cause the lab played there: ``data-plane`` (the
-            demo's clients call ClusterIPs; a node with ``ignoreHints: true`` forwards them
-            outside the hinted set; docs/attribution.md, "Why bytes ignored the hints").
+        hint_ignored_by_cause: (client node, cause) -> hint-ignored bytes (both directions)
+            and the cause the lab played (docs/attribution.md, "Why bytes ignored the
+            hints"): ``data-plane`` (a pod called the ClusterIP and its node's data plane
+            ignores hints), ``client-side`` (a pod dialled the endpoint itself),
+            ``external`` (the client is the node's address: a host-network client, or a
+            node-port call the node masqueraded).
     """
 
     bytes: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CROSSINGS})
     by_series: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    by_class: dict[tuple[str, str, str, str, str], int] = field(default_factory=dict)
     hint_ignored: dict[tuple[str, str], int] = field(default_factory=dict)
-    hint_ignored_by_node: dict[str, int] = field(default_factory=dict)
-    hint_cause: dict[str, str] = field(default_factory=dict)
+    hint_ignored_by_cause: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def hint_ignored_by_node(self) -> dict[str, int]:
+        """client node -> its hint-ignored bytes (both directions, every cause)."""
+        out: dict[str, int] = {}
+        for (node, _), n in self.hint_ignored_by_cause.items():
+            out[node] = out.get(node, 0) + n
+        return out
 
     @property
     def cross_zone_bytes(self) -> int:
@@ -165,6 +219,9 @@ def evaluate(snapshot: Mapping[str, Any], topo: Topology, source: HintSource) ->
             sel: dict[str, tuple[str, ...]] = {}
             filt: dict[str, bool] = {}
             for n in topo.nodes:
+                if d.headless:  # no kube-proxy decision: never hint-ignored (the agents' rule)
+                    sel[n.name], filt[n.name] = (), False
+                    continue
                 chosen = chosen_by_node.get(n.name, frozenset())
                 sel[n.name] = tuple(sorted(p for a, p in owner.items() if a in chosen))
                 filt[n.name] = bool(d.proxy[n.name].topology_mode)
@@ -290,12 +347,28 @@ class DemoCluster:
         self.snapshot: dict[str, Any] = {}
         #: every pod the lab ever had -> node (ground truth keeps removed pods' names)
         self.pod_node: dict[str, str] = {}
+        #: every pod the lab ever had -> Kubernetes namespace
+        self.pod_namespace: dict[str, str] = {}
+        #: every host-network pod the lab ever had
+        self.host_network: set[str] = set()
         #: every server pod the lab ever had -> Service key
         self.pod_service: dict[str, str] = {}
         #: removed pod -> the pod that replaced it (same node, address, Service)
         self.replaced_by: dict[str, str] = {}
         #: the traffic plan's clients now (a replaced client's successor takes its place)
         self.clients: list[str] = list(spec.traffic.clients)
+        #: the zone-CIDR file the agents read (``write_zone_cidrs``), None without one
+        self.zone_cidrs_path: Path | None = None
+        #: whether that file marks load balancers (the agents then class their bytes
+        #: ``load-balancer``; an agent without that vocabulary reads them as ``cidr``)
+        self.load_balancers_marked = False
+        #: (client as the server sees it, server) -> the flow path that connects them
+        self.paths: dict[tuple[str, str], FlowPlan] = {}
+        for f in spec.traffic.flows:
+            for c in f.clients:
+                for n in f.nodes or (None,):
+                    for server in f.servers:
+                        self.paths.setdefault((observed_client(spec.topology, f, c, n), server), f)
         self._remember_pods()
 
     @property
@@ -312,6 +385,9 @@ class DemoCluster:
         topo = self.lab.topology
         for p in topo.pods:
             self.pod_node[p.name] = p.node
+            self.pod_namespace[p.name] = p.namespace
+            if p.host_network:
+                self.host_network.add(p.name)
         for s in topo.services:
             for ep in s.endpoints:
                 self.pod_service[ep] = s.key
@@ -489,27 +565,60 @@ class DemoCluster:
 
     def flow_specs(self, duration_seconds: float, rate: float | None = None,
                    count: int | None = None) -> list[FlowSpec]:
-        """Return the traffic matrix for ``duration_seconds``: every client calls every
-        planned Service (each family) at the plan's rate (or ``rate``), one TCP connection
-        per request, ``max(1, round(rate * duration))`` requests each; with ``count``,
-        that many requests back to back instead."""
-        plan = self.traffic
-        r: float | None = plan.rate if rate is None else rate
-        if count is None:
-            count = max(1, round((r or 0) * duration_seconds))
-        else:
-            r = None
+        """Return the traffic plan for ``duration_seconds``: every flow's every client (each
+        family) at the flow's rate (or ``rate``), one TCP connection per request,
+        ``max(1, round(rate * duration))`` requests each; with ``count``, that many requests
+        back to back instead. A flow with several destinations (a self-balancing client, a
+        load balancer over nodes) is one client process sending round robin."""
         specs = []
-        for client in self.clients:
-            for key in plan.services:
-                svc = self.topology.service(key)
-                for fam in plan.families:
-                    specs.append(FlowSpec(client, str(self.lab.cluster_ip(key, fam)),
-                                          service_port(svc), "tcp",
-                                          request_bytes=plan.request_bytes,
-                                          response_bytes=plan.response_bytes, count=count,
-                                          rate=r, timeout=5.0))
+        for f in self.traffic.flows:
+            r: float | None = f.rate if rate is None else rate
+            n = max(1, round((r or 0) * duration_seconds)) if count is None else count
+            if count is not None:
+                r = None
+            clients = self.clients if f.name == "matrix" else [self._current(c) for c in f.clients]
+            for client in clients:
+                for fam in f.families:
+                    dsts, port = self.destinations(f, fam)
+                    if dsts:
+                        specs.append(FlowSpec(client, ",".join(dsts), port, "tcp",
+                                              request_bytes=f.request_bytes,
+                                              response_bytes=f.response_bytes, count=n, rate=r,
+                                              timeout=5.0))
         return specs
+
+    def _current(self, pod: str) -> str:
+        while pod in self.replaced_by:
+            pod = self.replaced_by[pod]
+        return pod
+
+    def destinations(self, flow: FlowPlan, family: int) -> tuple[list[str], int]:
+        """The addresses (in round-robin order) and port one client of ``flow`` sends to in
+        ``family`` (pods without an address of the family left out).
+
+        Raises:
+            InputError: a node port the emulated mode cannot know (no ``nodePort`` given).
+        """
+        topo = self.topology
+        port = flow.port
+        if flow.path == "clusterIP":
+            assert flow.service is not None
+            return [str(self.lab.cluster_ip(flow.service, family))], int(port or 0)
+        if flow.path == "endpoints":
+            assert flow.service is not None
+            eps = [topo.pod(e) for e in topo.service(flow.service).endpoints]
+            return [str(p.address(family)) for p in eps if family == 4 or p.ip6 is not None], int(port or 0)
+        if flow.path == "nodePort":
+            assert flow.service is not None
+            return ([str(self.lab.node_ip(n, family)) for n in flow.nodes],
+                    port if port is not None else self.lab.node_port(flow.service))
+        if flow.path == "pod":
+            pod = topo.pod(self._current(str(flow.target)))
+            return ([str(pod.address(family))] if family == 4 or pod.ip6 else []), int(port or 0)
+        if flow.path in ("hostPort", "node"):
+            return [str(self.lab.node_ip(flow.nodes[0], family))], int(port or 0)
+        peer = topo.peer(str(flow.target))
+        return [str(peer.address(family))], int(port or 0)
 
     def start_traffic(self, duration_seconds: float, rate: float | None = None,
                       clients: Iterable[str] | None = None, count: int | None = None
@@ -576,6 +685,28 @@ class DemoCluster:
             return client[len("node/"):]
         return self.pod_node.get(client)
 
+    def side(self, name: str) -> Side:
+        """How the agents should resolve the lab's name ``name`` (a pod, ``node/<n>``, an
+        outside peer, ``ip/<addr>``): its class, zone and node (:class:`Side`)."""
+        topo = self.lab.topology
+        region = {z.name: z.region for z in topo.zones}
+        if name.startswith("outside/"):
+            peer = topo.peer(name)
+            kind = peer.client_kind
+            if kind == "load-balancer" and not self.load_balancers_marked:
+                kind = "cidr"
+            return Side(name, kind, peer.zone, region.get(peer.zone or ""), None, False, "",
+                        peer.name)
+        node = self._client_node(name)
+        if node is None or not any(n.name == node for n in topo.nodes):
+            return Side(name, "unknown", None, None, None, False, "", name)
+        zone = topo.zone_of(node)
+        if name.startswith("node/"):
+            return Side(name, "node", zone, region.get(zone), node, False, "", name)
+        host = name in self.host_network or name not in self.pod_namespace
+        return Side(name, "node" if host else "pod", zone, region.get(zone), node, not host,
+                    self.pod_namespace.get(name, ""), name)
+
     def truth(self, ground_truth: Mapping[tuple[str, str, str], int] | None = None
               ) -> dict[str, ServiceTruth]:
         """Turn the lab's ground truth into what the agents should report, per Service.
@@ -591,38 +722,125 @@ class DemoCluster:
         """
         gt = self.lab.ground_truth() if ground_truth is None else ground_truth
         topo = self.lab.topology
-        zone_region = {z.name: z.region for z in topo.zones}
-        node_zone = {n.name: n.zone for n in topo.nodes}
         out: dict[str, ServiceTruth] = {s.key: ServiceTruth() for s in topo.services}
         for (client, server, direction), n in gt.items():
             key = self.pod_service.get(server, "")
             t = out.setdefault(key, ServiceTruth())
-            cnode = self._client_node(client)
-            snode = self.pod_node.get(server)
-            cz = node_zone.get(cnode or "", "unknown")
-            sz = node_zone.get(snode or "", "unknown")
-            if cnode is not None and cnode == snode:
-                crossing = "same_node"
-            elif "unknown" in (cz, sz):
-                crossing = "unknown"
-            elif zone_region.get(cz) and zone_region.get(sz) and zone_region[cz] != zone_region[sz]:
-                crossing = "cross_region"
-            else:
-                crossing = "same_zone" if cz == sz else "cross_zone"
-            t.bytes[crossing] += n
+            c, srv = self.side(client), self.side(server)
+            cz, sz = c.zone or "unknown", srv.zone or "unknown"
+            crossing = crossing_of(c, srv)
+            t.bytes[crossing] = t.bytes.get(crossing, 0) + n
             sk = (cz, sz, crossing, direction)
             t.by_series[sk] = t.by_series.get(sk, 0) + n
+            ck = (c.kind, cz, sz, crossing, direction)
+            t.by_class[ck] = t.by_class.get(ck, 0) + n
             model = self.models.get(key)
-            current = server
-            while current in self.replaced_by:
-                current = self.replaced_by[current]
+            current = self._current(server)
+            cnode = c.node
             # judged against the model's final state; a replaced pod stands for its successor
             if model and cnode is not None and model.filtering.get(cnode) \
                     and current not in model.selection[cnode]:
                 hk = (cz, sz)
                 t.hint_ignored[hk] = t.hint_ignored.get(hk, 0) + n
-                t.hint_ignored_by_node[cnode] = t.hint_ignored_by_node.get(cnode, 0) + n
-                # the demo's clients only call ClusterIPs: their node's data plane chose
-                t.hint_cause[cnode] = "data-plane"
+                cause = self.hint_cause(client, server)
+                t.hint_ignored_by_cause[(cnode, cause)] = t.hint_ignored_by_cause.get((cnode, cause), 0) + n
         return out
+
+    def hint_cause(self, client: str, server: str) -> str:
+        """The cause the lab played when ``client``'s bytes to ``server`` ignore the hints
+        (docs/attribution.md, "Why bytes ignored the hints"): ``external`` when the client is
+        its node's address (a host-network client, a node-port call masqueraded there),
+        ``client-side`` when a pod dialled the server itself (a self-balancing client, a pod
+        address), ``data-plane`` when a pod called the ClusterIP (its node's data plane
+        chose)."""
+        if self.side(client).kind == "node":
+            return "external"
+        # a replaced pod plays its predecessor's part
+        flow = self.paths.get((self._first_of(client), self._first_of(server)))
+        return "data-plane" if flow is None or flow.path == "clusterIP" else "client-side"
+
+    def _first_of(self, pod: str) -> str:
+        """The pod ``pod`` replaced (its oldest predecessor), or ``pod``."""
+        back = {new: old for old, new in self.replaced_by.items()}
+        while pod in back:
+            pod = back[pod]
+        return pod
+
+    def workload_truth(self, ground_truth: Mapping[tuple[str, str, str], int] | None = None
+                       ) -> tuple[dict[WorkloadKey, int], dict[WorkloadKey, int]]:
+        """Turn the lab's ground truth of non-Service traffic (servers backing no Service:
+        pods, host-network pods, outside peers) into the ``zonemeter_workload_bytes_total``
+        series the agents should report (docs/attribution.md, the rule table): a pod's
+        bytes to a pod are its ``egress``, counted where it runs (the receiver skips its
+        copy); a pod's bytes with anything else (a node address, a host-network pod, an
+        outside peer) are its ``egress`` and ``ingress``. A ``hostPort`` call is the client's
+        pod's egress to the pod it leads to (the agents resolve ``node:hostPort`` to that
+        pod), the answer that pod's egress.
+
+        Returns:
+            ``(seen, unseen)``: series -> bytes; ``unseen`` holds pairs without a pod veth on
+            their path (a host-network server or an outside peer called by a node address or
+            an outside peer), which the veth hook never sees, keyed from the server's side
+            (its name as workload, the client as remote, ``ingress``/``egress``).
+        """
+        gt = self.lab.ground_truth() if ground_truth is None else ground_truth
+        seen: dict[WorkloadKey, int] = {}
+        unseen: dict[WorkloadKey, int] = {}
+
+        def add(into: dict[WorkloadKey, int], local: Side, remote: Side, direction: str, n: int) -> None:
+            k: WorkloadKey = (local.namespace, local.workload, "Pod", remote.kind, local.zone or "unknown",
+                              remote.zone or "unknown", crossing_of(local, remote), direction)
+            into[k] = into.get(k, 0) + n
+
+        for (client, server, direction), n in gt.items():
+            if self.pod_service.get(server):
+                continue
+            c, srv = self.side(client), self.side(server)
+            if c.veth and srv.veth:
+                if direction == "request":
+                    add(seen, c, srv, "egress", n)
+                else:
+                    add(seen, srv, c, "egress", n)
+            elif srv.veth:
+                add(seen, srv, c, "ingress" if direction == "request" else "egress", n)
+            elif c.veth:
+                add(seen, c, srv, "egress" if direction == "request" else "ingress", n)
+            else:
+                add(unseen, srv, c, "ingress" if direction == "request" else "egress", n)
+        return seen, unseen
+
+    def write_zone_cidrs(self, extra: Path | None = None) -> Path | None:
+        """Write the zone-CIDR file the agents read (``--zone-cidrs``): the lab's entries for its
+        outside peers (``Lab.zone_cidr_entries``; load balancers marked when the agent's parser
+        knows the mark) followed by ``extra``'s, the user's file (``zonemeter demo
+        --zone-cidrs``). None, and no file, when there is neither.
+
+        Raises:
+            InputError: ``extra`` cannot be read or is invalid (the agent's parser,
+                ``agent.k8s.cidrs``), or maps one of the lab's ranges elsewhere.
+        """
+        from agent.k8s import cidrs
+
+        marked = hasattr(cidrs, "KIND_LOAD_BALANCER")
+        entries = self.lab.zone_cidr_entries(mark_load_balancers=marked)
+        if extra is not None:
+            theirs = cidrs.load_zone_cidrs(extra)
+            for zc in theirs:
+                e: dict[str, Any] = {"cidr": str(zc.network), "zone": zc.zone}
+                if zc.region:
+                    e["region"] = zc.region
+                for attr, key in (("kind", "kind"), ("lb_type", "type")):
+                    value = getattr(zc, attr, None)
+                    if value is not None and not (attr == "kind" and value == "cidr"):
+                        e[key] = value
+                entries.append(e)
+        if not entries:
+            return None
+        path = self.workdir / "zone-cidrs.yaml"
+        text = "".join("- " + json.dumps(e) + "\n" for e in entries)
+        cidrs.parse_zone_cidrs(text, str(path))  # the agents' own check, before they start
+        path.write_text(text)
+        self.zone_cidrs_path = path
+        self.load_balancers_marked = marked and any(e.get("kind") == "load-balancer" for e in entries)
+        return path
 

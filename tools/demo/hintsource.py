@@ -281,13 +281,17 @@ class OracleSource(HintSource):
         snapshot's slices for every node, per address family of the Service; internal traffic
         uses the ``local`` list with ``internalTrafficPolicy: Local``, else ``cluster``
         (``pkg/proxy/iptables/proxier.go syncProxyRules``: ``internalTrafficChain``). Every
-        Service port must give the same addresses (the lab programs one list per Service)."""
+        Service port must give the same addresses (the lab programs one list per Service).
+        A headless Service is not asked: kube-proxy skips it (``ShouldSkipService``), and so
+        do the lab and the agents' model."""
         nodes, services, slices, _ = objects(snapshot)
         model = model_addresses(diags)
         out: dict[str, dict[str, dict[str, frozenset[str]]]] = {}
         for svc in services:
             key = _key(svc)
             spec = svc.get("spec") or {}
+            if spec.get("clusterIP") == "None":
+                continue
             local = spec.get("internalTrafficPolicy") == "Local"
             for at in spec.get("ipFamilies") or ["IPv4"]:
                 what = f"upstream kube-proxy, Service {key} ({at})"

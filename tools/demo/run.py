@@ -51,7 +51,7 @@ from tools.demo import prometheus as prom
 from tools.demo.agents import AgentFleet, AgentMetrics
 from tools.demo.cluster import DemoCluster, ServiceTruth
 from tools.demo.summary import build_summary
-from tools.demo.topology import DemoSpec
+from tools.demo.topology import DemoSpec, FlowPlan
 from tools.lab import FlowHandle, FlowResult
 
 
@@ -80,6 +80,8 @@ class DemoOptions:
         kube_proxy_mode: the real kube-proxy's mode, ``iptables`` or ``nftables``.
         hook: where the agents count, ``veth`` or ``cgroup`` (docs/datapath.md); a topology
             whose nodes run ``dataPlane: bypass`` needs ``cgroup`` (docs/lab.md).
+        zone_cidrs: a ``--zone-cidrs`` file for the agents, added to the lab's entries for
+            its outside peers (:meth:`DemoCluster.write_zone_cidrs`).
     """
 
     duration_seconds: float = 30.0
@@ -97,6 +99,7 @@ class DemoOptions:
     kubernetes: str = "emulated"
     kube_proxy_mode: str = "iptables"
     hook: str = "veth"
+    zone_cidrs: Path | None = None
 
 
 @dataclass(slots=True)
@@ -141,6 +144,8 @@ class DemoResult:
             runs from starting the first client process to the last client's last reply,
             and starting some 30 client processes on a small machine takes a second or two.
         baseline: the agents' metrics (summed) just before the measured traffic started.
+        workload_truth: the lab's non-Service bytes as workload series (seen, unseen:
+            :meth:`DemoCluster.workload_truth`).
     """
 
     summary: dict[str, Any]
@@ -152,6 +157,7 @@ class DemoResult:
     per_node: dict[str, AgentMetrics] = field(default_factory=dict)
     traffic_seconds: float = 0.0
     baseline: AgentMetrics | None = None
+    workload_truth: tuple[dict[Any, int], dict[Any, int]] = field(default_factory=lambda: ({}, {}))
 
 
 Progress = Callable[[dict[str, Any], float, float], None]
@@ -231,6 +237,9 @@ class DemoRun:
         self._built = True
         began = time.monotonic()
         self.cluster.up()
+        zone_cidrs = self.cluster.write_zone_cidrs(self.options.zone_cidrs)
+        if zone_cidrs is not None:
+            self.fleet.extra_args = (*self.fleet.extra_args, "--zone-cidrs", str(zone_cidrs))
         n = len(self.cluster.topology.nodes)
         say(f"lab up in {time.monotonic() - began:.1f} s; starting {n} agents (each compiles "
             "and attaches its BPF program)")
@@ -338,10 +347,11 @@ class DemoRun:
     def snapshot_summary(self, elapsed: float) -> dict[str, Any]:
         """The summary right now (agents scraped, ground truth read), for progress."""
         agents = self.fleet.scrape()
-        truth = self.cluster.truth()
+        gt = self.cluster.lab.ground_truth()
         sent = None if self._measure is None else time.monotonic() - self._measure[0]
-        return build_summary(elapsed, agents, truth, self.cluster.models,
-                             baseline=self._baseline, traffic_seconds=sent)
+        return build_summary(elapsed, agents, self.cluster.truth(gt), self.cluster.models,
+                             baseline=self._baseline, traffic_seconds=sent,
+                             workload_truth=self.cluster.workload_truth(gt))
 
     def execute(self, progress: Progress | None = None,
                 during: Callable[[DemoRun], None] | None = None,
@@ -370,8 +380,10 @@ class DemoRun:
             time.sleep(opt.scrape_seconds * 3)
         t0 = time.time()
         measured_start = time.monotonic()
-        fams = " and ".join(f"IPv{f}" for f in self.cluster.traffic.families)
-        say(f"traffic: {opt.duration_seconds:g} s per client, {fams} ClusterIPs")
+        plan = self.cluster.traffic.flows
+        fams = " and ".join(f"IPv{f}" for f in sorted({f for x in plan for f in x.families}))
+        paths = ", ".join(dict.fromkeys(f.path for f in plan))
+        say(f"traffic: {opt.duration_seconds:g} s per client, {fams}; paths: {paths}")
         measured = self._run_traffic(opt.duration_seconds, None, progress, during, started,
                                      opt.duration_seconds)
         flows += measured
@@ -379,17 +391,28 @@ class DemoRun:
         traffic_seconds = client_seconds(measured) or duration
         say("traffic done; waiting for every agent's last export")
         agents = self.fleet.scrape_settled(after=time.time())
-        truth = self.cluster.truth()
+        gt = self.cluster.lab.ground_truth()
+        truth = self.cluster.truth(gt)
+        workload_truth = self.cluster.workload_truth(gt)
         summary = build_summary(duration, agents, truth, self.cluster.models, baseline=baseline,
-                                traffic_seconds=traffic_seconds)
-        # which control plane and kube-proxy judged the run, with their versions
+                                traffic_seconds=traffic_seconds, workload_truth=workload_truth)
+        summary["flows"] = [plan_json(f) for f in self.cluster.traffic.flows]
+        summary["requests"] = {"completed": sum(f.ok for f in flows),
+                               "failed": sum(f.failed for f in flows)}
+        summary["zone_cidrs"] = None if self.cluster.zone_cidrs_path is None else {
+            "path": str(self.cluster.zone_cidrs_path),
+            "load_balancers_marked": self.cluster.load_balancers_marked}
+        # which control plane and kube-proxy judged the run, with their versions, and where
+        # the agents' model answers otherwise (hints, kube-proxy endpoints: model bugs)
         summary["kubernetes"] = self.cluster.lab.kubernetes_status()
+        summary["model_disagreements"] = list(self.cluster.disagreements)
         if summary["kubernetes"]["mode"] == "emulated":
             summary["kubernetes"]["hints"] = self.cluster.hints.kind  # "oracle" or "model"
         result = DemoResult(summary=summary,
                             agents=agents, truth=truth, flows=flows,
                             per_node=dict(self.fleet.last_nodes),
-                            traffic_seconds=traffic_seconds, baseline=baseline)
+                            traffic_seconds=traffic_seconds, baseline=baseline,
+                            workload_truth=workload_truth)
         if self._prom is not None and self.prometheus_url is not None:
             time.sleep(opt.scrape_seconds * 3)
             t1 = time.time()
@@ -411,6 +434,14 @@ class DemoRun:
                  for k in g1 if k}
         return PrometheusCheck(url=url, window=(t0, t1), aligned=aligned, plain=plain,
                                truth=truth, locality=prom.locality(url, t1), promql=promql)
+
+
+def plan_json(f: FlowPlan) -> dict[str, Any]:
+    """One flow of the traffic plan as the summary's ``flows`` lists it (docs/demo.md)."""
+    return {"name": f.name, "path": f.path, "service": f.service, "target": f.target,
+            "clients": list(f.clients), "nodes": list(f.nodes), "port": f.port,
+            "families": list(f.families), "rate": f.rate, "request_bytes": f.request_bytes,
+            "response_bytes": f.response_bytes}
 
 
 def client_seconds(flows: list[FlowResult]) -> float:

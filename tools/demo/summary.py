@@ -69,7 +69,7 @@ from agent.attribution.verdict import hint_verdicts, verdict_sentence
 from agent.hints import REASON_SENTENCES
 from agent.report.pricing import NAMED_PRICES, Price
 from tools.demo.agents import AgentMetrics
-from tools.demo.cluster import ServiceModel, ServiceTruth
+from tools.demo.cluster import ServiceModel, ServiceTruth, WorkloadKey
 
 #: AWS: $0.01/GB charged on each side of a zone crossing
 AWS = Price("aws", NAMED_PRICES["aws"])
@@ -80,7 +80,9 @@ _CROSSING_ORDER = ("same_node", "same_zone", "cross_zone", "cross_region", "exte
 def build_summary(duration_seconds: float, agents: AgentMetrics,
                   truth: Mapping[str, ServiceTruth], models: Mapping[str, ServiceModel],
                   baseline: AgentMetrics | None = None, traffic_seconds: float | None = None,
-                  proxy_versions: Mapping[str, str] | None = None) -> dict[str, Any]:
+                  proxy_versions: Mapping[str, str] | None = None,
+                  workload_truth: tuple[Mapping[WorkloadKey, int], Mapping[WorkloadKey, int]] | None = None,
+                  ) -> dict[str, Any]:
     """Return the JSON summary (see the module docstring).
 
     Args:
@@ -94,6 +96,10 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             extrapolation; None = ``duration_seconds``.
         proxy_versions: node -> the kube-proxy version its Node reports, where known (named
             in data-plane verdicts).
+        workload_truth: the lab's non-Service bytes as the agents' workload series
+            (:meth:`DemoCluster.workload_truth`: seen, unseen); None: the run sent only
+            Service traffic, so every workload byte but a pod's link traffic with its own
+            node is a Service byte counted twice.
     """
     seconds = traffic_seconds if traffic_seconds else duration_seconds
     verdicts = hint_verdicts(agents.hint_ignored_by_node, agents.client_paths, proxy_versions)
@@ -102,7 +108,12 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
         _less(agents.hint_ignored_by_node, baseline.hint_ignored_by_node if baseline else {}),
         _less(agents.client_paths, baseline.client_paths if baseline else {}))}
     services = []
-    double = agents.workload_bytes
+    kinds = bool(agents.service_bytes_by_kind)
+    if workload_truth is None:
+        double = agents.workload_bytes
+        wl_rows: list[dict[str, Any]] = []
+    else:
+        wl_rows, double = workload_breakdown(agents, *workload_truth)
     for key, model in models.items():
         ns, name = key.split("/", 1)
         t = truth.get(key) or ServiceTruth()
@@ -118,6 +129,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             lab[(cz, sz, direction)] = lab.get((cz, sz, direction), 0) + n
         for k3, n in per_key.items():
             double += max(0, n - lab.get(k3, 0))
+        by_pair, by_kind = service_breakdown(agents, t, ns, name, kinds)
         hint = sum(n for (sns, sname, _, _), n in agents.hint_ignored.items()
                    if (sns, sname) == (ns, name))
         _, reason = agents.info.get((ns, name), ("", "unknown"))
@@ -141,15 +153,91 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "observed_cross_zone": observed_cross_zone(agents, baseline, ns, name),
             "hint_ignored_causes": _causes(ns, name, verdicts, window, t, seconds),
             "cost_by_class": classes,
+            "by_zone_pair": by_pair,
+            "by_client_kind": by_kind,
         })
     workloads = workload_rows(agents, baseline, seconds)
     usd_services = round(sum(s["usd_per_month_at_aws_price"] for s in services), 2)
     usd_workloads = round(sum(w["usd_per_month_at_aws_price"] for w in workloads), 2)
     return {"duration_seconds": round(duration_seconds, 3), "services": services,
             "workloads": workloads,
+            "workload_breakdown": wl_rows,
+            "client_kind_exported": kinds,
+            "unattributed_bytes": {r: n for r, n in sorted(agents.unattributed.items())},
             "usd_per_month_at_aws_price": {"services": usd_services, "workloads": usd_workloads,
                                            "total": round(usd_services + usd_workloads, 2)},
             "double_counted_bytes": int(double)}
+
+
+def service_breakdown(agents: AgentMetrics, t: ServiceTruth, ns: str, name: str, kinds: bool
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One Service's bytes per zone pair and direction, and per client class too, agents
+    beside the lab (both since agent start, warm-up included).
+
+    Returns:
+        ``(by_zone_pair, by_client_kind)``: rows ``{"client_zone", "server_zone", "crossing",
+        "direction", "bytes", "ground_truth_bytes"}``, the second with ``client_kind`` first;
+        its ``bytes`` are None when the agents export no ``client_kind`` (``kinds`` false).
+        Every key either side has, sorted.
+    """
+    got: dict[tuple[str, str, str, str], int] = {}
+    for (sns, sname, cz, sz, crossing, direction), n in agents.service_bytes.items():
+        if (sns, sname) == (ns, name):
+            k = (cz, sz, crossing, direction)
+            got[k] = got.get(k, 0) + n
+    pairs = [{"client_zone": k[0], "server_zone": k[1], "crossing": k[2], "direction": k[3],
+              "bytes": got.get(k, 0), "ground_truth_bytes": t.by_series.get(k, 0)}
+             for k in sorted(set(got) | set(t.by_series))]
+    got_kind: dict[tuple[str, str, str, str, str], int] = {}
+    for (sns, sname, kind, cz, sz, crossing, direction), n in agents.service_bytes_by_kind.items():
+        if (sns, sname) == (ns, name):
+            k5 = (kind, cz, sz, crossing, direction)
+            got_kind[k5] = got_kind.get(k5, 0) + n
+    by_kind = [{"client_kind": k[0], "client_zone": k[1], "server_zone": k[2], "crossing": k[3],
+                "direction": k[4], "bytes": got_kind.get(k, 0) if kinds else None,
+                "ground_truth_bytes": t.by_class.get(k, 0)}
+               for k in sorted(set(got_kind) | set(t.by_class))]
+    return pairs, by_kind
+
+
+#: labels of a ``workload_breakdown`` row (``zonemeter_workload_bytes_total``'s, in
+#: :data:`tools.demo.cluster.WorkloadKey` order)
+_BREAKDOWN = ("namespace", "workload", "workload_kind", "remote_kind", "client_zone",
+              "remote_zone", "crossing", "direction")
+
+
+def workload_breakdown(agents: AgentMetrics, seen: Mapping[WorkloadKey, int],
+                       unseen: Mapping[WorkloadKey, int]) -> tuple[list[dict[str, Any]], int]:
+    """Non-Service bytes per workload series, agents beside the lab.
+
+    Rows: every series the lab expects (``seen_by_agents`` true), every series the agents
+    have beyond it (ground truth 0) except a pod's traffic with its own node (link-scope
+    packets the kernel sends: ``remote_kind="node"``, ``same_node``, when the lab sent no such
+    bytes), and the lab's pairs no pod veth carries (``seen_by_agents`` false, ``bytes``
+    0: the veth hook cannot see them).
+
+    Returns:
+        ``(rows, double_counted)``: rows with the labels of :data:`_BREAKDOWN`, ``bytes``,
+        ``ground_truth_bytes`` and ``seen_by_agents``, sorted; ``double_counted``: what the
+        agents report above the lab's bytes over the seen rows.
+    """
+    got: dict[WorkloadKey, int] = {}
+    for (ns, wl, kind, cz, rz, rkind, crossing, direction), n in agents.workload_series.items():
+        k: WorkloadKey = (ns, wl, kind, rkind, cz, rz, crossing, direction)
+        got[k] = got.get(k, 0) + n
+    rows = []
+    double = 0
+    for k in sorted(set(got) | set(seen)):
+        n, want = got.get(k, 0), seen.get(k, 0)
+        if not want and k[3] == "node" and k[6] == "same_node":
+            continue  # link-scope packets of a pod's interface with its own node
+        double += max(0, n - want)
+        rows.append({**dict(zip(_BREAKDOWN, k, strict=True)), "bytes": n, "ground_truth_bytes": want,
+                     "seen_by_agents": True})
+    for k in sorted(unseen):
+        rows.append({**dict(zip(_BREAKDOWN, k, strict=True)), "bytes": 0,
+                     "ground_truth_bytes": unseen[k], "seen_by_agents": False})
+    return rows, double
 
 
 def _less(now: Mapping[tuple[str, str, str, str], int], before: Mapping[tuple[str, str, str, str], int]
@@ -161,26 +249,29 @@ def _less(now: Mapping[tuple[str, str, str, str], int], before: Mapping[tuple[st
 def _causes(ns: str, name: str, verdicts: list[Any], window: Mapping[tuple[str, str, str, str], int],
             t: ServiceTruth, seconds: float) -> list[dict[str, Any]]:
     """The ``hint_ignored_causes`` rows of one Service (see the module docstring): the
-    agents' verdicts (bytes since agent start, as the ground truth; the sentence's bytes/s
-    from ``window``, the measured traffic's bytes per verdict), then lab nodes the agents
-    named no cause for (bytes 0)."""
+    agents' verdicts per (client node, cause) beside the lab's bytes of that node and cause
+    (bytes since agent start, as the ground truth; the sentence's bytes/s from ``window``,
+    the measured traffic's bytes per verdict; ``ground_truth_cause`` is the cause when the
+    lab played it on that node, else None), then the (node, cause) pairs the lab played and
+    the agents named not (``cause`` None, bytes 0)."""
     rows = []
     named = set()
     for v in verdicts:
         if (v.namespace, v.service) != (ns, name):
             continue
-        named.add(v.client_node)
+        named.add((v.client_node, v.cause))
+        played = t.hint_ignored_by_cause.get((v.client_node, v.cause), 0)
         rows.append({"client_node": v.client_node, "cause": v.cause, "bytes": v.bytes,
-                     "ground_truth_bytes": t.hint_ignored_by_node.get(v.client_node, 0),
-                     "ground_truth_cause": t.hint_cause.get(v.client_node),
+                     "ground_truth_bytes": played,
+                     "ground_truth_cause": v.cause if played else None,
                      "kube_proxy_version": v.kube_proxy_version,
                      "sentence": verdict_sentence(dataclasses.replace(v, bytes=window.get(
                          (v.namespace, v.service, v.client_node, v.cause), 0)), seconds)})
-    for node in sorted(set(t.hint_ignored_by_node) - named):
-        rows.append({"client_node": node, "cause": None, "bytes": 0,
-                     "ground_truth_bytes": t.hint_ignored_by_node[node],
-                     "ground_truth_cause": t.hint_cause.get(node), "kube_proxy_version": None,
-                     "sentence": ""})
+    for (node, cause), n in sorted(t.hint_ignored_by_cause.items()):
+        if (node, cause) in named:
+            continue
+        rows.append({"client_node": node, "cause": None, "bytes": 0, "ground_truth_bytes": n,
+                     "ground_truth_cause": cause, "kube_proxy_version": None, "sentence": ""})
     return rows
 
 
@@ -354,6 +445,7 @@ def render_table(summary: Mapping[str, Any], zones: list[str],
                  "crossing, client classes AWS does not bill at $0; the lab's rate, not your bill.")
     lines += _class_lines(summary)
     lines += _workload_lines(summary)
+    lines += _breakdown_lines(summary)
     lines.append(f"double-counted bytes: {_n(summary['double_counted_bytes'])}")
     lines += findings(summary, warning_messages)
     return "\n".join(lines)
@@ -387,6 +479,34 @@ def _workload_lines(summary: Mapping[str, Any], top: int = 5) -> list[str]:
         out.append(f"  {r['namespace']}/{r['workload']} ({r['workload_kind']}) -> "
                    f"{r['remote_kind']} {r['client_zone']}->{r['remote_zone']}: "
                    f"{_n(r['cross_zone_bytes'])} cross-zone, ${r['usd_per_month_at_aws_price']:,.2f}/month")
+    return out
+
+
+def _breakdown_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The per zone-pair comparison in one line per kind of traffic (Services' rows, the
+    non-Service rows the lab expects), each row that differs, and the hops no pod veth
+    carries (nothing when the summary has no breakdown)."""
+    pairs = [r for s in summary.get("services", ()) for r in s.get("by_zone_pair", ())]
+    rows = summary.get("workload_breakdown")
+    if not pairs and not rows:
+        return []
+    seen = [r for r in rows or () if r["seen_by_agents"]]
+    out = []
+    for what, group in (("Service", pairs), ("non-Service", seen)):
+        if not group:
+            continue
+        differ = [r for r in group if r["bytes"] != r["ground_truth_bytes"]]
+        out.append(f"{what} bytes per zone pair and direction: {len(group) - len(differ)} of "
+                   f"{len(group)} equal to the lab's")
+        for r in differ:
+            who = f"{r['namespace']}/{r['workload']} {r['remote_kind']} " if "workload" in r else ""
+            out.append(f"  ! {who}{r['client_zone']}->{r.get('server_zone', r.get('remote_zone'))} "
+                       f"{r['direction']}: agents {_n(r['bytes'])}, lab {_n(r['ground_truth_bytes'])}")
+    for r in rows or ():
+        if not r["seen_by_agents"]:
+            out.append(f"  unseen (no pod veth on the path): {r['namespace']}/{r['workload']} "
+                       f"{r['direction']} with {r['remote_kind']} {r['remote_zone']}: "
+                       f"{_n(r['ground_truth_bytes'])} bytes")
     return out
 
 

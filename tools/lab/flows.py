@@ -10,7 +10,7 @@ import ipaddress
 import json
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.errors import InputError, RuntimeFailure
@@ -32,8 +32,9 @@ class FlowResult:
     """Outcome of one :meth:`Lab.run_flow`.
 
     Attributes:
-        client: client pod name.
-        dst: destination address (pod IP or ClusterIP).
+        client: client pod name (or :data:`OUTSIDE`, or an outside peer's ``outside/<name>``).
+        dst: destination address (pod IP, node IP or ClusterIP); several separated by commas
+            for a client that balances itself.
         port: destination port.
         proto: ``tcp`` or ``udp``.
         ok: exchanges completed (full response received).
@@ -123,7 +124,7 @@ class FlowHandle:
 class LabTraffic(LabNamespaces):
     """Request/response clients run inside the lab (part of :class:`tools.lab.Lab`)."""
 
-    def start_flow(self, client_pod: str, dst_ip: str | IPAddress, port: int,
+    def start_flow(self, client_pod: str, dst_ip: str | IPAddress | Sequence[str | IPAddress], port: int,
                    proto: str = "tcp", request_bytes: int = 100, response_bytes: int = 100,
                    count: int = 1, rate: float | None = None, timeout: float = 5.0,
                    reuse: bool = False) -> FlowHandle:
@@ -132,13 +133,21 @@ class LabTraffic(LabNamespaces):
             if self.outside_netns not in netns_mod().listnetns():
                 raise InputError("the lab has no outside peer (build_outside)", obj="flow", field="client")
             ns, client = self.outside_netns, OUTSIDE
+        elif client_pod.startswith("outside/"):
+            peer = self.topology.peer(client_pod)
+            ns, client = self.peer_netns(peer.name), peer.key
         else:
             pod = self.topology.pod(client_pod)
             ns, client = self.pod_netns(pod.name), pod.name
+        texts = [str(a) for a in dst_ip] if isinstance(dst_ip, (list, tuple)) else str(dst_ip).split(",")
         try:
-            dst = ipaddress.ip_address(str(dst_ip))
+            dsts = [ipaddress.ip_address(t.strip()) for t in texts]
         except ValueError:
             raise InputError(f"not an IP address: {dst_ip!r}", obj="flow", field="dst_ip") from None
+        if not dsts or (reuse and len(dsts) > 1) or len({d.version for d in dsts}) > 1:
+            raise InputError("give one address, or several of one family without reuse", obj="flow",
+                             field="dst_ip")
+        dst = dsts[0]
         if proto not in ("tcp", "udp"):
             raise InputError(f"must be tcp or udp, got {proto!r}", obj="flow", field="proto")
         if not 1 <= port <= 65535:
@@ -153,7 +162,7 @@ class LabTraffic(LabNamespaces):
                                  "ground truth counts wire packets)", obj="flow",
                                  field="request_bytes/response_bytes")
         argv = ["ip", "netns", "exec", ns, sys.executable, "-m",
-                "tools.lab.traffic", "client", "--proto", proto, "--dst", str(dst),
+                "tools.lab.traffic", "client", "--proto", proto, "--dst", ",".join(str(d) for d in dsts),
                 "--port", str(port), "--request-bytes", str(request_bytes),
                 "--response-bytes", str(response_bytes), "--count", str(count),
                 "--timeout", str(timeout)]
@@ -164,9 +173,9 @@ class LabTraffic(LabNamespaces):
         budget = timeout * 3 + (count / rate if rate else count * timeout) + 10
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, text=True, cwd=ROOT, env=child_env())
-        return FlowHandle(proc, client, str(dst), port, proto, budget)
+        return FlowHandle(proc, client, ",".join(str(d) for d in dsts), port, proto, budget)
 
-    def run_flow(self, client_pod: str, dst_ip: str | IPAddress, port: int,
+    def run_flow(self, client_pod: str, dst_ip: str | IPAddress | Sequence[str | IPAddress], port: int,
                  proto: str = "tcp", request_bytes: int = 100, response_bytes: int = 100,
                  count: int = 1, rate: float | None = None, timeout: float = 5.0,
                  reuse: bool = False) -> FlowResult:
@@ -174,8 +183,11 @@ class LabTraffic(LabNamespaces):
 
         Args:
             client_pod: client pod name (a host-network pod runs in its node's namespace),
-                or :data:`OUTSIDE` for the peer of ``build_outside``.
-            dst_ip: a pod IP, node IP or ClusterIP of this lab.
+                :data:`OUTSIDE` for the peer of ``build_outside``, or ``outside/<name>`` for
+                an outside peer of the topology.
+            dst_ip: a pod IP, node IP or ClusterIP of this lab; several (a sequence, or text
+                separated by commas): exchange ``i`` goes to the ``i mod n``-th, a client
+                that balances itself (not with ``reuse``).
             port: destination port (Service port for a ClusterIP, node port for a node IP).
             proto: ``tcp`` or ``udp``.
             request_bytes: application bytes per request (>= 8).

@@ -449,7 +449,8 @@ class LabKubernetes(LabNamespaces):
         """
         want = {}
         for s in self.topology.services:
-            families = 2 if s.cluster_ip6 is not None else 1
+            # a headless Service has no ClusterIP but the lab's families (PreferDualStack)
+            families = 2 if s.cluster_ip6 is not None or (s.headless and self.topology.options.ipv6) else 1
             want[(s.namespace, s.name)] = sum(1 + (self.topology.pod(e).ip6 is not None and families == 2)
                                               for e in s.endpoints)
         deadline = time.monotonic() + timeout_s

@@ -230,9 +230,13 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
         for p in topo.pods:
             if not p.host_network:
                 sysctl(self.pod_netns(p.name), POD_SYSCTLS)
+        for o in topo.outside:
+            sysctl(self.peer_netns(o.name), POD_SYSCTLS)
         self._build_fabric()
         for n in topo.nodes:
             self._build_node(n.name)
+        for o in topo.outside:
+            self._build_peer(o)
         for p in topo.pods:
             if not p.host_network:
                 self._build_pod(p)
@@ -241,7 +245,11 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
         for p in topo.pods:
             if p.ports:
                 self._install_ground_truth(p)
+        for o in topo.outside:
+            if o.ports:
+                self._install_peer_ground_truth(o)
         self._start_servers()
+        self._start_peer_servers()
         if self.kubernetes == "real":
             self._build_kubernetes()
         bypass = [n.name for n in topo.nodes if n.data_plane == "bypass"]
@@ -252,25 +260,34 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
         self._write_state()  # with the server pids
 
     def _start_servers(self, pods: Iterable[Pod] | None = None) -> None:
-        procs: list[tuple[Pod, subprocess.Popen[str]]] = []
-        for pod in self.topology.pods if pods is None else pods:
-            if not pod.ports:
+        self._start_server_processes([(pod.name, self.pod_netns(pod.name), pod.ports)
+                                      for pod in (self.topology.pods if pods is None else pods)])
+
+    def _start_peer_servers(self) -> None:
+        """Servers of the outside peers that declare ports (a database), keyed ``outside/<name>``."""
+        self._start_server_processes([(o.key, self.peer_netns(o.name), o.ports)
+                                      for o in self.topology.outside])
+
+    def _start_server_processes(self, servers: Iterable[tuple[str, str, Any]]) -> None:
+        procs: list[tuple[str, subprocess.Popen[str]]] = []
+        for name, ns, ports in servers:
+            if not ports:
                 continue
-            argv = ["ip", "netns", "exec", self.pod_netns(pod.name), sys.executable, "-m",
+            argv = ["ip", "netns", "exec", ns, sys.executable, "-m",
                     "tools.lab.traffic", "server", "--max-seconds", str(self.server_max_seconds)]
-            for pp in pod.ports:
+            for pp in ports:
                 argv += ["--listen", f"{pp.protocol.lower()}:{pp.port}"]
             # `ip netns exec` execs the command: the pid is the server's
-            procs.append((pod, subprocess.Popen(
+            procs.append((name, subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 text=True, cwd=ROOT, env=child_env(), start_new_session=True)))
-        for pod, proc in procs:
+        for name, proc in procs:
             assert proc.stdout is not None
             line = proc.stdout.readline().strip()
             proc.stdout.close()
             if line != "ready":
-                raise RuntimeFailure(f"server of pod {pod.name} did not start: {line or 'exited'}")
-            self._servers[pod.name] = proc.pid
+                raise RuntimeFailure(f"server of {name} did not start: {line or 'exited'}")
+            self._servers[name] = proc.pid
 
     # ------------------------------------------------------------------ pods come and go
 
@@ -380,6 +397,33 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
                        hints: lab_snapshot.HintsFn | None = None) -> Path:
         """Write :meth:`snapshot` as JSON to ``path`` (for ``zonemeter agent --snapshot``)."""
         return lab_snapshot.write(self.topology, path, hints)
+
+    def zone_cidr_entries(self, mark_load_balancers: bool = True) -> list[dict[str, Any]]:
+        """The ``--zone-cidrs`` entries of the topology's outside peers (docs/metadata.md, *Zone
+        CIDR file*): one ``/32`` (``/128``) per address of every peer in a zone, with the zone's
+        region; a load balancer's also ``kind: load-balancer`` and its ``type`` when
+        ``mark_load_balancers`` (an agent whose parser knows the mark). External peers get
+        none: their bytes are ``external``.
+
+        Returns:
+            ``[{"cidr", "zone"[, "region"][, "kind", "type"]}]`` in topology order.
+        """
+        region = {z.name: z.region for z in self.topology.zones}
+        out: list[dict[str, Any]] = []
+        for o in self.topology.outside:
+            if o.zone is None:
+                continue
+            for a in (o.ip, o.ip6):
+                if a is None:
+                    continue
+                e: dict[str, Any] = {"cidr": f"{a}/{a.max_prefixlen}", "zone": o.zone}
+                if region.get(o.zone):
+                    e["region"] = region[o.zone]
+                if o.kind == "load-balancer" and mark_load_balancers:
+                    e["kind"] = "load-balancer"
+                    e["type"] = o.lb_type or "other"
+                out.append(e)
+        return out
 
     # ------------------------------------------------------------------ status
 

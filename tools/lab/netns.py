@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.errors import InputError, RuntimeFailure
 from tools.lab.proc import nsexec
-from tools.lab.topology import Topology
+from tools.lab.topology import OutsidePeer, Topology
 
 _OFFLOADS = ("tso", "gso", "gro")
 NODE_SYSCTLS = ("net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
@@ -150,9 +150,42 @@ class LabNamespaces:
         netns = netns_mod()
         if name in netns.listnetns():
             return name
-        opt = self.topology.options
         netns.create(name)
-        outer, inner = f"{self.prefix}fo", f"{self.prefix}uo"
+        self._link_peer(name, f"{self.prefix}fo", f"{self.prefix}uo", self.outside_address, None)
+        return name
+
+    def peer_netns(self, peer: str) -> str:
+        """Return the namespace of the topology's outside peer ``peer`` (``<prefix>-out-<name>``).
+
+        Raises:
+            InputError: no such peer.
+        """
+        return f"{self.prefix}-out-{self.topology.peer(peer).name}"
+
+    def _build_peer(self, peer: OutsidePeer) -> None:
+        """Build the topology's outside peer ``peer`` (its namespace exists): ``<prefix>uo<i>``
+        with its address(es) on the fabric bridge (veth ``<prefix>fo<i>``), and routes to every
+        node's pod CIDRs via that node's address, as a VPC routes pod ranges to their nodes
+        (VPC-native CNIs, GKE alias IPs), so a load balancer can send to pods (IP targets) and
+        a database can answer a pod."""
+        ns_name = self.peer_netns(peer.name)
+        self._link_peer(ns_name, f"{self.prefix}fo{peer.index}", f"{self.prefix}uo{peer.index}",
+                        peer.ip, peer.ip6)
+        ns = open_ns(ns_name)
+        try:
+            idx = ns.link_lookup(ifname=f"{self.prefix}uo{peer.index}")[0]
+            for n in self.topology.nodes:
+                ns.route("add", dst=str(n.pod_cidr), gateway=str(n.ip), oif=idx)
+                if peer.ip6 is not None and n.pod_cidr_v6 is not None and n.ip6 is not None:
+                    ns.route("add", dst=str(n.pod_cidr_v6), gateway=str(n.ip6), oif=idx)
+        finally:
+            ns.close()
+
+    def _link_peer(self, name: str, outer: str, inner: str, address: ipaddress.IPv4Address,
+                   address6: ipaddress.IPv6Address | None) -> None:
+        """A veth from the fabric bridge (``outer``) into namespace ``name`` (``inner``, with the
+        address(es)), offloads off like every lab link."""
+        opt = self.topology.options
         fab = open_ns(self.fabric_netns)
         try:
             br = fab.link_lookup(ifname=f"{self.prefix}br")[0]
@@ -165,19 +198,22 @@ class LabNamespaces:
         try:
             ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
             idx = ns.link_lookup(ifname=inner)[0]
-            ns.addr("add", index=idx, address=str(self.outside_address), prefixlen=opt.node_cidr.prefixlen)
+            ns.addr("add", index=idx, address=str(address), prefixlen=opt.node_cidr.prefixlen)
+            if address6 is not None:
+                ns.addr("add", index=idx, address=str(address6), prefixlen=opt.node_cidr_v6.prefixlen)
             ns.link("set", index=idx, mtu=opt.mtu, **self._one_skb_one_packet(), state="up")
         finally:
             ns.close()
         if not opt.offloads:
             disable_offloads(name, [inner])
             disable_offloads(self.fabric_netns, [outer])
-        return name
 
     def all_netns(self) -> list[str]:
-        """Return every namespace name this lab creates (fabric, nodes, pods, control plane)."""
+        """Return every namespace name this lab creates (fabric, nodes, pods, outside peers,
+        control plane)."""
         names = [self.fabric_netns] + [self.node_netns(n.name) for n in self.topology.nodes]
         names += [self.pod_netns(p.name) for p in self.topology.pods if not p.host_network]
+        names += [self.peer_netns(o.name) for o in self.topology.outside]
         if self.kubernetes == "real":
             names.append(f"{self.prefix}-cp")
         return names

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agent.errors import InputError
-from tools.lab import kubeproxy
+from tools.lab import hostport, kubeproxy
 from tools.lab.proc import nsexec
 from tools.lab.state import LabState
 from tools.lab.topology import Node, Service, resolve_target_port
@@ -86,7 +86,10 @@ class LabProxy(LabState):
         self._save_if_running()
 
     def proxy_rules(self, node: str) -> list[kubeproxy.ProxyRule]:
-        """Return the ClusterIP rules ``node``'s proxy has (both families)."""
+        """Return the ClusterIP and node-port rules ``node``'s proxy has (both families; none
+        for a headless Service). A node port serves the endpoints this node selects for
+        ClusterIP traffic (``externalTrafficPolicy: Cluster``) or its own endpoints (``Local``),
+        as kube-proxy ``CategorizeEndpoints`` decides."""
         rules: list[kubeproxy.ProxyRule] = []
         for svc in self.topology.services:
             chosen = self.service_endpoints(svc.key, node)
@@ -99,10 +102,17 @@ class LabProxy(LabState):
                         resolved = self._endpoint_address(svc, e, family, sp)
                         if resolved is not None:
                             eps.append(resolved)
+                    local = [] if svc.external_traffic_policy != "Local" else [
+                        a for a in (self._endpoint_address(svc, e, family, sp) for e in svc.endpoints
+                                    if self.topology.pod(e).node == node) if a is not None]
                     rules.append(kubeproxy.ProxyRule(
                         service=svc.key, port_name=sp.name or "", cluster_ip=cip, port=sp.port,
                         protocol=sp.protocol, endpoints=tuple(eps),
-                        local_policy=svc.internal_traffic_policy == "Local"))
+                        local_policy=svc.internal_traffic_policy == "Local",
+                        # node ports the topology gives (the emulation allocates none)
+                        node_port=sp.node_port if svc.node_ports else None,
+                        external_local=svc.external_traffic_policy == "Local",
+                        local_endpoints=tuple(local)))
         return rules
 
     def program_proxies(self, select: Callable[[Service, Node], Iterable[str] | None]) -> None:
@@ -128,11 +138,13 @@ class LabProxy(LabState):
         ``dataPlane: bypass`` node, its socket-LB's table, :mod:`tools.lab.bypass`).
 
         Nothing is written on a node that runs the real kube-proxy (:meth:`uses_kube_proxy`):
-        its tables are kube-proxy's.
+        its tables are kube-proxy's. The node's ``hostPort`` DNAT (the CNI's, not kube-proxy's)
+        is written in both cases (:meth:`program_host_ports`).
 
         Raises:
             RuntimeFailure: iptables-restore failed.
         """
+        self.program_host_ports(node)
         if self.uses_kube_proxy(node):
             return
         rules = self.proxy_rules(node)
@@ -143,6 +155,25 @@ class LabProxy(LabState):
         bypass = getattr(self, "bypass", None)
         if bypass is not None and node in bypass.nodes:
             bypass.sync(node)  # the socket-LB picks among the same endpoints
+
+    def program_host_ports(self, node: str) -> None:
+        """(Re)write ``node``'s ``hostPort`` DNAT table from its pods' ports
+        (:mod:`tools.lab.hostport`); a node without one gets an empty table.
+
+        Raises:
+            RuntimeFailure: nft failed.
+        """
+        entries = []
+        for pod in self.topology.pods_on(node):
+            if pod.host_network:
+                continue  # a host-network pod listens on the node's address itself
+            for pp in pod.ports:
+                if pp.host_port is None:
+                    continue
+                for addr in (pod.ip, pod.ip6):
+                    if addr is not None:
+                        entries.append(hostport.HostPort(pp.protocol, pp.host_port, addr, pp.port))
+        nsexec(self.node_netns(node), ["nft", "-f", "-"], input=hostport.render(entries))
 
     def program_all_nodes(self) -> None:
         """Program every node's proxy (see :meth:`program_node`)."""

@@ -54,9 +54,13 @@ class LabAddressing(LabNamespaces):
         """Return the ClusterIP of ``service`` (``namespace/name`` or unambiguous name).
 
         Raises:
-            InputError: no such Service, or IPv6 in a lab without IPv6.
+            InputError: no such Service, a headless Service (it has none), or IPv6 in a lab
+                without IPv6.
         """
         s = self.topology.service(service)
+        if s.cluster_ip is None:
+            raise InputError("a headless Service has no ClusterIP: dial its pods", obj=f"Service {s.key}",
+                             field="clusterIP")
         if family == 6:
             if s.cluster_ip6 is None:
                 raise InputError("the lab has no IPv6", obj=f"Service {s.key}", field="clusterIP6")

@@ -81,7 +81,9 @@ def _pod(topo: Topology, pod: Pod) -> dict[str, Any]:
             "containers": [{
                 "name": "main", "image": "zonemeter-lab/traffic",
                 "ports": [{"containerPort": pp.port, "protocol": pp.protocol,
-                           **({"name": pp.name} if pp.name else {})} for pp in pod.ports],
+                           **({"name": pp.name} if pp.name else {}),
+                           **({"hostPort": pp.host_port} if pp.host_port is not None else {})}
+                          for pp in pod.ports],
             }],
         },
         "status": {
@@ -92,12 +94,17 @@ def _pod(topo: Topology, pod: Pod) -> dict[str, Any]:
     }
 
 
-def _service(svc: Service) -> dict[str, Any]:
-    ips = [str(svc.cluster_ip)] + ([str(svc.cluster_ip6)] if svc.cluster_ip6 else [])
+def _service(topo: Topology, svc: Service) -> dict[str, Any]:
+    if svc.cluster_ip is None:  # headless: the apiserver keeps "None" in both fields
+        ips = ["None"]
+        dual = topo.options.ipv6
+    else:
+        ips = [str(svc.cluster_ip)] + ([str(svc.cluster_ip6)] if svc.cluster_ip6 else [])
+        dual = svc.cluster_ip6 is not None
     spec: dict[str, Any] = {
         "type": svc.type, "clusterIP": ips[0], "clusterIPs": ips,
-        "ipFamilies": ["IPv4"] + (["IPv6"] if svc.cluster_ip6 else []),
-        "ipFamilyPolicy": "PreferDualStack" if svc.cluster_ip6 else "SingleStack",
+        "ipFamilies": ["IPv4"] + (["IPv6"] if dual else []),
+        "ipFamilyPolicy": "PreferDualStack" if dual else "SingleStack",
         "ports": [{"port": sp.port, "targetPort": sp.target_port, "protocol": sp.protocol,
                    **({"name": sp.name} if sp.name else {}),
                    **({"nodePort": sp.node_port} if sp.node_port is not None else {})}
@@ -105,8 +112,9 @@ def _service(svc: Service) -> dict[str, Any]:
         "internalTrafficPolicy": svc.internal_traffic_policy,
         "sessionAffinity": "None",
     }
-    if svc.type == "NodePort":
-        spec["externalTrafficPolicy"] = "Cluster"  # the receiving node masquerades (kube-proxy)
+    if svc.node_ports:
+        # Cluster: the receiving node masquerades (kube-proxy); Local: its own endpoints only
+        spec["externalTrafficPolicy"] = svc.external_traffic_policy
     if svc.selector is not None:
         spec["selector"] = dict(svc.selector)
     if svc.traffic_distribution:
@@ -123,7 +131,7 @@ def _service(svc: Service) -> dict[str, Any]:
 def _slices(topo: Topology, svc: Service,
             hints: Mapping[str, Mapping[str, list[str]]] | None) -> list[dict[str, Any]]:
     out = []
-    families = [4] + ([6] if svc.cluster_ip6 else [])
+    families = [4] + ([6] if svc.cluster_ip6 or (svc.headless and topo.options.ipv6) else [])
     for family in families:
         endpoints = []
         ports: list[dict[str, Any]] | None = None
@@ -188,7 +196,7 @@ def build(topo: Topology, hints: HintsFn | None = None,
     items: list[dict[str, Any]] = [_node(topo, n.name, kubernetes_version) for n in topo.nodes]
     items += [_pod(topo, p) for p in topo.pods]
     for svc in topo.services:
-        items.append(_service(svc))
+        items.append(_service(topo, svc))
     for svc in topo.services:
         items += _slices(topo, svc, hints(svc) if hints else None)
     return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},

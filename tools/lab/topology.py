@@ -7,12 +7,13 @@ A topology is plain data (YAML or a dict)::
       - {name: zone-a, region: region-1}
     nodes:
       - {name: a1, zone: zone-a, cpu: 4}
+      - {name: c2, zone: zone-c, ignoreHints: true}   # its data plane ignores hints
     pods:
       - name: web-a1
         node: a1
         namespace: shop                          # default "default"
         ip: auto                                 # or an address inside the node's pod CIDR
-        ports: [{port: 8080, protocol: TCP, name: http}]
+        ports: [{port: 8080, protocol: TCP, name: http, hostPort: 8443}]  # hostPort optional
         labels: {app: web}                       # or app: web
         hostNetwork: false
     services:
@@ -24,7 +25,14 @@ A topology is plain data (YAML or a dict)::
         annotations: {service.kubernetes.io/topology-mode: Auto}
         trafficDistribution: PreferSameZone
         internalTrafficPolicy: Cluster           # or Local
-        type: ClusterIP                          # or NodePort (ports may give nodePort: 30000-32767)
+        type: ClusterIP                          # NodePort or LoadBalancer (ports may give
+                                                 # nodePort: 30000-32767)
+        externalTrafficPolicy: Cluster           # or Local (NodePort and LoadBalancer only)
+      - {name: peers, clusterIP: None, ...}      # headless: no ClusterIP, no kube-proxy rules
+    outside:                                     # machines outside the cluster, on the fabric
+      - {name: lb-a, kind: load-balancer, zone: zone-a, type: aws-alb}
+      - {name: orders-db, kind: database, zone: zone-b, ports: [{port: 5432}]}
+      - {name: partner, kind: external}         # no zone: no zone-CIDR entry
 
 :meth:`Topology.from_dict` validates everything and resolves ``auto`` addresses, so a
 :class:`Topology` is always complete: every pod has its IPv4 (and IPv6 when enabled)
@@ -35,7 +43,10 @@ Address plan (defaults, all only ever configured inside the lab's namespaces): n
 (0-based, file order) gets ``node_cidr`` host ``i+1`` on the fabric, pod CIDR number
 ``i+1`` of size /24 inside ``pod_cidr`` (IPv6: /64 number ``i+1`` inside ``pod_cidr_v6``)
 and, in vxlan mode, ``overlay_cidr`` host ``i+1`` on its VXLAN device. Pods get hosts
-``.2`` upwards of their node's pod CIDR in file order.
+``.2`` upwards of their node's pod CIDR in file order. Outside peer ``i`` gets the address
+``i+3`` below the top of ``node_cidr`` (and ``node_cidr_v6``): the last is the control
+plane's (tools/lab/kube.py), the second-last the anonymous outside peer's
+(``Lab.build_outside``).
 """
 
 from __future__ import annotations
@@ -60,8 +71,18 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
 MODES = ("flat", "vxlan")
 PROTOCOLS = ("TCP", "UDP")
-#: accepted Service ``type`` values: the lab's data paths serve ClusterIP and NodePort
-SERVICE_TYPES = ("ClusterIP", "NodePort")
+#: accepted Service ``type`` values: the lab's data paths serve ClusterIP and NodePort; a
+#: LoadBalancer is a NodePort Service whose load balancers are outside peers (no cloud
+#: controller writes ``status.loadBalancer``)
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+#: ``spec.externalTrafficPolicy`` values (NodePort and LoadBalancer Services)
+EXTERNAL_TRAFFIC_POLICIES = ("Cluster", "Local")
+#: kinds of outside peers, and the client class (``client_kind``) each stands for:
+#: ``load-balancer`` (a zone-CIDR range marked as a load balancer), ``database`` and ``vm``
+#: (a plain zone-CIDR range: ``cidr``), ``external`` (no zone-CIDR entry)
+OUTSIDE_KINDS = {"load-balancer": "load-balancer", "database": "cidr", "vm": "cidr",
+                 "external": "external"}
+_TOKEN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: kube-apiserver's default ``--service-node-port-range``
 NODE_PORTS = (30000, 32767)
 #: clients' ephemeral source ports (the kernel's default net.ipv4.ip_local_port_range)
@@ -157,11 +178,14 @@ DATA_PLANES = ("kube-proxy", "bypass")
 
 @dataclass(frozen=True, slots=True)
 class PodPort:
-    """A container port: ``port`` (host byte order), ``protocol`` TCP|UDP, optional name."""
+    """A container port: ``port`` (host byte order), ``protocol`` TCP|UDP, optional name,
+    and ``host_port``: the node port the CNI's portmap plugin DNATs to it (``hostPort``;
+    a host-network pod's equals ``port``), or None."""
 
     port: int
     protocol: str = "TCP"
     name: str | None = None
+    host_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,13 +256,20 @@ class Service:
         annotations: ``metadata.annotations`` (e.g. ``service.kubernetes.io/topology-mode``).
         traffic_distribution: ``spec.trafficDistribution`` or ``None``.
         internal_traffic_policy: ``Cluster`` or ``Local``.
-        type: ``ClusterIP`` or ``NodePort`` (``spec.type``; externalTrafficPolicy is always
-            ``Cluster``, so the receiving node masquerades a NodePort call to its own address).
+        type: ``ClusterIP``, ``NodePort`` or ``LoadBalancer`` (``spec.type``; a LoadBalancer is
+            served on its node ports, its load balancers being outside peers).
+        external_traffic_policy: ``Cluster`` (the receiving node masquerades a node-port call
+            to its own address and forwards it to the endpoints it selects for ClusterIP
+            traffic) or ``Local`` (its own endpoints only, the client's address kept); always
+            ``Cluster`` for a ClusterIP Service.
+
+    A headless Service (``clusterIP: None``) has ``cluster_ip`` None: kube-proxy has no rule
+    for it, clients dial its endpoints (:attr:`headless`).
     """
 
     name: str
     namespace: str
-    cluster_ip: ipaddress.IPv4Address
+    cluster_ip: ipaddress.IPv4Address | None
     cluster_ip6: ipaddress.IPv6Address | None
     ports: tuple[ServicePort, ...]
     selector: Mapping[str, str] | None
@@ -247,11 +278,76 @@ class Service:
     traffic_distribution: str | None = None
     internal_traffic_policy: str = "Cluster"
     type: str = "ClusterIP"
+    external_traffic_policy: str = "Cluster"
 
     @property
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def headless(self) -> bool:
+        """``clusterIP: None``: no ClusterIP, no kube-proxy rule."""
+        return self.cluster_ip is None
+
+    @property
+    def node_ports(self) -> bool:
+        """Whether the Service is served on node ports (``NodePort``, ``LoadBalancer``)."""
+        return self.type in ("NodePort", "LoadBalancer")
+
+
+@dataclass(frozen=True, slots=True)
+class OutsidePeer:
+    """A machine outside the cluster on the lab's fabric (its own network namespace): a load
+    balancer, a managed database, a VM, or an external host.
+
+    Attributes:
+        name: unique among peers and pods (flows name it).
+        kind: one of :data:`OUTSIDE_KINDS`.
+        zone: the zone its zone-CIDR entry maps it to; None for ``external``.
+        lb_type: a load balancer's type (``aws-alb``, ``aws-nlb``...; the zone-CIDR entry's
+            price class), else None.
+        index: position in the topology's ``outside`` list (0-based): names its veth.
+        ip, ip6: fabric address(es) (``ip6`` only with IPv6): :data:`OUTSIDE_OFFSET` + index
+            below the top of ``options.node_cidr`` (``node_cidr_v6``).
+        ports: ports it serves (a database), with a server and ground-truth counters.
+    """
+
+    name: str
+    kind: str
+    zone: str | None
+    lb_type: str | None
+    index: int
+    ip: ipaddress.IPv4Address
+    ip6: ipaddress.IPv6Address | None
+    ports: tuple[PodPort, ...] = ()
+
+    @property
+    def client_kind(self) -> str:
+        """The client class its bytes carry (``load-balancer``, ``cidr``, ``external``)."""
+        return OUTSIDE_KINDS[self.kind]
+
+    @property
+    def key(self) -> str:
+        """``outside/<name>``: how ground truth and flows name it."""
+        return f"outside/{self.name}"
+
+    def address(self, family: int = 4) -> IPAddress:
+        """Return the IPv4 (``family=4``) or IPv6 (``6``) address.
+
+        Raises:
+            InputError: IPv6 requested in a lab without IPv6.
+        """
+        if family == 6:
+            if self.ip6 is None:
+                raise InputError("the lab has no IPv6 (options.ipv6 is false)",
+                                 obj=f"outside peer {self.name}", field="ip6")
+            return self.ip6
+        return self.ip
+
+
+#: outside peer ``i`` sits ``OUTSIDE_OFFSET + i`` addresses below the top of node_cidr
+OUTSIDE_OFFSET = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +360,7 @@ class Topology:
     services: tuple[Service, ...]
     options: Options
     source: str = "<memory>"
+    outside: tuple[OutsidePeer, ...] = ()
 
     # ------------------------------------------------------------ constructors
 
@@ -354,6 +451,18 @@ class Topology:
         """Return the zone name of ``node``."""
         return self.node(node).zone
 
+    def peer(self, name: str) -> OutsidePeer:
+        """Return the outside peer called ``name`` (or ``outside/<name>``).
+
+        Raises:
+            InputError: no such peer.
+        """
+        bare = name.removeprefix("outside/")
+        for p in self.outside:
+            if p.name == bare:
+                return p
+        raise InputError("no such outside peer in the lab topology", obj=f"outside peer {bare}")
+
     def pods_on(self, node: str) -> tuple[Pod, ...]:
         """Return the pods scheduled on ``node``, in topology order."""
         return tuple(p for p in self.pods if p.node == node)
@@ -380,12 +489,12 @@ class Topology:
                 "name": p.name, "namespace": p.namespace, "node": p.node, "labIndex": p.index,
                 **({} if p.host_network else {"ip": str(p.ip)}),
                 **({"ip6": str(p.ip6)} if p.ip6 and not p.host_network else {}),
-                "ports": [{"port": pp.port, "protocol": pp.protocol,
-                           **({"name": pp.name} if pp.name else {})} for pp in p.ports],
+                "ports": [_port_dict(pp) for pp in p.ports],
                 "labels": dict(p.labels), "hostNetwork": p.host_network,
             } for p in self.pods],
             "services": [{
-                "name": s.name, "namespace": s.namespace, "clusterIP": str(s.cluster_ip),
+                "name": s.name, "namespace": s.namespace,
+                "clusterIP": "None" if s.cluster_ip is None else str(s.cluster_ip),
                 **({"clusterIP6": str(s.cluster_ip6)} if s.cluster_ip6 else {}),
                 "ports": [{"port": sp.port, "targetPort": sp.target_port,
                            "protocol": sp.protocol, **({"name": sp.name} if sp.name else {}),
@@ -398,8 +507,19 @@ class Topology:
                    if s.traffic_distribution else {}),
                 "internalTrafficPolicy": s.internal_traffic_policy,
                 **({"type": s.type} if s.type != "ClusterIP" else {}),
+                **({"externalTrafficPolicy": s.external_traffic_policy} if s.node_ports else {}),
             } for s in self.services],
+            **({"outside": [{
+                "name": o.name, "kind": o.kind, **({"zone": o.zone} if o.zone else {}),
+                **({"type": o.lb_type} if o.lb_type else {}),
+                "ports": [_port_dict(pp) for pp in o.ports]} for o in self.outside]}
+               if self.outside else {}),
         }
+
+
+def _port_dict(pp: PodPort) -> dict[str, Any]:
+    return {"port": pp.port, "protocol": pp.protocol, **({"name": pp.name} if pp.name else {}),
+            **({"hostPort": pp.host_port} if pp.host_port is not None else {})}
 
 
 # ---------------------------------------------------------------- parsing
@@ -476,14 +596,76 @@ class _Parser:
 
     def parse(self, data: Any) -> Topology:
         top = self.mapping(data, None, "topology")
-        self.unknown_keys(top, {"options", "zones", "nodes", "pods", "services"}, None)
+        self.unknown_keys(top, {"options", "zones", "nodes", "pods", "services", "outside"}, None)
         options = self.options(top.get("options") or {})
         zones = self.zones(self.seq(top.get("zones"), None, "zones"))
         nodes = self.nodes(self.seq(top.get("nodes"), None, "nodes"), zones, options)
         pods = self.pods(self.seq(top.get("pods"), None, "pods"), nodes, options)
         services = self.services(self.seq(top.get("services"), None, "services"), pods, options)
+        outside = self.outside(self.seq(top.get("outside"), None, "outside"), zones, nodes, pods,
+                               options)
         return Topology(zones=tuple(zones), nodes=tuple(nodes), pods=tuple(pods),
-                        services=tuple(services), options=options, source=self.source)
+                        services=tuple(services), options=options, source=self.source,
+                        outside=tuple(outside))
+
+    def outside(self, raw: list[Any], zones: list[Zone], nodes: list[Node], pods: list[Pod],
+                opt: Options) -> list[OutsidePeer]:
+        zone_names = {z.name for z in zones}
+        pod_names = {p.name for p in pods}
+        out: list[OutsidePeer] = []
+        for i, item in enumerate(raw):
+            obj = f"outside[{i}]"
+            m = self.mapping(item, obj, None)
+            self.unknown_keys(m, {"name", "kind", "zone", "type", "ports"}, obj)
+            name = self.name(m.get("name"), obj, "name")
+            obj = f"outside peer {name}"
+            if name in pod_names or any(o.name == name for o in out):
+                raise self.fail("duplicate name (outside peers and pods share one namespace "
+                                "of names: flows name them)", obj, "name")
+            kind = m.get("kind")
+            if kind not in OUTSIDE_KINDS:
+                raise self.fail(f"must be one of {', '.join(OUTSIDE_KINDS)}, got {kind!r}", obj, "kind")
+            zone = m.get("zone")
+            if kind == "external":
+                if zone is not None:
+                    raise self.fail("an external peer has no zone (no zone-CIDR entry); use kind "
+                                    "vm or database for a peer in a zone", obj, "zone")
+            elif zone not in zone_names:
+                raise self.fail(f"unknown zone {zone!r} (zones: {', '.join(sorted(zone_names))})",
+                                obj, "zone")
+            lb_type = m.get("type")
+            if lb_type is not None:
+                if kind != "load-balancer":
+                    raise self.fail("only a load-balancer peer has a type", obj, "type")
+                if not isinstance(lb_type, str) or not _TOKEN.match(lb_type) or len(lb_type) > 63:
+                    raise self.fail(f"must be a lowercase token such as aws-alb, got {lb_type!r}",
+                                    obj, "type")
+            ports: list[PodPort] = []
+            for j, p in enumerate(self.seq(m.get("ports"), obj, "ports")):
+                fld = f"ports[{j}]"
+                if isinstance(p, int) and not isinstance(p, bool):
+                    p = {"port": p}
+                pm = self.mapping(p, obj, fld)
+                self.unknown_keys(pm, {"port", "protocol", "name"}, obj)
+                number = self.port(pm.get("port"), obj, f"{fld}.port")
+                if EPHEMERAL_PORTS[0] <= number <= EPHEMERAL_PORTS[1]:
+                    raise self.fail(f"port {number} lies in the clients' ephemeral range "
+                                    f"{EPHEMERAL_PORTS[0]}-{EPHEMERAL_PORTS[1]}", obj, f"{fld}.port")
+                proto = self.protocol(pm.get("protocol"), obj, f"{fld}.protocol")
+                if any(q.port == number and q.protocol == proto for q in ports):
+                    raise self.fail(f"duplicate port {number}/{proto}", obj, f"{fld}.port")
+                pname = pm.get("name")
+                ports.append(PodPort(number, proto, None if pname is None else
+                                     self.name(pname, obj, f"{fld}.name")))
+            offset = OUTSIDE_OFFSET + i
+            if opt.node_cidr.num_addresses - 2 - offset <= len(nodes):
+                raise self.fail("options.node_cidr has no address left for this peer above the "
+                                "nodes'", obj, "name")
+            ip = opt.node_cidr.broadcast_address - offset
+            ip6 = opt.node_cidr_v6.broadcast_address - offset if opt.ipv6 else None
+            out.append(OutsidePeer(name=name, kind=kind, zone=zone, lb_type=lb_type, index=i,
+                                   ip=ip, ip6=ip6, ports=tuple(ports)))
+        return out
 
     def options(self, raw: Any) -> Options:
         m = self.mapping(raw, "options", None)
@@ -626,7 +808,7 @@ class _Parser:
                 if isinstance(p, int) and not isinstance(p, bool):
                     p = {"port": p}
                 pm = self.mapping(p, obj, fld)
-                self.unknown_keys(pm, {"port", "containerPort", "protocol", "name"}, obj)
+                self.unknown_keys(pm, {"port", "containerPort", "protocol", "name", "hostPort"}, obj)
                 number = self.port(pm.get("port", pm.get("containerPort")), obj, f"{fld}.port")
                 if EPHEMERAL_PORTS[0] <= number <= EPHEMERAL_PORTS[1]:
                     raise self.fail(f"port {number} lies in the clients' ephemeral range "
@@ -639,13 +821,25 @@ class _Parser:
                     pname = self.name(pname, obj, f"{fld}.name")
                 if any(q.port == number and q.protocol == proto for q in ports):
                     raise self.fail(f"duplicate port {number}/{proto}", obj, f"{fld}.port")
-                if host:
-                    other = host_ports.get((node.name, proto, number))
+                hport = pm.get("hostPort")
+                if hport is not None:
+                    hport = self.port(hport, obj, f"{fld}.hostPort")
+                    if host and hport != number:
+                        raise self.fail(f"a hostNetwork pod's hostPort must equal its port {number} "
+                                        "(as the apiserver requires)", obj, f"{fld}.hostPort")
+                    if EPHEMERAL_PORTS[0] <= hport <= EPHEMERAL_PORTS[1] or \
+                            NODE_PORTS[0] <= hport <= NODE_PORTS[1]:
+                        raise self.fail(f"hostPort {hport} lies in the clients' ephemeral range or "
+                                        "the node-port range", obj, f"{fld}.hostPort")
+                if host or hport is not None:
+                    on_node = number if host else hport
+                    other = host_ports.get((node.name, proto, on_node))
                     if other:
-                        raise self.fail(f"hostNetwork port {number}/{proto} already used on node "
-                                        f"{node.name} by pod {other}", obj, f"{fld}.port")
-                    host_ports[(node.name, proto, number)] = name
-                ports.append(PodPort(number, proto, pname))
+                        raise self.fail(f"port {on_node}/{proto} already used on node {node.name} "
+                                        f"by pod {other} (hostNetwork or hostPort)", obj,
+                                        f"{fld}.hostPort" if hport is not None else f"{fld}.port")
+                    host_ports[(node.name, proto, on_node)] = name
+                ports.append(PodPort(number, proto, pname, hport))
             labels = self.labels(m.get("labels"), obj, "labels")
             if "app" in m:
                 labels.setdefault("app", str(self.labels({"app": m["app"]}, obj, "app")["app"]))
@@ -727,7 +921,7 @@ class _Parser:
             m = self.mapping(item, obj, None)
             self.unknown_keys(m, {"name", "namespace", "clusterIP", "clusterIP6", "ports",
                                   "selector", "endpoints", "annotations", "trafficDistribution",
-                                  "internalTrafficPolicy", "type"}, obj)
+                                  "internalTrafficPolicy", "type", "externalTrafficPolicy"}, obj)
             name = self.name(m.get("name"), obj, "name")
             namespace = self.name(m.get("namespace", "default"), f"Service {name}", "namespace")
             obj = f"Service {namespace}/{name}"
@@ -736,6 +930,18 @@ class _Parser:
             stype = m.get("type", "ClusterIP")
             if stype not in SERVICE_TYPES:
                 raise self.fail(f"must be one of {', '.join(SERVICE_TYPES)}, got {stype!r}", obj, "type")
+            headless = m.get("clusterIP") == "None"
+            if headless and stype != "ClusterIP":
+                raise self.fail(f"a headless Service (clusterIP: None) is of type ClusterIP, not {stype}",
+                                obj, "clusterIP")
+            if headless and m.get("clusterIP6", "None") not in ("None", "auto"):
+                raise self.fail("a headless Service has no ClusterIP in either family", obj, "clusterIP6")
+            etp = m.get("externalTrafficPolicy", "Cluster")
+            if "externalTrafficPolicy" in m and stype == "ClusterIP":
+                raise self.fail("only NodePort and LoadBalancer Services have an externalTrafficPolicy",
+                                obj, "externalTrafficPolicy")
+            if etp not in EXTERNAL_TRAFFIC_POLICIES:
+                raise self.fail(f"must be Cluster or Local, got {etp!r}", obj, "externalTrafficPolicy")
             ports: list[ServicePort] = []
             raw_ports = self.seq(m.get("ports"), obj, "ports")
             if not raw_ports:
@@ -761,9 +967,9 @@ class _Parser:
                     raise self.fail(f"duplicate port {number}/{proto}", obj, f"{fld}.port")
                 node_port = pm.get("nodePort")
                 if node_port is not None:
-                    if stype != "NodePort":
-                        raise self.fail("only a Service of type NodePort has node ports", obj,
-                                        f"{fld}.nodePort")
+                    if stype == "ClusterIP":
+                        raise self.fail("only a Service of type NodePort or LoadBalancer has node "
+                                        "ports", obj, f"{fld}.nodePort")
                     if isinstance(node_port, bool) or not isinstance(node_port, int) or \
                             not NODE_PORTS[0] <= node_port <= NODE_PORTS[1]:
                         raise self.fail(f"must be a port number {NODE_PORTS[0]}-{NODE_PORTS[1]} "
@@ -808,10 +1014,10 @@ class _Parser:
             if itp not in ("Cluster", "Local"):
                 raise self.fail(f"must be Cluster or Local, got {itp!r}", obj,
                                 "internalTrafficPolicy")
-            cip = self.cluster_ip(m.get("clusterIP", "auto"), opt.service_cidr, obj, "clusterIP",
-                                  used)
+            cip = None if headless else self.cluster_ip(m.get("clusterIP", "auto"), opt.service_cidr,
+                                                        obj, "clusterIP", used)
             cip6 = None
-            if opt.ipv6:
+            if opt.ipv6 and not headless:
                 cip6 = self.cluster_ip(m.get("clusterIP6", "auto"), opt.service_cidr_v6, obj,
                                        "clusterIP6", used)
             elif m.get("clusterIP6", "auto") != "auto":
@@ -819,10 +1025,14 @@ class _Parser:
             pending.append((dict(name=name, namespace=namespace, ports=tuple(ports),
                                  selector=selector, endpoints=tuple(endpoints),
                                  annotations=annotations, traffic_distribution=td,
-                                 internal_traffic_policy=itp, type=stype), cip, cip6))
+                                 internal_traffic_policy=itp, type=stype,
+                                 external_traffic_policy=etp), cip, cip6))
         nxt = {4: 10, 6: 10}
         for kwargs, cip, cip6 in pending:
             key = f"{kwargs['namespace']}/{kwargs['name']}"
+            if cip is None:
+                services.append(Service(cluster_ip=None, cluster_ip6=None, **kwargs))
+                continue
             if cip == "auto":
                 cip = self.next_cluster_ip(opt.service_cidr, nxt, 4, used, key)
             if opt.ipv6 and cip6 == "auto":

@@ -25,6 +25,10 @@ with exactly that many bytes.
 
 Both sides are bounded: the client by ``--count`` and ``--timeout`` (seconds), the server
 by ``--max-seconds``. The client prints one JSON object (see :func:`run_client`).
+
+``--dst`` may list several addresses separated by commas: exchange ``i`` goes to the
+``i mod n``-th, a client that balances itself (a mesh sidecar, gRPC client balancing, a
+headless Service's DNS answers, a load balancer spreading over its targets), in equal shares.
 """
 
 from __future__ import annotations
@@ -175,7 +179,9 @@ def run_client(proto: str, dst: str, port: int, request_bytes: int, response_byt
 
     Args:
         proto: ``"tcp"`` or ``"udp"``.
-        dst: destination address (pod IP or ClusterIP), IPv4 or IPv6 text.
+        dst: destination address (pod IP, node IP or ClusterIP), IPv4 or IPv6 text; several
+            separated by commas: exchange ``i`` goes to the ``i mod n``-th (round robin;
+            not with ``reuse``).
         port: destination port.
         request_bytes: application bytes per request (>= 8, header included).
         response_bytes: application bytes per response.
@@ -198,8 +204,12 @@ def run_client(proto: str, dst: str, port: int, request_bytes: int, response_byt
     req = _request_payload(request_bytes, response_bytes | flag)
     last_req = _request_payload(request_bytes, response_bytes)
     persistent: socket.socket | None = None
+    targets = dst.split(",")
+    if reuse and len(targets) > 1:
+        raise ValueError("reuse keeps one connection: give one destination")
     try:
         for i in range(count):
+            dst = targets[i % len(targets)]
             if rate:
                 delay = start + i / rate - time.monotonic()
                 if delay > 0:

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from tools.lab import groundtruth
 from tools.lab.netns import LabNamespaces
 from tools.lab.proc import nsexec
-from tools.lab.topology import Pod
+from tools.lab.topology import OutsidePeer, Pod
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: the ground-truth table index of an outside peer (its own namespace holds no other table)
+PEER_TABLE_INDEX = 0
 
 
 class LabGroundTruth(LabNamespaces):
@@ -30,6 +32,10 @@ class LabGroundTruth(LabNamespaces):
         text = groundtruth.render(pod.index, [(pp.protocol, pp.port) for pp in pod.ports])
         nsexec(self.pod_netns(pod.name), ["nft", "-f", "-"], input=text)
 
+    def _install_peer_ground_truth(self, peer: OutsidePeer) -> None:
+        text = groundtruth.render(PEER_TABLE_INDEX, [(pp.protocol, pp.port) for pp in peer.ports])
+        nsexec(self.peer_netns(peer.name), ["nft", "-f", "-"], input=text)
+
     def _address_index(self) -> dict[IPAddress, str]:
         owner: dict[IPAddress, str] = {}
         topo = self.topology
@@ -44,11 +50,16 @@ class LabGroundTruth(LabNamespaces):
                 owner[p.ip] = p.name
                 if p.ip6 is not None:
                     owner[p.ip6] = p.name
+        for o in topo.outside:
+            for a in (o.ip, o.ip6):
+                if a is not None:
+                    owner[a] = o.key
         return owner
 
     def client_name(self, address: IPAddress) -> str:
         """Return the pod owning ``address``; for node addresses the node's only
-        host-network pod, else ``node/<name>``; for any other address ``ip/<address>``."""
+        host-network pod, else ``node/<name>``; an outside peer's ``outside/<name>``; for any
+        other address ``ip/<address>``."""
         return self._addr_owner.get(address, f"ip/{address}")
 
     def ground_truth_counters(self) -> dict[tuple[str, str, str], tuple[int, int]]:
@@ -74,6 +85,13 @@ class LabGroundTruth(LabNamespaces):
                            ["nft", "-j", "list", "table", "inet", groundtruth.table_name(pod.index)])
             for (addr, direction), bp in groundtruth.parse(proc.stdout).items():
                 out[(addr, pod.name, direction)] = bp
+        for peer in self.topology.outside:
+            if not peer.ports:
+                continue
+            proc = nsexec(self.peer_netns(peer.name),
+                          ["nft", "-j", "list", "table", "inet", groundtruth.table_name(PEER_TABLE_INDEX)])
+            for (addr, direction), bp in groundtruth.parse(proc.stdout).items():
+                out[(addr, peer.key, direction)] = bp
         return out
 
     def _since_baseline(self, raw: Mapping[tuple[IPAddress, str, str], tuple[int, int]]
@@ -116,3 +134,7 @@ class LabGroundTruth(LabNamespaces):
             if pod.ports:
                 nsexec(self.pod_netns(pod.name), ["nft", "-f", "-"],
                         input=groundtruth.render_reset(pod.index))
+        for peer in self.topology.outside:
+            if peer.ports:
+                nsexec(self.peer_netns(peer.name), ["nft", "-f", "-"],
+                       input=groundtruth.render_reset(PEER_TABLE_INDEX))

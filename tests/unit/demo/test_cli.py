@@ -41,6 +41,18 @@ def test_bad_topology_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureF
     assert err.count("\n") == 0 and str(bad) in err and "zone" in err
 
 
+def test_bad_zone_cidrs_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad --zone-cidrs file is refused before anything is built, naming the file, line
+    and field (the agents' own parser)."""
+    bad = tmp_path / "zones.csv"
+    bad.write_text("10.0.0.0/8,zone-a\n10.1.0.0/33,zone-b\n")
+    assert main(["demo", "--zone-cidrs", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(bad) in err and "line 2" in err and "cidr" in err
+    assert main(["demo", "--zone-cidrs", str(tmp_path / "missing.csv")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, source", [(["--duration", "0"], "--duration"),
                                           (["--interval", "0.1"], "--interval")])
 def test_bad_numbers_exit_2(argv: list[str], source: str,

@@ -39,6 +39,9 @@ SPECS = {
     "default-ipv6": lambda: load_demo(ipv6=True),
     "three-zone-api": lambda: parse_demo(THREE_ZONE_API_TOPOLOGY),
     "auto-donating": lambda: parse_demo(DONATING),
+    # LoadBalancer (externalTrafficPolicy Cluster and Local), a headless Service (kube-proxy
+    # skips it: the oracle is not asked), dual stack
+    "every-path": lambda: load_demo(Path(__file__).resolve().parents[3] / "docs" / "examples" / "every-path.yaml"),
 }
 
 

@@ -56,7 +56,8 @@ def test_execute_reports_every_phase_in_order(tmp_path: Path,
     run.fleet = _Fleet(nodes)  # type: ignore[assignment]
     monkeypatch.setattr(run.cluster, "up", lambda: None)
     monkeypatch.setattr(run.cluster, "down", lambda: None)
-    monkeypatch.setattr(run.cluster, "truth", lambda: {})
+    monkeypatch.setattr(run.cluster, "truth", lambda gt=None: {})
+    monkeypatch.setattr(run.cluster.lab, "ground_truth", lambda: {})
     monkeypatch.setattr(run.cluster, "start_traffic",
                         lambda seconds, count=None, clients=None: [_Handle(seconds or 0.2)])
     said: list[str] = []
@@ -65,7 +66,7 @@ def test_execute_reports_every_phase_in_order(tmp_path: Path,
     assert [s.split(" (")[0] for s in said[1:7]] == [
         f"agents compiled and attached {i}/6" for i in range(1, 7)]
     assert said[7].startswith("warming up: 30 requests per client and Service")
-    assert said[8] == "traffic: 1 s per client, IPv4 ClusterIPs"
+    assert said[8] == "traffic: 1 s per client, IPv4; paths: clusterIP"
     assert said[9].startswith("traffic done")
     assert result.traffic_seconds == 1
 

@@ -94,8 +94,7 @@ def _truth(req: int, resp: int, same_node: int) -> ServiceTruth:
                    ("zone-c", "zone-b", "cross_zone", "response"): resp,
                    ("zone-b", "zone-b", "same_node", "request"): same_node}
     t.hint_ignored = {("zone-c", "zone-b"): req + resp}
-    t.hint_ignored_by_node = {"c2": req + resp}
-    t.hint_cause = {"c2": "data-plane"}
+    t.hint_ignored_by_cause = {("c2", "data-plane"): req + resp}
     return t
 
 
@@ -131,11 +130,13 @@ def test_verdict_names_the_node_and_cause_beside_the_lab() -> None:
                          baseline=base, traffic_seconds=10.0)
     [c] = warm["services"][0]["hint_ignored_causes"]
     assert c["bytes"] == 6000 and "(300 bytes/s)" in c["sentence"]
-    # without the client node's evidence the agents cannot name the cause
+    # without the client node's evidence the agents cannot name the cause: their row and
+    # the lab's (the cause it played, which the agents named not) stand apart
     alone = build_summary(10.0, parse_metrics(NODE_B1), {"shop/checkout": _truth(1000, 5000, 700)},
                           _model())
-    assert [(c["client_node"], c["cause"]) for c in alone["services"][0]["hint_ignored_causes"]] == [
-        ("c2", "unknown")]
+    assert [(c["client_node"], c["cause"], c["bytes"], c["ground_truth_cause"], c["ground_truth_bytes"])
+            for c in alone["services"][0]["hint_ignored_causes"]] == [
+        ("c2", "unknown", 6000, None, 0), ("c2", None, 0, "data-plane", 6000)]
 
 
 def test_non_service_bytes_are_priced_beside_the_services() -> None:
@@ -161,14 +162,16 @@ def test_summary_schema_and_exact_match() -> None:
     agents = parse_metrics(NODE_B1)
     s = build_summary(12.34567, agents, {"shop/checkout": _truth(1000, 5000, 700)}, _model())
     assert set(s) == {"duration_seconds", "services", "double_counted_bytes", "workloads",
-                      "usd_per_month_at_aws_price"}
+                      "usd_per_month_at_aws_price", "workload_breakdown", "client_kind_exported",
+                      "unattributed_bytes"}
     assert s["duration_seconds"] == 12.346
     (svc,) = s["services"]
     assert set(svc) == {"namespace", "name", "bytes", "cross_zone_bytes",
                         "ground_truth_cross_zone_bytes", "hint_ignored_bytes",
                         "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
                         "warnings", "usd_per_month_at_aws_price", "expected_cross_zone",
-                        "observed_cross_zone", "hint_ignored_causes", "cost_by_class"}
+                        "observed_cross_zone", "hint_ignored_causes", "cost_by_class", "by_zone_pair",
+                        "by_client_kind"}
     assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
     assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
     assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000

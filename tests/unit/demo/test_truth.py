@@ -29,7 +29,7 @@ def test_crossings(cluster: DemoCluster) -> None:
           ("ip/10.9.9.9", "catalog-b2", "request"): 160}  # nobody the lab knows
     t = cluster.truth(gt)["shop/catalog"]
     assert t.bytes == {"same_node": 10, "same_zone": 20 + 80, "cross_zone": 40,
-                       "cross_region": 0, "unknown": 160}
+                       "cross_region": 0, "external": 0, "unknown": 160}
     assert t.by_series[("zone-a", "zone-c", "cross_zone", "request")] == 40
     assert t.by_series[("unknown", "zone-b", "unknown", "request")] == 160
     assert t.hint_ignored_bytes == 0  # catalog: no topology filtering anywhere

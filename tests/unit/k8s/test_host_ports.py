@@ -102,3 +102,44 @@ def test_a_local_server_is_the_server_of_its_row() -> None:
         at.close_interval(T0 + 10)
     rows = [(r.client, r.server) for at in (na, nb) for r in at.totals().top_pairs]
     assert rows == [("shop/client-a", "shop/web-b"), ("shop/client-a", "shop/web-b")]
+
+
+def hostport_pod(name: str, node: str, pod_ip: str, ports: list[dict[str, Any]]) -> dict[str, Any]:
+    p = k8s.pod(name, pod_ip, node, namespace="jobs")
+    p["spec"]["containers"][0]["ports"] = ports
+    return p
+
+
+def test_a_host_port_is_the_pod_it_leads_to() -> None:
+    """An ordinary pod's hostPort (the CNI's portmap DNAT) resolves to that pod, a POD peer;
+    its containerPort alone is no port of the node's address."""
+    spec = {"containers": [{"ports": [{"containerPort": 6379, "hostPort": 16379}, {"containerPort": 80}]}]}
+    assert pod_host_ports(spec, host_network=False) == ((16379, 6),)
+    cache = cache_with(hostport_pod("cache-x", "nb", "10.244.2.30", [{"containerPort": 6379, "hostPort": 16379}]))
+    m = MetadataAdapter(cache)
+    p = m.resolve_host_port(ip("10.1.0.2"), 16379, 6)
+    assert p is not None and (p.kind, p.namespace, p.name, p.node, p.host_network) == (
+        PeerKind.POD, "jobs", "cache-x", "nb", False)
+    assert m.resolve_host_port(ip("10.1.0.2"), 6379, 6) is None
+
+
+def test_a_host_port_call_is_counted_once_across_both_nodes() -> None:
+    """client-a on na dials nb's address at cache-x's hostPort; nb DNATs it to cache-x. na
+    sees its egress to and ingress from the node address, nb sees cache-x's ingress from and
+    egress to client-a's address. Every byte once: the request as client-a's egress (na), the
+    response as cache-x's egress (nb), both to a pod; client-a's ingress is cache-x's egress
+    and is skipped (it used to be counted too, as ingress from the node)."""
+    cache = cache_with(hostport_pod("cache-x", "nb", "10.244.2.30", [{"containerPort": 6379, "hostPort": 16379}]))
+    na = Attributor("na", MetadataAdapter(cache), HintModel(cache))
+    nb = Attributor("nb", MetadataAdapter(cache), HintModel(cache))
+    na.attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 16379, 6, 100, 1),
+                  FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 16379, 6, 900, 1)], T0)
+    nb.attribute([FlowDelta(FlowKind.INGRESS, ip("10.244.2.30"), ip("10.244.1.10"), 0, 6, 100, 1,
+                            local_port=6379),
+                  FlowDelta(FlowKind.EGRESS, ip("10.244.2.30"), ip("10.244.1.10"), 0, 6, 900, 1,
+                            local_port=6379)], T0)
+    for at in (na, nb):
+        at.close_interval(T0 + 10)
+    counted = {(at.node, k.workload, k.remote_kind, k.direction): v for at in (na, nb)
+               for k, v in at.totals().workload_bytes.items()}
+    assert counted == {("na", "client", "pod", "egress"): 100, ("nb", "cache-x", "pod", "egress"): 900}

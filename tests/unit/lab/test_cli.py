@@ -79,6 +79,27 @@ def test_client_exchanges_exact_sizes(loopback_server: tuple[int, int], proto: s
     assert res["response_payload_bytes"] == 4 * (5000 if proto == "tcp" else 700)
 
 
+def test_client_with_several_destinations_sends_round_robin() -> None:
+    """A client that balances itself: exchange i goes to the (i mod n)-th address."""
+    srv = traffic._bind("tcp", 0)
+    seen: list[str] = []
+
+    def serve() -> None:
+        while True:
+            conn, _ = srv.accept()
+            seen.append(conn.getsockname()[0].removeprefix("::ffff:"))
+            traffic._serve_tcp(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    res = traffic.run_client("tcp", "127.0.0.1,127.0.0.2,127.0.0.3", srv.getsockname()[1], 100, 200,
+                             count=5, rate=None, timeout=2.0, reuse=False)
+    assert (res["ok"], res["failed"]) == (5, 0), res["errors"]
+    assert seen == ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.1", "127.0.0.2"]
+    with pytest.raises(ValueError, match="one destination"):
+        traffic.run_client("tcp", "127.0.0.1,127.0.0.2", 1, 100, 200, count=1, rate=None,
+                           timeout=1.0, reuse=True)
+
+
 def test_client_reports_refused_connections() -> None:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))

@@ -156,9 +156,36 @@ def test_from_yaml_reads_a_file(tmp_path: Path) -> None:
     (_with("services.0.internalTrafficPolicy", "local"), "Service shop/web",
      "internalTrafficPolicy", "Cluster or Local"),
     (_with("services.0.clusterIP", "10.97.0.1"), "Service shop/web", "clusterIP", "service_cidr"),
-    (_with("services.0.type", "LoadBalancer"), "Service shop/web", "type", "ClusterIP, NodePort"),
+    (_with("services.0.type", "ExternalName"), "Service shop/web", "type",
+     "ClusterIP, NodePort, LoadBalancer"),
     (_with("services.0.ports.0.nodePort", 30080), "Service shop/web", "ports[0].nodePort",
-     "only a Service of type NodePort"),
+     "only a Service of type NodePort or LoadBalancer"),
+    (_with("services.0.externalTrafficPolicy", "Local"), "Service shop/web",
+     "externalTrafficPolicy", "only NodePort and LoadBalancer"),
+    (_with("services.0", {**BASE["services"][0], "type": "NodePort", "externalTrafficPolicy": "local"}),
+     "Service shop/web", "externalTrafficPolicy", "Cluster or Local"),
+    (_with("services.0", {**BASE["services"][0], "type": "NodePort", "clusterIP": "None"}),
+     "Service shop/web", "clusterIP", "headless"),
+    (_with("pods.3.ports", [{"port": 8080, "hostPort": 40000}]), "Pod web-a1", "ports[0].hostPort",
+     "ephemeral"),
+    (_with("pods.3.ports", [{"port": 8080, "hostPort": 30080}]), "Pod web-a1", "ports[0].hostPort",
+     "node-port range"),
+    (_with("pods.0.hostNetwork", True) | {"pods": [{**BASE["pods"][0], "hostNetwork": True,
+                                                    "ports": [{"port": 80, "hostPort": 81}]},
+                                                   *BASE["pods"][1:]]},
+     "Pod client-a1", "ports[0].hostPort", "must equal its port"),
+    (_with("outside", [{"name": "lb", "kind": "router", "zone": "zone-a"}]), "outside peer lb", "kind",
+     "load-balancer, database, vm, external"),
+    (_with("outside", [{"name": "lb", "kind": "load-balancer", "zone": "zone-z"}]), "outside peer lb",
+     "zone", "unknown zone"),
+    (_with("outside", [{"name": "net", "kind": "external", "zone": "zone-a"}]), "outside peer net",
+     "zone", "no zone"),
+    (_with("outside", [{"name": "db", "kind": "database", "zone": "zone-a", "type": "aws-alb"}]),
+     "outside peer db", "type", "only a load-balancer"),
+    (_with("outside", [{"name": "web-a1", "kind": "vm", "zone": "zone-a"}]), "outside peer web-a1",
+     "name", "duplicate"),
+    (_with("outside", [{"name": "db", "kind": "database", "zone": "zone-a", "ports": [50000]}]),
+     "outside peer db", "ports[0].port", "ephemeral"),
 ])
 def test_invalid_topology_names_object_and_field(data: Any, obj: str | None, field: str,
                                                  problem: str) -> None:
@@ -409,3 +436,83 @@ def test_outside_flow_needs_the_outside_peer() -> None:
         lab.start_flow(OUTSIDE, "192.168.100.1", 30080)
     assert (info.value.obj, info.value.field) == ("flow", "client")
     assert "build_outside" in info.value.problem
+
+
+# ------------------------------------------------------------------ every path
+
+
+def test_paths_resolve_and_round_trip() -> None:
+    """Headless Services, LoadBalancer/externalTrafficPolicy, hostPort and outside peers
+    resolve, and survive to_dict (the state file) unchanged."""
+    data = copy.deepcopy(BASE)
+    data["options"] = {"ipv6": True}
+    data["nodes"][2]["ignoreHints"] = True
+    data["pods"] += [{"name": "peer-a1", "namespace": "shop", "node": "a1", "app": "peer", "ports": [7000]},
+                     {"name": "cache-a1", "namespace": "shop", "node": "a1", "app": "cache",
+                      "ports": [{"port": 6379, "hostPort": 16379}]}]
+    data["services"] += [{"name": "peer", "namespace": "shop", "clusterIP": "None", "selector": {"app": "peer"},
+                          "ports": [{"port": 7000}]},
+                         {"name": "lb", "namespace": "shop", "type": "LoadBalancer",
+                          "externalTrafficPolicy": "Local", "selector": {"app": "web"},
+                          "ports": [{"port": 80, "targetPort": 8080, "nodePort": 30080}]}]
+    data["outside"] = [{"name": "lb-a", "kind": "load-balancer", "zone": "zone-a", "type": "aws-alb"},
+                       {"name": "db", "kind": "database", "zone": "zone-b", "ports": [5432]},
+                       {"name": "net", "kind": "external"}]
+    topo = Topology.from_dict(data)
+    peer = topo.service("shop/peer")
+    assert peer.headless and peer.cluster_ip is None and peer.cluster_ip6 is None
+    lb = topo.service("shop/lb")
+    assert (lb.node_ports, lb.external_traffic_policy) == (True, "Local")
+    assert topo.pod("cache-a1").ports[0].host_port == 16379
+    b1 = topo.node("b1")
+    assert b1.ignore_hints
+    assert [(o.name, o.client_kind, str(o.ip)) for o in topo.outside] == [
+        ("lb-a", "load-balancer", "192.168.100.252"), ("db", "cidr", "192.168.100.251"),
+        ("net", "external", "192.168.100.250")]
+    assert topo.peer("outside/db").ports[0].port == 5432 and topo.peer("db").zone == "zone-b"
+    again = Topology.from_dict(json.loads(json.dumps(topo.to_dict())))
+    assert again.services == topo.services and again.outside == topo.outside
+    assert again.nodes == topo.nodes and again.pods == topo.pods
+
+
+def test_render_node_ports_cluster_masquerades_local_keeps_the_client() -> None:
+    """externalTrafficPolicy Cluster: KUBE-EXT marks for masquerade and uses the Service's
+    KUBE-SVC (this node's ClusterIP selection); Local: KUBE-SVL of the node's own endpoints,
+    no mark; no local endpoint: DROP. KUBE-NODEPORTS is the last rule of KUBE-SERVICES."""
+    cluster = kubeproxy.ProxyRule("shop/web", "http", ipaddress.ip_address("10.96.0.10"), 80, "TCP",
+                                  _rule(2).endpoints, node_port=30080)
+    local = kubeproxy.ProxyRule("shop/api", "", ipaddress.ip_address("10.96.0.11"), 80, "TCP",
+                                _rule(2).endpoints, node_port=30081, external_local=True,
+                                local_endpoints=_rule(1).endpoints)
+    none = kubeproxy.ProxyRule("shop/db", "", ipaddress.ip_address("10.96.0.12"), 80, "TCP",
+                               _rule(1).endpoints, node_port=30082, external_local=True)
+    text = kubeproxy.render([cluster, local, none], 4)
+    lines = text.splitlines()
+    nat = lines[:lines.index("COMMIT")]
+    services = [ln for ln in nat if ln.startswith("-A KUBE-SERVICES")]
+    assert services[-1].endswith("-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS")
+    ext_web = next(ln.split()[-1] for ln in lines if "--dport 30080" in ln)
+    svc_web = kubeproxy.chain_names(cluster)[0]
+    assert [ln for ln in lines if ln.startswith(f"-A {ext_web}")][-2:] == [
+        f'-A {ext_web} -m comment --comment "masquerade traffic for shop/web:http external destinations" '
+        "-j KUBE-MARK-MASQ", f"-A {ext_web} -j {svc_web}"]
+    ext_api = next(ln.split()[-1] for ln in lines if "--dport 30081" in ln)
+    [to_svl] = [ln for ln in lines if ln.startswith(f"-A {ext_api}")]
+    svl = to_svl.split()[-1]
+    assert svl.startswith("KUBE-SVL-") and "MASQ" not in to_svl
+    assert [ln for ln in lines if ln.startswith(f"-A {svl}")] == [
+        f'-A {svl} -m comment --comment "shop/api -> 10.244.1.2:8080" -j '
+        + kubeproxy.chain_names(local)[1][0]]
+    assert '--dport 30082 -m comment --comment "shop/db has no local endpoints" -j DROP' in text
+    assert "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN" in text
+    assert "MASQUERADE" in text
+
+
+def test_hostport_render() -> None:
+    from tools.lab import hostport
+    text = hostport.render([hostport.HostPort("TCP", 16379, ipaddress.ip_address("10.244.1.5"), 6379),
+                            hostport.HostPort("TCP", 16379, ipaddress.ip_address("fd00:244:0:1::5"), 6379)])
+    assert text.startswith(f"table inet {hostport.TABLE} {{}}\ndelete table inet {hostport.TABLE}\n")
+    assert text.count("meta nfproto ipv4 fib daddr type local tcp dport 16379 dnat ip to 10.244.1.5:6379") == 2
+    assert text.count("dnat ip6 to [fd00:244:0:1::5]:6379") == 2
+    assert "hook prerouting" in text and "hook output" in text
