@@ -118,8 +118,12 @@ class ResourceWatcher:
     """
 
     def __init__(self, list_fn: Callable[..., Any], resource: str, cache: ClusterMetadata,
-                 settings: WatchSettings, stop_event: threading.Event) -> None:
+                 settings: WatchSettings, stop_event: threading.Event,
+                 field_selector: str | None = None) -> None:
         self.list_fn = list_fn
+        #: ``fieldSelector`` of every list and watch request (``spec.nodeName=NODE`` for
+        #: pods with ``--pod-scope node``), or None
+        self.field_selector = field_selector
         self.resource = resource
         self.cache = cache
         self.settings = settings
@@ -160,6 +164,8 @@ class ResourceWatcher:
                                   "_request_timeout": self._timeout(60.0 + self.settings.read_margin_seconds)}
         if self.settings.list_limit:
             kwargs["limit"] = self.settings.list_limit
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
         if token:
             kwargs["_continue"] = token
         try:
@@ -226,6 +232,8 @@ class ResourceWatcher:
         }
         if rv:
             kwargs["resource_version"] = rv
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
         try:
             resp = self.list_fn(**kwargs)
         except ApiException as err:
@@ -378,16 +386,22 @@ class MetadataWatcher:
         cache: the cache to fill.
         settings: see :class:`WatchSettings`.
         resources: which resources to watch (default all four).
+        pod_node: list and watch only the Pods of this node (``fieldSelector=
+            spec.nodeName=NODE``, a field the API server indexes for pods:
+            pkg/registry/core/pod ``NodeNameTriggerFunc``), for ``--pod-scope node``
+            (docs/metadata.md, "Pod scope"); None: every Pod.
     """
 
     def __init__(self, api_client: client.ApiClient, cache: ClusterMetadata,
                  settings: WatchSettings | None = None,
-                 resources: tuple[str, ...] = RESOURCES) -> None:
+                 resources: tuple[str, ...] = RESOURCES, pod_node: str | None = None) -> None:
         self.cache = cache
         self.settings = settings or WatchSettings()
         self.stop_event = threading.Event()
         fns = _list_functions(api_client)
-        self.watchers = {r: ResourceWatcher(fns[r], r, cache, self.settings, self.stop_event)
+        selectors = {"pods": f"spec.nodeName={pod_node}"} if pod_node else {}
+        self.watchers = {r: ResourceWatcher(fns[r], r, cache, self.settings, self.stop_event,
+                                            selectors.get(r))
                          for r in resources}
         self._threads: list[threading.Thread] = []
 

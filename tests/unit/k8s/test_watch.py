@@ -399,3 +399,26 @@ async def test_quiet_watches_that_time_out_are_closed_not_pooled(kmock: Any) -> 
         assert watcher.watchers["pods"].stats.lists == 1
     finally:
         await asyncio.to_thread(watcher.stop, 5.0)
+
+
+async def test_pod_scope_node_lists_and_watches_only_its_nodes_pods(kmock: Any) -> None:
+    """``--pod-scope node``: pods are listed and watched with ``fieldSelector=
+    spec.nodeName=n1`` (the other kinds without), and the cache drops another node's pod
+    even when a server (kmock, which does not filter) sends it."""
+    seed(kmock)
+    cache = ClusterMetadata(MetadataSettings(pod_node="n1"), clock=Clock())
+    watcher = MetadataWatcher(build_api_client(host=str(kmock.url).rstrip("/")), cache, FAST, pod_node="n1")
+    watcher.start()
+    try:
+        await until(lambda: all(cache.synced().values()))
+        await until(lambda: len(list(kmock[kmock_lib.action.WATCH, PODS])) >= 1)
+        for action in (kmock_lib.action.LIST, kmock_lib.action.WATCH):
+            assert [r.params.get("fieldSelector") for r in kmock[action, PODS]][:1] == ["spec.nodeName=n1"]
+            for res in (NODES, SERVICES, SLICES):
+                assert all("fieldSelector" not in r.params for r in kmock[action, res])
+        assert cache.counts()["pods"] == 1   # web-1 on n1; "stale" on n2 dropped
+        # the other node's pod address resolves through n2's podCIDR: a pod there, nameless
+        peer = cache.resolve(ip("10.0.2.9"))
+        assert (peer.kind, peer.node, peer.zone, peer.name) == (PeerKind.POD, "n2", "zone-b", None)
+    finally:
+        await asyncio.to_thread(watcher.stop, 5.0)
