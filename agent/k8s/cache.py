@@ -234,7 +234,8 @@ class ClusterMetadata:
         with self._lock:
             try:
                 if event_type in ("ADDED", "MODIFIED"):
-                    self._upsert(resource, obj)
+                    if not self._upsert(resource, obj):
+                        return
                 elif event_type == "DELETED":
                     self._delete(resource, object_key(obj, resource))
                 else:
@@ -365,7 +366,11 @@ class ClusterMetadata:
         self._bad_once((resource, key), logging.WARNING, "skipping bad %s %s/%s: %s",
                        resource, key[0], key[1], err)
 
-    def _upsert(self, resource: str, obj: Mapping[str, Any]) -> None:
+    def _upsert(self, resource: str, obj: Mapping[str, Any]) -> bool:
+        """Add or replace one object; False when nothing the cache holds changed (a Node's
+        periodic status report: kubelet ``nodeStatusReportFrequency``, 5 min, renews only
+        heartbeat times, which are pruned), so no memo is dropped and no Service re-evaluated.
+        """
         if not isinstance(obj, Mapping):
             raise BadObject("not an object")
         if resource in ("services", "endpointslices"):
@@ -375,13 +380,17 @@ class ClusterMetadata:
             if self._pod_node is not None and rec_p.node != self._pod_node:
                 # --pod-scope node: another node's pod (a snapshot holds every pod; a
                 # watch with spec.nodeName never sends one): not this cache's
-                if self._pod_table.get(rec_p.namespace, rec_p.name) is not None:
-                    self._pod_table.delete(rec_p.namespace, rec_p.name)
-                return
+                if self._pod_table.get(rec_p.namespace, rec_p.name) is None:
+                    return False
+                self._pod_table.delete(rec_p.namespace, rec_p.name)
+                return True
             self._pod_table.upsert(rec_p)
         elif resource == "nodes":
             rec = parse_node(obj)
             node_entry = parse_node_entry(prune_node(obj))
+            if self._nodes.get(rec.name) == rec and entry_key(node_entry) == entry_key(
+                    self._node_entries.get(rec.name)):
+                return False
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
@@ -407,6 +416,7 @@ class ClusterMetadata:
             self._upsert_slice(obj)
         else:
             raise ValueError(f"unknown resource {resource!r}")
+        return True
 
     def _delete(self, resource: str, key: tuple[str, str]) -> None:
         if resource in ("services", "endpointslices"):
