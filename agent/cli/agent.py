@@ -464,6 +464,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
         if args.snapshot is not None and source.cache.node(node) is None:
             raise InputError(f"node {node!r} is not in the snapshot", source=args.snapshot,
                              field="--node-name")
+        require_pod_ranges(source.cache)  # a snapshot's Nodes are listed: before any attach
         version, version_source = model_version(args, source)
         hints = HintModel(source.cache, version, gates, kube_proxy_version=proxy_version,
                           version_source=version_source)

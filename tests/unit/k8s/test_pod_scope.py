@@ -148,3 +148,28 @@ def test_pod_scope_problems() -> None:
     cluster_c, _ = make(pod_node=None)
     cluster_c.apply("pods", "ADDED", k8s.pod("far-1", "10.99.0.1", "n1"))
     assert cluster_c.pod_scope_problems() == []
+
+
+def test_the_agent_loop_logs_each_misplaced_pod_once(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from agent.exporter import Exporter
+    from agent.hints import HintModel
+    from agent.loop import AgentLoop
+    from tests.fixtures.fakes import FakeDatapath
+
+    c, clock = make()
+    for r in ("pods", "nodes", "services", "endpointslices"):
+        c.set_synced(r, True)
+    loop = AgentLoop("n1", FakeDatapath(), c, HintModel(c), Exporter(version="t"), clock=clock)
+    with caplog.at_level(logging.WARNING, logger="agent.loop"):
+        loop.tick()
+        c.apply("pods", "ADDED", k8s.pod("odd-1", "10.0.2.200", "n1"))
+        loop.tick()
+        loop.tick()
+        c.apply("pods", "ADDED", k8s.pod("ok-1", "10.0.1.77", "n1"))
+        loop.tick()
+    said = [r.getMessage() for r in caplog.records if "--pod-scope node" in r.getMessage()]
+    assert said == ["--pod-scope node: pod shop/odd-1 10.0.2.200: inside node n2's podCIDRs, not this "
+                    "node's; other nodes' pods may resolve to the wrong node and zone (docs/metadata.md, "
+                    "Pod scope)"]
