@@ -91,15 +91,19 @@ def rss_mib(pid: int) -> float:
 
 
 class _ByteCount:
-    """Bytes read from TLS sockets in this process (thread-safe)."""
+    """Bytes read from TLS sockets in this process (thread-safe), in all and by thread name
+    (the watcher runs one thread per resource: ``watch-pods``, ``watch-nodes``, ...)."""
 
     def __init__(self) -> None:
         self.n = 0
+        self.by_thread: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def add(self, k: int) -> None:
+        name = threading.current_thread().name
         with self._lock:
             self.n += k
+            self.by_thread[name] = self.by_thread.get(name, 0) + k
 
 
 def _count_tls_reads(counter: _ByteCount) -> None:
@@ -154,7 +158,10 @@ def watcher_main(args: argparse.Namespace) -> int:
             full_reevaluations += cache.take_dirty().all
         stats = {w: vars(x.stats) | {"unknown_types": sorted(x.stats.unknown_types)}
                  for w, x in watcher.watchers.items()}
+        with counter._lock:
+            by_thread = dict(counter.by_thread)
         doc = {"pid": os.getpid(), "started": started, "synced_at": synced_at, "bytes": counter.n,
+               "bytes_by_resource": {k.removeprefix("watch-"): v for k, v in by_thread.items()},
                "base_rss_mib": base_rss, "counts": cache.counts(), "ticks": ticks,
                "full_reevaluations": full_reevaluations, "watch": stats}
         tmp = out.with_suffix(".tmp")
@@ -591,6 +598,16 @@ def measure_scope(scope: str, a: argparse.Namespace, cp: Any, api: Api, c: Clust
     w: Watchers | None = None
     if scope != "none":
         w = start_watchers(a.watchers, scope, c, kubeconfig, workdir)
+    try:
+        return _measure(scope, a, api, c, w, comps, res, workdir, log)
+    finally:
+        if w is not None:
+            w.stop()
+
+
+def _measure(scope: str, a: argparse.Namespace, api: Api, c: Cluster, w: Watchers | None, comps: dict[str, int],
+             res: dict[str, Any], workdir: Path, log: Any) -> dict[str, Any]:
+    if w is not None:
         deadline = time.monotonic() + a.sync_timeout
         while True:
             docs = w.read()
@@ -607,7 +624,7 @@ def measure_scope(scope: str, a: argparse.Namespace, cp: Any, api: Api, c: Clust
         res["pods_in_cache"] = summary([d["counts"]["pods"] for d in docs if d])
         log(f"{scope}: {done}/{a.watchers} watchers synced, median {res['sync_seconds'].get('median')} s")
         time.sleep(a.settle)
-    churn = Churn(api, c, a.churn, a.node_status_period)
+    churn = Churn(api, c, a.churn, a.node_status_period, workers=max(24, int(6 * a.churn)))
     churn.start()
     time.sleep(a.settle)  # the churn in steady state before the first window
     windows = []
@@ -636,6 +653,10 @@ def measure_scope(scope: str, a: argparse.Namespace, cp: Any, api: Api, c: Clust
             win["watcher_events"] = [sum(v["events"] for v in b.get("watch", {}).values())
                                      - sum(v["events"] for v in a_.get("watch", {}).values())
                                      for a_, b in zip(d0, d1, strict=True)]
+            win["watcher_bytes_per_s_by_resource"] = {
+                r: [round((b.get("bytes_by_resource", {}).get(r, 0) - a_.get("bytes_by_resource", {}).get(r, 0)) / dt)
+                    for a_, b in zip(d0, d1, strict=True)]
+                for r in ("pods", "nodes", "services", "endpointslices")}
         windows.append(win)
         log(f"{scope}: window {i + 1}/{a.windows}: apiserver {win['cpu_cores']['kube-apiserver']} cores, "
             f"{win['replacements_per_s']} replacements/s, load {win['load_1m']:.1f}")
@@ -652,6 +673,14 @@ def measure_scope(scope: str, a: argparse.Namespace, cp: Any, api: Api, c: Clust
     if w:
         flat = lambda key: [v for x in windows for v in x[key]]  # noqa: E731
         res["watcher_bytes_per_s"] = summary(flat("watcher_bytes_per_s"))
+        res["watcher_bytes_per_s_by_resource"] = {
+            r: summary([v for x in windows for v in x["watcher_bytes_per_s_by_resource"][r]])
+            for r in ("pods", "nodes", "services", "endpointslices")}
+        # per pod replacement of the cluster, what one watcher receives (pods and slices)
+        by = [x["watcher_bytes_per_s_by_resource"] for x in windows]
+        res["watcher_bytes_per_replacement"] = summary([
+            (b["pods"][i] + b["endpointslices"][i]) / x["replacements_per_s"]
+            for x, b in zip(windows, by, strict=True) if x["replacements_per_s"] for i in range(len(w.procs))])
         res["watcher_cpu_cores"] = summary(flat("watcher_cpu_cores"))
         res["watcher_rss_mib"] = summary(windows[-1]["watcher_rss_mib"])
         res["watcher_events_per_s"] = summary([e / x["seconds"] for x in windows for e in x["watcher_events"]])
@@ -665,7 +694,7 @@ def measure_scope(scope: str, a: argparse.Namespace, cp: Any, api: Api, c: Clust
         tls = sum(sum(x["watcher_bytes_per_s"]) for x in windows)
         ipb = sum(x["to_watchers_ip_bytes_per_s"] for x in windows)
         res["ip_over_tls_bytes"] = round(ipb / tls, 3) if tls else None
-        w.stop()
+        res["throttled"] = sum(v.get("throttled", 0) for d in docs if d for v in d["watch"].values())
     return res
 
 
@@ -796,6 +825,13 @@ def print_table(r: dict[str, Any]) -> None:
     row("apiserver out (MB/s)", "apiserver_out_bytes_per_s", 1e-6)
     row("to watchers, IP (MB/s)", "to_watchers_ip_bytes_per_s", 1e-6)
     row("per watcher received (kB/s)", "watcher_bytes_per_s", 1e-3)
+    for res in ("pods", "nodes", "endpointslices"):
+        cells = []
+        for s in r["scopes"]:
+            v = (s.get("watcher_bytes_per_s_by_resource") or {}).get(res)
+            cells.append(f"{v['median'] / 1e3:.4g} ({v['min'] / 1e3:.3g}-{v['max'] / 1e3:.3g})" if v else "-")
+        print(fmt.format(f"  of which {res} (kB/s)", *cells))
+    row("per watcher kB per replacement", "watcher_bytes_per_replacement", 1e-3)
     row("per watcher events/s", "watcher_events_per_s")
     row("per watcher CPU (cores)", "watcher_cpu_cores")
     row("per watcher RSS (MiB)", "watcher_rss_mib")
