@@ -35,6 +35,7 @@ Usage (root; the Kubernetes binaries built by tools/setup.sh):
     .venv/bin/python -m bench.bench_fanout                       # 1,000 nodes, 20,000 pods, 50 watchers
     .venv/bin/python -m bench.bench_fanout --nodes 100 --pods 2000 --watchers 5 --window 20   # quick
     .venv/bin/python -m bench.bench_fanout -o json > fanout.json
+    .venv/bin/python -m bench.bench_fanout --extrapolate fanout.json --to-nodes 5000 --to-pods 150000
 
 Figures go to BENCHMARKS.md (*API fan-out*).
 """
@@ -840,6 +841,57 @@ def print_table(r: dict[str, Any]) -> None:
     row("replacements/s achieved", "replacements_per_s")
 
 
+def extrapolate(r: dict[str, Any], nodes: int, pods: int, churn: float | None = None) -> dict[str, Any]:
+    """What one run's per-event figures mean for a cluster of ``nodes`` and ``pods``, ``churn``
+    pod replacements a second (None: the same churn per pod as the run's ``--churn`` per its
+    pods), the same Node status period, one agent
+    per node, objects of the sizes measured, Services of ``--pods-per-service`` pods.
+
+    Per agent: bytes a second = replacements a second x (pod + EndpointSlice bytes one
+    watcher received per replacement) + Node status reports a second x the Node bytes per
+    report, each the median over the run's watchers and windows. The API server: egress =
+    agents x that; its CPU for it at the run's cores per byte sent to the watchers (its CPU
+    with watchers, less the no-watcher phase's CPU scaled to the same churn, over the bytes
+    to the watchers). Initial list per agent: every object it lists at the measured sizes.
+    """
+    p = r["params"]
+    scale = pods / p["pods"]
+    sizes = r["object_bytes"]
+    services = pods // p["pods_per_service"]
+    none = next((s for s in r["scopes"] if s["scope"] == "none"), None)
+    out: dict[str, Any] = {"nodes": nodes, "pods": pods, "services": services}
+    for s in r["scopes"]:
+        if s["scope"] == "none":
+            continue
+        reps = [x["replacements_per_s"] for x in s["windows"]]
+        by = [x["watcher_bytes_per_s_by_resource"] for x in s["windows"]]
+        per_rep = statistics.median((b["pods"][i] + b["endpointslices"][i]) / rr
+                                    for rr, b in zip(reps, by, strict=True) if rr for i in range(len(b["pods"])))
+        reports = p["nodes"] / p["node_status_period"] if p["node_status_period"] else 0
+        per_report = statistics.median(v / reports for b in by for v in b["nodes"]) if reports else 0
+        rate = p["churn"] * scale if churn is None else churn
+        agent_bps = rate * per_rep + (nodes / p["node_status_period"] if p["node_status_period"] else 0) * per_report
+        cpu_per_byte = statistics.median(c / b for x in s["windows"]
+                                         for c, b in zip(x["watcher_cpu_cores"], x["watcher_bytes_per_s"], strict=True)
+                                         if b)
+        api = statistics.median(x["cpu_cores"]["kube-apiserver"] for x in s["windows"])
+        churn_cost = (statistics.median(x["cpu_cores"]["kube-apiserver"] for x in none["windows"])
+                      / statistics.median(x["replacements_per_s"] for x in none["windows"])) if none else 0.0
+        fanout = statistics.median(x["to_watchers_ip_bytes_per_s"] for x in s["windows"])
+        cores_per_byte = max(0.0, api - churn_cost * statistics.median(reps)) / fanout if fanout else 0.0
+        listed = (pods / nodes if s["scope"] == "node" else pods) * sizes["pod"] + nodes * sizes["node"] + \
+            services * (sizes["endpointslice"] + sizes["service"])
+        out[s["scope"]] = {
+            "replacements_per_s": round(rate, 1),
+            "bytes_per_replacement_per_agent": round(per_rep), "bytes_per_node_report_per_agent": round(per_report),
+            "agent_bytes_per_s": round(agent_bps), "apiserver_egress_bytes_per_s": round(agent_bps * nodes),
+            "agent_cpu_cores": round(agent_bps * cpu_per_byte, 4),
+            "apiserver_cores_per_mb_s": round(cores_per_byte * 1e6, 4),
+            "apiserver_watch_cores": round(agent_bps * nodes * cores_per_byte, 1),
+            "initial_list_bytes_per_agent": round(listed), "initial_list_bytes_all_agents": round(listed * nodes)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -859,6 +911,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--writers", type=int, default=16, help="writer threads while building the cluster")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    ap.add_argument("--extrapolate", metavar="RESULT.json",
+                    help="no run: what a run's JSON (-o json) means at --to-nodes/--to-pods")
+    ap.add_argument("--to-nodes", type=int, default=5000)
+    ap.add_argument("--to-pods", type=int, default=150000)
+    ap.add_argument("--to-churn", type=float, default=None,
+                    help="pod replacements per second there (default: the run's churn per pod)")
     ap.add_argument("--watcher", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     ap.add_argument("--pod-scope", default="cluster", help=argparse.SUPPRESS)
@@ -867,6 +925,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.watcher:
         return watcher_main(a)
+    if a.extrapolate:
+        print(json.dumps(extrapolate(json.loads(Path(a.extrapolate).read_text()), a.to_nodes, a.to_pods,
+                                     a.to_churn), indent=1))
+        return 0
     if any(s not in ("none", "cluster", "node") for s in a.scopes):
         ap.error("--scopes: none, cluster, node")
     return main_bench(a)
