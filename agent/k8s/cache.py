@@ -40,7 +40,6 @@ Failed release their IPs (the kubelet and CNI reuse them) even though the object
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import itertools
 import logging
 import sys
@@ -63,6 +62,7 @@ from agent.k8s.parse import (
     ServiceEntry,
     ServiceRecord,
     SliceEntry,
+    SliceRecord,
     entry_key,
     object_key,
     parse_node,
@@ -198,6 +198,8 @@ class ClusterMetadata:
         self._ep_pods: dict[int, tuple[tuple[tuple[str, str], str | None, str | None, str | None], ...]] = {}
         self._gone_ep_pods: TTLCache[int, tuple[tuple[tuple[str, str], str | None, str | None, str | None], ...]] = (
             TTLCache(maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock))
+        # slice key -> the (address key, pod namespace, pod name, nodeName) it lists
+        self._ep_pods_by_slice: dict[tuple[str, str], tuple[tuple[int, str | None, str | None, str | None], ...]] = {}
         self._zone_cidrs: PrefixTable[ZoneCidr] = PrefixTable(
             (z.network, z) for z in self.settings.zone_cidrs)
         self._services: dict[ServiceKey, ServiceRecord] = {}
@@ -493,13 +495,10 @@ class ClusterMetadata:
         pruned = prune_endpointslice(obj)
         rec = parse_slice_record(pruned)
         model_entry = parse_slice_entry(pruned)
-        pods = _endpoint_pods(obj) if self._pod_node is not None else None
         before = self._slice_endpoints(key)
-        if pods is not None:
-            self._index_ep_pods(key, None)
         self._dirty.update(self._slice_index.upsert(key, svc_name, rec, model_entry))
-        if pods is not None:
-            self._index_ep_pods(key, pods)
+        if self._pod_node is not None:
+            self._index_ep_pods(key, _endpoint_pods(obj, rec))
         self._note_gone(before)
 
     def _remove_slice(self, key: tuple[str, str]) -> None:
@@ -512,33 +511,39 @@ class ClusterMetadata:
         self._note_gone(before)
 
     def _index_ep_pods(self, key: tuple[str, str],
-                       pods: list[tuple[int, str | None, str | None, str | None]] | None) -> None:
-        """``--pod-scope node``: with ``pods`` None drop slice ``key``'s entries from the
-        endpoint-pod index (an address left with none keeps them for the grace); else add
-        ``(address key, pod namespace, pod name, nodeName)`` entries. The resolve memo of
-        every address touched is dropped."""
-        index, memo = self._ep_pods, self._memo
-        if pods is None:
-            rec = self._slice_index.slices.get(key)
-            if rec is None:
-                return
-            for ip in slice_addresses(rec):
-                k = tagged_address_key(ip)
-                entries = index.get(k)
-                if not entries:
-                    continue
-                memo.pop(k, None)
-                left = tuple(e for e in entries if e[0] != key)
-                if left:
-                    index[k] = left
-                else:
-                    del index[k]
-                    self._gone_ep_pods[k] = entries
+                       pods: tuple[tuple[int, str | None, str | None, str | None], ...] | None) -> None:
+        """``--pod-scope node``: slice ``key`` now lists ``pods`` (``(address key, pod
+        namespace, pod name, nodeName)`` each; None: the slice is gone). Its previous entries
+        leave the endpoint-pod index (an address left with none keeps them for the grace),
+        the new ones enter it, and the resolve memo of every address touched is dropped.
+        Nothing is done when they are the same (most slice updates change conditions only)."""
+        by_slice = self._ep_pods_by_slice
+        old = by_slice.get(key, ())
+        new = pods or ()
+        if old == new:
             return
-        for k, ns, name, node in pods:
+        index, memo = self._ep_pods, self._memo
+        kept = {e[0] for e in new}
+        for k, *_ in old:
+            entries = index.get(k)
+            if not entries:
+                continue
+            memo.pop(k, None)
+            left = tuple(e for e in entries if e[0] != key)
+            if left:
+                index[k] = left
+            else:
+                del index[k]
+                if k not in kept:
+                    self._gone_ep_pods[k] = entries
+        for k, ns, name, node in new:
             memo.pop(k, None)
             self._gone_ep_pods.pop(k, None)
             index[k] = (*index.get(k, ()), (key, ns, name, node))
+        if new:
+            by_slice[key] = new
+        else:
+            by_slice.pop(key, None)
 
     def _slice_endpoints(self, key: tuple[str, str]) -> dict[int, tuple[EpEntry, ...]]:
         """The endpoint-index entries of the keys slice ``key`` lists now (before a change)."""
@@ -1059,32 +1064,25 @@ class ClusterMetadata:
                     "deleted_ips": len(self._pod_table.deleted)}
 
 
-def _endpoint_pods(obj: Mapping[str, Any]) -> list[tuple[int, str | None, str | None, str | None]]:
+def _endpoint_pods(obj: Mapping[str, Any], rec: SliceRecord
+                   ) -> tuple[tuple[int, str | None, str | None, str | None], ...]:
     """``(address key, pod namespace, pod name, nodeName)`` of every IP address of an
-    EndpointSlice's endpoints (API JSON shape): the pod from a ``targetRef`` of kind Pod
-    (None, None without one), the node from ``nodeName`` (None when absent). FQDN slices
-    and malformed entries give nothing; never raises for a mapping."""
+    EndpointSlice's endpoints: the addresses and ``nodeName`` as ``rec`` (its
+    :func:`agent.k8s.parse.parse_slice_record`, endpoint for endpoint) parsed them, the pod from
+    the raw object's ``targetRef`` of kind Pod (None, None without one). Never raises."""
     out: list[tuple[int, str | None, str | None, str | None]] = []
-    if obj.get("addressType") == "FQDN":
-        return out
-    eps = obj.get("endpoints")
-    for ep in eps if isinstance(eps, list) else ():
-        if not isinstance(ep, Mapping):
-            continue
+    if not rec.endpoints:
+        return ()
+    raw = [ep for ep in obj.get("endpoints") or () if isinstance(ep, dict)]
+    default_ns = object_key(obj)[0]
+    for ep, (node, _usable, ips) in zip(raw, rec.endpoints, strict=False):
         ref = ep.get("targetRef")
         ns = name = None
         if isinstance(ref, Mapping) and ref.get("kind", "Pod") == "Pod" and isinstance(ref.get("name"), str):
             name = ref["name"]
             rns = ref.get("namespace")
-            ns = sys.intern(rns) if isinstance(rns, str) and rns else object_key(obj)[0]
-        node = ep.get("nodeName")
-        node = sys.intern(node) if isinstance(node, str) and node else None
-        addrs = ep.get("addresses")
-        for a in addrs if isinstance(addrs, list) else ():
-            try:
-                ip = ipaddress.ip_address(a) if isinstance(a, str) else None
-            except ValueError:
-                ip = None
-            if ip is not None:
-                out.append((tagged_address_key(ip), ns, name, node))
-    return out
+            ns = sys.intern(rns) if isinstance(rns, str) and rns else default_ns
+        nn = node if isinstance(node, str) and node and node != NO_NODE_NAME else None
+        for ip in ips:
+            out.append((tagged_address_key(ip), ns, name, nn))
+    return tuple(out)

@@ -173,3 +173,15 @@ def test_the_agent_loop_logs_each_misplaced_pod_once(caplog: pytest.LogCaptureFi
     assert said == ["--pod-scope node: pod shop/odd-1 10.0.2.200: inside node n2's podCIDRs, not this "
                     "node's; other nodes' pods may resolve to the wrong node and zone (docs/metadata.md, "
                     "Pod scope)"]
+
+
+def test_an_endpoint_without_node_name_is_placed_by_its_pod_cidr() -> None:
+    """Hand-written or mirrored slices may lack ``nodeName``: the pod is on the node whose
+    podCIDR holds its address, and named by its targetRef; a targetRef of another kind names
+    nothing."""
+    c, _ = make()
+    c.apply("endpointslices", "ADDED", k8s.endpointslice("odd-x", "web", [
+        k8s.endpoint("10.0.2.8", target="mirrored-1"),
+        {"addresses": ["10.0.2.7"], "targetRef": {"kind": "Node", "name": "n2"}}]))
+    assert peer_of(c, "10.0.2.8") == (PeerKind.POD, "shop", "mirrored-1", "n2", "zone-b", "r1", None)
+    assert peer_of(c, "10.0.2.7") == (PeerKind.POD, None, None, "n2", "zone-b", "r1", None)
