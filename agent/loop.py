@@ -253,8 +253,8 @@ class AgentLoop:
         self._scope_gen = gen
         problems = self.cache.pod_scope_problems()
         for p in problems:
-            self._once("pod-scope:" + p, logging.WARNING, "--pod-scope node: %s; other nodes' "
-                       "pods may resolve to the wrong node and zone (docs/metadata.md, Pod scope)", p)
+            self._once("pod-scope:" + p, logging.WARNING, "--pod-scope node: %s (docs/metadata.md, "
+                       "Pod scope)", p)
         return problems
 
     def refresh_hints(self, at: float | None = None) -> int:
@@ -453,8 +453,9 @@ class AgentLoop:
 
     def ring_nodes(self) -> frozenset[str]:
         """The nodes the locality ring is made of: those running an agent of this agent's
-        workload when its pod is known and cached (see ``agent_pod``), else every Node."""
-        if self.agent_pod is not None and self.shard.replicas:
+        workload when its pod is known and cached (see ``agent_pod``), else every Node (so
+        always with ``--pod-scope node``, whose cache holds one node's pods)."""
+        if self.agent_pod is not None and self.shard.replicas and not self.cache.settings.pod_node:
             nodes = self.cache.workload_nodes(*self.agent_pod)
             if nodes:
                 return nodes

@@ -782,8 +782,12 @@ class ClusterMetadata:
         DaemonSet, for an agent): pods of that namespace with the same workload and kind,
         not terminal, scheduled and holding an address (``status.podIPs``: their sandbox
         runs; a pod that never started, on a node that cannot run it, has none). None when
-        the pod is not cached. Memoized per pod generation; scans one namespace.
+        the pod is not cached, and with ``--pod-scope node`` (this cache holds one node's
+        pods: the workload's other nodes are unknown). Memoized per pod generation; scans
+        one namespace.
         """
+        if self._pod_node is not None:
+            return None
         with self._lock:
             gen = self._generation["pods"]
             hit = self._workload_nodes.get((namespace, pod))
@@ -974,10 +978,16 @@ class ClusterMetadata:
         a range some other node declares (its pods would read as that node's: the CNI does
         not allocate from podCIDRs, e.g. Calico IPAM).
 
+        A local pod serving a ``hostPort`` (not host-network) is reported too: another
+        node's agent in the node scope does not know it, reads ``node:hostPort`` as the
+        node, and counts the replies that come back through it as well as this node counts
+        the pod's egress (docs/metadata.md, "Pod scope").
+
         Returns:
             One line per problem, e.g. ``"pod shop/web-1 10.0.9.4: inside node n2's
-            podCIDRs, not this node's"``; ``"no pod range: ..."`` when no Node declares
-            podCIDRs and no extra pod range is set.
+            podCIDRs, not this node's"`` or ``"pod jobs/cache-x serves hostPort 16379/6:
+            ..."``; ``"no pod range: ..."`` when no Node declares podCIDRs and no extra pod
+            range is set.
         """
         here = self._pod_node
         if here is None:
@@ -991,13 +1001,18 @@ class ClusterMetadata:
                 for rec in names.values():
                     if rec.host_network or rec.terminal:
                         continue
+                    for port, proto in rec.host_ports:
+                        out.append(f"pod {rec.namespace}/{rec.name} serves hostPort {port}/{proto}: "
+                                   "other nodes' agents count its replies twice in the node scope")
                     for ip in rec.ips:
                         owner = self._pod_cidrs.lookup(ip)
                         if owner is None:
-                            out.append(f"pod {rec.namespace}/{rec.name} {ip}: outside every pod range")
+                            out.append(f"pod {rec.namespace}/{rec.name} {ip}: outside every pod range: "
+                                       "other nodes' pods may read as external")
                         elif owner and owner != here:
                             out.append(f"pod {rec.namespace}/{rec.name} {ip}: inside node {owner}'s "
-                                       "podCIDRs, not this node's")
+                                       "podCIDRs, not this node's: other nodes' pods may resolve to "
+                                       "the wrong node and zone")
             return out
 
     def model_inputs(self) -> tuple[list[NodeEntry], list[ServiceEntry], list[SliceEntry]]:

@@ -137,8 +137,9 @@ def test_pod_scope_problems() -> None:
     c.apply("pods", "ADDED", k8s.pod("odd-1", "10.0.2.200", "n1"))
     c.apply("pods", "ADDED", k8s.pod("far-1", "10.99.0.1", "n1"))
     assert sorted(c.pod_scope_problems()) == [
-        "pod shop/far-1 10.99.0.1: outside every pod range",
-        "pod shop/odd-1 10.0.2.200: inside node n2's podCIDRs, not this node's"]
+        "pod shop/far-1 10.99.0.1: outside every pod range: other nodes' pods may read as external",
+        "pod shop/odd-1 10.0.2.200: inside node n2's podCIDRs, not this node's: other nodes' pods "
+        "may resolve to the wrong node and zone"]
     bare = ClusterMetadata(MetadataSettings(pod_node="n1"))
     bare.replace("nodes", [k8s.node("n1", "zone-a", internal="192.168.0.1")])
     assert bare.pod_scope_problems()[0].startswith("no pod range")
@@ -171,7 +172,7 @@ def test_the_agent_loop_logs_each_misplaced_pod_once(caplog: pytest.LogCaptureFi
         loop.tick()
     said = [r.getMessage() for r in caplog.records if "--pod-scope node" in r.getMessage()]
     assert said == ["--pod-scope node: pod shop/odd-1 10.0.2.200: inside node n2's podCIDRs, not this "
-                    "node's; other nodes' pods may resolve to the wrong node and zone (docs/metadata.md, "
+                    "node's: other nodes' pods may resolve to the wrong node and zone (docs/metadata.md, "
                     "Pod scope)"]
 
 
@@ -185,3 +186,77 @@ def test_an_endpoint_without_node_name_is_placed_by_its_pod_cidr() -> None:
         {"addresses": ["10.0.2.7"], "targetRef": {"kind": "Node", "name": "n2"}}]))
     assert peer_of(c, "10.0.2.8") == (PeerKind.POD, "shop", "mirrored-1", "n2", "zone-b", "r1", None)
     assert peer_of(c, "10.0.2.7") == (PeerKind.POD, None, None, "n2", "zone-b", "r1", None)
+
+
+def test_a_host_port_of_another_nodes_pod_is_its_node_and_its_own_node_says_so() -> None:
+    """The cluster scope resolves ``node:hostPort`` of an ordinary pod to that pod (the
+    portmap DNAT), so the client's ingress copy is skipped. The node scope does not know
+    other nodes' hostPorts: the address stays the node, whose replies the client's node
+    counts as ingress while the pod's node counts the pod's egress (twice). The pod's own
+    node, which watches it, reports it."""
+    c, _ = make()
+    cluster_c, _ = make(pod_node=None)
+    hp = k8s.pod("cache-x", "10.0.2.30", "n2", namespace="jobs")
+    hp["spec"]["containers"][0]["ports"] = [{"containerPort": 6379, "hostPort": 16379}]
+    for cache in (c, cluster_c):
+        cache.apply("pods", "ADDED", hp)
+    assert cluster_c.resolve_host_port(ip("192.168.0.2"), 16379, 6).name == "cache-x"  # type: ignore[union-attr]
+    assert c.resolve_host_port(ip("192.168.0.2"), 16379, 6) is None
+    n2, _ = make(pod_node="n2")
+    n2.apply("pods", "ADDED", hp)
+    assert n2.pod_scope_problems() == [
+        "pod jobs/cache-x serves hostPort 16379/6: other nodes' agents count its replies twice in the node scope"]
+
+
+def test_the_locality_ring_is_every_node_in_the_node_scope() -> None:
+    """``workload_nodes`` needs the agent DaemonSet's pods on every node: the node scope has
+    its own only, so the ring falls back to every Node (not to this node alone, which would
+    make every agent export every Service's locality)."""
+    from agent.exporter import Exporter
+    from agent.hints import HintModel
+    from agent.loop import AgentLoop
+    from tests.fixtures.fakes import FakeDatapath
+
+    for scope in ("node", "cluster"):
+        c, clock = make(pod_node="n1" if scope == "node" else None)
+        for n in ("n1", "n2"):
+            c.apply("pods", "ADDED", k8s.pod(f"agent-{n}", None, n, namespace="zonemeter",
+                                             owner=("DaemonSet", "zonemeter-agent"), host_network=True))
+            ds = k8s.pod(f"agent-{n}", f"192.168.0.{n[1]}", n, namespace="zonemeter",
+                         owner=("DaemonSet", "zonemeter-agent"), host_network=True)
+            c.apply("pods", "MODIFIED", ds)
+        loop = AgentLoop("n1", FakeDatapath(), c, HintModel(c), Exporter(version="t"), clock=clock,
+                         agent_pod=("zonemeter", "agent-n1"))
+        assert loop.ring_nodes() == ({"n1", "n2", "n3"} if scope == "node" else {"n1", "n2"}), scope
+
+
+def test_the_replies_through_another_nodes_host_port_count_twice_in_the_node_scope() -> None:
+    """The cost of the limit above, across the two agents (as
+    tests/unit/k8s/test_host_ports.py counts it once in the cluster scope): client-1 on n1
+    dials n2's address at cache-x's hostPort; n2 sees cache-x's ingress and egress, n1 its
+    client's egress and ingress. n1 cannot know the hostPort, so it keeps its ingress from
+    the node (900 bytes) that n2 counts as cache-x's egress: 1,900 bytes counted for 1,000.
+    docs/metadata.md, Pod scope, lists it; the pod's node logs it (above)."""
+    from agent.attribution import Attributor
+    from agent.hints import HintModel
+    from agent.k8s import MetadataAdapter
+    from agent.records import FlowDelta, FlowKind
+
+    hp = k8s.pod("cache-x", "10.0.2.30", "n2", namespace="jobs")
+    hp["spec"]["containers"][0]["ports"] = [{"containerPort": 6379, "hostPort": 16379}]
+    counted = {}
+    for scope in ("cluster", "node"):
+        c1, _ = make(pod_node="n1" if scope == "node" else None)
+        c2, _ = make(pod_node="n2" if scope == "node" else None)
+        for c in (c1, c2):
+            c.apply("pods", "ADDED", hp)
+            c.apply("pods", "ADDED", k8s.pod("client-1", "10.0.1.20", "n1"))
+        a1 = Attributor("n1", MetadataAdapter(c1), HintModel(c1))
+        a2 = Attributor("n2", MetadataAdapter(c2), HintModel(c2))
+        a1.attribute([FlowDelta(FlowKind.EGRESS, ip("10.0.1.20"), ip("192.168.0.2"), 16379, 6, 100, 1),
+                      FlowDelta(FlowKind.INGRESS, ip("10.0.1.20"), ip("192.168.0.2"), 16379, 6, 900, 1)], 1000.0)
+        a2.attribute([FlowDelta(FlowKind.INGRESS, ip("10.0.2.30"), ip("10.0.1.20"), 0, 6, 100, 1, local_port=6379),
+                      FlowDelta(FlowKind.EGRESS, ip("10.0.2.30"), ip("10.0.1.20"), 0, 6, 900, 1, local_port=6379)],
+                     1000.0)
+        counted[scope] = sum(v for a in (a1, a2) for v in a.totals().workload_bytes.values())
+    assert counted == {"cluster": 1000, "node": 1900}
