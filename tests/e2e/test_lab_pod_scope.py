@@ -52,25 +52,33 @@ def test_node_scope_counts_exactly_with_only_its_own_pods(lab: Lab, tmp_path_fac
     fleet.start()
     try:
         truth: dict[Key, int] = {}
-        done = threading.Event()
-
-        def traffic() -> None:
-            try:
-                truth.update(web_phase(lab, COUNT))
-            finally:
-                done.set()
-
-        t = threading.Thread(target=traffic)
-        t.start()
         rows: dict[str, set[tuple[str, str]]] = {a.node: set() for a in fleet.agents}
-        while not done.is_set() or not any(rows.values()):
-            for a in fleet.agents:
-                with urllib.request.urlopen(a.url + "/flows?top=200", timeout=5) as resp:
-                    doc = json.load(resp)
-                rows[a.node] |= {(p["client"], p["server"]) for p in doc["pairs"]
-                                 if (p["namespace"], p["service"]) == ("shop", "web")}
-            time.sleep(0.3)
-        t.join()
+        # /flows holds the pairs of the last interval only: read it while traffic runs, and
+        # run another round until every agent showed some (at most four rounds)
+        for _ in range(4):
+            done = threading.Event()
+            got: dict[Key, int] = {}
+
+            def traffic(got: dict[Key, int] = got, done: threading.Event = done) -> None:
+                try:
+                    got.update(web_phase(lab, COUNT))
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=traffic)
+            t.start()
+            while not done.is_set():
+                for a in fleet.agents:
+                    with urllib.request.urlopen(a.url + "/flows?top=200", timeout=5) as resp:
+                        doc = json.load(resp)
+                    rows[a.node] |= {(p["client"], p["server"]) for p in doc["pairs"]
+                                     if (p["namespace"], p["service"]) == ("shop", "web")}
+                time.sleep(0.2)
+            t.join()
+            for k, v in got.items():
+                truth[k] = truth.get(k, 0) + v
+            if all(rows.values()):
+                break
         assert {k[2] for k in truth} == {"same_node", "same_zone", "cross_zone"}, truth
         m = fleet.scrape_settled(after=time.time())
         assert web_bytes(m) == truth
