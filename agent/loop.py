@@ -193,6 +193,7 @@ class AgentLoop:
                                      series_retention=series_retention, clock=monotonic,
                                      sockets_seen=self.sockets_seen)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
+        self._scope_gen = (-1, -1)  # pods and nodes generations of the last pod-scope check
         self._first = True
         self._once = LogOnce(log)
         self.coverage = HookCoverage()
@@ -237,6 +238,25 @@ class AgentLoop:
         log.info("local endpoints updated", extra={"fields": {"endpoints": len(eps)}})
         return True
 
+    def check_pod_scope(self) -> list[str]:
+        """``--pod-scope node``: log each problem of
+        :meth:`agent.k8s.cache.ClusterMetadata.pod_scope_problems` once (a pod of this node
+        outside its podCIDRs: other nodes' pods may resolve to the wrong node and zone);
+        checked when this node's pods or the Nodes changed since the last call.
+
+        Returns:
+            the problems found by this call (empty when nothing changed).
+        """
+        gen = (self.cache.generation("pods"), self.cache.generation("nodes"))
+        if gen == self._scope_gen or not self.cache.synced().get("pods"):
+            return []
+        self._scope_gen = gen
+        problems = self.cache.pod_scope_problems()
+        for p in problems:
+            self._once("pod-scope:" + p, logging.WARNING, "--pod-scope node: %s (docs/metadata.md, "
+                       "Pod scope)", p)
+        return problems
+
     def refresh_hints(self, at: float | None = None) -> int:
         """Re-evaluate the hint model for Services that changed (all on the first call).
 
@@ -269,6 +289,7 @@ class AgentLoop:
             changed = self.sync_endpoints()
         except Exception as err:  # noqa: BLE001 - the agent never dies on one bad object
             self.log_once("sync:" + type(err).__name__, "endpoint sync failed", exc=err)
+        self.check_pod_scope()
         at = self._clock()
         try:
             evaluated = self.refresh_hints(at)
@@ -432,8 +453,9 @@ class AgentLoop:
 
     def ring_nodes(self) -> frozenset[str]:
         """The nodes the locality ring is made of: those running an agent of this agent's
-        workload when its pod is known and cached (see ``agent_pod``), else every Node."""
-        if self.agent_pod is not None and self.shard.replicas:
+        workload when its pod is known and cached (see ``agent_pod``), else every Node (so
+        always with ``--pod-scope node``, whose cache holds one node's pods)."""
+        if self.agent_pod is not None and self.shard.replicas and not self.cache.settings.pod_node:
             nodes = self.cache.workload_nodes(*self.agent_pod)
             if nodes:
                 return nodes

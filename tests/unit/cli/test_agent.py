@@ -222,6 +222,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
                  "--interval", "--zone-cidrs", "--exclude-interfaces", "--interface-patterns",
                  "--kubernetes-version", "--kube-proxy-version", "--feature-gates", "--flow-capacity",
                  "--log-level", "--locality-replicas", "--pod-name", "--pod-namespace",
+                 "--pod-scope", "--pod-cidrs",
                  "--final-linger-seconds", "0.0.0.0:11808"):
         assert flag in out
 
@@ -238,13 +239,22 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
     (["--node-name", "nb", "SNAP", "--kubernetes-version", "1.2"], "--kubernetes-version"),
     (["--node-name", "nb", "SNAP", "--kube-proxy-version", "1.99"], "--kube-proxy-version: expected auto"),
     (["--node-name", "nb", "SNAP", "--flow-capacity", "3"], "flow_capacity: must be within"),
+    (["--node-name", "nb", "SNAP", "--pod-cidrs", "10.0.0.0/8,10.0.0.1/8"],
+     "--pod-cidrs: not a network: 10.0.0.1/8 has host bits set"),
+    (["--node-name", "nb", "BARE", "--pod-scope", "node"],
+     "--pod-scope node: no pod range: no Node declares spec.podCIDRs and no --pod-cidrs is given"),
 ])
 def test_bad_input_is_one_line_and_exit_2(extra: list[str], message: str, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
     snap = str(write_snapshot(tmp_path / "c.json"))
-    argv = ["agent"] + [x for e in extra for x in (["--snapshot", snap] if e == "SNAP" else [e])]
+    bare = two_zone_cluster()  # Nodes without spec.podCIDRs, as a VPC CNI's
+    for n in bare["nodes"]:
+        n["spec"] = {}
+    bare_snap = str(write_snapshot(tmp_path / "bare.json", bare))
+    argv = ["agent"] + [x for e in extra for x in (["--snapshot", snap] if e == "SNAP" else
+                                                   ["--snapshot", bare_snap] if e == "BARE" else [e])]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err

@@ -624,3 +624,22 @@ def test_live_workloads_answers_which_still_have_a_pod() -> None:
                     template_hash="7c9f", noise=True))
     assert c.live_workloads({("ns", "web", "Deployment"), ("ns", "api", "Deployment")}) == {
         ("ns", "web", "Deployment")}
+
+
+def test_a_node_status_report_that_changes_nothing_read_dirties_nothing() -> None:
+    """A kubelet's periodic status report (heartbeat times only, every 5 min per node) must not
+    re-evaluate every Service nor drop the resolve memo: at 5,000 nodes that is 17 reports a
+    second, so every agent tick would re-evaluate the whole cluster's hints."""
+    c = make()
+    c.take_dirty()
+    gen = c.generation("nodes")
+    beat = k8s.node("n2", "zone-b", internal=["192.168.0.2", "2001:db8::2"], pod_cidrs=["10.0.2.0/24"],
+                    region="region-1", noise=True)
+    beat["status"]["conditions"][1]["lastHeartbeatTime"] = "2026-12-07T13:00:00Z"
+    beat["metadata"]["resourceVersion"] = "2"
+    c.apply("nodes", "MODIFIED", beat)
+    assert c.take_dirty().all is False and c.generation("nodes") == gen
+    beat["metadata"]["labels"]["topology.kubernetes.io/zone"] = "zone-c"
+    c.apply("nodes", "MODIFIED", beat)
+    assert c.take_dirty().all is True and c.generation("nodes") == gen + 1
+    assert c.node_zone("n2") == "zone-c"
