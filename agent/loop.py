@@ -2,7 +2,8 @@
 
 Per interval (docs/agent.md)::
 
-    metadata changed?  -> local endpoints -> Datapath.set_local_endpoints
+    metadata changed?  -> Service ports, local endpoints -> Datapath.set_service_ports,
+                          Datapath.set_local_endpoints
     dirty Services     -> HintModel.refresh (evaluate_cluster on those only; all on node changes)
     Datapath.drain()   -> Attributor.attribute(deltas, at) -> close_interval(at)
                        -> HookCoverage.add(counted bytes, Datapath.interface_bytes())
@@ -59,6 +60,10 @@ class DatapathLike(Protocol):
 
     def set_local_endpoints(self, endpoints: Iterable[tuple[IPAddress | str, int, int]]) -> None:
         """Replace the kernel's local endpoint set."""
+        ...
+
+    def set_service_ports(self, ports: Iterable[int]) -> None:
+        """Replace the set of ports some Service in the cluster uses."""
         ...
 
     def drain(self) -> list[FlowDelta]:
@@ -194,6 +199,7 @@ class AgentLoop:
                                      sockets_seen=self.sockets_seen)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
         self._scope_gen = (-1, -1)  # pods and nodes generations of the last pod-scope check
+        self._service_ports: frozenset[int] | None = None
         self._first = True
         self._once = LogOnce(log)
         self.coverage = HookCoverage()
@@ -212,7 +218,8 @@ class AgentLoop:
         self._once(key, logging.ERROR, msg, *args, exc=exc)
 
     def sync_endpoints(self) -> bool:
-        """Write this node's local endpoints to the datapath when they changed; nothing is
+        """Write this node's local endpoints, and the ports the cluster's Services use
+        (``Datapath.set_service_ports``), to the datapath when they changed; nothing is
         written before the EndpointSlices were listed once (the kernel keeps its set).
 
         Returns:
@@ -225,6 +232,7 @@ class AgentLoop:
             # overwriting it would count this node's Service bytes as workload bytes for
             # the whole outage.
             return False
+        self.sync_service_ports()
         # memoized per slice/node generation
         eps = self.cache.local_endpoints(self.node, host_network=self.sockets_seen)
         if eps == self._endpoints:
@@ -256,6 +264,28 @@ class AgentLoop:
             self._once("pod-scope:" + p, logging.WARNING, "--pod-scope node: %s (docs/metadata.md, "
                        "Pod scope)", p)
         return problems
+
+    def sync_service_ports(self) -> bool:
+        """Write the ports the cluster's Services use (``ClusterMetadata.service_ports``)
+        to the datapath when they changed, once the EndpointSlices were listed: where the
+        kernel keeps a port that may be a late UDP or SCTP endpoint's (docs/datapath.md,
+        "Late endpoints"). Cheap when nothing changed (memoized per generation).
+
+        Returns:
+            True when the set was rewritten.
+        """
+        if self._service_ports is None and not self.cache.synced().get("endpointslices"):
+            return False  # a partial list would clear the previous agent's pinned ports
+        ports = self.cache.service_ports()
+        if ports == self._service_ports:
+            return False
+        try:
+            self.datapath.set_service_ports(ports)
+        except InputError as err:
+            self.log_once("service-ports", "cannot write Service ports: %s", err)
+            return False
+        self._service_ports = ports
+        return True
 
     def refresh_hints(self, at: float | None = None) -> int:
         """Re-evaluate the hint model for Services that changed (all on the first call).
@@ -438,10 +468,17 @@ class AgentLoop:
         address). After the change the local endpoints are rewritten to the kernel map
         and the dirty Services re-evaluated at once, not at the next interval.
 
+        Between changes, the cluster's Service ports are written when the watch changed
+        them (:meth:`sync_service_ports`): within a poll, not an interval.
+
         Returns:
             True when the metadata changed.
         """
         if not poll(self.tick):
+            try:
+                self.sync_service_ports()
+            except Exception as err:  # noqa: BLE001 - the next tick retries
+                self.log_once("ports:" + type(err).__name__, "Service port sync failed", exc=err)
             return False
         try:
             self.sync_endpoints()
