@@ -208,7 +208,11 @@ class AgentLoop:
         self._unsaved = False  # a checkpoint failed: the drained table is still pending
         self._uncommitted = False  # saved, but emptying the drained table failed
         if checkpoint is not None:
+            discarded = sum(checkpoint.discarded.values())
             handover = restore_attributor(self.attributor, checkpoint, restore)
+            if restore is not None and restore.coverage and \
+                    sum(checkpoint.discarded.values()) == discarded:  # not discarded just now
+                self.coverage.restore(*restore.coverage)
             resume = getattr(datapath, "resume", None)
             if resume is not None:
                 resume(handover)
@@ -364,8 +368,10 @@ class AgentLoop:
         handover = getattr(self.datapath, "handover", None)
         try:
             ho = handover() if handover is not None else None
+            cov = self.coverage.state()
             self.checkpoint.save(self.attributor.state(), None if ho is None else
-                                 {"pins_id": ho.pins_id, "folded": list(ho.folded)})
+                                 {"pins_id": ho.pins_id, "folded": list(ho.folded)},
+                                 (cov.counted_bytes, cov.carried_bytes, cov.unseen_bytes))
         except Exception as err:  # noqa: BLE001 - disk full or read-only: keep counting
             self._unsaved = True
             self.log_once("checkpoint:" + type(err).__name__, "checkpoint failed: %s; drained "

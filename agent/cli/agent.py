@@ -553,6 +553,7 @@ def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: Hi
     from agent.datapath.abi import LAYOUT_VERSION
     from agent.k8s import MetadataAdapter
     from agent.loop import build_snapshot, restore_attributor
+    from agent.records import CoverageState
 
     path = checkpoint_path_for(args)
     if path is None:
@@ -566,9 +567,13 @@ def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: Hi
     restore_attributor(probe, checkpoint, restore)
     if restore is not None and sum(checkpoint.discarded.values()) > sum(restore.discarded.values()):
         restore = None  # its attribution state was malformed: discarded just now
+    coverage = None
+    if restore is not None and restore.coverage:  # the hook counters continue as well
+        counted, carried, unseen = restore.coverage
+        coverage = CoverageState(counted, carried, unseen)
     exporter.update(build_snapshot(probe.totals(), table=None, attached=0, synced=cache.synced(),
                                    duration=0.0, at=time.time(), interval=args.interval,
-                                   checkpoint_discarded=checkpoint.discarded))
+                                   checkpoint_discarded=checkpoint.discarded, coverage=coverage))
     log.info("checkpoint", extra={"fields": {
         "path": path, "restored": restore is not None,
         "seq": restore.seq if restore is not None else 0}})

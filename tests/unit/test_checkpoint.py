@@ -97,6 +97,25 @@ def test_counters_resume_from_the_checkpoint_without_a_reset(tmp_path: Path) -> 
     assert all(v == 2 * first[k] for k, v in _counters(exp2).items())
 
 
+def test_hook_coverage_counters_resume_too(tmp_path: Path) -> None:
+    """zonemeter_hook_*_total are in the checkpoint as well: a restarted agent's first
+    export has them where the previous one left them (they used to restart at 0)."""
+    from types import SimpleNamespace
+
+    path = tmp_path / "cp"
+    veth = {5: SimpleNamespace(rx_bytes=90_000, rx_packets=100, tx_bytes=190_000, tx_packets=200)}
+    loop, exp, _ = _loop(path, HandOverDatapath())
+    loop.datapath.pending = list(DELTAS)  # type: ignore[attr-defined]
+    loop.datapath.interfaces = veth  # type: ignore[attr-defined]
+    loop.tick()
+    hook = {k: v for k, v in _counters(exp).items()
+            if k.startswith(("zonemeter_hook_", "zonemeter_interface_"))}
+    assert len(hook) == 3 and all(v > 0 for v in hook.values()), hook
+    loop2, exp2, _ = _loop(path, HandOverDatapath())
+    loop2.tick()
+    assert {k: v for k, v in _counters(exp2).items() if k in hook} == hook
+
+
 def test_the_drained_table_is_emptied_only_after_the_checkpoint(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "cp"
