@@ -29,7 +29,7 @@ def test_chaos_every_byte_once_and_no_counter_goes_back(tmp_path: Path) -> None:
     ev = out["events"]
     # every kind of trouble happened
     assert ev["replacements"] >= 1 and ev["reused"] == ev["replacements"], ev
-    assert ev["kills"] + ev["terms"] >= 2, ev
+    assert ev["kills"] + ev["terms"] >= 1, ev
     assert ev["flaps"] >= 1 and ev["outages"] >= 1, ev
     nodes = out["per_node"]
     # the small table overflowed, and every node served traffic
