@@ -53,6 +53,9 @@ __all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "HeapFreezer", "Tick
            "build_snapshot", "datapath_info", "restore_attributor"]
 
 DEFAULT_INTERVAL = 10.0
+#: seconds between two Service port syncs of :meth:`AgentLoop.poll_metadata` (a full
+#: recount takes about 5 ms at 10,000 Services after any Service or EndpointSlice change)
+PORTS_POLL_SECONDS = 1.0
 
 
 class DatapathLike(Protocol):
@@ -200,6 +203,8 @@ class AgentLoop:
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
         self._scope_gen = (-1, -1)  # pods and nodes generations of the last pod-scope check
         self._service_ports: frozenset[int] | None = None
+        self._monotonic = monotonic
+        self._ports_polled_at = -PORTS_POLL_SECONDS  # poll_metadata's last Service port sync
         self._first = True
         self._once = LogOnce(log)
         self.coverage = HookCoverage()
@@ -475,16 +480,21 @@ class AgentLoop:
         and the dirty Services re-evaluated at once, not at the next interval.
 
         Between changes, the cluster's Service ports are written when the watch changed
-        them (:meth:`sync_service_ports`): within a poll, not an interval.
+        them (:meth:`sync_service_ports`, at most every :data:`PORTS_POLL_SECONDS`): within
+        a second, not an interval.
 
         Returns:
             True when the metadata changed.
         """
         if not poll(self.tick):
-            try:
-                self.sync_service_ports()
-            except Exception as err:  # noqa: BLE001 - the next tick retries
-                self.log_once("ports:" + type(err).__name__, "Service port sync failed", exc=err)
+            now = self._monotonic()
+            if now - self._ports_polled_at >= PORTS_POLL_SECONDS:
+                self._ports_polled_at = now
+                try:
+                    self.sync_service_ports()
+                except Exception as err:  # noqa: BLE001 - the next tick retries
+                    self.log_once("ports:" + type(err).__name__, "Service port sync failed",
+                                  exc=err)
             return False
         try:
             self.sync_endpoints()
