@@ -20,8 +20,11 @@ after the other at random (seeded) moments:
 * **the metadata source stopped and restarted**: with ``--kubernetes real`` the lab's
   kube-apiserver (``Lab.stop_apiserver``/``start_apiserver``) for ``--outage-seconds``;
   the real kube-proxies keep forwarding, the agents keep counting and relist after it.
-  Pods are not replaced meanwhile (the lab writes them through the apiserver). The
-  emulated lab's metadata is a snapshot file the agents poll, with nothing to stop;
+  Pods are not replaced meanwhile (the lab writes them through the apiserver), nor for
+  :data:`KUBE_PROXY_BACKOFF_SECONDS` after it: the real kube-proxies back off like any
+  client-go reflector (up to 30 s) and would forward to a deleted pod meanwhile
+  (docs/lab.md, "What the real components showed"). The emulated lab's metadata is a
+  snapshot file the agents poll, with nothing to stop;
 * **a deliberately small flow table** (``--flow-capacity``, default 16 flows): most
   intervals overflow, so the per-(kind, family) overflow entries carry bytes
   (``unattributed{reason="flow_table_full"}``).
@@ -76,6 +79,10 @@ from bench.soak import CHURN_TOPOLOGY, ChurnRun, Sample, sample_process, slope
 CHAOS_TOPOLOGY = CHURN_TOPOLOGY.replace(
     "services:\n",
     "services:\n  - {name: db, namespace: shop, selector: {app: db}, ports: [{port: 5432}]}\n")
+
+#: no pod replacement this long after kube-apiserver came back: client-go's reflector
+#: backoff (up to 30 s) of the real kube-proxies, plus their resync
+KUBE_PROXY_BACKOFF_SECONDS = 45.0
 
 _SAMPLE = re.compile(r"^(zonemeter_\w+_total)(\{[^}]*\})? (\S+)$", re.M)
 
@@ -295,6 +302,7 @@ def chaos(st: ChaosSettings, workdir: Path, progress: Any = None) -> dict[str, A
                    "outage": (first(st.outage_every, 4) if st.kubernetes == "real"
                               else float("inf"))}
             outage_until: float | None = None
+            churn_after = 0.0  # monotonic time before which no pod is replaced
             next_sample = t0
             gen = 0
             slot = 0
@@ -307,6 +315,7 @@ def chaos(st: ChaosSettings, workdir: Path, progress: Any = None) -> dict[str, A
                     lab.start_apiserver()
                     ev.outage_seconds += now - (outage_until - st.outage_seconds)
                     outage_until = None
+                    churn_after = time.monotonic() + KUBE_PROXY_BACKOFF_SECONDS
                     note("kube-apiserver started")
                     continue
                 kind = min(nxt, key=lambda k: nxt[k])
@@ -315,7 +324,7 @@ def chaos(st: ChaosSettings, workdir: Path, progress: Any = None) -> dict[str, A
                     continue
                 if kind == "churn":
                     nxt[kind] = now + gap(st.churn_every)
-                    if outage_until is not None:
+                    if outage_until is not None or now < churn_after:
                         continue  # the lab writes pods through the apiserver
                     slot = slot % 6 + 1
                     if slot == 1:
