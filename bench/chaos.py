@@ -6,14 +6,15 @@ While traffic runs (``web`` pods call ``shop/api`` through its ClusterIP; every 
 calls a ``db`` pod of the next node by pod IP, an endpoint of ``shop/db``), one thing
 after the other at random (seeded) moments:
 
-* **pod churn with address reuse**: a rolling replacement of the api pods, each new pod
-  taking its predecessor's address (:meth:`bench.soak.ChurnRun.replace_api`);
+* **pod churn with address reuse**: a rolling replacement of the api pods of the nodes
+  other than the first (:data:`CHURN_SLOTS`), each new pod taking its predecessor's
+  address (:meth:`bench.soak.ChurnRun.replace_api`);
 * **agent crashes and restarts**: an agent killed with SIGKILL (or, one time in three,
   stopped with SIGTERM: a rolling update), left down for up to 3 s while the kernel keeps
   counting into the pinned tables, then restarted; it resumes from its checkpoint
   (``--pin-path``, ``--checkpoint-path``; docs/datapath.md, "Exactly once across a
-  crash"). The agent of the first node is never restarted, so one process lives the whole
-  run for the memory and CPU slopes;
+  crash"). The agent of the second node is never restarted (:data:`KEEPER`), so one
+  process lives the whole run for the memory and CPU slopes;
 * **link flaps**: a ``web`` pod's ``eth0`` down for a second and up again
   (:meth:`tools.lab.Lab.flap_pod_link`); only client pods flap, whose bytes are counted at
   the servers by both the agents and the lab;
@@ -25,9 +26,15 @@ after the other at random (seeded) moments:
   client-go reflector (up to 30 s) and would forward to a deleted pod meanwhile
   (docs/lab.md, "What the real components showed"). The emulated lab's metadata is a
   snapshot file the agents poll, with nothing to stop;
-* **a deliberately small flow table** (``--flow-capacity``, default 16 flows): most
+* **a deliberately small flow table** (``--flow-capacity``, default 16 flows) on the
+  first node (:data:`SMALL_TABLE_NODE`), whose agent is killed like the others: most
   intervals overflow, so the per-(kind, family) overflow entries carry bytes
-  (``unattributed{reason="flow_table_full"}``).
+  (``unattributed{reason="flow_table_full"}``) across crashes and hand-overs. Its api
+  pods are not replaced: a new endpoint's first bytes, counted before the node's agent
+  wrote it to the kernel (a late endpoint, docs/datapath.md), are ``ingress``/``egress``
+  keys, which in an overflow entry have no address left to find the endpoint by
+  (``flow_table_full``, documented); on the churned nodes the table keeps every flow,
+  so late endpoints are counted as their Service's, exactly.
 
 Checks at the end (after the traffic stopped and the agents settled):
 
@@ -80,6 +87,13 @@ CHAOS_TOPOLOGY = CHURN_TOPOLOGY.replace(
     "services:\n",
     "services:\n  - {name: db, namespace: shop, selector: {app: db}, ports: [{port: 5432}]}\n")
 
+#: the node whose agent runs with the small flow table (its api pods stay)
+SMALL_TABLE_NODE = "n1"
+#: the node whose agent is never restarted (RSS and CPU over the whole run)
+KEEPER = "n2"
+#: the api replica slots replaced (:attr:`bench.soak.ChurnRun.api`): those of n2 and n3
+CHURN_SLOTS = (3, 4, 5, 6)
+
 #: no pod replacement this long after kube-apiserver came back: client-go's reflector
 #: backoff (up to 30 s) of the real kube-proxies, plus their resync
 KUBE_PROXY_BACKOFF_SECONDS = 45.0
@@ -95,7 +109,8 @@ class ChaosSettings:
         duration: traffic seconds.
         kubernetes: ``real`` (kube-apiserver outages) or ``emulated`` (snapshot, none).
         interval: the agents' interval, seconds.
-        flow_capacity: flows per kernel table (``--flow-capacity``).
+        flow_capacity: flows per kernel table (``--flow-capacity``) of the agent of
+            :data:`SMALL_TABLE_NODE` (the others keep the default, 65,536).
         churn_every, kill_every, flap_every, outage_every: mean seconds between two
             events of each kind (exponential gaps, seeded); 0 disables a kind.
         outage_seconds: how long kube-apiserver stays down.
@@ -258,14 +273,15 @@ def chaos(st: ChaosSettings, workdir: Path, progress: Any = None) -> dict[str, A
     say = progress or (lambda msg: None)
     with private_bpffs() as pins:
         args = ("--pin-path", f"{pins}/{{node}}", "--checkpoint-path",
-                f"{workdir}/checkpoint-{{node}}.json", "--flow-capacity", str(st.flow_capacity),
-                "--series-retention", "0")
+                f"{workdir}/checkpoint-{{node}}.json", "--series-retention", "0")
         with ChurnRun(workdir, st.interval, args, 0.5, kubernetes=st.kubernetes,
-                      topology=CHAOS_TOPOLOGY) as cr:
+                      topology=CHAOS_TOPOLOGY,
+                      node_args={SMALL_TABLE_NODE: ("--flow-capacity", str(st.flow_capacity))}
+                      ) as cr:
             fleet = cr.run.fleet
             lab = cr.lab
             nodes = [a.node for a in fleet.agents]
-            keeper = nodes[0]  # never restarted: its process lives the whole run
+            keeper = KEEPER
             urls = {a.node: a.url for a in fleet.agents}
             mono = Monotonic(urls).start()
             samples: dict[str, list[list[Sample]]] = {n: [[]] for n in nodes}
@@ -326,8 +342,9 @@ def chaos(st: ChaosSettings, workdir: Path, progress: Any = None) -> dict[str, A
                     nxt[kind] = now + gap(st.churn_every)
                     if outage_until is not None or now < churn_after:
                         continue  # the lab writes pods through the apiserver
-                    slot = slot % 6 + 1
-                    if slot == 1:
+                    slot = CHURN_SLOTS[(CHURN_SLOTS.index(slot) + 1) % len(CHURN_SLOTS)
+                                       if slot in CHURN_SLOTS else 0]
+                    if slot == CHURN_SLOTS[0]:
                         gen += 1
                     reused = cr.replace_api(slot, f"api-g{gen}-{slot}")
                     ev.replacements += 1
@@ -376,6 +393,12 @@ def chaos(st: ChaosSettings, workdir: Path, progress: Any = None) -> dict[str, A
                     - _sample(text, "zonemeter_diagnostic_bytes_total", "name",
                               "flow_table_full_unfiltered"))
                 per_node[node] = {"service_bytes": svc, "request_response_overflow_bytes": overflow,
+                                  "ingress_egress_overflow_bytes": _sample(
+                                      text, "zonemeter_diagnostic_bytes_total", "name",
+                                      "flow_table_full_unfiltered"),
+                                  "late_endpoint_bytes": _sample(
+                                      text, "zonemeter_diagnostic_bytes_total", "name",
+                                      "endpoint_not_in_kernel"),
                                   "truth_served_bytes": served.get(node, 0),
                                   "equal": svc + overflow == served.get(node, 0)}
             checkpoint_equal = {}
@@ -402,7 +425,7 @@ def chaos(st: ChaosSettings, workdir: Path, progress: Any = None) -> dict[str, A
         "checkpoint_equals_export": checkpoint_equal,
         "traffic_ended_at": traffic_end,
         "resources": resources,
-        "keeper": nodes[0],
+        "keeper": KEEPER, "small_table_node": SMALL_TABLE_NODE,
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
         "events_log": ev.log,
     }

@@ -4,9 +4,9 @@ BENCHMARKS.md ("Chaos soak"), so it cannot rot.
 About 70 s of traffic on the churn cluster on the lab's real Kubernetes, with every kind
 of trouble at least once: api pods replaced with their addresses reused, agents killed
 with SIGKILL or SIGTERM and restarted on their pins and checkpoints, client links flapped,
-kube-apiserver stopped and started, a 16-flow table that overflows. At the end every
-agent's Service bytes plus its request/response overflow equal the lab's count for the
-server pods of its node, exactly; no counter any scrape saw ever went down; every
+kube-apiserver stopped and started, a 16-flow table that overflows on one node. At the
+end every agent's Service bytes plus its request/response overflow equal the lab's count
+for the server pods of its node, exactly; no counter any scrape saw ever went down; every
 checkpoint holds what its agent exports.
 """
 
@@ -33,7 +33,7 @@ def test_chaos_every_byte_once_and_no_counter_goes_back(tmp_path: Path) -> None:
     assert ev["flaps"] >= 1 and ev["outages"] >= 1, ev
     nodes = out["per_node"]
     # the small table overflowed, and every node served traffic
-    assert any(n["request_response_overflow_bytes"] > 0 for n in nodes.values()), nodes
+    assert nodes["n1"]["request_response_overflow_bytes"] > 0, nodes
     assert all(n["truth_served_bytes"] > 0 for n in nodes.values()), nodes
     for name, n in nodes.items():
         assert n["service_bytes"] + n["request_response_overflow_bytes"] == \

@@ -280,6 +280,8 @@ class AgentFleet:
         self.kubeconfig = kubeconfig
         self.hook = hook
         self.extra_args = tuple(extra_args)
+        #: node -> flags for that node's agent only, after ``extra_args``
+        self.node_args: dict[str, tuple[str, ...]] = {}
         env_cmd = os.environ.get("ZONEMETER_DEMO_AGENT", "").split()
         self.command = command or env_cmd or None
         self.lab = lab
@@ -315,7 +317,7 @@ class AgentFleet:
     def _spawn(self, node: str, address: str) -> AgentProcess:
         """Start the agent of ``node`` serving on ``address``; its log is appended to."""
         log = self.logdir / f"agent-{node}.log"
-        extra = tuple(a.replace("{node}", node) for a in self.extra_args)
+        extra = tuple(a.replace("{node}", node) for a in self.extra_args) + self.node_args.get(node, ())
         with open(log, "ab") as fh:
             proc = subprocess.Popen(
                 agent_argv(self.lab, node, self.snapshot, address, self.interval,
