@@ -204,6 +204,8 @@ class AgentLoop:
         self._scope_gen = (-1, -1)  # pods and nodes generations of the last pod-scope check
         self._service_ports: frozenset[int] | None = None
         self._monotonic = monotonic
+        self._listed = False  # the metadata was fully listed once (_waiting_for_metadata)
+        self._unlisted_since: float | None = None
         self._ports_polled_at = -PORTS_POLL_SECONDS  # poll_metadata's last Service port sync
         self._first = True
         self._once = LogOnce(log)
@@ -335,6 +337,15 @@ class AgentLoop:
         except Exception as err:  # noqa: BLE001
             self.log_once("hints:" + type(err).__name__, "hint model failed", exc=err)
         deltas: list[FlowDelta] = []
+        if self._waiting_for_metadata():
+            # a restarted agent whose metadata was never listed (an API outage): what the
+            # kernel counts stays in the pinned tables (overflow entries when full: still
+            # exact) rather than being attributed with an empty cache, where every Service
+            # byte would be endpoint_without_service and every peer unknown
+            duration = self._perf() - t0
+            self.exporter.update(self.snapshot(self.attributor.totals(), at, duration))
+            self.ticks += 1
+            return TickResult(at, 0, 0, evaluated, changed, duration)
         if self._unsaved:  # the previous checkpoint failed: its table waits in the kernel
             self._persist()
         elif self._uncommitted:  # saved, not emptied: the datapath drains nothing before
@@ -365,6 +376,26 @@ class AgentLoop:
         if self.heap is not None:
             self.heap.after_interval()
         return TickResult(at, n, nbytes, evaluated, changed, duration)
+
+    def _waiting_for_metadata(self) -> bool:
+        """True while the drain waits for this agent's first full metadata list: only with
+        a checkpoint (the kernel keeps what it counts for this agent), and for at most
+        ``hold_unresolved_seconds`` after the first tick that waited (then the agent
+        attributes with what it has, as without a checkpoint)."""
+        if self._listed or self.checkpoint is None:
+            return False
+        if all(self.cache.synced().values()):
+            self._listed = True
+            return False
+        now = self._monotonic()
+        if self._unlisted_since is None:
+            self._unlisted_since = now
+            log.warning("metadata never listed yet: the drain waits for it (at most %.0f s); "
+                        "the kernel keeps counting", self.hold_unresolved_seconds)
+        if now - self._unlisted_since < self.hold_unresolved_seconds:
+            return True
+        self._listed = True  # waited long enough: as without a checkpoint from now on
+        return False
 
     def _save(self) -> bool:
         """Write the checkpoint of the current totals; False (logged once) when it failed:

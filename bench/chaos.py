@@ -450,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outage-seconds", type=float, default=d.outage_seconds)
     p.add_argument("--sample-every", type=float, default=d.sample_every)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                   help="work in DIR and keep it (agent logs, checkpoints, lab state)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -462,8 +464,12 @@ def main(argv: list[str] | None = None) -> int:
                        outage_seconds=args.outage_seconds, sample_every=args.sample_every,
                        seed=args.seed if args.seed is not None else secrets.randbelow(2**31))
     print(f"seed {st.seed}", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="zonemeter-chaos-") as tmp:
-        out = chaos(st, Path(tmp), progress=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.keep is not None:  # agent logs and checkpoints stay there
+        args.keep.mkdir(parents=True, exist_ok=True)
+        out = chaos(st, args.keep, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    else:
+        with tempfile.TemporaryDirectory(prefix="zonemeter-chaos-") as tmp:
+            out = chaos(st, Path(tmp), progress=lambda m: print(m, file=sys.stderr, flush=True))
     if args.output == "json":
         print(json.dumps(out, indent=1))
     else:

@@ -500,6 +500,16 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.
                 _wait_synced(source.cache, stop, args.sync_timeout_seconds)
+                if stop.event.is_set():
+                    # stopped before it attached, perhaps before its metadata was ever
+                    # listed (a restart during an API outage): a drain now would attribute
+                    # with an empty cache (every Service byte endpoint_without_service).
+                    # Nothing of this agent is attached; pinned programs keep counting for
+                    # the next agent, which drains with its metadata
+                    log.info("stopped before attaching: nothing drained", extra={"fields": {
+                        "signal": stop.signal, "pinned": pin_path is not None}})
+                    dp.release()
+                    return 0
                 warn_unknown_node(source.cache, node)
                 require_pod_ranges(source.cache)
                 loop.sync_endpoints()
