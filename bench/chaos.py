@@ -208,24 +208,32 @@ def _served_by_node(cr: ChurnRun, gt: dict[tuple[str, str, str], int]) -> dict[s
     return out
 
 
+#: the leading fields of a checkpoint's Service row and the labels they are exported as
+#: (rows and series may carry more, e.g. the client's class: summed over here)
+SERVICE_KEY = ("namespace", "service", "port", "client_zone", "server_zone", "crossing",
+               "direction")
+
+
 def _checkpoint_service(path: Path) -> dict[tuple[str, ...], int]:
-    """Service series -> bytes in a checkpoint file (``Attributor.state()["service"]``)."""
+    """(:data:`SERVICE_KEY`) -> bytes in a checkpoint file (``Attributor.state()["service"]``)."""
     doc = json.loads(path.read_text())
-    return {tuple(str(x) for x in row[:-1]): int(row[-1])
-            for row in doc["attribution"]["service"] if row[-1]}
+    out: dict[tuple[str, ...], int] = {}
+    for row in doc["attribution"]["service"]:
+        key = tuple(str(x) for x in row[:len(SERVICE_KEY)])
+        out[key] = out.get(key, 0) + int(row[-1])
+    return {k: v for k, v in out.items() if v}
 
 
 def _exported_service(text: str) -> dict[tuple[str, ...], int]:
-    """Service series -> bytes of one agent's ``zonemeter_service_bytes_total``."""
+    """(:data:`SERVICE_KEY`) -> bytes of one agent's ``zonemeter_service_bytes_total``."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    order = ("namespace", "service", "port", "client_zone", "server_zone", "crossing",
-             "direction")
     out: dict[tuple[str, ...], int] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == "zonemeter_service_bytes_total" and s.value:
-                out[tuple(s.labels.get(k, "") for k in order)] = int(s.value)
+                key = tuple(s.labels.get(k, "") for k in SERVICE_KEY)
+                out[key] = out.get(key, 0) + int(s.value)
     return out
 
 
