@@ -500,6 +500,16 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.
                 _wait_synced(source.cache, stop, args.sync_timeout_seconds)
+                if stop.event.is_set():
+                    # stopped before it attached, perhaps before its metadata was ever
+                    # listed (a restart during an API outage): a drain now would attribute
+                    # with an empty cache (every Service byte endpoint_without_service).
+                    # Nothing of this agent is attached; pinned programs keep counting for
+                    # the next agent, which drains with its metadata
+                    log.info("stopped before attaching: nothing drained", extra={"fields": {
+                        "signal": stop.signal, "pinned": pin_path is not None}})
+                    dp.release()
+                    return 0
                 warn_unknown_node(source.cache, node)
                 require_pod_ranges(source.cache)
                 loop.sync_endpoints()
@@ -553,6 +563,7 @@ def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: Hi
     from agent.datapath.abi import LAYOUT_VERSION
     from agent.k8s import MetadataAdapter
     from agent.loop import build_snapshot, restore_attributor
+    from agent.records import CoverageState
 
     path = checkpoint_path_for(args)
     if path is None:
@@ -566,9 +577,13 @@ def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: Hi
     restore_attributor(probe, checkpoint, restore)
     if restore is not None and sum(checkpoint.discarded.values()) > sum(restore.discarded.values()):
         restore = None  # its attribution state was malformed: discarded just now
+    coverage = None
+    if restore is not None and restore.coverage:  # the hook counters continue as well
+        counted, carried, unseen = restore.coverage
+        coverage = CoverageState(counted, carried, unseen)
     exporter.update(build_snapshot(probe.totals(), table=None, attached=0, synced=cache.synced(),
                                    duration=0.0, at=time.time(), interval=args.interval,
-                                   checkpoint_discarded=checkpoint.discarded))
+                                   checkpoint_discarded=checkpoint.discarded, coverage=coverage))
     log.info("checkpoint", extra={"fields": {
         "path": path, "restored": restore is not None,
         "seq": restore.seq if restore is not None else 0}})

@@ -38,7 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.datapath import cgroup, tcx
-from agent.datapath.abi import LAYOUT_VERSION, addr_from_bytes, endpoint_key
+from agent.datapath.abi import (
+    LAYOUT_VERSION,
+    PORT_ENDPOINT,
+    PORT_SERVICE,
+    addr_from_bytes,
+    endpoint_key,
+)
 from agent.datapath.config import (
     CGROUP_SOURCE,
     DEFAULT_TC_HANDLE,
@@ -342,6 +348,8 @@ class Datapath:
         self._if_counters: dict[int, tuple[str, int, int, int, int]] = {}
         self._if_gained: dict[int, InterfaceBytes] = {}
         self._endpoints: set[tuple[IPAddress, int, int]] = set()
+        #: ports marked ZM_PORT_SERVICE in zm_endpoint_ports (set_service_ports)
+        self._service_ports: frozenset[int] = frozenset()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._closed = False
@@ -401,8 +409,12 @@ class Datapath:
         self._endpoint_map = b[b"zm_endpoints"]
         self._endpoint_ports = b[b"zm_endpoint_ports"]
         if self.reused:
-            # the previous agent's endpoints keep classifying until set_local_endpoints
+            # the previous agent's endpoints keep classifying until set_local_endpoints,
+            # its Service ports until set_service_ports
             self._endpoints = self._kernel_endpoints()
+            self._service_ports = frozenset(
+                int(k) for k, v in self._endpoint_ports.items_lookup_batch()
+                if int(v) & PORT_SERVICE)
         elif self.config.pin_path:
             b[b"zm_layout"][ctypes.c_int(0)] = ctypes.c_uint32(LAYOUT_VERSION)
         if self.reused:
@@ -980,10 +992,11 @@ class Datapath:
         with self._lock:
             old_ports = {port for _, port, _ in self._endpoints}
             new_ports = {port for _, port, _ in wanted}
+            service = self._service_ports
             # ports first when adding, endpoints first when removing: the port filter is
             # never narrower than the endpoint map
             for port in new_ports - old_ports:
-                self._endpoint_ports[ctypes.c_int(port)] = one
+                self._write_port(port, True, port in service)
             for ep in self._endpoints - wanted:
                 try:
                     del self._endpoint_map[endpoint_key(*ep)]
@@ -992,8 +1005,41 @@ class Datapath:
             for ep in wanted - self._endpoints:
                 self._endpoint_map[endpoint_key(*ep)] = one
             for port in old_ports - new_ports:
-                self._endpoint_ports[ctypes.c_int(port)] = ctypes.c_uint32(0)
+                self._write_port(port, False, port in service)
             self._endpoints = wanted
+
+    def set_service_ports(self, ports: Iterable[int]) -> None:
+        """Replace the set of ports the kernel takes for possible server ports: every port
+        some Service in the cluster uses (``spec.ports[].port``, numeric ``targetPort``,
+        EndpointSlice ports), any protocol. A non-Service key keeps such a port on either
+        side, inside the ephemeral range too, so attribution can recognise traffic to an
+        endpoint the endpoint map lacks and a client's copy of traffic to an endpoint port
+        inside the range (bits ``ZM_PORT_SERVICE`` of ``zm_endpoint_ports``;
+        docs/datapath.md, "Late endpoints").
+
+        Args:
+            ports: port numbers, host order, 1..65535.
+
+        Raises:
+            InputError: a port is out of range (nothing is changed then).
+        """
+        wanted: set[int] = set()
+        for port in ports:
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise InputError(f"port {port!r} is not in 1..65535", source="service ports")
+            wanted.add(port)
+        with self._lock:
+            old = self._service_ports
+            eps = {port for _, port, _ in self._endpoints}
+            for port in wanted ^ old:
+                self._write_port(port, port in eps, port in wanted)
+            self._service_ports = frozenset(wanted)
+
+    def _write_port(self, port: int, endpoint: bool, service: bool) -> None:
+        """Write the ``zm_endpoint_ports`` value of ``port`` (host order). Caller holds
+        ``_lock``."""
+        value = (PORT_ENDPOINT if endpoint else 0) | (PORT_SERVICE if service else 0)
+        self._endpoint_ports[ctypes.c_int(port)] = ctypes.c_uint32(value)
 
     def _read_counters(self) -> dict[int, tuple[str, int, int, int, int]]:
         """The ``IFLA_STATS64`` counters, now, of the interfaces the coverage check compares

@@ -216,6 +216,9 @@ class ClusterMetadata:
         self._synced: dict[str, bool] = {r: False for r in RESOURCES}
         self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
         self._bad_once = LogOnce(log)
+        # service_ports(): (generations, ports in use), and port -> when it left the set
+        self._svc_ports: tuple[tuple[int, int], frozenset[int]] = ((-1, -1), frozenset())
+        self._svc_ports_gone: dict[int, float] = {}
         # (node, host_network) -> (generations, endpoints with that nodeName, endpoints without nodeName)
         self._local_cache: dict[tuple[str, bool], tuple[
             tuple[int, int, int], frozenset[tuple[IPAddress, int, int]],
@@ -915,6 +918,48 @@ class ClusterMetadata:
         """True when ``ip`` is some Service's ClusterIP (any port)."""
         with self._lock:
             return tagged_address_key(ip) in self._cluster_ips
+
+    def service_ports(self) -> frozenset[int]:
+        """Return every port some Service in the cluster uses, any protocol: each
+        ``spec.ports[].port`` and numeric ``targetPort`` of every Service, and each port
+        of every EndpointSlice (a named ``targetPort`` resolved per endpoint). A port that
+        left the set stays in it for ``grace_seconds`` after the first call that saw it
+        gone (as a removed endpoint keeps its Service: the last exchanges of a deleted
+        Service still carry its port).
+
+        For the datapath's ``ZM_PORT_SERVICE`` bits (``Datapath.set_service_ports``):
+        where a non-Service key keeps a port that may be a server's (docs/datapath.md,
+        "Late endpoints"). Memoized per Service and EndpointSlice generation.
+
+        Returns:
+            Port numbers, host order.
+        """
+        with self._lock:
+            gen = (self._generation["services"], self._generation["endpointslices"])
+            now = self._clock()
+            old_gen, old = self._svc_ports
+            if old_gen != gen:
+                ports: set[int] = set()
+                for rec in self._services.values():
+                    for sp in rec.ports:
+                        ports.add(sp.port)
+                        if sp.target_port:
+                            ports.add(sp.target_port)
+                for sl in self._slice_index.slices.values():
+                    for port, _proto, _name in sl.ports:
+                        ports.add(port)
+                ports.discard(0)
+                current = frozenset(ports)
+                for port in old - current:
+                    self._svc_ports_gone[port] = now
+                for port in current:
+                    self._svc_ports_gone.pop(port, None)
+                self._svc_ports = (gen, current)
+            grace = self.settings.grace_seconds
+            for port in [p for p, t in self._svc_ports_gone.items() if now - t > grace]:
+                del self._svc_ports_gone[port]
+            current = self._svc_ports[1]
+            return current.union(self._svc_ports_gone) if self._svc_ports_gone else current
 
     def local_endpoints(self, node_name: str, host_network: bool = False
                         ) -> frozenset[tuple[IPAddress, int, int]]:

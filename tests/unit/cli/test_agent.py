@@ -210,6 +210,38 @@ def test_sigterm_detaches_then_drains_and_exports_the_last_bytes(
         urllib.request.urlopen(url + "/healthz", timeout=1)
 
 
+def test_a_stop_before_attaching_drains_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM while the agent still waits for its metadata (a restart during an API
+    outage): it exits without attaching and without a drain, which would have attributed
+    with an empty cache (every Service byte endpoint_without_service); pinned programs keep
+    counting for the next agent."""
+    import agent.cli.agent as cli_agent
+    import agent.datapath
+
+    made: list[FakeDatapath] = []
+
+    def factory(config: Any) -> FakeDatapath:
+        made.append(FakeDatapath(config))
+        return made[-1]
+
+    def wait_and_stop(cache: Any, stop: Any, timeout: float) -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        assert stop.wait(5)
+
+    monkeypatch.setattr(agent.datapath, "Datapath", factory)
+    monkeypatch.setattr(cli_agent, "_wait_synced", wait_and_stop)
+    snap = write_snapshot(tmp_path / "cluster.json")
+    rc = cli.main(["agent", "--node-name", "nb", "--snapshot", str(snap), "--metrics-address",
+                   f"127.0.0.1:{_free_port()}", "--interval", "60", "--pin-path", "none",
+                   "--checkpoint-path", str(tmp_path / "cp")])
+    assert rc == 0
+    assert made[0].events == ["release", "close"]  # no watch (attach), no drain
+    msgs = [json.loads(x)["msg"] for x in capsys.readouterr().err.splitlines()]
+    assert "stopped before attaching: nothing drained" in msgs
+    assert not (tmp_path / "cp").exists()  # nothing new to checkpoint either
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
