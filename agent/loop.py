@@ -87,12 +87,17 @@ class HeapFreezer:
 
     The metadata cache of a large cluster is over a million tracked objects (150,000 pods:
     bench/bench_agent.py), and a full collection traverses all of them: 1..3 s of CPU every
-    few intervals, more than the intervals' own work. After each interval the survivors go
-    to the permanent generation (``gc.freeze()``: collections skip them; reference counting
-    still frees them), so collections see one interval's new objects only; every
-    ``full_every`` seconds everything is unfrozen and collected once, so that reference
-    cycles frozen meanwhile are reclaimed (the agent's records hold none: they are freed by
-    reference counting).
+    few intervals, more than the intervals' own work. After each interval the objects made
+    since the last freeze are collected (``gc.collect()``, which skips the permanent
+    generation, so it traverses one interval's new objects only) and the survivors go to
+    the permanent generation (``gc.freeze()``: collections skip them; reference counting
+    still frees them). Collecting first matters: ``gc.freeze()`` moves *every* tracked
+    object, garbage cycles not collected yet included (the watch threads' HTTP responses,
+    exceptions with their tracebacks), and a frozen cycle is never reclaimed until the next
+    full collection: frozen each interval, such garbage grew the agent by hundreds of MiB
+    per hour (bench/chaos.py). Every ``full_every`` seconds everything is unfrozen and
+    collected once, so that cycles formed among frozen objects later are reclaimed too (the
+    agent's records hold none: they are freed by reference counting).
 
     Args:
         full_every: seconds between full collections.
@@ -108,13 +113,16 @@ class HeapFreezer:
         self.full_collections = 0
 
     def after_interval(self) -> None:
-        """Freeze what survived the interval; first collect everything when due."""
+        """Collect the interval's new objects (everything, when a full collection is due),
+        then freeze what survived."""
         now = self._clock()
         if now - self._last_full >= self.full_every:
             gc.unfreeze()
             gc.collect()
             self._last_full = now
             self.full_collections += 1
+        else:
+            gc.collect()
         gc.freeze()
 
 
