@@ -10,7 +10,8 @@ so a change there changes what is tested:
 * ``securityContext`` -> ``--cap-drop=ALL`` plus exactly the added capabilities, no
   privileged mode, ``no-new-privileges``, read-only root, uid 0, seccomp RuntimeDefault
   (see :func:`runtime_default_seccomp`), AppArmor unconfined;
-* ``env`` -> ``NODE_NAME`` (the downward API's ``spec.nodeName``) and the literals;
+* ``env`` -> the downward API's ``spec.nodeName`` (the node), ``metadata.name`` (the
+  podman container name) and ``metadata.namespace`` (``zonemeter``), and the literals;
 * ``volumeMounts`` -> the host paths (``/sys/fs/bpf`` is a private bpffs for the test,
   standing for the node's; ``HostToContainer`` is ``rslave``), ``emptyDir`` -> tmpfs with
   the size limit; ``resources.limits`` -> ``--memory`` and ``--cpus``;
@@ -163,7 +164,8 @@ def podman_argv(pod: dict[str, Any], container: dict[str, Any], *, name: str, im
         name: the podman container name.
         image: the image (the manifest's own name resolves to the local build).
         netns: the node's network namespace name (``hostNetwork: true``).
-        node: the node name (``spec.nodeName`` for the downward API).
+        node: the node name (``spec.nodeName`` for the downward API; ``metadata.name`` is
+            ``name``, ``metadata.namespace`` is ``zonemeter``, the manifest's namespace).
         host_paths: hostPath -> the directory standing for it on this "node".
         seccomp: the RuntimeDefault profile (:func:`runtime_default_seccomp`).
         extra_mounts, extra_args: ``-v`` specs and arguments the lab adds.
@@ -200,12 +202,15 @@ def podman_argv(pod: dict[str, Any], container: dict[str, Any], *, name: str, im
     if "cpu" in limits:
         cpu = str(limits["cpu"])
         argv += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu))]
+    # the downward API's fields the manifest may use, as the kubelet fills them
+    downward = {"spec.nodeName": node, "metadata.name": name, "metadata.namespace": "zonemeter"}
     for env in container.get("env", []):
         if "value" in env:
             argv += ["--env", f"{env['name']}={env['value']}"]
         else:
-            assert env["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, env
-            argv += ["--env", f"{env['name']}={node}"]
+            field = env["valueFrom"]["fieldRef"]["fieldPath"]
+            assert env["valueFrom"] == {"fieldRef": {"fieldPath": field}} and field in downward, env
+            argv += ["--env", f"{env['name']}={downward[field]}"]
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     for m in container.get("volumeMounts", []):
         vol = volumes[m["name"]]
