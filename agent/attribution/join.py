@@ -186,7 +186,9 @@ class MetadataView(Protocol):
     # Optional: ``resolve_host_port(ip, port, protocol) -> Peer | None``, the pod that
     # serves a node address's port, host-network or through a hostPort
     # (``MetadataAdapter.resolve_host_port``); a view without it leaves node addresses as
-    # ``node/NAME``.
+    # ``node/NAME``. ``host_port_target(ip, port, protocol) -> (address, port) | None``:
+    # where a hostPort's DNAT leads (the pod's address and containerPort), so a hostPort
+    # call to a Service endpoint is skipped as the endpoint's copy.
 
 
 
@@ -424,6 +426,8 @@ class Attributor:
         self._meta = metadata
         self._host_port: Callable[[IPAddress, int, int], Peer | None] | None = getattr(
             metadata, "resolve_host_port", None)
+        self._host_port_target: Callable[[IPAddress, int, int], tuple[IPAddress, int] | None] | None = (
+            getattr(metadata, "host_port_target", None))
         # every node counts at its sockets (the cgroup hook): host-network and node sides
         # are seen at their own node too (docs/attribution.md, "The socket view")
         self._sockets_seen = sockets_seen
@@ -990,6 +994,21 @@ class Attributor:
             hp = self._host_port(remote, port, proto)
             if hp is not None:
                 peer = hp
+                target = (self._host_port_target(remote, port, proto)
+                          if self._host_port_target is not None else None)
+                if target is not None:
+                    # the pod behind the hostPort is a Service endpoint: the portmap DNAT
+                    # keeps the client's address, so the endpoint's node counts these
+                    # bytes as that Service's request/response, as for a direct dial
+                    t_ip, t_port = target
+                    tk = (_ikey(t_ip), t_port, proto)
+                    tsvc = b.endpoints.get(tk, _NOT_CACHED)
+                    if tsvc is _NOT_CACHED:
+                        tsvc = self._endpoint(b, t_ip, tk)
+                    if tsvc is not None and not self._unseen(hp):
+                        ig = self._is_ignored(b, tsvc, self.node, t_ip)
+                        path = (tsvc[0], tsvc[1], self.node, P_DIRECT) if ig else None
+                        return (_SKIP, S_ENDPOINT_CLIENT_COPY, False, path)
         pk = peer.kind
         podlike = ((pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network) or (
             self._sockets_seen and pk is PeerKind.NODE)  # its node counts its egress

@@ -556,6 +556,31 @@ class ClusterMetadata:
             pod = pods.host_port_owner(node_name, port, protocol)
             return self._pod_peer(pod) if pod is not None else None
 
+    def host_port_target(self, ip: IPAddress, port: int, protocol: int) -> tuple[IPAddress, int] | None:
+        """Where the CNI's portmap plugin DNATs ``ip:port/protocol``: when
+        :meth:`resolve_host_port` names a pod that is not host-network and declares ``port``
+        as a ``hostPort``, its address of ``ip``'s family and the ``containerPort``
+        (:func:`agent.k8s.parse.pod_host_port_targets`); else None. Never raises.
+
+        Attribution asks whether that target is a Service endpoint: its node then counts the
+        bytes as the Service's (the DNAT keeps the client's address), so the client's copy
+        is skipped (docs/attribution.md, "Host-network servers by port").
+        """
+        if not port:
+            return None
+        k = tagged_address_key(ip)
+        with self._lock:
+            pods = self._pod_table
+            node_name = self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
+            if node_name is None:
+                return None
+            pod = pods.host_port_owner(node_name, port, protocol)
+            if pod is None or pod.host_network:
+                return None
+            target = next((t for h, pr, t in pod.host_port_targets if (h, pr) == (port, protocol)), None)
+            addr = next((a for a in pod.ips if a.version == ip.version), None)
+            return None if target is None or addr is None else (addr, target)
+
     def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool = True
                      ) -> tuple[Peer, bool]:
         """Resolve a local address whose bytes the host veth ``ifindex`` carried.

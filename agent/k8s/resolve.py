@@ -46,6 +46,11 @@ class MetadataAdapter:
         one on that node declares it; see ``ClusterMetadata.resolve_host_port``."""
         return self.cache.resolve_host_port(ip, port, protocol)
 
+    def host_port_target(self, ip: IPAddress, port: int, protocol: int) -> tuple[IPAddress, int] | None:
+        """The pod address and ``containerPort`` a ``hostPort`` of ``ip`` leads to; see
+        ``ClusterMetadata.host_port_target``."""
+        return self.cache.host_port_target(ip, port, protocol)
+
     def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool
                      ) -> tuple[Peer, bool]:
         """Resolve a local pod address by the host veth its bytes crossed; see
