@@ -193,6 +193,7 @@ class AgentLoop:
                                      series_retention=series_retention, clock=monotonic,
                                      sockets_seen=self.sockets_seen)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
+        self._entries: frozenset[tuple[IPAddress, int, int]] | None = None
         self._first = True
         self._once = LogOnce(log)
         self.coverage = HookCoverage()
@@ -224,6 +225,7 @@ class AgentLoop:
             # overwriting it would count this node's Service bytes as workload bytes for
             # the whole outage.
             return False
+        self._sync_entries()
         # memoized per slice/node generation
         eps = self.cache.local_endpoints(self.node, host_network=self.sockets_seen)
         if eps == self._endpoints:
@@ -236,6 +238,27 @@ class AgentLoop:
         self._endpoints = eps
         log.info("local endpoints updated", extra={"fields": {"endpoints": len(eps)}})
         return True
+
+    def _sync_entries(self) -> None:
+        """Write this node's entry points (the first hop of node ports, docs/datapath.md)
+        to a datapath that counts them (``set_entry_points``) when they changed; not before
+        Services and Nodes were listed once (the kernel keeps the previous agent's set)."""
+        put = getattr(self.datapath, "set_entry_points", None)
+        if put is None:
+            return
+        synced = self.cache.synced()
+        if self._entries is None and not (synced.get("services") and synced.get("nodes")):
+            return
+        entries = self.cache.entry_points(self.node)  # memoized per Service/Node generation
+        if entries == self._entries:
+            return
+        try:
+            put(entries)
+        except InputError as err:
+            self.log_once("entries", "cannot write entry points: %s", err)
+            return
+        self._entries = entries
+        log.info("entry points updated", extra={"fields": {"entries": len(entries)}})
 
     def refresh_hints(self, at: float | None = None) -> int:
         """Re-evaluate the hint model for Services that changed (all on the first call).

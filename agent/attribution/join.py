@@ -62,6 +62,7 @@ from agent.attribution.vocabulary import (
     FAMILY_CLIENT_PATH,
     FAMILY_HINT_IGNORED,
     FAMILY_SERVICE,
+    FAMILY_SERVICE_ENTRY,
     FAMILY_WORKLOAD,
     K_NODE,
     K_POD,
@@ -71,11 +72,13 @@ from agent.attribution.vocabulary import (
     R_ATTRIBUTION_ERROR,
     R_CLUSTERIP_TO_HOST_NETWORK,
     R_ENDPOINT_WITHOUT_SERVICE,
+    R_ENTRY_WITHOUT_SERVICE,
     R_FLOW_TABLE_FULL,
     R_NODE_WITHOUT_ZONE,
     S_CLUSTERIP_CLIENT_COPY,
     S_CLUSTERIP_MIXED_HOST_NETWORK,
     S_ENDPOINT_CLIENT_COPY,
+    S_ENTRY_ENDPOINT_COPY,
     S_POD_PEER_INGRESS,
     UNKNOWN,
     counted_here,
@@ -296,10 +299,11 @@ def _ikey(ip: IPAddress) -> int:
 # named classes (NamedTuple, slotted dataclasses) cost 8-14% of attribute() throughput
 # (bench/bench_attribution.py, docs/attribution.md "Performance").
 
-#: a Service port as counted: (namespace, service, port label, ambiguous: the endpoint
+#: a Service port as counted: (namespace, service, port label, ambiguous: every other
+#: (namespace, service) the endpoint backs, empty when none (truthy when the endpoint
 #: backs several Service ports)
-_Svc = tuple[str, str, str, bool]
-_NOT_CACHED: _Svc = ("", "", "", False)  # cache-miss sentinel, compared by identity
+_Svc = tuple[str, str, str, tuple[tuple[str, str], ...]]
+_NOT_CACHED: _Svc = ("", "", "", ())  # cache-miss sentinel, compared by identity
 #: a local endpoint: (its Service, its pair label, hint-ignored by client node name)
 _Ep = tuple[_Svc, str, dict[str, bool]]
 _NOT_CACHED_EP: _Ep = (_NOT_CACHED, "", {})
@@ -350,6 +354,11 @@ class _Batch:
     labels: dict[int, str] = field(default_factory=dict)
     views: dict[tuple[str, str, str], ProxyView | None] = field(default_factory=dict)
     hostnet: dict[tuple[str, str], tuple[str, Peer | None, bool]] = field(default_factory=dict)
+    #: (namespace, service, remote key) of every client a local endpoint saw in this drain:
+    #: an entry hop from the same client to the same Service is that hop's copy
+    ep_clients: set[tuple[str, str, int]] = field(default_factory=set)
+    #: entry (address key, port, protocol) -> its Service port or None
+    entries: dict[tuple[int, int, int], ServicePort | None] = field(default_factory=dict)
 
 
 class Attributor:
@@ -447,6 +456,7 @@ class Attributor:
         self._ignored_nodes: tuple[dict[Any, int], int, dict[tuple[str, str], set[str]]] | None = None
         self._paths: dict[tuple[str, str, str, str], int] = {}
         self._workload: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
+        self._entry: dict[tuple[str, str, str, str, str, str, str, str, str], int] = {}
         self._unattributed: dict[str, int] = {}
         self._unknown: dict[str, int] = {}
         self._skipped: dict[str, int] = {}
@@ -460,6 +470,7 @@ class Attributor:
         self._ignored_keys: dict[tuple[str, ...], HintIgnoredKey] = {}
         self._path_keys: dict[tuple[str, ...], ClientPathKey] = {}
         self._workload_keys: dict[tuple[str, ...], WorkloadBytesKey] = {}
+        self._entry_keys: dict[tuple[str, ...], ServiceBytesKey] = {}
         # per-interval pairs
         self._pairs: dict[tuple[str, str, str, str, str, str, str, str, str, str], int] = {}
         self._pairs_other = 0
@@ -529,6 +540,8 @@ class Attributor:
         room = 0 if final else self._hold_capacity - self._held_count()
         seen = 0
         n = 0
+        entries: list[FlowDelta] = []  # first hops of node ports, decided after the loop
+        ep_clients = b.ep_clients
         for n, d in enumerate(deltas, 1):  # noqa: B007 (n is the count after the loop)
             nb = d.bytes
             if fresh:
@@ -554,6 +567,12 @@ class Attributor:
                 # IPv6 is negative: its low 32 bits are zero after the shift all the same)
                 hk = (lk << 32) | hook
                 late = False
+                if lp and (kind is request or kind is response):
+                    # an uplink's count of the first hop of a node port (bpf/uplink.h):
+                    # decided once every local endpoint of this batch said which clients
+                    # it saw itself
+                    entries.append(d)
+                    continue
                 if lp and kind is not request and kind is not response and (
                         kind is not egress or lp != port):
                     # the kernel's endpoint set lacked (local, lp): a pod traffic delta
@@ -598,6 +617,9 @@ class Attributor:
                     key = (ns, sname, sport, czl, szl, crossing,
                            "request" if kind is request else "response", ckind, clb)
                     service[key] = service.get(key, 0) + nb
+                    ep_clients.add((ns, sname, rk))
+                    for other in ambiguous:  # an entry of any Service it backs is this hop
+                        ep_clients.add((*other, rk))
                     if late:
                         diag[D_LATE_ENDPOINT] = diag.get(D_LATE_ENDPOINT, 0) + nb
                     if reason is not None:
@@ -696,12 +718,82 @@ class Attributor:
                 pairs[pk] = nb
             else:
                 self._pairs_other += nb
+        if entries:
+            room = self._count_entries(b, entries, final, room, held)
         self._bytes_seen += seen
         if fresh:
             self._deltas_seen += n
         if held:
             self._pending.append((at, held))
             self._held_bytes += sum(d.bytes for d in held)
+
+    def _count_entries(self, b: _Batch, entries: list[FlowDelta], final: bool, room: int,
+                       held: list[FlowDelta]) -> int:
+        """Count the first hops of node ports an uplink of this node saw (``entries``:
+        deltas with :attr:`agent.records.FlowDelta.is_entry`), after the batch's other
+        deltas (docs/attribution.md, "Two hops of NodePort and LoadBalancer traffic").
+
+        The entry ``(local, port, protocol)`` names the Service (a node address on a
+        nodePort, a LoadBalancer IP or externalIP on its port: ``MetadataView.service_address``);
+        the remote is the client, classed as a Service client is, and this node is the
+        server side (its zone). A hop whose client a local endpoint of the same Service saw
+        in this drain with its own address was not masqueraded to that endpoint (a data
+        plane without SNAT to local endpoints, Cilium's kube-proxy replacement): the
+        endpoint's count is that hop already, so the uplink's copy is skipped
+        (``entry_endpoint_copy``). Unresolved clients are held like any delta.
+
+        Returns:
+            the hold room left.
+        """
+        v4 = ipaddress.IPv4Address
+        request = FlowKind.REQUEST
+        szl = b.oz or UNKNOWN
+        for d in entries:
+            nb = d.bytes
+            try:
+                local, remote = d.local, d.remote
+                lk = local._ip if isinstance(local, v4) else ~local._ip  # type: ignore[attr-defined]
+                rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
+                ek = (lk, d.port, d.protocol)
+                if ek in b.entries:
+                    sa = b.entries[ek]
+                else:
+                    sa = b.entries[ek] = self._meta.service_address(local, d.port, d.protocol)
+                if sa is None:
+                    self._add(self._unattributed, R_ENTRY_WITHOUT_SERVICE, nb)
+                    continue
+                if (sa.namespace, sa.service, rk) in b.ep_clients:
+                    self._add(self._skipped, S_ENTRY_ENDPOINT_COPY, nb)
+                    continue
+                cl = b.clients.get(rk)
+                if cl is None:
+                    cl = b.clients[rk] = self._client(b, remote, rk)
+                czl, crossing, reason, _, _, clabel, unresolved, ckind, clb = cl
+                if unresolved and not final:
+                    if room > 0:
+                        room -= 1
+                        held.append(d)
+                        continue
+                    self._add(self._diag, D_HOLD_FULL, nb)
+                sport = str(sa.port)
+                key = (sa.namespace, sa.service, sport, czl, szl, crossing,
+                       "request" if d.kind is request else "response", ckind, clb)
+                self._entry[key] = self._entry.get(key, 0) + nb
+                if reason is not None:
+                    self._add(self._unknown, reason, nb)
+            except LOOKUP_ERRORS as err:
+                self._failed(err, nb)
+                continue
+            pk = (clabel, f"node/{self.node}", sa.namespace, sa.service, czl, szl, crossing,
+                  sport, ckind, clb)
+            v = self._pairs.get(pk)
+            if v is not None:
+                self._pairs[pk] = v + nb
+            elif len(self._pairs) < self._pair_capacity:
+                self._pairs[pk] = nb
+            else:
+                self._pairs_other += nb
+        return room
 
     def _held_count(self) -> int:
         return sum(len(h) for _, h in self._pending)
@@ -748,7 +840,8 @@ class Attributor:
             (FAMILY_SERVICE, self._service, self._service_keys, 2),
             (FAMILY_HINT_IGNORED, self._ignored, self._ignored_keys, 2),
             (FAMILY_CLIENT_PATH, self._paths, self._path_keys, 2),
-            (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3)))
+            (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3),
+            (FAMILY_SERVICE_ENTRY, self._entry, self._entry_keys, 2)))
 
     def totals(self) -> AttributionTotals:
         """Return an immutable copy of the cumulative totals (see :class:`AttributionTotals`)."""
@@ -759,6 +852,7 @@ class Attributor:
             hint_ignored_bytes=self._keyed(self._ignored, self._ignored_keys, HintIgnoredKey),
             client_path_bytes=self._keyed(self._paths, self._path_keys, ClientPathKey),
             workload_bytes=self._keyed(self._workload, self._workload_keys, WorkloadBytesKey),
+            service_entry_bytes=self._keyed(self._entry, self._entry_keys, ServiceBytesKey),
             unattributed_bytes=_ro(self._unattributed),
             unknown_crossing_bytes=_ro(self._unknown),
             skipped_bytes=_ro(self._skipped),
@@ -791,6 +885,7 @@ class Attributor:
             "ignored": [[*k, v] for k, v in self._ignored.items()],
             "paths": [[*k, v] for k, v in self._paths.items()],
             "workload": [[*k, v] for k, v in self._workload.items()],
+            "entry": [[*k, v] for k, v in self._entry.items()],
             "unattributed": dict(self._unattributed), "unknown": dict(self._unknown),
             "skipped": dict(self._skipped), "diag": dict(self._diag),
             "bytes_seen": self._bytes_seen, "deltas_seen": self._deltas_seen,
@@ -830,6 +925,7 @@ class Attributor:
             service, ignored, workload = (series("service", 9, 7), series("ignored", 6, 4),
                                           series("workload", 8))
             paths = series("paths", 4, 4)
+            entry = series("entry", 9, 9)  # absent from checkpoints before entry hops
             maps = {n: reasons(n) for n in ("unattributed", "unknown", "skipped", "diag",
                                             "expired", "expired_bytes")}
             counts = [_count(state[n]) for n in ("bytes_seen", "deltas_seen", "invalid")]
@@ -843,6 +939,7 @@ class Attributor:
             raise ValueError(f"attribution state: {err}") from err
         self._service, self._ignored, self._workload = service, ignored, workload
         self._paths, self._path_keys = paths, {}
+        self._entry, self._entry_keys = entry, {}
         self._service_keys, self._ignored_keys, self._workload_keys = {}, {}, {}
         self._unattributed, self._unknown = maps["unattributed"], maps["unknown"]
         self._skipped, self._diag = maps["skipped"], maps["diag"]
@@ -898,7 +995,8 @@ class Attributor:
         r: _Svc | None = None
         if sps:
             first = min(sps, key=lambda sp: (sp.namespace, sp.service, sp.port, sp.port_name))
-            r = (first.namespace, first.service, str(first.port), len(sps) > 1)
+            r = (first.namespace, first.service, str(first.port),
+                 tuple((sp.namespace, sp.service) for sp in sps if sp is not first))
         b.endpoints[ek] = r
         return r
 
@@ -967,7 +1065,7 @@ class Attributor:
             path = self._path(b, sa.namespace, sa.service, P_CLUSTERIP)
             if server is None:
                 return (_SKIP, skip, not settled, path)
-            svc = (sa.namespace, sa.service, str(sa.port), False)
+            svc = (sa.namespace, sa.service, str(sa.port), ())
             label = _label(server, remote) if server.node else f"{sa.namespace}/{sa.service}"
             # kube-proxy on this node picked among the endpoints it selects: not ignored
             return self._server_side(b, svc, server, False, label, path)

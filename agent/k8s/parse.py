@@ -158,6 +158,9 @@ class ServiceRecord:
         external_ips: the parseable addresses of ``spec.externalIPs``, in order.
         lb_ips: the parseable ``status.loadBalancer.ingress[].ip`` addresses, in order
             (entries with only a ``hostname`` have none).
+        external_local: ``spec.externalTrafficPolicy`` is ``Local`` (node ports, externalIPs
+            and LoadBalancer IPs reach only the receiving node's endpoints, with the
+            client's address kept); False for ``Cluster``, the API's default.
     """
 
     namespace: str
@@ -166,6 +169,7 @@ class ServiceRecord:
     ports: tuple[ServicePortSpec, ...]
     external_ips: tuple[IPAddress, ...] = ()
     lb_ips: tuple[IPAddress, ...] = ()
+    external_local: bool = False
 
 
 class BadObject(ValueError):
@@ -409,7 +413,8 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
     return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
                          name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports),
                          external_ips=tuple(a for a in ext if a is not None),
-                         lb_ips=tuple(a for a in lb if a is not None))
+                         lb_ips=tuple(a for a in lb if a is not None),
+                         external_local=spec.get("externalTrafficPolicy") == "Local")
 
 
 def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:

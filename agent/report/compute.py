@@ -4,7 +4,9 @@ Every figure is defined in ``docs/report.md``; in short, for a window ``[s, e)``
 seconds and a Service:
 
 - ``bytes_per_second`` = ``increase(zonemeter_service_bytes_total[D])`` evaluated at ``e``,
-  summed over the Service's series, divided by ``D`` (increase handles counter resets and,
+  plus the same of ``zonemeter_service_entry_bytes_total`` (the first hop of the Service's
+  node ports, a hop of its own: docs/attribution.md, "Two hops of NodePort and LoadBalancer
+  traffic"), summed over the Service's series, divided by ``D`` (increase handles counter resets and,
   where the window edges fall between scrapes, extrapolates to them as ``rate()`` does);
 - ``cross_zone_bytes_per_second``: the same over ``crossing="cross_zone"`` only, also split
   by ``direction``, ``client_zone`` and ``server_zone``;
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
     from agent.report.workloads import WorkloadChange
 
 BYTES = "zonemeter_service_bytes_total"
+ENTRY_BYTES = "zonemeter_service_entry_bytes_total"
+#: both hops of a Service's bytes in one selector (the endpoint's and the entry hop's
+#: families carry the same labels): the report prices them together
+HOPS = f'__name__=~"{BYTES}|{ENTRY_BYTES}"'
 HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
 IN_EFFECT = "zonemeter_service_locality_in_effect"
 LAST_CHANGE = "zonemeter_service_locality_last_change_timestamp_seconds"
@@ -386,6 +392,12 @@ def label_matchers(service: ServiceKey | None, extra: str = "") -> str:
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
+def _hops(matchers: str) -> str:
+    """A selector of both hop families (:data:`HOPS`) with ``matchers`` (a
+    :func:`label_matchers` body or ``""``)."""
+    return "{" + HOPS + ("," + matchers[1:] if matchers else "}")
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -696,10 +708,10 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
         rng = _range(w.seconds)
         end = format_ms(prometheus_ms(w.end))
         totals_q[f"{i}"] = (f"sum by (namespace, service) "
-                            f"(increase({BYTES}{scope.matchers()}[{rng}] @ {end}))")
+                            f"(increase({_hops(scope.matchers())}[{rng}] @ {end}))")
         cross_q[f"{i}"] = ("sum by (namespace, service, direction, client_zone, server_zone, "
                            "client_kind, lb_type) "
-                           f"(increase({BYTES}{scope.matchers(CROSS_ZONE)}[{rng}] @ {end}))")
+                           f"(increase({_hops(scope.matchers(CROSS_ZONE))}[{rng}] @ {end}))")
         hints_q[f"{i}"] = (f"sum by (namespace, service) "
                            f"(increase({HINT_IGNORED}{scope.matchers()}[{rng}] @ {end}))")
         count = "count by (namespace, service)" if coverage_by_service else "count"
@@ -843,13 +855,13 @@ def batch_spreads(client: PromClient, jobs: list[tuple[Window, Scope]], scrape: 
         rng = _range(length)
         if scope.keys is None or separate_ranges:
             parts.append(_RangePart(
-                f"{i}", functools.partial(_offset_increase, f"{BYTES}{scope.matchers()}[{rng}]"),
+                f"{i}", functools.partial(_offset_increase, f"{_hops(scope.matchers())}[{rng}]"),
                 grid[0], grid[-1], length, alone=separate_ranges))
         else:
             for key in sorted(scope.keys):
                 parts.append(_RangePart(
                     f"{i}", functools.partial(_offset_increase,
-                                              f"{BYTES}{label_matchers(key)}[{rng}]"),
+                                              f"{_hops(label_matchers(key))}[{rng}]"),
                     grid[0], grid[-1], length, key=key))
     result = _merged(_run_all(_range_calls(client, parts))) if parts else {}
     out: list[dict[ServiceKey, Spread]] = []
@@ -1083,7 +1095,7 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
         rng = _range(max(4 * scrape, step + scrape))
         sel = scope.matchers(CROSS_ZONE)
         parts.append(_RangePart(
-            f"{i}", functools.partial(_offset_rate, f"{BYTES}{sel}[{rng}]"),
+            f"{i}", functools.partial(_offset_rate, f"{_hops(sel)}[{rng}]"),
             start, end, step, alone=scope.keys is None,
             key=next(iter(scope.keys)) if scope.keys is not None and len(scope.keys) == 1
             else None))
