@@ -373,8 +373,8 @@ class AgentLoop:
         try:
             if self.sockets_seen:
                 counted = off_node_bytes(deltas, self.node, self.cache.node_of)
-            else:
-                counted = sum(d.bytes for d in deltas)
+            else:  # the uplinks' first hops of node ports crossed no hooked veth
+                counted = sum(d.bytes for d in deltas if not d.is_entry)
             st = self.coverage.add(at, counted, self.datapath.interface_bytes(), tcp_packets(deltas))
         except Exception as err:  # noqa: BLE001 - coverage is health, never worth an interval
             self.log_once("coverage:" + type(err).__name__, "interface counters failed", exc=err)
