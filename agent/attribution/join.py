@@ -40,6 +40,7 @@ Locality state is not attribution's: the hint model owns it (``HintModel.localit
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import ipaddress
 import logging
@@ -354,9 +355,10 @@ class _Batch:
     labels: dict[int, str] = field(default_factory=dict)
     views: dict[tuple[str, str, str], ProxyView | None] = field(default_factory=dict)
     hostnet: dict[tuple[str, str], tuple[str, Peer | None, bool]] = field(default_factory=dict)
-    #: (namespace, service, remote key) of every client a local endpoint saw in this drain:
-    #: an entry hop from the same client to the same Service is that hop's copy
-    ep_clients: set[tuple[str, str, int]] = field(default_factory=set)
+    #: (namespace, service, remote key, kind) -> bytes local endpoints exchanged with that
+    #: client in this drain, request or response: that much of an entry hop from the same
+    #: client to the same Service is the endpoint's own hop (_count_entries)
+    ep_clients: dict[tuple[str, str, int, FlowKind], int] = field(default_factory=dict)
     #: entry (address key, port, protocol) -> its Service port or None
     entries: dict[tuple[int, int, int], ServicePort | None] = field(default_factory=dict)
 
@@ -617,9 +619,11 @@ class Attributor:
                     key = (ns, sname, sport, czl, szl, crossing,
                            "request" if kind is request else "response", ckind, clb)
                     service[key] = service.get(key, 0) + nb
-                    ep_clients.add((ns, sname, rk))
-                    for other in ambiguous:  # an entry of any Service it backs is this hop
-                        ep_clients.add((*other, rk))
+                    ck = (ns, sname, rk, kind)
+                    ep_clients[ck] = ep_clients.get(ck, 0) + nb
+                    for ons, osvc in ambiguous:  # an entry of any Service it backs is this hop
+                        ok = (ons, osvc, rk, kind)
+                        ep_clients[ok] = ep_clients.get(ok, 0) + nb
                     if late:
                         diag[D_LATE_ENDPOINT] = diag.get(D_LATE_ENDPOINT, 0) + nb
                     if reason is not None:
@@ -736,11 +740,13 @@ class Attributor:
         The entry ``(local, port, protocol)`` names the Service (a node address on a
         nodePort, a LoadBalancer IP or externalIP on its port: ``MetadataView.service_address``);
         the remote is the client, classed as a Service client is, and this node is the
-        server side (its zone). A hop whose client a local endpoint of the same Service saw
-        in this drain with its own address was not masqueraded to that endpoint (a data
-        plane without SNAT to local endpoints, Cilium's kube-proxy replacement): the
-        endpoint's count is that hop already, so the uplink's copy is skipped
-        (``entry_endpoint_copy``). Unresolved clients are held like any delta.
+        server side (its zone). When a local endpoint of the same Service exchanged bytes
+        with the same client address in this drain, that share of the hop was not
+        masqueraded to the endpoint (a data plane without SNAT to local endpoints, Cilium's
+        kube-proxy replacement): the endpoint's count is that hop already, so as many of
+        the uplink's bytes, per direction, are skipped (``entry_endpoint_copy``; NAT keeps
+        every packet's length) and the rest, the first hop of connections sent to other
+        nodes, is counted. Unresolved clients are held like any delta.
 
         Returns:
             the hold room left.
@@ -762,9 +768,16 @@ class Attributor:
                 if sa is None:
                     self._add(self._unattributed, R_ENTRY_WITHOUT_SERVICE, nb)
                     continue
-                if (sa.namespace, sa.service, rk) in b.ep_clients:
-                    self._add(self._skipped, S_ENTRY_ENDPOINT_COPY, nb)
-                    continue
+                ck = (sa.namespace, sa.service, rk, d.kind)
+                seen = b.ep_clients.get(ck, 0)
+                if seen:
+                    take = min(seen, nb)
+                    b.ep_clients[ck] = seen - take  # each endpoint byte stands for one copy
+                    self._add(self._skipped, S_ENTRY_ENDPOINT_COPY, take)
+                    nb -= take
+                    if not nb:
+                        continue
+                    d = dataclasses.replace(d, bytes=nb)
                 cl = b.clients.get(rk)
                 if cl is None:
                     cl = b.clients[rk] = self._client(b, remote, rk)

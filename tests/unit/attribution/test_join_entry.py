@@ -178,3 +178,32 @@ def test_entry_series_survive_a_checkpoint() -> None:
     del state["entry"]  # a checkpoint from before entry hops
     again.restore(state)
     assert not again.totals().service_entry_bytes
+
+
+def test_a_node_that_masquerades_only_to_remote_endpoints_counts_their_first_hop_alone() -> None:
+    """One load balancer, one drain, two connections through n1's node port: one to the
+    local endpoint unmasqueraded (its hop is the endpoint's), one to n3 masqueraded (a first
+    hop of its own). The uplink's count of both, merged into one key per direction as the
+    kernel merges it, is reduced by what the local endpoint saw: the remote one's hop stays."""
+    local = NODE_PORT["cluster_local_endpoint_unmasqueraded"][0]
+    remote = NODE_PORT["cluster_remote_endpoint"][0]
+    o = objects()
+    meta, hints = build(o)
+    model = Model(meta, o)
+    model.send(local)
+    model.send(remote)
+    merged: dict[tuple[Any, ...], FlowDelta] = {}
+    for d in model.deltas["n1"]:
+        k = (d.kind, d.local, d.remote, d.port, d.local_port)
+        old = merged.get(k)
+        merged[k] = d if old is None else FlowDelta(d.kind, d.local, d.remote, d.port, d.protocol,
+                                                   old.bytes + d.bytes, old.packets + d.packets,
+                                                   local_port=d.local_port, ifindex=d.ifindex)
+    assert len([d for d in merged.values() if d.is_entry]) == 2  # request, response
+    at = Attributor("n1", meta, hints)
+    at.attribute(list(merged.values()), T0)
+    t = at.totals()
+    assert {k.direction: v for k, v in t.service_entry_bytes.items()} == {"request": remote.req,
+                                                                         "response": remote.resp}
+    assert dict(t.skipped_bytes) == {"entry_endpoint_copy": local.req + local.resp}
+    assert t.bytes_seen == balance(t)
