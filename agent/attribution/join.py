@@ -192,7 +192,9 @@ class MetadataView(Protocol):
     # (``MetadataAdapter.resolve_host_port``); a view without it leaves node addresses as
     # ``node/NAME``. ``host_port_target(ip, port, protocol) -> (address, port) | None``:
     # where a hostPort's DNAT leads (the pod's address and containerPort), so a hostPort
-    # call to a Service endpoint is skipped as the endpoint's copy.
+    # call to a Service endpoint is skipped as the endpoint's copy. ``is_entry_point(ip, port,
+    # protocol) -> bool``: a node's address with a node port of a Service with
+    # externalTrafficPolicy Cluster, whose first hop that node's uplink counts.
 
 
 
@@ -439,6 +441,8 @@ class Attributor:
             metadata, "resolve_host_port", None)
         self._host_port_target: Callable[[IPAddress, int, int], tuple[IPAddress, int] | None] | None = (
             getattr(metadata, "host_port_target", None))
+        self._is_entry_point: Callable[[IPAddress, int, int], bool] | None = getattr(
+            metadata, "is_entry_point", None)
         # every node counts at its sockets (the cgroup hook): host-network and node sides
         # are seen at their own node too (docs/attribution.md, "The socket view")
         self._sockets_seen = sockets_seen
@@ -1074,8 +1078,16 @@ class Attributor:
         remote, port, proto = d.remote, d.port, d.protocol
         sa = self._meta.service_address(remote, port, proto)
         if sa is not None:
-            skip, server, settled = self._clusterip_hostnet(b, sa)
             path = self._path(b, sa.namespace, sa.service, P_CLUSTERIP)
+            entry = self._is_entry_point
+            if entry is not None and entry(remote, port, proto) and \
+                    self._peer(b, remote, rk).node != self.node:
+                # another node's node port (kube-proxy here DNATs only its own addresses'):
+                # that node's uplink counts this hop as its first hop, and the endpoint, or
+                # nobody for a veth-less one on the veth hook, the next (docs/attribution.md,
+                # "Two hops of NodePort and LoadBalancer traffic")
+                return (_SKIP, S_CLUSTERIP_CLIENT_COPY, False, path)
+            skip, server, settled = self._clusterip_hostnet(b, sa)
             if server is None:
                 return (_SKIP, skip, not settled, path)
             svc = (sa.namespace, sa.service, str(sa.port), ())

@@ -177,6 +177,13 @@ class FakeMetadata:
                 return self.node_ports[(port, protocol)][0]
         return sp
 
+    def is_entry_point(self, ip: IPAddress, port: int, protocol: int) -> bool:
+        """As ``MetadataAdapter.is_entry_point``: a node's address with the node port of a
+        Service with externalTrafficPolicy Cluster."""
+        p = self.by_ip.get(ip)
+        return (p is not None and p.kind is PeerKind.NODE and p.node is not None
+                and (ip, port, protocol) in self.entry_points(p.node))
+
     def entry_points(self, node_name: str) -> set[tuple[IPAddress, int, int]]:
         """As ``ClusterMetadata.entry_points``: the node's addresses with the node ports of
         Services with externalTrafficPolicy Cluster."""
@@ -284,6 +291,9 @@ def objects() -> dict[str, Any]:
         service("shop", "web-lb", ["10.96.0.50"], [("http", 80, 8080, "TCP")], node_ports=[30080]),
         service("shop", "web-local", ["10.96.0.51"], [("https", 443, 8443, "TCP")], node_ports=[30443],
                 external_local=True),
+        # host-network endpoints (the node exporters) behind a node port, Cluster
+        service("monitoring", "node-exporter-lb", ["10.96.0.52"], [("metrics", 9100, 9100, "TCP")],
+                node_ports=[30090]),
     ]
     api_eps = [endpoint("10.1.1.20", "n1", "eu-west-1a", ["eu-west-1a"]),
                endpoint("10.1.2.20", "n2", "eu-west-1a", ["eu-west-1a"]),
@@ -310,6 +320,9 @@ def objects() -> dict[str, Any]:
         slice_("shop", "web-local", "web-local-1", [endpoint("10.1.1.10", "n1", "eu-west-1a"),
                                                     endpoint("10.1.3.11", "n3", "eu-west-1b")],
                [("https", 8443, "TCP")]),
+        slice_("monitoring", "node-exporter-lb", "node-exporter-lb-1",
+               [endpoint("192.168.0.2", "n2", "eu-west-1a"), endpoint("192.168.0.3", "n3", "eu-west-1b")],
+               [("metrics", 9100, "TCP")]),
         slice_("shop", "partner", "partner-1",
                [{"addresses": ["203.0.113.50"]}, {"addresses": ["203.0.113.51"]}],
                [("https", 443, "TCP")]),
