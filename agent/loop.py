@@ -497,9 +497,11 @@ def datapath_info(datapath: object) -> tuple[str, str, str]:
 
 
 def active_services(totals: AttributionTotals) -> set[ServiceRef]:
-    """The Services ``totals`` holds bytes of (service, hint-ignored and client-path series)."""
+    """The Services ``totals`` holds bytes of (service, entry, hint-ignored and client-path
+    series)."""
     out: set[ServiceRef] = set()
-    for series in (totals.service_bytes, totals.hint_ignored_bytes, totals.client_path_bytes):
+    for series in (totals.service_bytes, totals.service_entry_bytes, totals.hint_ignored_bytes,
+                   totals.client_path_bytes):
         out.update(ServiceRef(k.namespace, k.service) for k in series)
     return out
 
