@@ -18,6 +18,7 @@ import pytest
 
 from agent.datapath import Datapath, DatapathConfig
 from agent.records import FlowDelta, FlowKind
+from tests.kernel.test_datapath_restart import pin_dir  # noqa: F401 - fixture
 from tools.lab import Lab, Topology
 
 TOPOLOGY = """\
@@ -150,3 +151,47 @@ def test_request_and_response_kinds_are_marked_as_entry_hops(lab: Lab) -> None:
         dp.close()
     assert {d.kind for d in entries} == {FlowKind.REQUEST, FlowKind.RESPONSE}
     assert all(d.local_port == d.port == 30080 and d.ifindex for d in entries)
+
+
+def test_a_restarted_agent_takes_the_pinned_uplink_links_over_and_cleanup_removes_them(
+        lab: Lab, pin_dir: str) -> None:  # noqa: F811
+    """With pins, SIGTERM (release) leaves the uplink links counting; the next agent swaps
+    its program into them (never a second link) and keeps the entry set; cleanup detaches
+    them and unlinks their pins (zm_uplink_<ifindex>_<side>)."""
+    import os
+
+    from tests.kernel._dp_fixtures import tcx_chain
+
+    pin = pin_dir
+    ns, uplink = lab.uplink("a1")
+    a1 = lab.node_ip("a1", 4)
+
+    def datapath() -> Datapath:
+        dp = Datapath(DatapathConfig(netns=ns, exclude_patterns=(uplink,), uplink_patterns=(uplink,),
+                                     pin_path=pin, flow_capacity=4096))
+        dp.attach()
+        return dp
+
+    first = datapath()
+    first.set_entry_points([(a1, 30080, 6)])
+    first.drain()
+    lab.reset_ground_truth()
+    first.release()
+    assert sorted(p for p in os.listdir(pin) if p.startswith("zm_uplink_"))  # pinned
+    # while no agent runs the kernel keeps counting the first hop into the pinned tables
+    lab.run_flow(LB, a1, 30080, "tcp", count=3)
+    second = datapath()
+    try:
+        assert second.reused and second.stats().entries == 1  # the entry set was kept
+        assert (tcx_chain(ns, uplink, "ingress"), tcx_chain(ns, uplink, "egress")) == (
+            ["zm_tcx_up_in"], ["zm_tcx_up_out"])                # taken over, not doubled
+        got = _entries(second.drain())
+    finally:
+        second.release()
+    sent = lab.outside_client_truth()
+    lb = str(lab.topology.peer("lb").address(4))
+    for d in ("request", "response"):  # every byte of the calls made while no agent ran
+        assert got[(str(a1), lb, 30080, d)] == sent[(LB, a1, 30080, d)] > 0
+    removed = Datapath.cleanup(pin, ns)
+    assert {p for p in removed.links if p.startswith("zm_uplink_")}
+    assert tcx_chain(ns, uplink, "ingress") == tcx_chain(ns, uplink, "egress") == []
