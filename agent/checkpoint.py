@@ -85,6 +85,9 @@ class Checkpoint:
             (written without a datapath marker).
         discarded: ``{reason: count}`` carried over, so that counter never goes back.
         attribution: :meth:`agent.attribution.Attributor.state` as written.
+        coverage: the hook coverage totals ``[counted, carried, unseen]`` (L3 bytes) of
+            :class:`agent.records.CoverageState`, so those counters never go back either;
+            ``()`` in a file written without them.
     """
 
     node: str
@@ -93,6 +96,7 @@ class Checkpoint:
     handover: Mapping[str, Any] | None
     discarded: Mapping[str, int] = field(default_factory=dict)
     attribution: Mapping[str, Any] = field(default_factory=dict)
+    coverage: tuple[int, ...] = ()
 
 
 class Checkpointer:
@@ -155,8 +159,12 @@ class Checkpointer:
             discarded = {str(k): int(v) for k, v in dict(doc.get("discarded", {})).items()}
             if not isinstance(doc["attribution"], dict):
                 raise ValueError("attribution is not an object")
+            coverage = tuple(doc.get("coverage") or ())
+            if coverage and not (len(coverage) == 3 and all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in coverage)):
+                raise ValueError("coverage is not [counted, carried, unseen] byte counts")
             cp = Checkpoint(self.node, int(doc["seq"]), float(doc["written_at"]), handover,
-                            discarded, doc["attribution"])
+                            discarded, doc["attribution"], coverage)
         except (KeyError, TypeError, ValueError) as err:
             self.discard("corrupt", f"field {err}")
             return None
@@ -173,12 +181,14 @@ class Checkpointer:
                     self.path, reason, why,
                     extra={"fields": {"checkpoint": self.path, "reason": reason}})
 
-    def save(self, attribution: Mapping[str, Any], handover: Mapping[str, Any] | None) -> None:
+    def save(self, attribution: Mapping[str, Any], handover: Mapping[str, Any] | None,
+             coverage: tuple[int, int, int] | None = None) -> None:
         """Write a new checkpoint atomically (tmp + fsync + rename + directory fsync).
 
         Args:
             attribution: ``Attributor.state()``.
             handover: ``{"pins_id": int, "folded": [int, int]}`` or None.
+            coverage: hook coverage totals ``(counted, carried, unseen)``, L3 bytes, or None.
 
         Raises:
             RuntimeFailure: the file could not be written (disk full, read-only); the old
@@ -186,7 +196,8 @@ class Checkpointer:
         """
         doc = {"format": FORMAT, "version": VERSION, "layout": self.layout, "node": self.node,
                "seq": self.seq + 1, "written_at": time.time(), "handover": handover,
-               "discarded": self.discarded, "attribution": attribution}
+               "discarded": self.discarded, "attribution": attribution,
+               "coverage": list(coverage) if coverage is not None else None}
         data = json.dumps(doc, separators=(",", ":")).encode()
         directory = os.path.dirname(os.path.abspath(self.path))
         tmp = f"{self.path}.tmp"

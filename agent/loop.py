@@ -2,7 +2,8 @@
 
 Per interval (docs/agent.md)::
 
-    metadata changed?  -> local endpoints -> Datapath.set_local_endpoints
+    metadata changed?  -> Service ports, local endpoints -> Datapath.set_service_ports,
+                          Datapath.set_local_endpoints
     dirty Services     -> HintModel.refresh (evaluate_cluster on those only; all on node changes)
     Datapath.drain()   -> Attributor.attribute(deltas, at) -> close_interval(at)
                        -> HookCoverage.add(counted bytes, Datapath.interface_bytes())
@@ -52,6 +53,9 @@ __all__ = ["DEFAULT_INTERVAL", "AgentLoop", "DatapathLike", "HeapFreezer", "Tick
            "build_snapshot", "datapath_info", "restore_attributor"]
 
 DEFAULT_INTERVAL = 10.0
+#: seconds between two Service port syncs of :meth:`AgentLoop.poll_metadata` (a full
+#: recount takes about 5 ms at 10,000 Services after any Service or EndpointSlice change)
+PORTS_POLL_SECONDS = 1.0
 
 
 class DatapathLike(Protocol):
@@ -59,6 +63,10 @@ class DatapathLike(Protocol):
 
     def set_local_endpoints(self, endpoints: Iterable[tuple[IPAddress | str, int, int]]) -> None:
         """Replace the kernel's local endpoint set."""
+        ...
+
+    def set_service_ports(self, ports: Iterable[int]) -> None:
+        """Replace the set of ports some Service in the cluster uses."""
         ...
 
     def drain(self) -> list[FlowDelta]:
@@ -79,12 +87,17 @@ class HeapFreezer:
 
     The metadata cache of a large cluster is over a million tracked objects (150,000 pods:
     bench/bench_agent.py), and a full collection traverses all of them: 1..3 s of CPU every
-    few intervals, more than the intervals' own work. After each interval the survivors go
-    to the permanent generation (``gc.freeze()``: collections skip them; reference counting
-    still frees them), so collections see one interval's new objects only; every
-    ``full_every`` seconds everything is unfrozen and collected once, so that reference
-    cycles frozen meanwhile are reclaimed (the agent's records hold none: they are freed by
-    reference counting).
+    few intervals, more than the intervals' own work. After each interval the objects made
+    since the last freeze are collected (``gc.collect()``, which skips the permanent
+    generation, so it traverses one interval's new objects only) and the survivors go to
+    the permanent generation (``gc.freeze()``: collections skip them; reference counting
+    still frees them). Collecting first matters: ``gc.freeze()`` moves *every* tracked
+    object, garbage cycles not collected yet included (the watch threads' HTTP responses,
+    exceptions with their tracebacks), and a frozen cycle is never reclaimed until the next
+    full collection: frozen each interval, such garbage grew the agent by hundreds of MiB
+    per hour (bench/chaos.py). Every ``full_every`` seconds everything is unfrozen and
+    collected once, so that cycles formed among frozen objects later are reclaimed too (the
+    agent's records hold none: they are freed by reference counting).
 
     Args:
         full_every: seconds between full collections.
@@ -100,13 +113,16 @@ class HeapFreezer:
         self.full_collections = 0
 
     def after_interval(self) -> None:
-        """Freeze what survived the interval; first collect everything when due."""
+        """Collect the interval's new objects (everything, when a full collection is due),
+        then freeze what survived."""
         now = self._clock()
         if now - self._last_full >= self.full_every:
             gc.unfreeze()
             gc.collect()
             self._last_full = now
             self.full_collections += 1
+        else:
+            gc.collect()
         gc.freeze()
 
 
@@ -194,6 +210,12 @@ class AgentLoop:
                                      sockets_seen=self.sockets_seen)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
         self._entries: frozenset[tuple[IPAddress, int, int]] | None = None
+        self._scope_gen = (-1, -1)  # pods and nodes generations of the last pod-scope check
+        self._service_ports: frozenset[int] | None = None
+        self._monotonic = monotonic
+        self._listed = False  # the metadata was fully listed once (_waiting_for_metadata)
+        self._unlisted_since: float | None = None
+        self._ports_polled_at = -PORTS_POLL_SECONDS  # poll_metadata's last Service port sync
         self._first = True
         self._once = LogOnce(log)
         self.coverage = HookCoverage()
@@ -202,7 +224,11 @@ class AgentLoop:
         self._unsaved = False  # a checkpoint failed: the drained table is still pending
         self._uncommitted = False  # saved, but emptying the drained table failed
         if checkpoint is not None:
+            discarded = sum(checkpoint.discarded.values())
             handover = restore_attributor(self.attributor, checkpoint, restore)
+            if restore is not None and restore.coverage and \
+                    sum(checkpoint.discarded.values()) == discarded:  # not discarded just now
+                self.coverage.restore(*restore.coverage)
             resume = getattr(datapath, "resume", None)
             if resume is not None:
                 resume(handover)
@@ -212,7 +238,8 @@ class AgentLoop:
         self._once(key, logging.ERROR, msg, *args, exc=exc)
 
     def sync_endpoints(self) -> bool:
-        """Write this node's local endpoints to the datapath when they changed; nothing is
+        """Write this node's local endpoints, and the ports the cluster's Services use
+        (``Datapath.set_service_ports``), to the datapath when they changed; nothing is
         written before the EndpointSlices were listed once (the kernel keeps its set).
 
         Returns:
@@ -226,6 +253,7 @@ class AgentLoop:
             # the whole outage.
             return False
         self._sync_entries()
+        self.sync_service_ports()
         # memoized per slice/node generation
         eps = self.cache.local_endpoints(self.node, host_network=self.sockets_seen)
         if eps == self._endpoints:
@@ -260,6 +288,47 @@ class AgentLoop:
         self._entries = entries
         log.info("entry points updated", extra={"fields": {"entries": len(entries)}})
 
+    def check_pod_scope(self) -> list[str]:
+        """``--pod-scope node``: log each problem of
+        :meth:`agent.k8s.cache.ClusterMetadata.pod_scope_problems` once (a pod of this node
+        outside its podCIDRs: other nodes' pods may resolve to the wrong node and zone);
+        checked when this node's pods or the Nodes changed since the last call.
+
+        Returns:
+            the problems found by this call (empty when nothing changed).
+        """
+        gen = (self.cache.generation("pods"), self.cache.generation("nodes"))
+        if gen == self._scope_gen or not self.cache.synced().get("pods"):
+            return []
+        self._scope_gen = gen
+        problems = self.cache.pod_scope_problems()
+        for p in problems:
+            self._once("pod-scope:" + p, logging.WARNING, "--pod-scope node: %s (docs/metadata.md, "
+                       "Pod scope)", p)
+        return problems
+
+    def sync_service_ports(self) -> bool:
+        """Write the ports the cluster's Services use (``ClusterMetadata.service_ports``)
+        to the datapath when they changed, once the EndpointSlices were listed: where the
+        kernel keeps a port that may be a late UDP or SCTP endpoint's (docs/datapath.md,
+        "Late endpoints"). Cheap when nothing changed (memoized per generation).
+
+        Returns:
+            True when the set was rewritten.
+        """
+        if self._service_ports is None and not self.cache.synced().get("endpointslices"):
+            return False  # a partial list would clear the previous agent's pinned ports
+        ports = self.cache.service_ports()
+        if ports == self._service_ports:
+            return False
+        try:
+            self.datapath.set_service_ports(ports)
+        except InputError as err:
+            self.log_once("service-ports", "cannot write Service ports: %s", err)
+            return False
+        self._service_ports = ports
+        return True
+
     def refresh_hints(self, at: float | None = None) -> int:
         """Re-evaluate the hint model for Services that changed (all on the first call).
 
@@ -292,12 +361,22 @@ class AgentLoop:
             changed = self.sync_endpoints()
         except Exception as err:  # noqa: BLE001 - the agent never dies on one bad object
             self.log_once("sync:" + type(err).__name__, "endpoint sync failed", exc=err)
+        self.check_pod_scope()
         at = self._clock()
         try:
             evaluated = self.refresh_hints(at)
         except Exception as err:  # noqa: BLE001
             self.log_once("hints:" + type(err).__name__, "hint model failed", exc=err)
         deltas: list[FlowDelta] = []
+        if self._waiting_for_metadata():
+            # a restarted agent whose metadata was never listed (an API outage): what the
+            # kernel counts stays in the pinned tables (overflow entries when full: still
+            # exact) rather than being attributed with an empty cache, where every Service
+            # byte would be endpoint_without_service and every peer unknown
+            duration = self._perf() - t0
+            self.exporter.update(self.snapshot(self.attributor.totals(), at, duration))
+            self.ticks += 1
+            return TickResult(at, 0, 0, evaluated, changed, duration)
         if self._unsaved:  # the previous checkpoint failed: its table waits in the kernel
             self._persist()
         elif self._uncommitted:  # saved, not emptied: the datapath drains nothing before
@@ -329,6 +408,26 @@ class AgentLoop:
             self.heap.after_interval()
         return TickResult(at, n, nbytes, evaluated, changed, duration)
 
+    def _waiting_for_metadata(self) -> bool:
+        """True while the drain waits for this agent's first full metadata list: only with
+        a checkpoint (the kernel keeps what it counts for this agent), and for at most
+        ``hold_unresolved_seconds`` after the first tick that waited (then the agent
+        attributes with what it has, as without a checkpoint)."""
+        if self._listed or self.checkpoint is None:
+            return False
+        if all(self.cache.synced().values()):
+            self._listed = True
+            return False
+        now = self._monotonic()
+        if self._unlisted_since is None:
+            self._unlisted_since = now
+            log.warning("metadata never listed yet: the drain waits for it (at most %.0f s); "
+                        "the kernel keeps counting", self.hold_unresolved_seconds)
+        if now - self._unlisted_since < self.hold_unresolved_seconds:
+            return True
+        self._listed = True  # waited long enough: as without a checkpoint from now on
+        return False
+
     def _save(self) -> bool:
         """Write the checkpoint of the current totals; False (logged once) when it failed:
         then the drained kernel table stays until a later checkpoint succeeds."""
@@ -336,8 +435,10 @@ class AgentLoop:
         handover = getattr(self.datapath, "handover", None)
         try:
             ho = handover() if handover is not None else None
+            cov = self.coverage.state()
             self.checkpoint.save(self.attributor.state(), None if ho is None else
-                                 {"pins_id": ho.pins_id, "folded": list(ho.folded)})
+                                 {"pins_id": ho.pins_id, "folded": list(ho.folded)},
+                                 (cov.counted_bytes, cov.carried_bytes, cov.unseen_bytes))
         except Exception as err:  # noqa: BLE001 - disk full or read-only: keep counting
             self._unsaved = True
             self.log_once("checkpoint:" + type(err).__name__, "checkpoint failed: %s; drained "
@@ -440,10 +541,22 @@ class AgentLoop:
         address). After the change the local endpoints are rewritten to the kernel map
         and the dirty Services re-evaluated at once, not at the next interval.
 
+        Between changes, the cluster's Service ports are written when the watch changed
+        them (:meth:`sync_service_ports`, at most every :data:`PORTS_POLL_SECONDS`): within
+        a second, not an interval.
+
         Returns:
             True when the metadata changed.
         """
         if not poll(self.tick):
+            now = self._monotonic()
+            if now - self._ports_polled_at >= PORTS_POLL_SECONDS:
+                self._ports_polled_at = now
+                try:
+                    self.sync_service_ports()
+                except Exception as err:  # noqa: BLE001 - the next tick retries
+                    self.log_once("ports:" + type(err).__name__, "Service port sync failed",
+                                  exc=err)
             return False
         try:
             self.sync_endpoints()
@@ -455,8 +568,9 @@ class AgentLoop:
 
     def ring_nodes(self) -> frozenset[str]:
         """The nodes the locality ring is made of: those running an agent of this agent's
-        workload when its pod is known and cached (see ``agent_pod``), else every Node."""
-        if self.agent_pod is not None and self.shard.replicas:
+        workload when its pod is known and cached (see ``agent_pod``), else every Node (so
+        always with ``--pod-scope node``, whose cache holds one node's pods)."""
+        if self.agent_pod is not None and self.shard.replicas and not self.cache.settings.pod_node:
             nodes = self.cache.workload_nodes(*self.agent_pod)
             if nodes:
                 return nodes

@@ -13,6 +13,7 @@ Usage:
     python -m bench.bench_cache                       # 150k pods, 5k nodes, 10k Services
     python -m bench.bench_cache --pods 15000 --nodes 500 --services 1000   # quick run
     python -m bench.bench_cache -o json
+    python -m bench.bench_cache --pod-scope node      # one agent's cache with --pod-scope node
 
 Targets: RSS <= 300 MiB with 150,000 pods, 5,000 nodes, 10,000 Services.
 """
@@ -32,7 +33,7 @@ from typing import Any
 import kubernetes  # noqa: F401 - imported for an honest agent-sized RSS
 import prometheus_client  # noqa: F401
 
-from agent.k8s.cache import ClusterMetadata
+from agent.k8s.cache import ClusterMetadata, MetadataSettings
 from agent.records import PeerKind
 
 ZONES = ("us-east-1a", "us-east-1b", "us-east-1c")
@@ -168,15 +169,22 @@ def endpointslices(n_pods: int, n_nodes: int, n_services: int) -> Iterator[dict[
         }
 
 
-def run(n_pods: int, n_nodes: int, n_services: int, lookups: int) -> dict[str, Any]:
+#: the node whose agent the cache belongs to (local endpoints; ``--pod-scope node``)
+NODE = "ip-192-168-0-7.ec2.internal"
+
+
+def run(n_pods: int, n_nodes: int, n_services: int, lookups: int, pod_scope: str = "cluster") -> dict[str, Any]:
     gc.collect()
     base = rss_mib()
-    cache = ClusterMetadata()
+    node_scope = pod_scope == "node"
+    cache = ClusterMetadata(MetadataSettings(pod_node=NODE if node_scope else None))
     t0 = time.perf_counter()
     cache.replace("nodes", nodes(n_nodes))
     cache.replace("services", services(n_services))
     cache.replace("endpointslices", endpointslices(n_pods, n_nodes, n_services))
-    cache.replace("pods", pods(n_pods, n_nodes, n_services))
+    # node scope: the list the apiserver answers with fieldSelector=spec.nodeName=NODE
+    cache.replace("pods", (p for p in pods(n_pods, n_nodes, n_services)
+                           if not node_scope or p["spec"]["nodeName"] == NODE))
     load_s = time.perf_counter() - t0
     gc.collect()
     loaded = rss_mib()
@@ -220,11 +228,11 @@ def run(n_pods: int, n_nodes: int, n_services: int, lookups: int) -> dict[str, A
     hot_ep_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    local = cache.local_endpoints("ip-192-168-0-7.ec2.internal")
+    local = cache.local_endpoints(NODE)
     local_s = time.perf_counter() - t0
 
     return {
-        "pods": n_pods, "nodes": n_nodes, "services": n_services,
+        "pods": n_pods, "nodes": n_nodes, "services": n_services, "pod_scope": pod_scope,
         "endpoints": n_pods, "counts": cache.counts(),
         "rss_before_mib": round(base, 1), "rss_loaded_mib": round(loaded, 1),
         "rss_cache_mib": round(loaded - base, 1),
@@ -250,9 +258,11 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=5_000)
     p.add_argument("--services", type=int, default=10_000)
     p.add_argument("--lookups", type=int, default=200_000)
+    p.add_argument("--pod-scope", choices=("cluster", "node"), default="cluster",
+                   help="the agent's --pod-scope: every pod, or node 7's only (docs/metadata.md, Pod scope)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     args = p.parse_args()
-    res = run(args.pods, args.nodes, args.services, args.lookups)
+    res = run(args.pods, args.nodes, args.services, args.lookups, args.pod_scope)
     if args.output == "json":
         print(json.dumps(res, indent=2))
     else:

@@ -168,16 +168,25 @@ class ChurnRun:
     Args:
         workdir: snapshot, logs, lab state.
         interval: the agents' interval, seconds.
-        agent_args: more ``zonemeter agent`` flags.
+        agent_args: more ``zonemeter agent`` flags (``{node}`` names each agent's node).
         settle_seconds: pause for in-flight exchanges and for the agents to read the
             snapshot at each replacement (:meth:`DemoCluster.replace_pod`).
+        kubernetes: ``emulated`` (agents read the snapshot) or ``real`` (the lab's real
+            control plane and kube-proxies; the agents read kube-apiserver).
+        topology: the demo topology (default :data:`CHURN_TOPOLOGY`; it must keep its
+            ``web``, ``api-1``..``api-6`` and ``db-<node>`` pods).
+        node_args: node -> more flags for that node's agent only.
     """
 
     def __init__(self, workdir: Path, interval: float = 1.0, agent_args: tuple[str, ...] = (),
-                 settle_seconds: float = 0.5) -> None:
-        spec = parse_demo(CHURN_TOPOLOGY, "churn")
+                 settle_seconds: float = 0.5, kubernetes: str = "emulated",
+                 topology: str = CHURN_TOPOLOGY,
+                 node_args: dict[str, tuple[str, ...]] | None = None) -> None:
+        spec = parse_demo(topology, "churn")
         self.run = DemoRun(spec, DemoOptions(interval_seconds=interval, workdir=workdir,
-                                             state_dir=workdir / "state", agent_args=agent_args))
+                                             state_dir=workdir / "state", agent_args=agent_args,
+                                             kubernetes=kubernetes))
+        self.run.fleet.node_args = dict(node_args or {})
         self.settle_seconds = settle_seconds
         self.cluster = self.run.cluster
         self.lab = self.cluster.lab

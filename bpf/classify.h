@@ -13,6 +13,8 @@
  *       the zm_endpoints value (1) of k, or NULL when k is no local endpoint
  *   static __always_inline int zm_endpoint_port(__be16 port);
  *       1 when some local endpoint uses port, else 0
+ *   static __always_inline int zm_service_port(__be16 port);
+ *       1 when some Service in the cluster uses port (ZM_PORT_SERVICE), else 0
  *   static __always_inline void *zm_active_flows(void);
  *       the flow table the programs write to, or NULL when none is set
  *   static __always_inline int zm_server_port(__be16 port);
@@ -47,6 +49,19 @@ static __always_inline __be16 zm_remote_port(__be16 port)
 	return port;
 }
 
+/* Returns the remote port to keep in a non-Service key (EGRESS/INGRESS): port, or 0 when
+ * it lies in the ephemeral range and no Service in the cluster uses it. A Service port
+ * inside the range (gRPC's 50051, a UDP endpoint's) is kept, so the agent can tell a
+ * direct dial of such an endpoint, or a ClusterIP on such a port, as the client's copy of
+ * Service traffic (docs/datapath.md, "Late endpoints"). port: __be16. */
+static __always_inline __be16 zm_peer_port(__be16 port)
+{
+	__be16 kept = zm_remote_port(port);
+	if (!kept && port && zm_service_port(port))
+		return port;
+	return kept;
+}
+
 /* Returns 1 when (addr, port, proto) is in zm_endpoints, else 0 (the hash lookup only:
  * the caller checked the port array first). addr: 16 bytes, network order, IPv4 mapped;
  * port: __be16. */
@@ -73,10 +88,13 @@ static __always_inline int zm_endpoint_lookup_at(const __u8 *addr, __be16 port, 
  *   - the packet is a TCP SYN entering the pod (it dials the local port), or
  *   - some local pod answered a SYN from that port (a SYN-ACK left it: zm_server_ports,
  *     learned here, never cleared), or
+ *   - some Service in the cluster uses that port (ZM_PORT_SERVICE, written by the agent
+ *     from every Service and EndpointSlice it knows: how UDP and SCTP endpoints, which
+ *     have no handshake, are known whatever the client's port and the endpoint's), or
  *   - the remote port was ephemeral (remote_port 0) and the local one is not.
- * A client's ephemeral port is kept only when it happens to equal a learned server port:
- * at most one key more per such port, never one per connection. UDP servers are known by
- * the last rule only (docs/datapath.md, "Late endpoints").
+ * A client's ephemeral port is kept only when it happens to equal a learned server port
+ * or a Service port: at most one key more per such port, never one per connection
+ * (docs/datapath.md, "Late endpoints").
  * p: the parsed packet (has_ports set); into_local as zm_classify_and_count; remote_port
  * the key's port; local_port the local pod's port (__be16).
  */
@@ -92,7 +110,7 @@ static __always_inline __be16 zm_local_port(const struct zm_pkt *p, int into_loc
 		if (!into_local && hs == (ZM_TCP_SYN | ZM_TCP_ACK))
 			zm_server_port_learn(local_port);
 	}
-	if (zm_server_port(local_port))
+	if (zm_server_port(local_port) || zm_service_port(local_port))
 		return local_port;
 	if (!remote_port && (into_local ? p->sport : p->dport))
 		return zm_remote_port(local_port);
@@ -187,10 +205,10 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 	}
 	if (into_local) {
 		key.kind = ZM_KIND_INGRESS;
-		key.port = zm_remote_port(p.sport);
+		key.port = zm_peer_port(p.sport);
 	} else {
 		key.kind = ZM_KIND_EGRESS;
-		key.port = zm_remote_port(p.dport);
+		key.port = zm_peer_port(p.dport);
 	}
 	if (p.has_ports)
 		key.local_port = zm_local_port(&p, into_local, key.port, svc_port);

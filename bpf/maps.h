@@ -45,7 +45,8 @@ ZM_MAP("array_of_maps$zm_cache_a", int, int, zm_cache_active, 1);
 /* Local endpoints, written by the agent (value: 1). */
 ZM_MAP("hash", struct zm_endpoint_key, __u32, zm_endpoints, ZM_ENDPOINT_CAPACITY);
 
-/* Index: a port in host byte order; value 1 when some local endpoint uses that port, else
+/* Index: a port in host byte order; value: ZM_PORT_ENDPOINT when some local endpoint uses
+ * that port, | ZM_PORT_SERVICE when some Service in the cluster does (zonemeter.h), else
  * 0. Written by the agent with zm_endpoints. An array lookup is inlined by the verifier,
  * so the hash lookup in zm_endpoints is skipped for the side of a packet whose port no
  * endpoint uses (the client's ephemeral port): one hash lookup fewer per packet. */

@@ -27,7 +27,15 @@ static __always_inline int zm_endpoint_port(__be16 port)
 {
 	int idx = bpf_ntohs(port);
 	__u32 *used = zm_endpoint_ports.lookup(&idx);
-	return used && *used;
+	return used && (*used & ZM_PORT_ENDPOINT);
+}
+
+/* Returns 1 when some Service in the cluster uses port (__be16), else 0. */
+static __always_inline int zm_service_port(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *used = zm_endpoint_ports.lookup(&idx);
+	return used && (*used & ZM_PORT_SERVICE);
 }
 
 /* Returns 1 when a local pod answered a TCP SYN from port (__be16), else 0. */

@@ -67,6 +67,14 @@
  * both flow tables, so a table holds ZM_FLOW_CAPACITY flows plus these. */
 #define ZM_OVERFLOW_SLOTS 8
 
+/* Bits of a zm_endpoint_ports value (maps.h), written by the agent, per port (host order).
+ * ZM_PORT_SERVICE lets the programs keep a port that lies in the ephemeral range, or a
+ * local pod's port, in a non-Service key when it may be a server port the endpoint map
+ * does not hold yet (classify.h; docs/datapath.md, "Late endpoints"). */
+#define ZM_PORT_ENDPOINT 1 /* some local endpoint uses the port (any protocol) */
+#define ZM_PORT_SERVICE 2  /* some Service in the cluster uses the port: a Service port, a
+                            * numeric targetPort or an EndpointSlice port, any protocol */
+
 /* Values of zm_flow_key.kind (agent.records.FlowKind, in this order). */
 enum zm_kind {
 	ZM_KIND_REQUEST = 0,  /* into a local Service endpoint */

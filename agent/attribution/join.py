@@ -1133,8 +1133,9 @@ class Attributor:
                         path = (tsvc[0], tsvc[1], self.node, P_DIRECT) if ig else None
                         return (_SKIP, S_ENDPOINT_CLIENT_COPY, False, path)
         pk = peer.kind
-        podlike = ((pk is PeerKind.POD or pk is PeerKind.UNKNOWN) and not peer.host_network) or (
-            self._sockets_seen and pk is PeerKind.NODE)  # its node counts its egress
+        # its own node's agent counts its egress (a veth, or with the socket view every
+        # socket of the cluster: a host-network pod named by its port as much as its node)
+        podlike = not self._unseen(peer)
         crossing = _crossing(b.oz, b.orr, self.node, PeerKind.POD,
                              peer.zone, peer.region, peer.node, pk)
         reason: str | None = None

@@ -15,6 +15,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import logging
 import math
@@ -32,6 +33,8 @@ from agent.errors import InputError, RuntimeFailure
 from agent.exporter.shard import DEFAULT_REPLICAS
 from agent.hints import DEFAULT_VERSION, HintModel
 from agent.k8s import ClusterMetadata
+from agent.k8s.cache import POD_SCOPES
+from agent.k8s.cidrs import IPNetwork
 from agent.logs import setup_logging
 from agent.loop import DEFAULT_INTERVAL, AgentLoop, HeapFreezer
 
@@ -101,6 +104,17 @@ def register(subparsers: Any) -> None:
                    help="drain and export period (default %(default)g)")
     p.add_argument("--zone-cidrs", metavar="FILE",
                    help="CIDR -> zone[, region] file for addresses outside the cluster")
+    p.add_argument("--pod-scope", choices=POD_SCOPES, default="cluster",
+                   help="which Pods the agent watches: cluster (every Pod: remote pods by name) "
+                   "or node (this node's only, spec.nodeName=NODE; other nodes' pod addresses "
+                   "resolve through EndpointSlices and Nodes' podCIDRs, which every pod "
+                   "address must lie in). Node scope keeps the API server's watch traffic "
+                   "per agent independent of the cluster's pod count (default %(default)s; "
+                   "docs/metadata.md, Pod scope)")
+    p.add_argument("--pod-cidrs", metavar="CIDR,...",
+                   help="the cluster's pod address ranges beyond Nodes' spec.podCIDRs (a VPC "
+                   "CNI's subnets, a Calico IP pool): addresses inside them are pods, never "
+                   "external")
     p.add_argument("--exclude-interfaces", metavar="GLOB,...",
                    help="interfaces never attached (fnmatch), e.g. an uplink veth")
     p.add_argument("--interface-patterns", metavar="GLOB,...",
@@ -450,11 +464,14 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
     node = args.node_name
 
     source = open_metadata(snapshot=args.snapshot, kubeconfig=args.kubeconfig,
-                           zone_cidrs=args.zone_cidrs)
+                           zone_cidrs=args.zone_cidrs,
+                           pod_node=node if args.pod_scope == "node" else None,
+                           pod_cidrs=parse_pod_cidrs(args.pod_cidrs))
     try:
         if args.snapshot is not None and source.cache.node(node) is None:
             raise InputError(f"node {node!r} is not in the snapshot", source=args.snapshot,
                              field="--node-name")
+        require_pod_ranges(source.cache)  # a snapshot's Nodes are listed: before any attach
         version, version_source = model_version(args, source)
         hints = HintModel(source.cache, version, gates, kube_proxy_version=proxy_version,
                           version_source=version_source)
@@ -490,7 +507,18 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
                 # counted meanwhile would be classified as non-Service (and dropped as
                 # client copies on the other side); attach anyway after the timeout.
                 _wait_synced(source.cache, stop, args.sync_timeout_seconds)
+                if stop.event.is_set():
+                    # stopped before it attached, perhaps before its metadata was ever
+                    # listed (a restart during an API outage): a drain now would attribute
+                    # with an empty cache (every Service byte endpoint_without_service).
+                    # Nothing of this agent is attached; pinned programs keep counting for
+                    # the next agent, which drains with its metadata
+                    log.info("stopped before attaching: nothing drained", extra={"fields": {
+                        "signal": stop.signal, "pinned": pin_path is not None}})
+                    dp.release()
+                    return 0
                 warn_unknown_node(source.cache, node)
+                require_pod_ranges(source.cache)
                 loop.sync_endpoints()
                 dp.watch()
                 attached.set()
@@ -542,6 +570,7 @@ def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: Hi
     from agent.datapath.abi import LAYOUT_VERSION
     from agent.k8s import MetadataAdapter
     from agent.loop import build_snapshot, restore_attributor
+    from agent.records import CoverageState
 
     path = checkpoint_path_for(args)
     if path is None:
@@ -555,9 +584,13 @@ def _open_checkpoint(args: argparse.Namespace, cache: ClusterMetadata, hints: Hi
     restore_attributor(probe, checkpoint, restore)
     if restore is not None and sum(checkpoint.discarded.values()) > sum(restore.discarded.values()):
         restore = None  # its attribution state was malformed: discarded just now
+    coverage = None
+    if restore is not None and restore.coverage:  # the hook counters continue as well
+        counted, carried, unseen = restore.coverage
+        coverage = CoverageState(counted, carried, unseen)
     exporter.update(build_snapshot(probe.totals(), table=None, attached=0, synced=cache.synced(),
                                    duration=0.0, at=time.time(), interval=args.interval,
-                                   checkpoint_discarded=checkpoint.discarded))
+                                   checkpoint_discarded=checkpoint.discarded, coverage=coverage))
     log.info("checkpoint", extra={"fields": {
         "path": path, "restored": restore is not None,
         "seq": restore.seq if restore is not None else 0}})
@@ -615,6 +648,40 @@ def warn_unknown_node(cache: ClusterMetadata, node: str) -> bool:
                 "counts as local and this node's zone is unknown", node,
                 extra={"fields": {"node": node, "nodes": cache.counts()["nodes"]}})
     return True
+
+
+def parse_pod_cidrs(text: str | None) -> tuple[IPNetwork, ...]:
+    """``--pod-cidrs`` as networks (comma-separated, host bits must be zero).
+
+    Raises:
+        InputError: a value that is not a network (names it).
+    """
+    out: list[IPNetwork] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(ipaddress.ip_network(part))
+        except ValueError as err:
+            raise InputError(f"not a network: {err}", source="--pod-cidrs") from None
+    return tuple(out)
+
+
+def require_pod_ranges(cache: ClusterMetadata) -> None:
+    """``--pod-scope node`` needs pod ranges once the Nodes are listed: without any, another
+    node's pod would resolve as an external address and be counted in both directions here
+    while its own node counts its egress (docs/metadata.md, "Pod scope").
+
+    Raises:
+        InputError: node scope, Nodes listed, no Node declares podCIDRs and no --pod-cidrs.
+    """
+    if not cache.synced().get("nodes"):
+        return
+    for problem in cache.pod_scope_problems():
+        if problem.startswith("no pod range"):
+            raise InputError(f"{problem}; give --pod-cidrs or use --pod-scope cluster",
+                             source="--pod-scope node")
 
 
 def _wait_synced(cache: ClusterMetadata, stop: Stopper, timeout: float) -> None:

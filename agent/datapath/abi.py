@@ -40,6 +40,10 @@ LAYOUT_VERSION = 3
 EPOCH_SLOTS = 3
 #: ``ZM_CACHE_SLOTS``: slots per CPU of each per-CPU flow cache
 CACHE_SLOTS = 256
+#: bits of a ``zm_endpoint_ports`` value: ``ZM_PORT_ENDPOINT`` (a local endpoint uses the
+#: port), ``ZM_PORT_SERVICE`` (some Service in the cluster does)
+PORT_ENDPOINT = 1
+PORT_SERVICE = 2
 
 _V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
 

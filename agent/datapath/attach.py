@@ -38,7 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.datapath import cgroup, tcx
-from agent.datapath.abi import LAYOUT_VERSION, addr_from_bytes, endpoint_key
+from agent.datapath.abi import (
+    LAYOUT_VERSION,
+    PORT_ENDPOINT,
+    PORT_SERVICE,
+    addr_from_bytes,
+    endpoint_key,
+)
 from agent.datapath.config import (
     CGROUP_SOURCE,
     DEFAULT_TC_HANDLE,
@@ -360,6 +366,8 @@ class Datapath:
         self._if_counters: dict[int, tuple[str, int, int, int, int]] = {}
         self._if_gained: dict[int, InterfaceBytes] = {}
         self._endpoints: set[tuple[IPAddress, int, int]] = set()
+        #: ports marked ZM_PORT_SERVICE in zm_endpoint_ports (set_service_ports)
+        self._service_ports: frozenset[int] = frozenset()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._closed = False
@@ -433,9 +441,13 @@ class Datapath:
         self._entry_ports = b[b"zm_entry_ports"]
         if self.reused:
             # the previous agent's endpoints and entries keep classifying until
-            # set_local_endpoints / set_entry_points
+            # set_local_endpoints / set_entry_points, its Service ports until
+            # set_service_ports
             self._endpoints = self._kernel_endpoints(self._endpoint_map)
             self._entries = self._kernel_endpoints(self._entry_map)
+            self._service_ports = frozenset(
+                int(k) for k, v in self._endpoint_ports.items_lookup_batch()
+                if int(v) & PORT_SERVICE)
         elif self.config.pin_path:
             b[b"zm_layout"][ctypes.c_int(0)] = ctypes.c_uint32(LAYOUT_VERSION)
         if self.reused:
@@ -1034,8 +1046,10 @@ class Datapath:
                 ``endpoint_capacity`` endpoints (nothing is changed then).
         """
         with self._lock:
-            self._endpoints = self._replace_set(endpoints, self._endpoints, self._endpoint_map,
-                                                self._endpoint_ports, "local endpoints")
+            service = self._service_ports
+            self._endpoints = self._replace_set(
+                endpoints, self._endpoints, self._endpoint_map,
+                lambda port, on: self._write_port(port, on, port in service), "local endpoints")
 
     def set_entry_points(self, entries: Iterable[tuple[IPAddress | str, int, int]]) -> None:
         """Replace the kernel's entry set (``zm_entries``, bpf/uplink.h) with ``entries``:
@@ -1054,14 +1068,21 @@ class Datapath:
         """
         with self._lock:
             self._entries = self._replace_set(entries, self._entries, self._entry_map,
-                                              self._entry_ports, "entry points")
+                                              self._write_entry_port, "entry points")
+
+    def _write_entry_port(self, port: int, on: bool) -> None:
+        """Write the ``zm_entry_ports`` value of ``port`` (host order). Caller holds
+        ``_lock``."""
+        self._entry_ports[ctypes.c_int(port)] = ctypes.c_uint32(1 if on else 0)
 
     def _replace_set(self, items: Iterable[tuple[IPAddress | str, int, int]],
-                     current: set[tuple[IPAddress, int, int]], table: Any, ports: Any,
+                     current: set[tuple[IPAddress, int, int]], table: Any,
+                     write_port: Callable[[int, bool], None],
                      what: str) -> set[tuple[IPAddress, int, int]]:
-        """Write ``items`` into a kernel map keyed by ``struct zm_endpoint_key`` and its port
-        index (``zm_endpoints``/``zm_endpoint_ports`` or ``zm_entries``/``zm_entry_ports``),
-        by difference with ``current``; return the new set. Called under the lock.
+        """Write ``items`` into a kernel map keyed by ``struct zm_endpoint_key`` and, through
+        ``write_port(port, present)``, its port index (``zm_endpoints``/``zm_endpoint_ports``
+        or ``zm_entries``/``zm_entry_ports``), by difference with ``current``; return the
+        new set. Called under the lock.
 
         Raises:
             InputError: a malformed item, or more than ``endpoint_capacity`` of them.
@@ -1084,7 +1105,7 @@ class Datapath:
         # ports first when adding, keys first when removing: the port filter is never
         # narrower than the map
         for port in new_ports - old_ports:
-            ports[ctypes.c_int(port)] = one
+            write_port(port, True)
         for ep in current - wanted:
             try:
                 del table[endpoint_key(*ep)]
@@ -1093,8 +1114,41 @@ class Datapath:
         for ep in wanted - current:
             table[endpoint_key(*ep)] = one
         for port in old_ports - new_ports:
-            ports[ctypes.c_int(port)] = ctypes.c_uint32(0)
+            write_port(port, False)
         return wanted
+
+    def set_service_ports(self, ports: Iterable[int]) -> None:
+        """Replace the set of ports the kernel takes for possible server ports: every port
+        some Service in the cluster uses (``spec.ports[].port``, numeric ``targetPort``,
+        EndpointSlice ports), any protocol. A non-Service key keeps such a port on either
+        side, inside the ephemeral range too, so attribution can recognise traffic to an
+        endpoint the endpoint map lacks and a client's copy of traffic to an endpoint port
+        inside the range (bits ``ZM_PORT_SERVICE`` of ``zm_endpoint_ports``;
+        docs/datapath.md, "Late endpoints").
+
+        Args:
+            ports: port numbers, host order, 1..65535.
+
+        Raises:
+            InputError: a port is out of range (nothing is changed then).
+        """
+        wanted: set[int] = set()
+        for port in ports:
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise InputError(f"port {port!r} is not in 1..65535", source="service ports")
+            wanted.add(port)
+        with self._lock:
+            old = self._service_ports
+            eps = {port for _, port, _ in self._endpoints}
+            for port in wanted ^ old:
+                self._write_port(port, port in eps, port in wanted)
+            self._service_ports = frozenset(wanted)
+
+    def _write_port(self, port: int, endpoint: bool, service: bool) -> None:
+        """Write the ``zm_endpoint_ports`` value of ``port`` (host order). Caller holds
+        ``_lock``."""
+        value = (PORT_ENDPOINT if endpoint else 0) | (PORT_SERVICE if service else 0)
+        self._endpoint_ports[ctypes.c_int(port)] = ctypes.c_uint32(value)
 
     def _read_counters(self) -> dict[int, tuple[str, int, int, int, int]]:
         """The ``IFLA_STATS64`` counters, now, of the interfaces the coverage check compares

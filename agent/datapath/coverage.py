@@ -185,3 +185,10 @@ class HookCoverage:
     def state(self) -> CoverageState:
         """The latest :class:`CoverageState`."""
         return self._state
+
+    def restore(self, counted: int, carried: int, unseen: int) -> None:
+        """Continue the cumulative totals of a previous agent (its checkpoint), L3 bytes,
+        so ``zonemeter_hook_*_total`` never go back across a restart. The window (and so
+        the ratio) starts empty."""
+        s = self._state
+        self._state = CoverageState(counted, carried, unseen, s.ratio, s.starved)

@@ -127,6 +127,7 @@ def _main(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     dp = Datapath(config)
     try:
+        dp.set_service_ports({port for _, port, _ in eps})  # no cluster here: theirs
         dp.set_local_endpoints(eps)
         dp.watch()
         print(json.dumps({"attached": list(dp.attached()), "reused": dp.reused,

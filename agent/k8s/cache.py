@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -61,6 +62,7 @@ from agent.k8s.parse import (
     ServiceEntry,
     ServiceRecord,
     SliceEntry,
+    SliceRecord,
     entry_key,
     object_key,
     parse_node,
@@ -88,6 +90,10 @@ RESOURCES = ("pods", "nodes", "services", "endpointslices")
 
 ServiceKey = tuple[str, str]  # (namespace, name)
 
+#: ``--pod-scope`` values: every agent watches every Pod, or only its own node's
+#: (:attr:`MetadataSettings.pod_node`; docs/metadata.md, "Pod scope")
+POD_SCOPES = ("cluster", "node")
+
 
 @dataclass(frozen=True, slots=True)
 class DirtySet:
@@ -112,13 +118,20 @@ class MetadataSettings:
         max_deleted: bound on remembered deleted tenures (oldest dropped first when full).
         zone_cidrs: ranges outside the cluster mapped to zones (``--zone-cidrs``).
         extra_pod_cidrs: pod ranges not declared in ``node.spec.podCIDRs`` (e.g. a VPC CNI
-            subnet); unknown addresses inside them resolve to UNKNOWN, not EXTERNAL.
+            subnet, ``--pod-cidrs``); unknown addresses inside them resolve to UNKNOWN, not
+            EXTERNAL.
+        pod_node: ``--pod-scope node``: the cache keeps only the Pods of this node (the
+            watch asks for no others, a snapshot's others are dropped) and resolves other
+            nodes' pod addresses through EndpointSlices and Nodes' ``spec.podCIDRs``
+            (:meth:`ClusterMetadata.resolve`, docs/metadata.md "Pod scope"); None (default,
+            ``--pod-scope cluster``): every Pod.
     """
 
     grace_seconds: float = 60.0
     max_deleted: int = 65536
     zone_cidrs: tuple[ZoneCidr, ...] = ()
     extra_pod_cidrs: tuple[IPNetwork, ...] = field(default_factory=tuple)
+    pod_node: str | None = None
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -172,10 +185,21 @@ class ClusterMetadata:
         self._node_by_ip: dict[int, str] = {}
         #: first address of each node's podCIDRs -> node (the bridge gateway, see resolve)
         self._gateway_by_ip: dict[int, str] = {}
-        self._pod_cidr_refs: dict[IPNetwork, int] = {}
-        self._pod_cidrs: PrefixTable[bool] = PrefixTable()
+        # pod CIDR -> the nodes declaring it ("" for an extra pod CIDR); the table maps it
+        # to its node when exactly one node declares it, else to "" (a pod range, node unknown)
+        self._pod_cidr_nodes: dict[IPNetwork, list[str]] = {}
+        self._pod_cidrs: PrefixTable[str] = PrefixTable()
         for net in self.settings.extra_pod_cidrs:
-            self._pod_cidr_ref(net, +1)
+            self._pod_cidr_ref(net, +1, "")
+        self._pod_node = self.settings.pod_node
+        # --pod-scope node: EndpointSlice endpoint address key -> ((slice key, pod namespace,
+        # pod name, nodeName), ...) from the endpoints' targetRef and nodeName; an address
+        # no slice lists any more keeps its last entries for the grace
+        self._ep_pods: dict[int, tuple[tuple[tuple[str, str], str | None, str | None, str | None], ...]] = {}
+        self._gone_ep_pods: TTLCache[int, tuple[tuple[tuple[str, str], str | None, str | None, str | None], ...]] = (
+            TTLCache(maxsize=self.settings.max_deleted, ttl=self.settings.grace_seconds, timer=clock))
+        # slice key -> the (address key, pod namespace, pod name, nodeName) it lists
+        self._ep_pods_by_slice: dict[tuple[str, str], tuple[tuple[int, str | None, str | None, str | None], ...]] = {}
         self._zone_cidrs: PrefixTable[ZoneCidr] = PrefixTable(
             (z.network, z) for z in self.settings.zone_cidrs)
         self._services: dict[ServiceKey, ServiceRecord] = {}
@@ -194,6 +218,9 @@ class ClusterMetadata:
         self._synced: dict[str, bool] = {r: False for r in RESOURCES}
         self._bad: dict[str, int] = {r: 0 for r in RESOURCES}
         self._bad_once = LogOnce(log)
+        # service_ports(): (generations, ports in use), and port -> when it left the set
+        self._svc_ports: tuple[tuple[int, int], frozenset[int]] = ((-1, -1), frozenset())
+        self._svc_ports_gone: dict[int, float] = {}
         # (node, host_network) -> (generations, endpoints with that nodeName, endpoints without nodeName)
         self._local_cache: dict[tuple[str, bool], tuple[
             tuple[int, int, int], frozenset[tuple[IPAddress, int, int]],
@@ -214,7 +241,8 @@ class ClusterMetadata:
         with self._lock:
             try:
                 if event_type in ("ADDED", "MODIFIED"):
-                    self._upsert(resource, obj)
+                    if not self._upsert(resource, obj):
+                        return
                 elif event_type == "DELETED":
                     self._delete(resource, object_key(obj, resource))
                 else:
@@ -345,23 +373,38 @@ class ClusterMetadata:
         self._bad_once((resource, key), logging.WARNING, "skipping bad %s %s/%s: %s",
                        resource, key[0], key[1], err)
 
-    def _upsert(self, resource: str, obj: Mapping[str, Any]) -> None:
+    def _upsert(self, resource: str, obj: Mapping[str, Any]) -> bool:
+        """Add or replace one object; False when nothing the cache holds changed (a Node's
+        periodic status report: kubelet ``nodeStatusReportFrequency``, 5 min, renews only
+        heartbeat times, which are pruned), so no memo is dropped and no Service re-evaluated.
+        """
         if not isinstance(obj, Mapping):
             raise BadObject("not an object")
         if resource in ("services", "endpointslices"):
             self._ep_memo.clear()
         if resource == "pods":
-            self._pod_table.upsert(parse_pod(obj))
+            rec_p = parse_pod(obj)
+            if self._pod_node is not None and rec_p.node != self._pod_node:
+                # --pod-scope node: another node's pod (a snapshot holds every pod; a
+                # watch with spec.nodeName never sends one): not this cache's
+                if self._pod_table.get(rec_p.namespace, rec_p.name) is None:
+                    return False
+                self._pod_table.delete(rec_p.namespace, rec_p.name)
+                return True
+            self._pod_table.upsert(rec_p)
         elif resource == "nodes":
             rec = parse_node(obj)
             node_entry = parse_node_entry(prune_node(obj))
+            if self._nodes.get(rec.name) == rec and entry_key(node_entry) == entry_key(
+                    self._node_entries.get(rec.name)):
+                return False
             self._remove_node(rec.name)
             self._nodes[rec.name] = rec
             for ip in rec.addresses:
                 self._node_by_ip[tagged_address_key(ip)] = rec.name
             self._node_entries[rec.name] = node_entry
             for net in rec.pod_cidrs:
-                self._pod_cidr_ref(net, +1)
+                self._pod_cidr_ref(net, +1, rec.name)
                 if net.num_addresses > 2:
                     self._gateway_by_ip[tagged_address_key(net.network_address + 1)] = rec.name
             self._memo.clear()
@@ -380,6 +423,7 @@ class ClusterMetadata:
             self._upsert_slice(obj)
         else:
             raise ValueError(f"unknown resource {resource!r}")
+        return True
 
     def _delete(self, resource: str, key: tuple[str, str]) -> None:
         if resource in ("services", "endpointslices"):
@@ -411,21 +455,25 @@ class ClusterMetadata:
                 if self._node_by_ip.get(tagged_address_key(ip)) == name:
                     del self._node_by_ip[tagged_address_key(ip)]
             for net in old.pod_cidrs:
-                self._pod_cidr_ref(net, -1)
+                self._pod_cidr_ref(net, -1, name)
                 gw = tagged_address_key(net.network_address + 1)
                 if self._gateway_by_ip.get(gw) == name:
                     del self._gateway_by_ip[gw]
 
-    def _pod_cidr_ref(self, net: IPNetwork, delta: int) -> None:
-        """Count the nodes declaring ``net``; the table holds the nets counted above 0.
-        (Incremental: rebuilding the table on every Node event was O(nodes) per event.)"""
-        n = self._pod_cidr_refs.get(net, 0) + delta
-        if n > 0:
-            self._pod_cidr_refs[net] = n
-            if n == delta:
-                self._pod_cidrs.add(net, True)
+    def _pod_cidr_ref(self, net: IPNetwork, delta: int, node: str) -> None:
+        """Add (``delta`` +1) or remove (-1) ``node`` as a declarer of pod range ``net``
+        (``node`` "" for an extra pod CIDR); the table holds the nets some node declares,
+        mapped to that node when it is the only one, else to "". (Incremental: rebuilding
+        the table on every Node event was O(nodes) per event.)"""
+        names = self._pod_cidr_nodes.setdefault(net, [])
+        if delta > 0:
+            names.append(node)
+        elif node in names:
+            names.remove(node)
+        if names:
+            self._pod_cidrs.add(net, names[0] if len(names) == 1 else "")
         else:
-            self._pod_cidr_refs.pop(net, None)
+            del self._pod_cidr_nodes[net]
             self._pod_cidrs.remove(net)
 
     # services --------------------------------------------------------------
@@ -454,14 +502,53 @@ class ClusterMetadata:
         model_entry = parse_slice_entry(pruned)
         before = self._slice_endpoints(key)
         self._dirty.update(self._slice_index.upsert(key, svc_name, rec, model_entry))
+        if self._pod_node is not None:
+            self._index_ep_pods(key, _endpoint_pods(obj, rec))
         self._note_gone(before)
 
     def _remove_slice(self, key: tuple[str, str]) -> None:
         before = self._slice_endpoints(key)
+        if self._pod_node is not None:
+            self._index_ep_pods(key, None)
         skey = self._slice_index.remove(key)
         if skey is not None:
             self._dirty.add(skey)
         self._note_gone(before)
+
+    def _index_ep_pods(self, key: tuple[str, str],
+                       pods: tuple[tuple[int, str | None, str | None, str | None], ...] | None) -> None:
+        """``--pod-scope node``: slice ``key`` now lists ``pods`` (``(address key, pod
+        namespace, pod name, nodeName)`` each; None: the slice is gone). Its previous entries
+        leave the endpoint-pod index (an address left with none keeps them for the grace),
+        the new ones enter it, and the resolve memo of every address touched is dropped.
+        Nothing is done when they are the same (most slice updates change conditions only)."""
+        by_slice = self._ep_pods_by_slice
+        old = by_slice.get(key, ())
+        new = pods or ()
+        if old == new:
+            return
+        index, memo = self._ep_pods, self._memo
+        kept = {e[0] for e in new}
+        for k, *_ in old:
+            entries = index.get(k)
+            if not entries:
+                continue
+            memo.pop(k, None)
+            left = tuple(e for e in entries if e[0] != key)
+            if left:
+                index[k] = left
+            else:
+                del index[k]
+                if k not in kept:
+                    self._gone_ep_pods[k] = entries
+        for k, ns, name, node in new:
+            memo.pop(k, None)
+            self._gone_ep_pods.pop(k, None)
+            index[k] = (*index.get(k, ()), (key, ns, name, node))
+        if new:
+            by_slice[key] = new
+        else:
+            by_slice.pop(key, None)
 
     def _slice_endpoints(self, key: tuple[str, str]) -> dict[int, tuple[EpEntry, ...]]:
         """The endpoint-index entries of the keys slice ``key`` lists now (before a change)."""
@@ -506,32 +593,81 @@ class ClusterMetadata:
             hit = self._memo.get(k)
             if hit is not None:
                 return hit
-            pods = self._pod_table
-            past = pods.deleted.get(k)
-            owner = pods.owner_at(k, at, past)
-            if owner is not None:
-                peer = self._pod_peer(owner)
+            return self._resolve(ip, k, at, True)
+
+    def _resolve(self, ip: IPAddress, k: int, at: float | None, remote_ok: bool) -> Peer:
+        """:meth:`resolve` under the lock, past the memo; ``remote_ok`` False: the address
+        is this node's (its bytes crossed a local veth), so ``--pod-scope node``'s remote-pod
+        rules do not apply and nothing is memoized."""
+        pods = self._pod_table
+        past = pods.deleted.get(k)
+        owner = pods.owner_at(k, at, past)
+        remote = None
+        if owner is not None:
+            peer = self._pod_peer(owner)
+        else:
+            node_name = (self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
+                         or self._gateway_by_ip.get(k))
+            if node_name is not None:
+                peer = self._node_peer(node_name)
+            elif (remote_ok and self._pod_node is not None
+                  and (remote := self._remote_pod(ip, k)) is not None):
+                peer = remote
             else:
-                node_name = (self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
-                             or self._gateway_by_ip.get(k))
-                if node_name is not None:
-                    peer = self._node_peer(node_name)
+                zc = self._zone_cidrs.lookup(ip)
+                if zc is not None:
+                    peer = (Peer(PeerKind.LOAD_BALANCER, zone=zc.zone, region=zc.region,
+                                 lb_type=zc.lb_type)
+                            if zc.kind == KIND_LOAD_BALANCER else
+                            Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region))
+                elif self._pod_cidrs.lookup(ip) is not None:
+                    peer = Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
                 else:
-                    zc = self._zone_cidrs.lookup(ip)
-                    if zc is not None:
-                        peer = (Peer(PeerKind.LOAD_BALANCER, zone=zc.zone, region=zc.region,
-                                     lb_type=zc.lb_type)
-                                if zc.kind == KIND_LOAD_BALANCER else
-                                Peer(PeerKind.CIDR, zone=zc.zone, region=zc.region))
-                    elif self._pod_cidrs.lookup(ip):
-                        peer = Peer(PeerKind.UNKNOWN, reason="no_pod_for_ip")
-                    else:
-                        peer = Peer(PeerKind.EXTERNAL)
-            if not past:  # the answer does not depend on ``at``: remember it
-                if len(self._memo) >= self._memo_max:
-                    _drop_older_half(self._memo)
-                self._memo[k] = peer
-            return peer
+                    peer = Peer(PeerKind.EXTERNAL)
+        if remote_ok and not past and (remote is None or k not in self._gone_ep_pods):
+            # the answer does not depend on ``at`` (nor on an endpoint's grace): remember it
+            if len(self._memo) >= self._memo_max:
+                _drop_older_half(self._memo)
+            self._memo[k] = peer
+        return peer
+
+    def _remote_pod(self, ip: IPAddress, k: int) -> Peer | None:
+        """``--pod-scope node``: the pod of another node an address belongs to, as far as
+        EndpointSlices and Nodes tell (docs/metadata.md, "Pod scope"), or None.
+
+        1. An endpoint address of an EndpointSlice (or one dropped within the grace): a POD
+           named by the endpoint's ``targetRef`` (when it is a Pod), on its ``nodeName``
+           (else on the node whose podCIDR holds the address).
+        2. Inside exactly one Node's ``spec.podCIDRs``: a POD on that node, nameless.
+        3. Inside a pod range no single node declares (``--pod-cidrs``) and inside a
+           ``--zone-cidrs`` range: a POD in that range's zone, node unknown.
+
+        An address of this node (by its endpoint's ``nodeName`` or this node's podCIDR) is
+        never a remote pod: the watch reports every pod here, and one it has not reported
+        yet is unresolved (UNKNOWN ``no_pod_for_ip``, held), as in the cluster scope.
+
+        The zone and region are the node's (as for a watched pod), so every series that
+        names no pod is what ``--pod-scope cluster`` exports for a live pod. Without a
+        node of its own, a peer with neither is None here (and the address resolves on
+        as in the cluster scope: UNKNOWN ``no_pod_for_ip`` inside a pod range).
+        """
+        hit = self._ep_pods.get(k) or self._gone_ep_pods.get(k)
+        owner = self._pod_cidrs.lookup(ip)
+        here = self._pod_node
+        if hit:
+            _key, ns, name, node = next((e for e in hit if e[3]), hit[0])
+            node = node or owner or None
+            if node is not None:
+                # this node's pods are watched: one the watch has not reported (yet) is
+                # an unresolved address here, held as in the cluster scope
+                return None if node == here else self._remote_peer(node, ns if name else None, name)
+        if owner:
+            return None if owner == here else self._remote_peer(owner, None, None)
+        if owner is not None:  # a pod range of no single node
+            zc = self._zone_cidrs.lookup(ip)
+            if zc is not None:
+                return Peer(PeerKind.POD, zone=zc.zone, region=zc.region)
+        return None
 
     def resolve_host_port(self, ip: IPAddress, port: int, protocol: int) -> Peer | None:
         """The pod serving ``ip:port/protocol``, when ``ip`` is a node's address (or a
@@ -604,7 +740,9 @@ class ClusterMetadata:
             pod, settled = self._pod_table.veth_owner(k, ifindex, at, final)
             if pod is not None:
                 return self._pod_peer(pod), settled
-        return self.resolve(ip, at), True
+            if self._pod_node is None:
+                return self.resolve(ip, at), True
+            return self._resolve(ip, k, at, False), True
 
     def _pod_peer(self, pod: PodRecord) -> Peer:
         zone = region = None
@@ -623,6 +761,16 @@ class ClusterMetadata:
                     namespace=pod.namespace, name=pod.name, workload=pod.workload,
                     workload_kind=pod.workload_kind, host_network=pod.host_network,
                     reason=reason)
+
+    def _remote_peer(self, node: str, namespace: str | None, name: str | None) -> Peer:
+        """A pod of another node known by its address only (``--pod-scope node``): its
+        node's zone and region, as :meth:`_pod_peer` gives a watched pod; no workload."""
+        rec = self._nodes.get(node)
+        zone = rec.zone if rec is not None else None
+        reason = None if zone is not None else (
+            "node_not_in_cache" if rec is None else "node_without_zone")
+        return Peer(PeerKind.POD, zone=zone, region=rec.region if rec is not None else None,
+                    node=node, namespace=namespace, name=name, reason=reason)
 
     def _node_peer(self, name: str) -> Peer:
         node = self._nodes.get(name)
@@ -664,8 +812,12 @@ class ClusterMetadata:
         DaemonSet, for an agent): pods of that namespace with the same workload and kind,
         not terminal, scheduled and holding an address (``status.podIPs``: their sandbox
         runs; a pod that never started, on a node that cannot run it, has none). None when
-        the pod is not cached. Memoized per pod generation; scans one namespace.
+        the pod is not cached, and with ``--pod-scope node`` (this cache holds one node's
+        pods: the workload's other nodes are unknown). Memoized per pod generation; scans
+        one namespace.
         """
+        if self._pod_node is not None:
+            return None
         with self._lock:
             gen = self._generation["pods"]
             hit = self._workload_nodes.get((namespace, pod))
@@ -827,6 +979,48 @@ class ClusterMetadata:
         with self._lock:
             return tagged_address_key(ip) in self._cluster_ips
 
+    def service_ports(self) -> frozenset[int]:
+        """Return every port some Service in the cluster uses, any protocol: each
+        ``spec.ports[].port`` and numeric ``targetPort`` of every Service, and each port
+        of every EndpointSlice (a named ``targetPort`` resolved per endpoint). A port that
+        left the set stays in it for ``grace_seconds`` after the first call that saw it
+        gone (as a removed endpoint keeps its Service: the last exchanges of a deleted
+        Service still carry its port).
+
+        For the datapath's ``ZM_PORT_SERVICE`` bits (``Datapath.set_service_ports``):
+        where a non-Service key keeps a port that may be a server's (docs/datapath.md,
+        "Late endpoints"). Memoized per Service and EndpointSlice generation.
+
+        Returns:
+            Port numbers, host order.
+        """
+        with self._lock:
+            gen = (self._generation["services"], self._generation["endpointslices"])
+            now = self._clock()
+            old_gen, old = self._svc_ports
+            if old_gen != gen:
+                ports: set[int] = set()
+                for rec in self._services.values():
+                    for sp in rec.ports:
+                        ports.add(sp.port)
+                        if sp.target_port:
+                            ports.add(sp.target_port)
+                for sl in self._slice_index.slices.values():
+                    for port, _proto, _name in sl.ports:
+                        ports.add(port)
+                ports.discard(0)
+                current = frozenset(ports)
+                for port in old - current:
+                    self._svc_ports_gone[port] = now
+                for port in current:
+                    self._svc_ports_gone.pop(port, None)
+                self._svc_ports = (gen, current)
+            grace = self.settings.grace_seconds
+            for port in [p for p, t in self._svc_ports_gone.items() if now - t > grace]:
+                del self._svc_ports_gone[port]
+            current = self._svc_ports[1]
+            return current.union(self._svc_ports_gone) if self._svc_ports_gone else current
+
     def local_endpoints(self, node_name: str, host_network: bool = False
                         ) -> frozenset[tuple[IPAddress, int, int]]:
         """Return this node's Service endpoints for the datapath's endpoint map.
@@ -877,6 +1071,54 @@ class ClusterMetadata:
                      if (pod := self._pod_table.live_by_ip.get(k)) is not None and pod.node == node_name
                      and (host_network or not pod.host_network) for port, proto, _name in ports}
             return result | extra if extra else result
+
+    def pod_scope_problems(self) -> list[str]:
+        """``--pod-scope node``: why other nodes' pod addresses may resolve wrongly here
+        (docs/metadata.md, "Pod scope"); empty in the cluster scope or when none is seen.
+
+        Node scope tells a remote pod by its address: inside the Node ``spec.podCIDRs``
+        (or ``--pod-cidrs``) that holds it. This checks what one agent can see, its own
+        pods: none of them may lie outside every pod range (another node's pod there would
+        read as external, both directions counted here and its egress at its node) or inside
+        a range some other node declares (its pods would read as that node's: the CNI does
+        not allocate from podCIDRs, e.g. Calico IPAM).
+
+        A local pod serving a ``hostPort`` (not host-network) is reported too: another
+        node's agent in the node scope does not know it, reads ``node:hostPort`` as the
+        node, and counts the replies that come back through it as well as this node counts
+        the pod's egress (docs/metadata.md, "Pod scope").
+
+        Returns:
+            One line per problem, e.g. ``"pod shop/web-1 10.0.9.4: inside node n2's
+            podCIDRs, not this node's"`` or ``"pod jobs/cache-x serves hostPort 16379/6:
+            ..."``; ``"no pod range: ..."`` when no Node declares podCIDRs and no extra pod
+            range is set.
+        """
+        here = self._pod_node
+        if here is None:
+            return []
+        with self._lock:
+            if not self._pod_cidr_nodes:
+                return ["no pod range: no Node declares spec.podCIDRs and no --pod-cidrs is "
+                        "given, so other nodes' pods cannot be told from external addresses"]
+            out = []
+            for names in self._pod_table.by_name.values():
+                for rec in names.values():
+                    if rec.host_network or rec.terminal:
+                        continue
+                    for port, proto in rec.host_ports:
+                        out.append(f"pod {rec.namespace}/{rec.name} serves hostPort {port}/{proto}: "
+                                   "other nodes' agents count its replies twice in the node scope")
+                    for ip in rec.ips:
+                        owner = self._pod_cidrs.lookup(ip)
+                        if owner is None:
+                            out.append(f"pod {rec.namespace}/{rec.name} {ip}: outside every pod range: "
+                                       "other nodes' pods may read as external")
+                        elif owner and owner != here:
+                            out.append(f"pod {rec.namespace}/{rec.name} {ip}: inside node {owner}'s "
+                                       "podCIDRs, not this node's: other nodes' pods may resolve to "
+                                       "the wrong node and zone")
+            return out
 
     def model_inputs(self) -> tuple[list[NodeEntry], list[ServiceEntry], list[SliceEntry]]:
         """Return ``(nodes, services, endpointslices)`` as the hint model's parsed entries
@@ -940,3 +1182,27 @@ class ClusterMetadata:
             return {"pods": self._pod_table.count, "nodes": len(self._nodes),
                     "services": len(self._services), "endpointslices": len(self._slice_index.slices),
                     "deleted_ips": len(self._pod_table.deleted)}
+
+
+def _endpoint_pods(obj: Mapping[str, Any], rec: SliceRecord
+                   ) -> tuple[tuple[int, str | None, str | None, str | None], ...]:
+    """``(address key, pod namespace, pod name, nodeName)`` of every IP address of an
+    EndpointSlice's endpoints: the addresses and ``nodeName`` as ``rec`` (its
+    :func:`agent.k8s.parse.parse_slice_record`, endpoint for endpoint) parsed them, the pod from
+    the raw object's ``targetRef`` of kind Pod (None, None without one). Never raises."""
+    out: list[tuple[int, str | None, str | None, str | None]] = []
+    if not rec.endpoints:
+        return ()
+    raw = [ep for ep in obj.get("endpoints") or () if isinstance(ep, dict)]
+    default_ns = object_key(obj)[0]
+    for ep, (node, _usable, ips) in zip(raw, rec.endpoints, strict=False):
+        ref = ep.get("targetRef")
+        ns = name = None
+        if isinstance(ref, Mapping) and ref.get("kind", "Pod") == "Pod" and isinstance(ref.get("name"), str):
+            name = ref["name"]
+            rns = ref.get("namespace")
+            ns = sys.intern(rns) if isinstance(rns, str) and rns else default_ns
+        nn = node if isinstance(node, str) and node and node != NO_NODE_NAME else None
+        for ip in ips:
+            out.append((tagged_address_key(ip), ns, name, nn))
+    return tuple(out)

@@ -16,7 +16,7 @@ from typing import Any
 from agent.errors import InputError
 from agent.k8s import snapshot as snapshot_mod
 from agent.k8s.cache import ClusterMetadata, MetadataSettings
-from agent.k8s.cidrs import load_zone_cidrs
+from agent.k8s.cidrs import IPNetwork, load_zone_cidrs
 from agent.k8s.client import build_api_client
 from agent.k8s.watch import MetadataWatcher, WatchSettings
 
@@ -117,7 +117,8 @@ class MetadataSource:
 def open_metadata(*, snapshot: str | Path | None = None, kubeconfig: str | Path | None = None,
                   host: str | None = None, zone_cidrs: str | Path | None = None,
                   grace_seconds: float = 60.0, watch_settings: WatchSettings | None = None,
-                  start: bool = True) -> MetadataSource:
+                  start: bool = True, pod_node: str | None = None,
+                  pod_cidrs: tuple[IPNetwork, ...] = ()) -> MetadataSource:
     """Build the metadata cache from a snapshot file or a live cluster.
 
     Args:
@@ -129,20 +130,27 @@ def open_metadata(*, snapshot: str | Path | None = None, kubeconfig: str | Path 
         grace_seconds: how long deleted pods stay resolvable.
         watch_settings: see :class:`agent.k8s.watch.WatchSettings`.
         start: start the watch threads (live cluster only).
+        pod_node: ``--pod-scope node``: keep only this node's Pods (the watch asks for
+            ``spec.nodeName=NODE``; a snapshot's other pods are dropped) and resolve other
+            nodes' pod addresses through EndpointSlices and podCIDRs
+            (:attr:`agent.k8s.cache.MetadataSettings.pod_node`); None: every Pod.
+        pod_cidrs: the cluster's pod ranges beyond Nodes' ``spec.podCIDRs``
+            (``--pod-cidrs``; :attr:`agent.k8s.cache.MetadataSettings.extra_pod_cidrs`).
 
     Raises:
         InputError: an unreadable or malformed snapshot, kubeconfig or CIDR file.
         RuntimeFailure: no kubeconfig, no host and not running in a cluster.
     """
     cidrs = load_zone_cidrs(zone_cidrs) if zone_cidrs is not None else ()
-    cache = ClusterMetadata(MetadataSettings(grace_seconds=grace_seconds, zone_cidrs=cidrs))
+    cache = ClusterMetadata(MetadataSettings(grace_seconds=grace_seconds, zone_cidrs=cidrs,
+                                             extra_pod_cidrs=pod_cidrs, pod_node=pod_node))
     if snapshot is not None:
         stamp = file_stamp(snapshot)  # before reading: a rewrite meanwhile is seen later
         cache.load_snapshot(snapshot_mod.load(snapshot))
         return MetadataSource(cache, None, f"snapshot:{snapshot}", Path(snapshot), stamp)
     api = build_api_client(kubeconfig, host=host)
     origin = f"host:{host}" if host else f"kubeconfig:{kubeconfig}" if kubeconfig else "in-cluster"
-    watcher = MetadataWatcher(api, cache, watch_settings)
+    watcher = MetadataWatcher(api, cache, watch_settings, pod_node=pod_node)
     if start:
         watcher.start()
     return MetadataSource(cache, watcher, origin, api=api)

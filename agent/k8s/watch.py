@@ -11,7 +11,11 @@ reflector (``k8s.io/client-go/tools/cache/reflector.go`` ``ListAndWatch``):
 3. when the watch ends normally (server timeout, quiet connection) watch again from the
    last resourceVersion: never re-list on a timer;
 4. on 410 Gone (HTTP status or an ERROR event with code 410) list again;
-5. on any other error back off exponentially (bounded) and retry the watch from the last
+5. a request answered ``429 Too Many Requests`` (API Priority and Fairness) is sent again,
+   the same request (a list page keeps its ``continue`` token), after the answer's
+   ``Retry-After`` with jitter, up to :data:`THROTTLE_RETRIES` times, as client-go's rest
+   client does (``k8s.io/client-go/rest/request.go``: ``maxRetries`` 10, ``checkWait``);
+6. on any other error back off exponentially (bounded) and retry the watch from the last
    resourceVersion; after ``unsynced_after`` seconds of continuous failure the resource is
    marked unsynced (``zonemeter_metadata_synced`` 0, ``/readyz`` 503) and, once the API
    answers again, listed again (its watch history may be gone).
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +43,30 @@ from kubernetes.watch.watch import iter_resp_lines
 from agent.k8s.cache import RESOURCES, ClusterMetadata
 
 log = logging.getLogger(__name__)
+
+#: how often one request answered 429 (API Priority and Fairness) is sent again before the
+#: answer counts as an error (client-go's rest client: ``maxRetries`` 10)
+THROTTLE_RETRIES = 10
+#: bound on one wait for a 429's ``Retry-After`` (seconds)
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+def retry_after(err: ApiException) -> float | None:
+    """Seconds to wait before sending a request the API server throttled again, or None when
+    ``err`` is no throttling (status 429).
+
+    The server's ``Retry-After`` header (seconds; API Priority and Fairness sends it with
+    each 429), at least 1 and at most :data:`MAX_RETRY_AFTER_SECONDS`; 1 when absent or not
+    a number.
+    """
+    if err.status != 429:
+        return None
+    headers = getattr(err, "headers", None) or {}
+    try:
+        wait = float(headers.get("Retry-After", 1))
+    except (TypeError, ValueError):
+        wait = 1.0
+    return min(max(wait, 1.0), MAX_RETRY_AFTER_SECONDS)
 
 
 @dataclass
@@ -73,7 +102,8 @@ class WatchStats:
     Attributes:
         lists: successful lists; relists: lists after the first; watches: watch
         requests opened; events: events applied; errors: failed requests;
-        unknown_events: events of unknown type skipped.
+        unknown_events: events of unknown type skipped; throttled: requests answered 429
+        and sent again after their ``Retry-After``.
     """
 
     lists: int = 0
@@ -82,6 +112,7 @@ class WatchStats:
     events: int = 0
     errors: int = 0
     unknown_events: int = 0
+    throttled: int = 0
     last_error: str = ""
     unknown_types: set[str] = field(default_factory=set)
 
@@ -118,8 +149,12 @@ class ResourceWatcher:
     """
 
     def __init__(self, list_fn: Callable[..., Any], resource: str, cache: ClusterMetadata,
-                 settings: WatchSettings, stop_event: threading.Event) -> None:
+                 settings: WatchSettings, stop_event: threading.Event,
+                 field_selector: str | None = None) -> None:
         self.list_fn = list_fn
+        #: ``fieldSelector`` of every list and watch request (``spec.nodeName=NODE`` for
+        #: pods with ``--pod-scope node``), or None
+        self.field_selector = field_selector
         self.resource = resource
         self.cache = cache
         self.settings = settings
@@ -139,6 +174,28 @@ class ResourceWatcher:
         self._backoff = self.settings.backoff_initial_seconds
 
     # ---------------------------------------------------------------- requests
+
+    def _request(self, kwargs: dict[str, Any]) -> Any:
+        """``list_fn(**kwargs)``, sent again after a 429's ``Retry-After`` (times 1 to 1.5,
+        so agents throttled together come back apart) up to :data:`THROTTLE_RETRIES` times.
+
+        Raises:
+            _Gone: 410. _Stopped: the stop event was set while waiting.
+            ApiException, urllib3 errors: any other failure, or the last 429.
+        """
+        for attempt in range(THROTTLE_RETRIES + 1):
+            try:
+                return self.list_fn(**kwargs)
+            except ApiException as err:
+                if err.status == 410:
+                    raise _Gone() from None
+                wait = retry_after(err)
+                if wait is None or attempt == THROTTLE_RETRIES:
+                    raise
+                self.stats.throttled += 1
+                if self.stop_event.wait(wait * (1.0 + 0.5 * random.random())):
+                    raise _Stopped() from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _timeout(self, read: float) -> tuple[float, float]:
         return (self.settings.connect_timeout_seconds, read)
@@ -160,14 +217,11 @@ class ResourceWatcher:
                                   "_request_timeout": self._timeout(60.0 + self.settings.read_margin_seconds)}
         if self.settings.list_limit:
             kwargs["limit"] = self.settings.list_limit
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
         if token:
             kwargs["_continue"] = token
-        try:
-            resp = self.list_fn(**kwargs)
-        except ApiException as err:
-            if err.status == 410:
-                raise _Gone() from None
-            raise
+        resp = self._request(kwargs)
         with self._resp_lock:
             self._resp = resp
         try:
@@ -226,12 +280,9 @@ class ResourceWatcher:
         }
         if rv:
             kwargs["resource_version"] = rv
-        try:
-            resp = self.list_fn(**kwargs)
-        except ApiException as err:
-            if err.status == 410:
-                raise _Gone() from None
-            raise
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
+        resp = self._request(kwargs)
         self.stats.watches += 1
         # not yet "answered": an API server that accepts every watch and then streams only
         # an ERROR event (etcd down, "too large resource version" after an etcd restore)
@@ -378,16 +429,22 @@ class MetadataWatcher:
         cache: the cache to fill.
         settings: see :class:`WatchSettings`.
         resources: which resources to watch (default all four).
+        pod_node: list and watch only the Pods of this node (``fieldSelector=
+            spec.nodeName=NODE``, a field the API server indexes for pods:
+            pkg/registry/core/pod ``NodeNameTriggerFunc``), for ``--pod-scope node``
+            (docs/metadata.md, "Pod scope"); None: every Pod.
     """
 
     def __init__(self, api_client: client.ApiClient, cache: ClusterMetadata,
                  settings: WatchSettings | None = None,
-                 resources: tuple[str, ...] = RESOURCES) -> None:
+                 resources: tuple[str, ...] = RESOURCES, pod_node: str | None = None) -> None:
         self.cache = cache
         self.settings = settings or WatchSettings()
         self.stop_event = threading.Event()
         fns = _list_functions(api_client)
-        self.watchers = {r: ResourceWatcher(fns[r], r, cache, self.settings, self.stop_event)
+        selectors = {"pods": f"spec.nodeName={pod_node}"} if pod_node else {}
+        self.watchers = {r: ResourceWatcher(fns[r], r, cache, self.settings, self.stop_event,
+                                            selectors.get(r))
                          for r in resources}
         self._threads: list[threading.Thread] = []
 

@@ -528,6 +528,95 @@ def test_late_endpoint_keys_keep_the_server_port_whatever_the_client_port(lab: L
     assert server == client > 8 * (2000 + 4000)
 
 
+def _udp_exchange(lab: Lab, client: str, server: str, port: int, client_port: int,
+                  request: int, response: int, family: int) -> None:
+    """One UDP exchange client -> server:port from client_port (0: an ephemeral one):
+    request bytes in datagrams of at most 1000, answered with response bytes alike."""
+    import socket
+    import threading
+
+    from agent.datapath import run_in_netns
+
+    fam = socket.AF_INET if family == 4 else socket.AF_INET6
+    sip, cip = pod_ip(lab, server, family), pod_ip(lab, client, family)
+    ready = threading.Event()
+    got: list[int] = []
+
+    def serve() -> None:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.bind((sip, port))
+            s.settimeout(5)
+            ready.set()
+            n = 0
+            while n < request:
+                data, peer = s.recvfrom(65536)
+                n += len(data)
+            left = response
+            while left > 0:
+                s.sendto(b"r" * min(1000, left), peer)
+                left -= min(1000, left)
+
+    def dial() -> None:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((cip, client_port))
+            s.settimeout(5)
+            left = request
+            while left > 0:
+                s.sendto(b"q" * min(1000, left), (sip, port))
+                left -= min(1000, left)
+            while sum(got) < response:
+                got.append(len(s.recv(65536)))
+
+    th = threading.Thread(target=run_in_netns, args=(lab.pod_netns(server), serve))
+    th.start()
+    assert ready.wait(5)
+    run_in_netns(lab.pod_netns(client), dial)
+    th.join(5)
+    assert sum(got) == response
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_late_udp_endpoint_keys_keep_the_server_port_whatever_the_client_port(lab: Lab,
+                                                                             family: int) -> None:
+    """No endpoint in the kernel map (a late one) but its ports marked as Service ports
+    (``set_service_ports``, ZM_PORT_SERVICE): UDP has no handshake, yet the server's side
+    keeps its port next to the client's for a client port outside the ephemeral range,
+    for a server port inside it, and for both; the client's side keeps the server's port
+    inside the range instead of 0 (and not its own). One key per side and direction, not
+    one per client port (docs/datapath.md, "Late endpoints")."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, family)) for p in ("a1", "a2"))
+    with Datapath(_config(lab, "a", attach="auto")) as dp:
+        dp.attach()
+        dp.set_service_ports({9420, 40000})
+        dp.drain()
+        _udp_exchange(lab, "a1", "a2", 9420, 20000, 1500, 2500, family)  # fixed client port
+        for _ in range(6):  # a port inside the range, six ephemeral client ports
+            _udp_exchange(lab, "a1", "a2", 40000, 0, 800, 1600, family)
+        _udp_exchange(lab, "a1", "a2", 40000, 2000, 700, 900, family)    # both
+        deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
+        dp.set_service_ports(set())
+        _udp_exchange(lab, "a1", "a2", 40000, 2000, 700, 900, family)    # no Service port
+        unmarked = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
+    keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
+    assert keys == {
+        (True, FlowKind.INGRESS, 20000, 9420), (True, FlowKind.EGRESS, 20000, 9420),
+        (False, FlowKind.EGRESS, 9420, 0), (False, FlowKind.INGRESS, 9420, 0),
+        (True, FlowKind.INGRESS, 0, 40000), (True, FlowKind.EGRESS, 0, 40000),
+        (False, FlowKind.EGRESS, 40000, 0), (False, FlowKind.INGRESS, 40000, 0),
+        (True, FlowKind.INGRESS, 2000, 40000), (True, FlowKind.EGRESS, 2000, 40000),
+    }, keys
+    assert len(deltas) == len(keys)  # six client ports, one key per side and direction
+    hdr = 28 if family == 4 else 48
+    server = sum(d.bytes for d in deltas if d.local == a2 and d.local_port == 40000
+                 and d.port == 0)
+    assert server == 6 * (800 + 1600 + 3 * hdr)  # one datagram each way, two back
+    # without the marks the range decides: the server's port inside it is lost on both sides
+    assert {(d.local == a2, d.kind, d.port, d.local_port) for d in unmarked} == {
+        (True, FlowKind.INGRESS, 2000, 0), (True, FlowKind.EGRESS, 2000, 0),
+        (False, FlowKind.EGRESS, 0, 2000), (False, FlowKind.INGRESS, 0, 2000)}
+
+
 def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Lab) -> None:
     """Two local endpoints of UDP 9500 gossiping from 9500 to 9500 (memberlist): the
     receiver's veth counts a REQUEST, the sender's an EGRESS with the remote port, which

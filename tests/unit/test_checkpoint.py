@@ -97,6 +97,61 @@ def test_counters_resume_from_the_checkpoint_without_a_reset(tmp_path: Path) -> 
     assert all(v == 2 * first[k] for k, v in _counters(exp2).items())
 
 
+def test_hook_coverage_counters_resume_too(tmp_path: Path) -> None:
+    """zonemeter_hook_*_total are in the checkpoint as well: a restarted agent's first
+    export has them where the previous one left them (they used to restart at 0)."""
+    from types import SimpleNamespace
+
+    path = tmp_path / "cp"
+    veth = {5: SimpleNamespace(rx_bytes=90_000, rx_packets=100, tx_bytes=190_000, tx_packets=200)}
+    loop, exp, _ = _loop(path, HandOverDatapath())
+    loop.datapath.pending = list(DELTAS)  # type: ignore[attr-defined]
+    loop.datapath.interfaces = veth  # type: ignore[attr-defined]
+    loop.tick()
+    hook = {k: v for k, v in _counters(exp).items()
+            if k.startswith(("zonemeter_hook_", "zonemeter_interface_"))}
+    assert len(hook) == 3 and all(v > 0 for v in hook.values()), hook
+    loop2, exp2, _ = _loop(path, HandOverDatapath())
+    loop2.tick()
+    assert {k: v for k, v in _counters(exp2).items() if k in hook} == hook
+
+
+def test_a_restart_before_the_first_list_leaves_the_kernel_counting(tmp_path: Path) -> None:
+    """A restarted agent whose metadata was never listed (API down) does not drain: with an
+    empty cache every Service byte would be endpoint_without_service. The kernel keeps the
+    bytes; the first tick after the list drains them; without a list the wait ends after
+    hold_unresolved_seconds."""
+    from tests.fixtures.fakes import Clock
+
+    c = two_zone_cluster()
+    for listed_after in (True, False):
+        cache = ClusterMetadata()  # nothing listed yet
+        dp = HandOverDatapath()
+        dp.pending = list(DELTAS)
+        mono = Clock()
+        cp = Checkpointer(str(tmp_path / f"cp-{listed_after}"), "nb", LAYOUT_VERSION)
+        loop = AgentLoop("nb", dp, cache, HintModel(cache), Exporter(version="t"), interval=10,
+                         hold_unresolved_seconds=60, checkpoint=cp, restore=cp.load(),
+                         monotonic=mono)
+        loop.tick()
+        mono.t += 30
+        loop.tick()
+        assert "drain" not in dp.events and dp.pending  # the kernel keeps them
+        if listed_after:
+            cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
+                                         endpointslices=c["endpointslices"], pods=c["pods"]))
+        else:
+            mono.t += 31  # waited hold_unresolved_seconds: attribute with what there is
+        loop.tick()
+        assert dp.events.count("drain") == 1 and not dp.pending
+        t = loop.attributor.totals()
+        if listed_after:
+            assert sum(t.service_bytes.values()) > 0
+            assert not t.unattributed_bytes.get("endpoint_without_service")
+        else:
+            assert t.unattributed_bytes.get("endpoint_without_service", 0) > 0
+
+
 def test_the_drained_table_is_emptied_only_after_the_checkpoint(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "cp"

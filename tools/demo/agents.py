@@ -287,7 +287,8 @@ class AgentFleet:
         interval: the agents' export interval (seconds).
         command: the agent program (default ``python -m agent``; the environment variable
             ``ZONEMETER_DEMO_AGENT``, split on spaces, overrides it).
-        extra_args: more ``zonemeter agent`` flags for every agent.
+        extra_args: more ``zonemeter agent`` flags for every agent; ``{node}`` in a flag
+            is replaced by the agent's node name (a pin directory or checkpoint file each).
         kubeconfig: the agents read the apiserver with it instead of a snapshot (a lab on real
             Kubernetes: :attr:`tools.lab.Lab.agent_kubeconfig`).
         hook: ``veth`` or ``cgroup``: where every agent counts (:func:`agent_argv`).
@@ -299,6 +300,8 @@ class AgentFleet:
         self.kubeconfig = kubeconfig
         self.hook = hook
         self.extra_args = tuple(extra_args)
+        #: node -> flags for that node's agent only, after ``extra_args``
+        self.node_args: dict[str, tuple[str, ...]] = {}
         env_cmd = os.environ.get("ZONEMETER_DEMO_AGENT", "").split()
         self.command = command or env_cmd or None
         self.lab = lab
@@ -325,38 +328,81 @@ class AgentFleet:
         self.logdir.mkdir(parents=True, exist_ok=True)
         try:
             for node in self.lab.topology.nodes:
-                address = f"127.0.0.1:{free_port()}"
-                log = self.logdir / f"agent-{node.name}.log"
-                with open(log, "wb") as fh:
-                    proc = subprocess.Popen(
-                        agent_argv(self.lab, node.name, self.snapshot, address, self.interval,
-                                   command=self.command, extra=self.extra_args, kubeconfig=self.kubeconfig,
-                                   hook=self.hook),
-                        stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
-                        env=_env(), start_new_session=True)
-                self.agents.append(AgentProcess(node.name, address, proc, log))
-            deadline = time.monotonic() + ready_timeout
-            pending = list(self.agents)
-            while pending:
-                for a in list(pending):
-                    if a.proc.poll() is not None:
-                        raise RuntimeFailure(f"agent of node {a.node} exited with "
-                                             f"{a.proc.returncode}: {self.log_tail(a)}")
-                    try:
-                        if _get(a.url + "/readyz", timeout=1.0)[0] == 200:
-                            pending.remove(a)
-                            if on_ready is not None:
-                                on_ready(a.node, len(self.agents) - len(pending),
-                                         len(self.agents))
-                    except OSError:
-                        pass
-                if pending and time.monotonic() > deadline:
-                    raise RuntimeFailure(f"agent of node {pending[0].node} not ready after "
-                                         f"{ready_timeout:.0f}s: {self.log_tail(pending[0])}")
-                time.sleep(0.3)
+                self.agents.append(self._spawn(node.name, f"127.0.0.1:{free_port()}"))
+            self._wait_ready(list(self.agents), ready_timeout, on_ready)
         except BaseException:
             self.stop()
             raise
+
+    def _spawn(self, node: str, address: str) -> AgentProcess:
+        """Start the agent of ``node`` serving on ``address``; its log is appended to."""
+        log = self.logdir / f"agent-{node}.log"
+        extra = tuple(a.replace("{node}", node) for a in self.extra_args) + self.node_args.get(node, ())
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen(
+                agent_argv(self.lab, node, self.snapshot, address, self.interval,
+                           command=self.command, extra=extra, kubeconfig=self.kubeconfig,
+                           hook=self.hook),
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=_ROOT,
+                env=_env(), start_new_session=True)
+        return AgentProcess(node, address, proc, log)
+
+    def restart(self, node: str, sig: int = signal.SIGKILL, down_seconds: float = 0.0,
+                ready_timeout: float = 180.0) -> None:
+        """Stop the agent of ``node`` with ``sig`` (SIGKILL: a crash; SIGTERM: a rolling
+        update), wait for it to exit, leave the node without an agent for ``down_seconds``,
+        then start a new one on the same metrics address and wait until it is ready (not
+        when ``ready_timeout`` is 0: :meth:`wait_ready` later). With
+        ``--pin-path`` and ``--checkpoint-path`` in ``extra_args`` the new agent resumes from
+        what the old one left (docs/datapath.md, "Exactly once across a crash").
+
+        Raises:
+            RuntimeFailure: the new agent exited or did not become ready.
+        """
+        i = next(i for i, a in enumerate(self.agents) if a.node == node)
+        old = self.agents[i]
+        if old.proc.poll() is None:
+            old.proc.send_signal(sig)
+        try:
+            old.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            old.proc.kill()
+            old.proc.wait()
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        self.agents[i] = self._spawn(node, old.address)
+        if ready_timeout > 0:
+            self._wait_ready([self.agents[i]], ready_timeout, None)
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        """Wait until every agent answers ``/readyz`` with 200 (after restarts).
+
+        Raises:
+            RuntimeFailure: an agent exited or is not ready within ``timeout`` seconds.
+        """
+        self._wait_ready(list(self.agents), timeout, None)
+
+    def _wait_ready(self, pending: list[AgentProcess], ready_timeout: float,
+                    on_ready: Callable[[str, int, int], None] | None) -> None:
+        """Wait until every agent of ``pending`` answers ``/readyz`` with 200."""
+        deadline = time.monotonic() + ready_timeout
+        while pending:
+            for a in list(pending):
+                if a.proc.poll() is not None:
+                    raise RuntimeFailure(f"agent of node {a.node} exited with "
+                                         f"{a.proc.returncode}: {self.log_tail(a)}")
+                try:
+                    if _get(a.url + "/readyz", timeout=1.0)[0] == 200:
+                        pending.remove(a)
+                        if on_ready is not None:
+                            on_ready(a.node, len(self.agents) - len(pending),
+                                     len(self.agents))
+                except OSError:
+                    pass
+            if pending and time.monotonic() > deadline:
+                raise RuntimeFailure(f"agent of node {pending[0].node} not ready after "
+                                     f"{ready_timeout:.0f}s: {self.log_tail(pending[0])}")
+            time.sleep(0.3)
 
     @staticmethod
     def log_tail(agent: AgentProcess, chars: int = 800) -> str:

@@ -117,6 +117,64 @@ class LabAddressing(LabNamespaces):
         finally:
             ns.close()
 
+    def flap_pod_link(self, pod: str, down_seconds: float = 1.0) -> None:
+        """Take pod ``pod``'s ``eth0`` down for ``down_seconds`` and up again (a link flap:
+        the host veth loses its carrier meanwhile), then restore what going down removed
+        (the IPv6 address, the gateway neighbours, the default routes; the host side's
+        routes and neighbours to the pod when they went too).
+
+        While it is down the pod's own packets fail at routing, before any counter of the
+        lab or of the agents, and packets to it are dropped on the host veth after the
+        node's hooks: so a flap keeps the ground truth comparable only for pods that are
+        clients (their responses are counted at the server, by both).
+
+        Raises:
+            InputError: no such pod, or a host-network pod (it has no veth).
+        """
+        import time
+
+        p = self.topology.pod(pod)
+        if p.host_network:
+            raise InputError(f"pod {pod} is host-network: it has no veth to flap",
+                             obj=f"pod {pod}", field="hostNetwork")
+        node_ns_name, host = self.host_veth(pod)
+        pns = open_ns(self.pod_netns(pod))
+        try:
+            e_idx = pns.link_lookup(ifname="eth0")[0]
+            pns.link("set", index=e_idx, state="down")
+            time.sleep(down_seconds)
+            pns.link("set", index=e_idx, state="up")
+            pod_mac = pns.get_links(e_idx)[0].get_attr("IFLA_ADDRESS")
+        finally:
+            pns.close()
+        nns = open_ns(node_ns_name)
+        try:
+            h_idx = nns.link_lookup(ifname=host)[0]
+            host_mac = nns.get_links(h_idx)[0].get_attr("IFLA_ADDRESS")
+            nns.route("replace", dst=f"{p.ip}/32", oif=h_idx, scope=253)
+            if p.ip6 is not None:
+                nns.route("replace", dst=f"{p.ip6}/128", oif=h_idx)
+            for addr in (p.ip, p.ip6):
+                if addr is not None:
+                    nns.neigh("replace", dst=str(addr), lladdr=pod_mac, ifindex=h_idx,
+                              state=_NUD_PERMANENT)
+        finally:
+            nns.close()
+        pns = open_ns(self.pod_netns(pod))
+        try:
+            if p.ip6 is not None and not pns.get_addr(index=e_idx, address=str(p.ip6)):
+                pns.addr("add", index=e_idx, address=str(p.ip6), prefixlen=128)
+            pns.neigh("replace", dst=str(GATEWAY4), lladdr=host_mac, ifindex=e_idx,
+                      state=_NUD_PERMANENT)
+            pns.route("replace", dst="0.0.0.0/0", gateway=str(GATEWAY4), oif=e_idx,
+                      flags=_RTNH_F_ONLINK)
+            if p.ip6 is not None:
+                pns.neigh("replace", dst=str(GATEWAY6), lladdr=host_mac, ifindex=e_idx,
+                          state=_NUD_PERMANENT)
+                pns.route("replace", dst="::/0", gateway=str(GATEWAY6), oif=e_idx)
+        finally:
+            pns.close()
+
     def _build_pod(self, pod: Pod) -> None:
         opt = self.topology.options
         node_ns_name, host = self.host_veth(pod.name)

@@ -346,6 +346,16 @@ def ip(text: str) -> IPAddress:
     return ipaddress.ip_address(text)
 
 
+def service_ports(o: dict[str, Any]) -> frozenset[int]:
+    """The ports the agent marks ``ZM_PORT_SERVICE`` (``ClusterMetadata.service_ports``):
+    every Service port and numeric targetPort, every EndpointSlice port, any protocol."""
+    out = {p["port"] for s in o["services"] for p in s["spec"].get("ports", [])}
+    out |= {p["targetPort"] for s in o["services"] for p in s["spec"].get("ports", [])
+            if isinstance(p.get("targetPort"), int)}
+    out |= {p["port"] for sl in o["slices"] for p in sl.get("ports") or []}
+    return frozenset(out)
+
+
 # --------------------------------------------------------------------------- datapath model
 
 
@@ -389,6 +399,18 @@ class Model:
     socket_nodes: frozenset[str] = frozenset()
     #: socket view: host sockets' egress keyed by the post-DNAT backend (unconnected UDP)
     egress_backend: bool = False
+    #: ports marked ZM_PORT_SERVICE on every node (None: :func:`service_ports` of ``objs``)
+    svc_ports: frozenset[int] | None = None
+
+    def _svc(self) -> frozenset[int]:
+        if self.svc_ports is None:
+            self.svc_ports = service_ports(self.objs)
+        return self.svc_ports
+
+    def _peer_port(self, port: int) -> int:
+        """The key's remote port (bpf/classify.h zm_peer_port): 0 when ephemeral and no
+        Service port."""
+        return port if port not in EPHEMERAL or port in self._svc() else 0
 
     def _pod(self, name_or_ip: str) -> tuple[str | None, IPAddress, bool]:
         """(node, address, has_veth) of a pod name, ``node:NAME`` or an address."""
@@ -431,7 +453,8 @@ class Model:
         backend = ip(c.backend) if c.backend else ip(c.dst)
         bport = c.bport if c.bport is not None else c.dport
         dst = ip(c.dst)
-        rport = c.dport if c.dport not in EPHEMERAL else 0
+        rport = self._peer_port(c.dport)
+        svc = self._svc()
         # the endpoint's view of the client: the receiving node's address when it
         # masqueraded a node-port call
         seen = caddr
@@ -450,13 +473,15 @@ class Model:
             local_eps = self._local_endpoints(cnode)
             # the client's own (addr, sport) is never an endpoint: sport is ephemeral
             assert (caddr, c.sport, c.proto) not in local_eps
-            # the kernel keeps the local port when the remote one is ephemeral and it is not
-            # (a client's ephemeral port is no server port of this node: never learned)
-            lport = c.sport if rport == 0 and c.dport and c.sport not in EPHEMERAL else 0
+            # the kernel keeps the local port when it is a Service port, or the remote one is
+            # ephemeral and it is not (a client's ephemeral port is no server port of this
+            # node: never learned)
+            lport = c.sport if c.sport in svc or (
+                rport == 0 and c.dport and c.sport not in EPHEMERAL) else 0
             # the socket view keys a host socket by its own addresses (what connect() gave
             # it: the ClusterIP), although its egress packets passed the node's DNAT; an
             # unconnected host socket's egress shows the backend (``egress_backend``)
-            edst, eport = ((backend, bport if bport not in EPHEMERAL else 0)
+            edst, eport = ((backend, self._peer_port(bport))
                            if self.egress_backend and not cveth else (dst, rport))
             for kind, n, r, rp in ((FlowKind.EGRESS, c.req, edst, eport),
                                    (FlowKind.INGRESS, c.resp, dst, rport)):
@@ -468,12 +493,13 @@ class Model:
                 for kind, n in ((FlowKind.REQUEST, c.req), (FlowKind.RESPONSE, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, seen, bport, c.proto, n, 1))
             else:
-                cport = c.sport if c.sport not in EPHEMERAL else 0
+                cport = self._peer_port(c.sport)
                 # the kernel keeps the server's port of a TCP connection (its SYN entered
-                # on it, its SYN-ACK left from it), of other protocols when the client's
-                # port is ephemeral and the server's is not (bpf/classify.h zm_local_port)
-                lport = bport if c.proto == 6 or (cport == 0 and c.sport
-                                                  and bport not in EPHEMERAL) else 0
+                # on it, its SYN-ACK left from it), a Service port, and of other protocols
+                # the server's port when the client's is ephemeral and the server's is not
+                # (bpf/classify.h zm_local_port)
+                lport = bport if c.proto == 6 or bport in svc or (
+                    cport == 0 and c.sport and bport not in EPHEMERAL) else 0
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, seen, cport, c.proto, n, 1,
                                                 local_port=lport))

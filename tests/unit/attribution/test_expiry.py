@@ -383,6 +383,9 @@ def test_agent_loop_passes_retention_and_clock_and_exports_the_counter() -> None
         def set_local_endpoints(self, eps: Any) -> None:
             pass
 
+        def set_service_ports(self, ports: Any) -> None:
+            pass
+
         def drain(self) -> list[FlowDelta]:
             out, self.pending = self.pending, []
             return out

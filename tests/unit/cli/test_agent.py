@@ -232,6 +232,38 @@ def test_sigterm_detaches_then_drains_and_exports_the_last_bytes(
         urllib.request.urlopen(url + "/healthz", timeout=1)
 
 
+def test_a_stop_before_attaching_drains_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM while the agent still waits for its metadata (a restart during an API
+    outage): it exits without attaching and without a drain, which would have attributed
+    with an empty cache (every Service byte endpoint_without_service); pinned programs keep
+    counting for the next agent."""
+    import agent.cli.agent as cli_agent
+    import agent.datapath
+
+    made: list[FakeDatapath] = []
+
+    def factory(config: Any) -> FakeDatapath:
+        made.append(FakeDatapath(config))
+        return made[-1]
+
+    def wait_and_stop(cache: Any, stop: Any, timeout: float) -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        assert stop.wait(5)
+
+    monkeypatch.setattr(agent.datapath, "Datapath", factory)
+    monkeypatch.setattr(cli_agent, "_wait_synced", wait_and_stop)
+    snap = write_snapshot(tmp_path / "cluster.json")
+    rc = cli.main(["agent", "--node-name", "nb", "--snapshot", str(snap), "--metrics-address",
+                   f"127.0.0.1:{_free_port()}", "--interval", "60", "--pin-path", "none",
+                   "--checkpoint-path", str(tmp_path / "cp")])
+    assert rc == 0
+    assert made[0].events == ["release", "close"]  # no watch (attach), no drain
+    msgs = [json.loads(x)["msg"] for x in capsys.readouterr().err.splitlines()]
+    assert "stopped before attaching: nothing drained" in msgs
+    assert not (tmp_path / "cp").exists()  # nothing new to checkpoint either
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -244,6 +276,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
                  "--interval", "--zone-cidrs", "--exclude-interfaces", "--interface-patterns",
                  "--kubernetes-version", "--kube-proxy-version", "--feature-gates", "--flow-capacity",
                  "--log-level", "--locality-replicas", "--pod-name", "--pod-namespace",
+                 "--pod-scope", "--pod-cidrs",
                  "--final-linger-seconds", "--uplink-interfaces", "--entry-hops", "0.0.0.0:11808"):
         assert flag in out
 
@@ -260,13 +293,22 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
     (["--node-name", "nb", "SNAP", "--kubernetes-version", "1.2"], "--kubernetes-version"),
     (["--node-name", "nb", "SNAP", "--kube-proxy-version", "1.99"], "--kube-proxy-version: expected auto"),
     (["--node-name", "nb", "SNAP", "--flow-capacity", "3"], "flow_capacity: must be within"),
+    (["--node-name", "nb", "SNAP", "--pod-cidrs", "10.0.0.0/8,10.0.0.1/8"],
+     "--pod-cidrs: not a network: 10.0.0.1/8 has host bits set"),
+    (["--node-name", "nb", "BARE", "--pod-scope", "node"],
+     "--pod-scope node: no pod range: no Node declares spec.podCIDRs and no --pod-cidrs is given"),
 ])
 def test_bad_input_is_one_line_and_exit_2(extra: list[str], message: str, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
     snap = str(write_snapshot(tmp_path / "c.json"))
-    argv = ["agent"] + [x for e in extra for x in (["--snapshot", snap] if e == "SNAP" else [e])]
+    bare = two_zone_cluster()  # Nodes without spec.podCIDRs, as a VPC CNI's
+    for n in bare["nodes"]:
+        n["spec"] = {}
+    bare_snap = str(write_snapshot(tmp_path / "bare.json", bare))
+    argv = ["agent"] + [x for e in extra for x in (["--snapshot", snap] if e == "SNAP" else
+                                                   ["--snapshot", bare_snap] if e == "BARE" else [e])]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err

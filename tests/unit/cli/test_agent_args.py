@@ -180,11 +180,13 @@ def test_endpoints_are_not_overwritten_before_the_slices_were_ever_listed() -> N
                      clock=lambda: 1000.0)
     assert loop.sync_endpoints() is False
     loop.tick()
-    assert dp.endpoints == []  # the kernel keeps what it has
+    assert dp.endpoints == [] and dp.service_ports == []  # the kernel keeps what it has
     cache.replace("endpointslices", c["endpointslices"])  # the list completes
     cache.set_synced("endpointslices", True)
     loop.tick()
     assert len(dp.endpoints) == 1 and len(dp.endpoints[0]) == 2  # web-b and db-b on nb
+    # with them, the cluster's Service ports (ZM_PORT_SERVICE), written once
+    assert dp.service_ports == [cache.service_ports()] and cache.service_ports()
     cache.set_synced("endpointslices", False)  # a later outage: the cache keeps its objects
     cache.replace("endpointslices", c["endpointslices"][1:])  # ... and what it last heard
     loop.tick()
@@ -210,3 +212,39 @@ def test_the_agent_finds_its_own_pod_from_the_downward_api(
     agent_cli.register(parser.add_subparsers())
     args = parser.parse_args(["agent", "--node-name", "n1"])
     assert agent_cli.agent_pod(args) == expect
+
+
+def test_new_service_ports_reach_the_datapath_within_a_second() -> None:
+    """A Service port the watch delivers between ticks is written by the polls between
+    ticks (at most once a second: a recount costs milliseconds at 10,000 Services), not
+    at the next interval: only then does the kernel keep it for a late UDP endpoint
+    (docs/datapath.md, "Late endpoints")."""
+    from agent.exporter import Exporter
+    from agent.hints import HintModel
+    from agent.k8s.cache import ClusterMetadata
+    from agent.loop import AgentLoop
+    from tests.fixtures import k8s
+    from tests.fixtures.fakes import Clock, FakeDatapath
+    from tests.fixtures.topologies import two_zone_cluster
+
+    c = two_zone_cluster()
+    cache = ClusterMetadata()
+    cache.replace("nodes", c["nodes"])
+    cache.replace("endpointslices", c["endpointslices"])
+    cache.set_synced("endpointslices", True)
+    dp = FakeDatapath()
+    mono = Clock()
+    loop = AgentLoop("nb", dp, cache, HintModel(cache), Exporter(version="t"), interval=10,
+                     clock=lambda: 1000.0, monotonic=mono)
+    loop.tick()
+    assert loop.poll_metadata(lambda before_apply: False) is False
+    assert len(dp.service_ports) == 1 and 40000 not in dp.service_ports[0]
+    cache.apply("services", "ADDED", k8s.service("media", "shop", ports=[
+        {"name": "rtp", "port": 40000, "targetPort": 40000, "protocol": "UDP"}], selector={}))
+    mono.t += 0.25
+    loop.poll_metadata(lambda before_apply: False)  # within the second: not recounted
+    assert len(dp.service_ports) == 1
+    mono.t += 0.75
+    assert loop.poll_metadata(lambda before_apply: False) is False  # no tick, no reload
+    assert len(dp.service_ports) == 2 and 40000 in dp.service_ports[-1]
+    assert dp.events.count("drain") == 1

@@ -146,5 +146,13 @@ def test_heap_freezer_freezes_after_each_interval_and_collects_all_when_due() ->
         loop.tick()
         assert ref() is None and heap.full_collections == 1
         assert gc.get_freeze_count() > 0
+        # garbage that is a cycle when the interval ends is collected, not frozen
+        c1, c2 = Node(), Node()
+        c1.other, c2.other = c2, c1  # type: ignore[attr-defined]
+        young = weakref.ref(c1)
+        del c1, c2
+        now[0] = 70.0
+        loop.tick()
+        assert heap.full_collections == 1 and young() is None
     finally:
         gc.unfreeze()

@@ -368,6 +368,33 @@ def test_local_endpoints_ready_or_serving_on_this_node() -> None:
     assert c.local_endpoints("n1") == frozenset()
 
 
+def test_service_ports_are_every_port_a_service_uses_kept_for_the_grace() -> None:
+    """Service ports, numeric targetPorts and slice ports (a named targetPort resolved per
+    endpoint), any protocol; a port that leaves stays for grace_seconds (the datapath's
+    ZM_PORT_SERVICE bits, docs/datapath.md "Late endpoints")."""
+    clock = Clock()
+    c = ClusterMetadata(MetadataSettings(grace_seconds=60), clock=clock)  # type: ignore[arg-type]
+    assert c.service_ports() == frozenset()
+    c.apply("services", "ADDED", k8s.service("web", "shop", ports=[
+        {"name": "http", "port": 80, "targetPort": "http-port", "protocol": "TCP"},
+        {"name": "rtp", "port": 40000, "targetPort": 40002, "protocol": "UDP"},
+    ], selector={}, noise=True))
+    assert c.service_ports() == {80, 40000, 40002}  # the named targetPort: not yet
+    c.apply("endpointslices", "ADDED", k8s.endpointslice("web-abc", "web", [
+        k8s.endpoint("10.0.1.5", "zone-a", "n1")], ports=[
+        {"name": "http", "port": 8080, "protocol": "TCP"},
+        {"name": "rtp", "port": 40002, "protocol": "UDP"}], noise=True))
+    assert c.service_ports() == {80, 8080, 40000, 40002}
+    c.apply("services", "DELETED", k8s.service("web", "shop", cluster_ip=None, ports=[], selector={}))
+    c.apply("endpointslices", "DELETED",
+            k8s.endpointslice("web-abc", "web", None, omit=("ports", "endpoints")))
+    assert c.service_ports() == {80, 8080, 40000, 40002}  # the last exchanges keep them
+    clock.t += 59
+    assert c.service_ports() == {80, 8080, 40000, 40002}
+    clock.t += 2
+    assert c.service_ports() == frozenset()
+
+
 # ---------------------------------------------------------------- raw objects, dirty, snapshot
 
 def test_model_inputs_are_parsed_records() -> None:
@@ -624,3 +651,22 @@ def test_live_workloads_answers_which_still_have_a_pod() -> None:
                     template_hash="7c9f", noise=True))
     assert c.live_workloads({("ns", "web", "Deployment"), ("ns", "api", "Deployment")}) == {
         ("ns", "web", "Deployment")}
+
+
+def test_a_node_status_report_that_changes_nothing_read_dirties_nothing() -> None:
+    """A kubelet's periodic status report (heartbeat times only, every 5 min per node) must not
+    re-evaluate every Service nor drop the resolve memo: at 5,000 nodes that is 17 reports a
+    second, so every agent tick would re-evaluate the whole cluster's hints."""
+    c = make()
+    c.take_dirty()
+    gen = c.generation("nodes")
+    beat = k8s.node("n2", "zone-b", internal=["192.168.0.2", "2001:db8::2"], pod_cidrs=["10.0.2.0/24"],
+                    region="region-1", noise=True)
+    beat["status"]["conditions"][1]["lastHeartbeatTime"] = "2026-12-07T13:00:00Z"
+    beat["metadata"]["resourceVersion"] = "2"
+    c.apply("nodes", "MODIFIED", beat)
+    assert c.take_dirty().all is False and c.generation("nodes") == gen
+    beat["metadata"]["labels"]["topology.kubernetes.io/zone"] = "zone-c"
+    c.apply("nodes", "MODIFIED", beat)
+    assert c.take_dirty().all is True and c.generation("nodes") == gen + 1
+    assert c.node_zone("n2") == "zone-c"

@@ -175,3 +175,23 @@ def test_a_host_port_call_to_a_service_endpoint_is_counted_once() -> None:
     # the hostPort's target: the pod's address of the node address's family, its containerPort
     assert MetadataAdapter(cache).host_port_target(ip("10.1.0.2"), 15432, 6) == (ip("10.244.2.30"), 5432)
     assert MetadataAdapter(cache).host_port_target(ip("10.1.0.2"), 5432, 6) is None
+
+
+def test_socket_view_counts_a_host_network_servers_reply_once() -> None:
+    """With the cgroup hook on every node the host-network server's own node sees its socket
+    and counts its reply as that socket's egress; the client's node must then skip the same
+    bytes as a pod peer's ingress, whether the server resolved to its pod (a declared port)
+    or to its node. It counted them once more when the port named the pod."""
+    cache = cache_with(hostnet("ingress-x", "nb", "10.1.0.2", [{"containerPort": 443}]))
+    na = Attributor("na", MetadataAdapter(cache), HintModel(cache), sockets_seen=True)
+    nb = Attributor("nb", MetadataAdapter(cache), HintModel(cache), sockets_seen=True)
+    # client-a on na dials nb:443; ingress-x's socket on nb answers (client's port ephemeral: 0)
+    na.attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 443, 6, 100, 1),
+                  FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 443, 6, 900, 1)], T0)
+    nb.attribute([FlowDelta(FlowKind.INGRESS, ip("10.1.0.2"), ip("10.244.1.10"), 0, 6, 100, 1, local_port=443),
+                  FlowDelta(FlowKind.EGRESS, ip("10.1.0.2"), ip("10.244.1.10"), 0, 6, 900, 1, local_port=443)],
+                 T0)
+    ta, tb = na.totals(), nb.totals()
+    assert sum(ta.workload_bytes.values()) + sum(tb.workload_bytes.values()) == 1000
+    assert dict(ta.skipped_bytes) == {"pod_peer_ingress": 900}
+    assert dict(tb.skipped_bytes) == {"pod_peer_ingress": 100}

@@ -399,3 +399,73 @@ async def test_quiet_watches_that_time_out_are_closed_not_pooled(kmock: Any) -> 
         assert watcher.watchers["pods"].stats.lists == 1
     finally:
         await asyncio.to_thread(watcher.stop, 5.0)
+
+
+async def test_pod_scope_node_lists_and_watches_only_its_nodes_pods(kmock: Any) -> None:
+    """``--pod-scope node``: pods are listed and watched with ``fieldSelector=
+    spec.nodeName=n1`` (the other kinds without), and the cache drops another node's pod
+    even when a server (kmock, which does not filter) sends it."""
+    seed(kmock)
+    cache = ClusterMetadata(MetadataSettings(pod_node="n1"), clock=Clock())
+    watcher = MetadataWatcher(build_api_client(host=str(kmock.url).rstrip("/")), cache, FAST, pod_node="n1")
+    watcher.start()
+    try:
+        await until(lambda: all(cache.synced().values()))
+        await until(lambda: len(list(kmock[kmock_lib.action.WATCH, PODS])) >= 1)
+        for action in (kmock_lib.action.LIST, kmock_lib.action.WATCH):
+            assert [r.params.get("fieldSelector") for r in kmock[action, PODS]][:1] == ["spec.nodeName=n1"]
+            for res in (NODES, SERVICES, SLICES):
+                assert all("fieldSelector" not in r.params for r in kmock[action, res])
+        assert cache.counts()["pods"] == 1   # web-1 on n1; "stale" on n2 dropped
+        # the other node's pod address resolves through n2's podCIDR: a pod there, nameless
+        peer = cache.resolve(ip("10.0.2.9"))
+        assert (peer.kind, peer.node, peer.zone, peer.name) == (PeerKind.POD, "n2", "zone-b", None)
+    finally:
+        await asyncio.to_thread(watcher.stop, 5.0)
+
+
+async def test_a_throttled_page_is_asked_again_after_retry_after_not_the_whole_list(rig: Rig) -> None:
+    """API Priority and Fairness answers 429 with Retry-After when the agents' priority level
+    is full (50 agents listing 20,000 pods at once: BENCHMARKS.md, API fan-out). The same page
+    is asked again after the wait, keeping its continue token: restarting the list at page 1
+    after every 429 (as any error did) kept every agent from ever finishing its list."""
+    km = rig.km
+    page1 = {"kind": "PodList", "apiVersion": "v1",
+             "metadata": {"resourceVersion": "77", "continue": "tok-1"},
+             "items": [k8s.pod("p1", "10.0.1.101", "n1", noise=True)]}
+    page2 = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "77"},
+             "items": [k8s.pod("p2", "10.0.1.102", "n1", noise=True)]}
+    throttled = {"left": 2}
+
+    def second(request: Any) -> Any:
+        if throttled["left"]:
+            throttled["left"] -= 1
+            return kmock_lib.Response(status=429, headers={"Retry-After": "1"},
+                                      payload={"kind": "Status", "code": 429, "reason": "TooManyRequests"})
+        return kmock_lib.Response(status=200, payload=page2)
+
+    km[kmock_lib.action.LIST, PODS][lambda request: "continue" not in request.params] << page1
+    km[kmock_lib.action.LIST, PODS][lambda request: request.params.get("continue") == "tok-1"] << second
+    await start(rig)
+    lists = rig.requests(kmock_lib.action.LIST, PODS)
+    assert [r.params.get("continue") for r in lists] == [None, "tok-1", "tok-1", "tok-1"]
+    assert rig.stats("pods").throttled == 2 and rig.stats("pods").errors == 0
+    assert rig.cache.resolve(ip("10.0.1.102")).name == "p2"
+
+
+def test_retry_after_reads_the_header_within_bounds() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from agent.k8s.watch import MAX_RETRY_AFTER_SECONDS, retry_after
+
+    def err(status: int, value: str | None) -> ApiException:
+        e = ApiException(status=status, reason="x")
+        e.headers = {"Retry-After": value} if value is not None else {}
+        return e
+
+    assert retry_after(err(429, "32")) == 32.0
+    assert retry_after(err(429, None)) == 1.0
+    assert retry_after(err(429, "soon")) == 1.0
+    assert retry_after(err(429, "0")) == 1.0
+    assert retry_after(err(429, "9999")) == MAX_RETRY_AFTER_SECONDS
+    assert retry_after(err(503, "5")) is None
