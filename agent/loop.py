@@ -209,6 +209,7 @@ class AgentLoop:
                                      series_retention=series_retention, clock=monotonic,
                                      sockets_seen=self.sockets_seen)
         self._endpoints: frozenset[tuple[IPAddress, int, int]] | None = None
+        self._entries: frozenset[tuple[IPAddress, int, int]] | None = None
         self._scope_gen = (-1, -1)  # pods and nodes generations of the last pod-scope check
         self._service_ports: frozenset[int] | None = None
         self._monotonic = monotonic
@@ -251,6 +252,7 @@ class AgentLoop:
             # overwriting it would count this node's Service bytes as workload bytes for
             # the whole outage.
             return False
+        self._sync_entries()
         self.sync_service_ports()
         # memoized per slice/node generation
         eps = self.cache.local_endpoints(self.node, host_network=self.sockets_seen)
@@ -264,6 +266,27 @@ class AgentLoop:
         self._endpoints = eps
         log.info("local endpoints updated", extra={"fields": {"endpoints": len(eps)}})
         return True
+
+    def _sync_entries(self) -> None:
+        """Write this node's entry points (the first hop of node ports, docs/datapath.md)
+        to a datapath that counts them (``set_entry_points``) when they changed; not before
+        Services and Nodes were listed once (the kernel keeps the previous agent's set)."""
+        put = getattr(self.datapath, "set_entry_points", None)
+        if put is None:
+            return
+        synced = self.cache.synced()
+        if self._entries is None and not (synced.get("services") and synced.get("nodes")):
+            return
+        entries = self.cache.entry_points(self.node)  # memoized per Service/Node generation
+        if entries == self._entries:
+            return
+        try:
+            put(entries)
+        except InputError as err:
+            self.log_once("entries", "cannot write entry points: %s", err)
+            return
+        self._entries = entries
+        log.info("entry points updated", extra={"fields": {"entries": len(entries)}})
 
     def check_pod_scope(self) -> list[str]:
         """``--pod-scope node``: log each problem of
@@ -451,8 +474,8 @@ class AgentLoop:
         try:
             if self.sockets_seen:
                 counted = off_node_bytes(deltas, self.node, self.cache.node_of)
-            else:
-                counted = sum(d.bytes for d in deltas)
+            else:  # the uplinks' first hops of node ports crossed no hooked veth
+                counted = sum(d.bytes for d in deltas if not d.is_entry)
             st = self.coverage.add(at, counted, self.datapath.interface_bytes(), tcp_packets(deltas))
         except Exception as err:  # noqa: BLE001 - coverage is health, never worth an interval
             self.log_once("coverage:" + type(err).__name__, "interface counters failed", exc=err)
@@ -588,9 +611,11 @@ def datapath_info(datapath: object) -> tuple[str, str, str]:
 
 
 def active_services(totals: AttributionTotals) -> set[ServiceRef]:
-    """The Services ``totals`` holds bytes of (service, hint-ignored and client-path series)."""
+    """The Services ``totals`` holds bytes of (service, entry, hint-ignored and client-path
+    series)."""
     out: set[ServiceRef] = set()
-    for series in (totals.service_bytes, totals.hint_ignored_bytes, totals.client_path_bytes):
+    for series in (totals.service_bytes, totals.service_entry_bytes, totals.hint_ignored_bytes,
+                   totals.client_path_bytes):
         out.update(ServiceRef(k.namespace, k.service) for k in series)
     return out
 

@@ -49,12 +49,16 @@ class FlowDelta:
         packets: packets as sent on the wire (GSO segments counted one by one).
         overflow: the flow table was full and these bytes went to the overflow entry of
             this kind and address family; addresses and port are then unspecified.
-        local_port: EGRESS/INGRESS only: the local pod's port (host byte order) when it
+        local_port: EGRESS/INGRESS: the local pod's port (host byte order) when it
             may be a server port (a TCP SYN entered the pod on it, a SYN-ACK of a local
             pod left from it, or the remote port was ephemeral and this one is not:
             bpf/classify.h ``zm_local_port``); else 0. Lets attribution recognise
             Service traffic to an endpoint the kernel's endpoint set did not hold yet
-            (:meth:`agent.attribution.Attributor.attribute`).
+            (:meth:`agent.attribution.Attributor.attribute`). REQUEST/RESPONSE: 0, except
+            for the first hop of a node port counted on an uplink (bpf/uplink.h), where it
+            repeats ``port`` (the entry port) and marks the delta as such an entry hop:
+            ``local`` is then a node address, LoadBalancer IP or externalIP of this node
+            (:attr:`is_entry`).
         ifindex: the host-side veth the bytes crossed (this node's interface index), 0
             when unknown (overflow entries, records not from the kernel). The local
             address is resolved to the pod of that veth, so a reused address's bytes go
@@ -72,6 +76,14 @@ class FlowDelta:
     overflow: bool = False
     local_port: int = 0
     ifindex: int = 0
+
+    @property
+    def is_entry(self) -> bool:
+        """True for the first hop of a node port counted on an uplink (``REQUEST`` into or
+        ``RESPONSE`` out of an entry address of this node: docs/datapath.md, "The first hop
+        of a node port")."""
+        return bool(self.local_port) and (self.kind is FlowKind.REQUEST
+                                          or self.kind is FlowKind.RESPONSE)
 
 
 class PeerKind(enum.Enum):
@@ -380,7 +392,8 @@ class AttributionTotals:
     :class:`agent.exporter.Exporter` (docs/metrics.md says where each byte goes). Every
     counter is cumulative since the Attributor was created and never decreases. Per node,
     ``bytes_seen == sum(service_bytes) + sum(workload_bytes) + sum(unattributed_bytes) +
-    sum(skipped_bytes) + held_bytes`` (plus the expired bytes, see ``expired_bytes``).
+    sum(skipped_bytes) + sum(service_entry_bytes) + held_bytes`` (plus the expired bytes,
+    see ``expired_bytes``).
     Mapping fields are read-only (copied into one on construction unless they already are).
 
     Attributes:
@@ -391,10 +404,17 @@ class AttributionTotals:
             copies of Service traffic, by path (a subset of ``skipped_bytes`` and
             ``service_bytes``: evidence, never billed again).
         workload_bytes: ``Mapping[WorkloadBytesKey, int]`` bytes of non-Service traffic.
+        service_entry_bytes: ``Mapping[ServiceBytesKey, int]``: the first hop of node ports
+            counted on this node's uplinks (a load balancer or another client off the node
+            to a node port, LoadBalancer IP or externalIP of a Service with
+            ``externalTrafficPolicy: Cluster``); ``server_zone`` is this node's. A hop of
+            its own beside ``service_bytes``, whose endpoint counts the next hop
+            (docs/attribution.md, "Two hops of NodePort and LoadBalancer traffic").
         unattributed_bytes: ``Mapping[reason, int]``: bytes in no other series
-            (``flow_table_full``, ``endpoint_without_service``, ``attribution_error``).
-        unknown_crossing_bytes: ``Mapping[reason, int]``: bytes of service/workload series
-            whose crossing is ``unknown``, by why (a subset of those series).
+            (``flow_table_full``, ``endpoint_without_service``, ``entry_without_service``,
+            ``attribution_error``).
+        unknown_crossing_bytes: ``Mapping[reason, int]``: bytes of service/entry/workload
+            series whose crossing is ``unknown``, by why (a subset of those series).
         skipped_bytes: ``Mapping[reason, int]``: client-side copies not counted here
             because another veth counts them (not part of any series).
         diagnostics_bytes: ``Mapping[name, int]``: counted bytes worth a look
@@ -414,9 +434,10 @@ class AttributionTotals:
         expired_bytes: ``Mapping[family, int]``: bytes those series held when they were
             dropped (cumulative). With expiry the per-node sum reads ``bytes_seen ==
             sum(service_bytes) + sum(workload_bytes) + sum(unattributed_bytes) +
-            sum(skipped_bytes) + held_bytes + expired_bytes[service family] +
-            expired_bytes[workload family]`` (hint-ignored bytes are a subset of service
-            bytes, expired or not).
+            sum(skipped_bytes) + sum(service_entry_bytes) + held_bytes +
+            expired_bytes[service family] + expired_bytes[workload family] +
+            expired_bytes[entry family]`` (hint-ignored bytes are a subset of service bytes,
+            expired or not).
     """
 
     node: str = ""
@@ -424,6 +445,7 @@ class AttributionTotals:
     hint_ignored_bytes: Mapping[HintIgnoredKey, int] = field(default_factory=dict)
     client_path_bytes: Mapping[ClientPathKey, int] = field(default_factory=dict)
     workload_bytes: Mapping[WorkloadBytesKey, int] = field(default_factory=dict)
+    service_entry_bytes: Mapping[ServiceBytesKey, int] = field(default_factory=dict)
     unattributed_bytes: Mapping[str, int] = field(default_factory=dict)
     unknown_crossing_bytes: Mapping[str, int] = field(default_factory=dict)
     skipped_bytes: Mapping[str, int] = field(default_factory=dict)
@@ -451,7 +473,8 @@ class AttributionTotals:
         Returns:
             ``{"node", "bytes_seen", "deltas_seen", "invalid_deltas", "held_bytes",
             "service_bytes": [{key fields..., "bytes"}], "hint_ignored_bytes": [...],
-            "client_path_bytes": [...], "workload_bytes": [...], "unattributed_bytes": {reason: bytes},
+            "client_path_bytes": [...], "workload_bytes": [...], "service_entry_bytes": [...],
+            "unattributed_bytes": {reason: bytes},
             "unknown_crossing_bytes": {...}, "skipped_bytes": {...},
             "diagnostics_bytes": {...}, "top_pairs": [...], "top_interval": [start, end] |
             None, "series_expired": {family: series}, "expired_bytes": {family: bytes}}``;
@@ -471,6 +494,7 @@ class AttributionTotals:
             "hint_ignored_bytes": rows(self.hint_ignored_bytes),
             "client_path_bytes": rows(self.client_path_bytes),
             "workload_bytes": rows(self.workload_bytes),
+            "service_entry_bytes": rows(self.service_entry_bytes),
             "unattributed_bytes": dict(sorted(self.unattributed_bytes.items())),
             "unknown_crossing_bytes": dict(sorted(self.unknown_crossing_bytes.items())),
             "skipped_bytes": dict(sorted(self.skipped_bytes.items())),

@@ -89,6 +89,29 @@ static __always_inline struct zm_flow_value *zm_lost_counter(void)
 	return zm_lost.lookup(&zero);
 }
 
+/* Accessors of uplink.h (the uplink programs at the end of this file). */
+
+/* Returns the zm_entries value (1) for k, or NULL when k is no entry of this node. */
+static __always_inline __u32 *zm_entry_lookup(struct zm_endpoint_key *k)
+{
+	return zm_entries.lookup(k);
+}
+
+/* Returns 1 when some entry of this node uses port (__be16), else 0. */
+static __always_inline int zm_entry_port(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *used = zm_entry_ports.lookup(&idx);
+	return used && *used;
+}
+
+/* Returns this CPU's zm_tcx_ran slot (maps.h), or NULL. */
+static __always_inline __u32 *zm_tcx_mark(void)
+{
+	int zero = 0;
+	return zm_tcx_ran.lookup(&zero);
+}
+
 #include "parse.h"
 
 #ifndef AF_INET
@@ -459,4 +482,51 @@ int zm_cg_release(struct bpf_sock *sk)
 int zm_cg_empty(struct __sk_buff *skb)
 {
 	return 1;
+}
+
+/* The first hop of a node port on the node's uplinks (uplink.h): with the socket hook as
+ * with the veth hook, no socket of this node is on that hop, so the same tc programs as
+ * tc.c's count it (TCX links, or clsact filters before Linux 6.6). */
+#include "uplink.h"
+
+/* TCX ingress of an uplink. Returns TCX_NEXT (TC_ACT_UNSPEC). */
+int zm_tcx_up_in(struct __sk_buff *skb)
+{
+	zm_tcx_note(skb, 0);
+	zm_uplink_count(skb, 1);
+	return -1;
+}
+
+/* TCX egress of an uplink. Returns TCX_NEXT (TC_ACT_UNSPEC). */
+int zm_tcx_up_out(struct __sk_buff *skb)
+{
+	zm_tcx_note(skb, 1);
+	zm_uplink_count(skb, 0);
+	return -1;
+}
+
+/* clsact ingress of an uplink. Returns TC_ACT_UNSPEC. */
+int zm_tc_up_in(struct __sk_buff *skb)
+{
+	if (!zm_tcx_counted(skb, 0))
+		zm_uplink_count(skb, 1);
+	return -1;
+}
+
+/* clsact egress of an uplink. Returns TC_ACT_UNSPEC. */
+int zm_tc_up_out(struct __sk_buff *skb)
+{
+	if (!zm_tcx_counted(skb, 1))
+		zm_uplink_count(skb, 0);
+	return -1;
+}
+
+/* TCX, last step of an uplink's switch to clsact (tc.c's, docs/datapath.md "Switching
+ * between clsact and TCX"). Returns TCX_NEXT. */
+int zm_tcx_handoff(struct __sk_buff *skb)
+{
+	__u32 *ran = zm_tcx_mark();
+	if (ran)
+		*ran = 0;
+	return -1;
 }

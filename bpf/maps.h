@@ -52,6 +52,18 @@ ZM_MAP("hash", struct zm_endpoint_key, __u32, zm_endpoints, ZM_ENDPOINT_CAPACITY
  * endpoint uses (the client's ephemeral port): one hash lookup fewer per packet. */
 ZM_MAP("array", int, __u32, zm_endpoint_ports, 65536);
 
+/* Entry addresses of this node, written by the agent (value: 1): (node address, nodePort,
+ * protocol), (LoadBalancer ingress IP or externalIP, port, protocol) of every Service with
+ * externalTrafficPolicy Cluster. The uplink programs count the first hop of a node port to
+ * and from them (uplink.h). Pinned, but added after layout 3 without changing any other
+ * map: an agent that finds the other pins without these creates them (pins.py). */
+ZM_MAP("hash", struct zm_endpoint_key, __u32, zm_entries, ZM_ENDPOINT_CAPACITY);
+
+/* Index: a port in host byte order; value 1 when some entry of zm_entries uses that port,
+ * else 0 (as zm_endpoint_ports for zm_endpoints): every other packet of an uplink costs
+ * this inlined array lookup and no hash. */
+ZM_MAP("array", int, __u32, zm_entry_ports, 65536);
+
 /* Index: a port in host byte order; value 1 once a TCP SYN-ACK left a local pod from that
  * port (the pod accepts connections there), else 0. Written by the programs only
  * (classify.h, zm_local_port), never cleared: the ports local pods serve on, whether or

@@ -77,46 +77,30 @@ static __always_inline struct zm_flow_value *zm_lost_counter(void)
 	return zm_lost.lookup(&zero);
 }
 
+/* Returns the zm_entries value (1) for k, or NULL when k is no entry of this node. */
+static __always_inline __u32 *zm_entry_lookup(struct zm_endpoint_key *k)
+{
+	return zm_entries.lookup(k);
+}
+
+/* Returns 1 when some entry of this node uses port (__be16), else 0. */
+static __always_inline int zm_entry_port(__be16 port)
+{
+	int idx = bpf_ntohs(port);
+	__u32 *used = zm_entry_ports.lookup(&idx);
+	return used && *used;
+}
+
+/* Returns this CPU's zm_tcx_ran slot (maps.h), or NULL. */
+static __always_inline __u32 *zm_tcx_mark(void)
+{
+	int zero = 0;
+	return zm_tcx_ran.lookup(&zero);
+}
+
 #include "classify.h"
 
-/* Returns the enum zm_family of an IPv4/IPv6 frame, 0 otherwise (ARP, VLAN in payload...). */
-static __always_inline int zm_tc_family(struct __sk_buff *skb)
-{
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return ZM_FAMILY_INET;
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return ZM_FAMILY_INET6;
-	return 0;
-}
-
-/* The zm_tcx_ran mark of this hook: direction 0 = ingress (from the pod), 1 = egress. */
-static __always_inline __u32 zm_hook_mark(struct __sk_buff *skb, int to_pod)
-{
-	return skb->ifindex * 2 + to_pod + 1;
-}
-
-/* TCX program of ours: note that this packet was counted here for a clsact program of
- * ours that may run after it on the same hook (zm_tcx_ran, maps.h). */
-static __always_inline void zm_tcx_note(struct __sk_buff *skb, int to_pod)
-{
-	int zero = 0;
-	__u32 *ran = zm_tcx_ran.lookup(&zero);
-	if (ran)
-		*ran = zm_hook_mark(skb, to_pod);
-}
-
-/* clsact program of ours: returns 1 (and clears the mark) when the TCX program of ours
- * on this hook already counted this packet, else 0. */
-static __always_inline int zm_tcx_counted(struct __sk_buff *skb, int to_pod)
-{
-	int zero = 0;
-	__u32 *ran = zm_tcx_ran.lookup(&zero);
-	if (ran && *ran == zm_hook_mark(skb, to_pod)) {
-		*ran = 0;
-		return 1;
-	}
-	return 0;
-}
+#include "uplink.h"
 
 /* Counts one packet of the host-side veth; to_pod: 0 ingress (leaving the pod), 1 egress. */
 static __always_inline void zm_tc_count(struct __sk_buff *skb, int to_pod)
@@ -147,8 +131,7 @@ int zm_tcx_to_pod(struct __sk_buff *skb)
  * from before the clsact filter existed never outlives the link. Returns TCX_NEXT. */
 int zm_tcx_handoff(struct __sk_buff *skb)
 {
-	int zero = 0;
-	__u32 *ran = zm_tcx_ran.lookup(&zero);
+	__u32 *ran = zm_tcx_mark();
 	if (ran)
 		*ran = 0;
 	return TC_ACT_UNSPEC;
@@ -167,5 +150,38 @@ int zm_tc_to_pod(struct __sk_buff *skb)
 {
 	if (!zm_tcx_counted(skb, 1))
 		zm_tc_count(skb, 1);
+	return TC_ACT_UNSPEC;
+}
+
+/* TCX ingress of an uplink: the first hop of a node port into this node (uplink.h).
+ * Returns TCX_NEXT. */
+int zm_tcx_up_in(struct __sk_buff *skb)
+{
+	zm_tcx_note(skb, 0);
+	zm_uplink_count(skb, 1);
+	return TC_ACT_UNSPEC;
+}
+
+/* TCX egress of an uplink: the answers of that hop. Returns TCX_NEXT. */
+int zm_tcx_up_out(struct __sk_buff *skb)
+{
+	zm_tcx_note(skb, 1);
+	zm_uplink_count(skb, 0);
+	return TC_ACT_UNSPEC;
+}
+
+/* clsact ingress of an uplink. Returns TC_ACT_UNSPEC. */
+int zm_tc_up_in(struct __sk_buff *skb)
+{
+	if (!zm_tcx_counted(skb, 0))
+		zm_uplink_count(skb, 1);
+	return TC_ACT_UNSPEC;
+}
+
+/* clsact egress of an uplink. Returns TC_ACT_UNSPEC. */
+int zm_tc_up_out(struct __sk_buff *skb)
+{
+	if (!zm_tcx_counted(skb, 1))
+		zm_uplink_count(skb, 0);
 	return TC_ACT_UNSPEC;
 }

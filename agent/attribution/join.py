@@ -40,6 +40,7 @@ Locality state is not attribution's: the hint model owns it (``HintModel.localit
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import ipaddress
 import logging
@@ -62,6 +63,7 @@ from agent.attribution.vocabulary import (
     FAMILY_CLIENT_PATH,
     FAMILY_HINT_IGNORED,
     FAMILY_SERVICE,
+    FAMILY_SERVICE_ENTRY,
     FAMILY_WORKLOAD,
     K_NODE,
     K_POD,
@@ -71,11 +73,13 @@ from agent.attribution.vocabulary import (
     R_ATTRIBUTION_ERROR,
     R_CLUSTERIP_TO_HOST_NETWORK,
     R_ENDPOINT_WITHOUT_SERVICE,
+    R_ENTRY_WITHOUT_SERVICE,
     R_FLOW_TABLE_FULL,
     R_NODE_WITHOUT_ZONE,
     S_CLUSTERIP_CLIENT_COPY,
     S_CLUSTERIP_MIXED_HOST_NETWORK,
     S_ENDPOINT_CLIENT_COPY,
+    S_ENTRY_ENDPOINT_COPY,
     S_POD_PEER_INGRESS,
     UNKNOWN,
     counted_here,
@@ -186,7 +190,11 @@ class MetadataView(Protocol):
     # Optional: ``resolve_host_port(ip, port, protocol) -> Peer | None``, the pod that
     # serves a node address's port, host-network or through a hostPort
     # (``MetadataAdapter.resolve_host_port``); a view without it leaves node addresses as
-    # ``node/NAME``.
+    # ``node/NAME``. ``host_port_target(ip, port, protocol) -> (address, port) | None``:
+    # where a hostPort's DNAT leads (the pod's address and containerPort), so a hostPort
+    # call to a Service endpoint is skipped as the endpoint's copy. ``is_entry_point(ip, port,
+    # protocol) -> bool``: a node's address with a node port of a Service with
+    # externalTrafficPolicy Cluster, whose first hop that node's uplink counts.
 
 
 
@@ -294,10 +302,11 @@ def _ikey(ip: IPAddress) -> int:
 # named classes (NamedTuple, slotted dataclasses) cost 8-14% of attribute() throughput
 # (bench/bench_attribution.py, docs/attribution.md "Performance").
 
-#: a Service port as counted: (namespace, service, port label, ambiguous: the endpoint
+#: a Service port as counted: (namespace, service, port label, ambiguous: every other
+#: (namespace, service) the endpoint backs, empty when none (truthy when the endpoint
 #: backs several Service ports)
-_Svc = tuple[str, str, str, bool]
-_NOT_CACHED: _Svc = ("", "", "", False)  # cache-miss sentinel, compared by identity
+_Svc = tuple[str, str, str, tuple[tuple[str, str], ...]]
+_NOT_CACHED: _Svc = ("", "", "", ())  # cache-miss sentinel, compared by identity
 #: a local endpoint: (its Service, its pair label, hint-ignored by client node name)
 _Ep = tuple[_Svc, str, dict[str, bool]]
 _NOT_CACHED_EP: _Ep = (_NOT_CACHED, "", {})
@@ -348,6 +357,12 @@ class _Batch:
     labels: dict[int, str] = field(default_factory=dict)
     views: dict[tuple[str, str, str], ProxyView | None] = field(default_factory=dict)
     hostnet: dict[tuple[str, str], tuple[str, Peer | None, bool]] = field(default_factory=dict)
+    #: (namespace, service, remote key, kind) -> bytes local endpoints exchanged with that
+    #: client in this drain, request or response: that much of an entry hop from the same
+    #: client to the same Service is the endpoint's own hop (_count_entries)
+    ep_clients: dict[tuple[str, str, int, FlowKind], int] = field(default_factory=dict)
+    #: entry (address key, port, protocol) -> its Service port or None
+    entries: dict[tuple[int, int, int], ServicePort | None] = field(default_factory=dict)
 
 
 class Attributor:
@@ -424,6 +439,10 @@ class Attributor:
         self._meta = metadata
         self._host_port: Callable[[IPAddress, int, int], Peer | None] | None = getattr(
             metadata, "resolve_host_port", None)
+        self._host_port_target: Callable[[IPAddress, int, int], tuple[IPAddress, int] | None] | None = (
+            getattr(metadata, "host_port_target", None))
+        self._is_entry_point: Callable[[IPAddress, int, int], bool] | None = getattr(
+            metadata, "is_entry_point", None)
         # every node counts at its sockets (the cgroup hook): host-network and node sides
         # are seen at their own node too (docs/attribution.md, "The socket view")
         self._sockets_seen = sockets_seen
@@ -443,6 +462,7 @@ class Attributor:
         self._ignored_nodes: tuple[dict[Any, int], int, dict[tuple[str, str], set[str]]] | None = None
         self._paths: dict[tuple[str, str, str, str], int] = {}
         self._workload: dict[tuple[str, str, str, str, str, str, str, str], int] = {}
+        self._entry: dict[tuple[str, str, str, str, str, str, str, str, str], int] = {}
         self._unattributed: dict[str, int] = {}
         self._unknown: dict[str, int] = {}
         self._skipped: dict[str, int] = {}
@@ -456,6 +476,7 @@ class Attributor:
         self._ignored_keys: dict[tuple[str, ...], HintIgnoredKey] = {}
         self._path_keys: dict[tuple[str, ...], ClientPathKey] = {}
         self._workload_keys: dict[tuple[str, ...], WorkloadBytesKey] = {}
+        self._entry_keys: dict[tuple[str, ...], ServiceBytesKey] = {}
         # per-interval pairs
         self._pairs: dict[tuple[str, str, str, str, str, str, str, str, str, str], int] = {}
         self._pairs_other = 0
@@ -525,6 +546,8 @@ class Attributor:
         room = 0 if final else self._hold_capacity - self._held_count()
         seen = 0
         n = 0
+        entries: list[FlowDelta] = []  # first hops of node ports, decided after the loop
+        ep_clients = b.ep_clients
         for n, d in enumerate(deltas, 1):  # noqa: B007 (n is the count after the loop)
             nb = d.bytes
             if fresh:
@@ -550,6 +573,12 @@ class Attributor:
                 # IPv6 is negative: its low 32 bits are zero after the shift all the same)
                 hk = (lk << 32) | hook
                 late = False
+                if lp and (kind is request or kind is response):
+                    # an uplink's count of the first hop of a node port (bpf/uplink.h):
+                    # decided once every local endpoint of this batch said which clients
+                    # it saw itself
+                    entries.append(d)
+                    continue
                 if lp and kind is not request and kind is not response and (
                         kind is not egress or lp != port):
                     # the kernel's endpoint set lacked (local, lp): a pod traffic delta
@@ -594,6 +623,11 @@ class Attributor:
                     key = (ns, sname, sport, czl, szl, crossing,
                            "request" if kind is request else "response", ckind, clb)
                     service[key] = service.get(key, 0) + nb
+                    ck = (ns, sname, rk, kind)
+                    ep_clients[ck] = ep_clients.get(ck, 0) + nb
+                    for ons, osvc in ambiguous:  # an entry of any Service it backs is this hop
+                        ok = (ons, osvc, rk, kind)
+                        ep_clients[ok] = ep_clients.get(ok, 0) + nb
                     if late:
                         diag[D_LATE_ENDPOINT] = diag.get(D_LATE_ENDPOINT, 0) + nb
                     if reason is not None:
@@ -692,12 +726,91 @@ class Attributor:
                 pairs[pk] = nb
             else:
                 self._pairs_other += nb
+        if entries:
+            room = self._count_entries(b, entries, final, room, held)
         self._bytes_seen += seen
         if fresh:
             self._deltas_seen += n
         if held:
             self._pending.append((at, held))
             self._held_bytes += sum(d.bytes for d in held)
+
+    def _count_entries(self, b: _Batch, entries: list[FlowDelta], final: bool, room: int,
+                       held: list[FlowDelta]) -> int:
+        """Count the first hops of node ports an uplink of this node saw (``entries``:
+        deltas with :attr:`agent.records.FlowDelta.is_entry`), after the batch's other
+        deltas (docs/attribution.md, "Two hops of NodePort and LoadBalancer traffic").
+
+        The entry ``(local, port, protocol)`` names the Service (a node address on a
+        nodePort, a LoadBalancer IP or externalIP on its port: ``MetadataView.service_address``);
+        the remote is the client, classed as a Service client is, and this node is the
+        server side (its zone). When a local endpoint of the same Service exchanged bytes
+        with the same client address in this drain, that share of the hop was not
+        masqueraded to the endpoint (a data plane without SNAT to local endpoints, Cilium's
+        kube-proxy replacement): the endpoint's count is that hop already, so as many of
+        the uplink's bytes, per direction, are skipped (``entry_endpoint_copy``; NAT keeps
+        every packet's length) and the rest, the first hop of connections sent to other
+        nodes, is counted. Unresolved clients are held like any delta.
+
+        Returns:
+            the hold room left.
+        """
+        v4 = ipaddress.IPv4Address
+        request = FlowKind.REQUEST
+        szl = b.oz or UNKNOWN
+        for d in entries:
+            nb = d.bytes
+            try:
+                local, remote = d.local, d.remote
+                lk = local._ip if isinstance(local, v4) else ~local._ip  # type: ignore[attr-defined]
+                rk = remote._ip if isinstance(remote, v4) else ~remote._ip  # type: ignore[attr-defined]
+                ek = (lk, d.port, d.protocol)
+                if ek in b.entries:
+                    sa = b.entries[ek]
+                else:
+                    sa = b.entries[ek] = self._meta.service_address(local, d.port, d.protocol)
+                if sa is None:
+                    self._add(self._unattributed, R_ENTRY_WITHOUT_SERVICE, nb)
+                    continue
+                ck = (sa.namespace, sa.service, rk, d.kind)
+                seen = b.ep_clients.get(ck, 0)
+                if seen:
+                    take = min(seen, nb)
+                    b.ep_clients[ck] = seen - take  # each endpoint byte stands for one copy
+                    self._add(self._skipped, S_ENTRY_ENDPOINT_COPY, take)
+                    nb -= take
+                    if not nb:
+                        continue
+                    d = dataclasses.replace(d, bytes=nb)
+                cl = b.clients.get(rk)
+                if cl is None:
+                    cl = b.clients[rk] = self._client(b, remote, rk)
+                czl, crossing, reason, _, _, clabel, unresolved, ckind, clb = cl
+                if unresolved and not final:
+                    if room > 0:
+                        room -= 1
+                        held.append(d)
+                        continue
+                    self._add(self._diag, D_HOLD_FULL, nb)
+                sport = str(sa.port)
+                key = (sa.namespace, sa.service, sport, czl, szl, crossing,
+                       "request" if d.kind is request else "response", ckind, clb)
+                self._entry[key] = self._entry.get(key, 0) + nb
+                if reason is not None:
+                    self._add(self._unknown, reason, nb)
+            except LOOKUP_ERRORS as err:
+                self._failed(err, nb)
+                continue
+            pk = (clabel, f"node/{self.node}", sa.namespace, sa.service, czl, szl, crossing,
+                  sport, ckind, clb)
+            v = self._pairs.get(pk)
+            if v is not None:
+                self._pairs[pk] = v + nb
+            elif len(self._pairs) < self._pair_capacity:
+                self._pairs[pk] = nb
+            else:
+                self._pairs_other += nb
+        return room
 
     def _held_count(self) -> int:
         return sum(len(h) for _, h in self._pending)
@@ -744,7 +857,8 @@ class Attributor:
             (FAMILY_SERVICE, self._service, self._service_keys, 2),
             (FAMILY_HINT_IGNORED, self._ignored, self._ignored_keys, 2),
             (FAMILY_CLIENT_PATH, self._paths, self._path_keys, 2),
-            (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3)))
+            (FAMILY_WORKLOAD, self._workload, self._workload_keys, 3),
+            (FAMILY_SERVICE_ENTRY, self._entry, self._entry_keys, 2)))
 
     def totals(self) -> AttributionTotals:
         """Return an immutable copy of the cumulative totals (see :class:`AttributionTotals`)."""
@@ -755,6 +869,7 @@ class Attributor:
             hint_ignored_bytes=self._keyed(self._ignored, self._ignored_keys, HintIgnoredKey),
             client_path_bytes=self._keyed(self._paths, self._path_keys, ClientPathKey),
             workload_bytes=self._keyed(self._workload, self._workload_keys, WorkloadBytesKey),
+            service_entry_bytes=self._keyed(self._entry, self._entry_keys, ServiceBytesKey),
             unattributed_bytes=_ro(self._unattributed),
             unknown_crossing_bytes=_ro(self._unknown),
             skipped_bytes=_ro(self._skipped),
@@ -787,6 +902,7 @@ class Attributor:
             "ignored": [[*k, v] for k, v in self._ignored.items()],
             "paths": [[*k, v] for k, v in self._paths.items()],
             "workload": [[*k, v] for k, v in self._workload.items()],
+            "entry": [[*k, v] for k, v in self._entry.items()],
             "unattributed": dict(self._unattributed), "unknown": dict(self._unknown),
             "skipped": dict(self._skipped), "diag": dict(self._diag),
             "bytes_seen": self._bytes_seen, "deltas_seen": self._deltas_seen,
@@ -826,6 +942,7 @@ class Attributor:
             service, ignored, workload = (series("service", 9, 7), series("ignored", 6, 4),
                                           series("workload", 8))
             paths = series("paths", 4, 4)
+            entry = series("entry", 9, 9)  # absent from checkpoints before entry hops
             maps = {n: reasons(n) for n in ("unattributed", "unknown", "skipped", "diag",
                                             "expired", "expired_bytes")}
             counts = [_count(state[n]) for n in ("bytes_seen", "deltas_seen", "invalid")]
@@ -839,6 +956,7 @@ class Attributor:
             raise ValueError(f"attribution state: {err}") from err
         self._service, self._ignored, self._workload = service, ignored, workload
         self._paths, self._path_keys = paths, {}
+        self._entry, self._entry_keys = entry, {}
         self._service_keys, self._ignored_keys, self._workload_keys = {}, {}, {}
         self._unattributed, self._unknown = maps["unattributed"], maps["unknown"]
         self._skipped, self._diag = maps["skipped"], maps["diag"]
@@ -894,7 +1012,8 @@ class Attributor:
         r: _Svc | None = None
         if sps:
             first = min(sps, key=lambda sp: (sp.namespace, sp.service, sp.port, sp.port_name))
-            r = (first.namespace, first.service, str(first.port), len(sps) > 1)
+            r = (first.namespace, first.service, str(first.port),
+                 tuple((sp.namespace, sp.service) for sp in sps if sp is not first))
         b.endpoints[ek] = r
         return r
 
@@ -959,11 +1078,19 @@ class Attributor:
         remote, port, proto = d.remote, d.port, d.protocol
         sa = self._meta.service_address(remote, port, proto)
         if sa is not None:
-            skip, server, settled = self._clusterip_hostnet(b, sa)
             path = self._path(b, sa.namespace, sa.service, P_CLUSTERIP)
+            entry = self._is_entry_point
+            if entry is not None and entry(remote, port, proto) and \
+                    self._peer(b, remote, rk).node != self.node:
+                # another node's node port (kube-proxy here DNATs only its own addresses'):
+                # that node's uplink counts this hop as its first hop, and the endpoint, or
+                # nobody for a veth-less one on the veth hook, the next (docs/attribution.md,
+                # "Two hops of NodePort and LoadBalancer traffic")
+                return (_SKIP, S_CLUSTERIP_CLIENT_COPY, False, path)
+            skip, server, settled = self._clusterip_hostnet(b, sa)
             if server is None:
                 return (_SKIP, skip, not settled, path)
-            svc = (sa.namespace, sa.service, str(sa.port), False)
+            svc = (sa.namespace, sa.service, str(sa.port), ())
             label = _label(server, remote) if server.node else f"{sa.namespace}/{sa.service}"
             # kube-proxy on this node picked among the endpoints it selects: not ignored
             return self._server_side(b, svc, server, False, label, path)
@@ -990,6 +1117,21 @@ class Attributor:
             hp = self._host_port(remote, port, proto)
             if hp is not None:
                 peer = hp
+                target = (self._host_port_target(remote, port, proto)
+                          if self._host_port_target is not None else None)
+                if target is not None:
+                    # the pod behind the hostPort is a Service endpoint: the portmap DNAT
+                    # keeps the client's address, so the endpoint's node counts these
+                    # bytes as that Service's request/response, as for a direct dial
+                    t_ip, t_port = target
+                    tk = (_ikey(t_ip), t_port, proto)
+                    tsvc = b.endpoints.get(tk, _NOT_CACHED)
+                    if tsvc is _NOT_CACHED:
+                        tsvc = self._endpoint(b, t_ip, tk)
+                    if tsvc is not None and not self._unseen(hp):
+                        ig = self._is_ignored(b, tsvc, self.node, t_ip)
+                        path = (tsvc[0], tsvc[1], self.node, P_DIRECT) if ig else None
+                        return (_SKIP, S_ENDPOINT_CLIENT_COPY, False, path)
         pk = peer.kind
         # its own node's agent counts its egress (a veth, or with the socket view every
         # socket of the cluster: a host-network pod named by its port as much as its node)

@@ -19,6 +19,7 @@ __all__ = [
     "FAMILY_CLIENT_PATH",
     "FAMILY_HINT_IGNORED",
     "FAMILY_SERVICE",
+    "FAMILY_SERVICE_ENTRY",
     "FAMILY_WORKLOAD",
     "SKIPPED_REASONS",
     "UNKNOWN_CROSSING_REASONS",
@@ -63,11 +64,13 @@ NO_LB = "none"
 R_FLOW_TABLE_FULL = "flow_table_full"
 R_ENDPOINT_WITHOUT_SERVICE = "endpoint_without_service"
 R_ATTRIBUTION_ERROR = "attribution_error"
+R_ENTRY_WITHOUT_SERVICE = "entry_without_service"
 # skipped: client-side copies counted by another agent (or by this one at the endpoint)
 S_CLUSTERIP_CLIENT_COPY = "clusterip_client_copy"
 S_CLUSTERIP_MIXED_HOST_NETWORK = "clusterip_mixed_host_network"
 S_ENDPOINT_CLIENT_COPY = "endpoint_client_copy"
 S_POD_PEER_INGRESS = "pod_peer_ingress"
+S_ENTRY_ENDPOINT_COPY = "entry_endpoint_copy"
 # unknown crossing: attributed bytes whose crossing is unknown
 R_NO_POD_FOR_IP = "no_pod_for_ip"
 R_NODE_WITHOUT_ZONE = "node_without_zone"
@@ -81,10 +84,12 @@ D_HOLD_FULL = "hold_full"
 D_LATE_ENDPOINT = "endpoint_not_in_kernel"
 
 #: reasons of ``unattributed_bytes`` (bytes in no other series)
-UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE, R_ATTRIBUTION_ERROR})
-#: reasons of ``skipped_bytes`` (copies another veth counts)
+UNATTRIBUTED_REASONS = frozenset({R_FLOW_TABLE_FULL, R_ENDPOINT_WITHOUT_SERVICE, R_ENTRY_WITHOUT_SERVICE,
+                                  R_ATTRIBUTION_ERROR})
+#: reasons of ``skipped_bytes`` (copies another veth counts; entry_endpoint_copy: an uplink's
+#: copy of a hop a local endpoint saw with the client's own address)
 SKIPPED_REASONS = frozenset({S_CLUSTERIP_CLIENT_COPY, S_CLUSTERIP_MIXED_HOST_NETWORK,
-                             S_ENDPOINT_CLIENT_COPY, S_POD_PEER_INGRESS})
+                             S_ENDPOINT_CLIENT_COPY, S_POD_PEER_INGRESS, S_ENTRY_ENDPOINT_COPY})
 #: reasons of ``unknown_crossing_bytes``
 UNKNOWN_CROSSING_REASONS = frozenset({R_NO_POD_FOR_IP, R_NODE_WITHOUT_ZONE, R_CIDR_WITHOUT_ZONE,
                                       R_CLUSTERIP_TO_HOST_NETWORK})
@@ -98,8 +103,9 @@ FAMILY_SERVICE = "zonemeter_service_bytes_total"
 FAMILY_HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
 FAMILY_WORKLOAD = "zonemeter_workload_bytes_total"
 FAMILY_CLIENT_PATH = "zonemeter_service_client_path_bytes_total"
+FAMILY_SERVICE_ENTRY = "zonemeter_service_entry_bytes_total"
 EXPIRY_FAMILIES: tuple[str, ...] = (FAMILY_SERVICE, FAMILY_HINT_IGNORED, FAMILY_WORKLOAD,
-                                    FAMILY_CLIENT_PATH)
+                                    FAMILY_CLIENT_PATH, FAMILY_SERVICE_ENTRY)
 
 #: ``path`` of ``zonemeter_service_client_path_bytes_total`` (docs/attribution.md, "Why
 #: bytes ignored the hints"): a pod dialled a Service address / an endpoint outside this

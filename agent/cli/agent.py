@@ -137,9 +137,16 @@ def register(subparsers: Any) -> None:
                    "it here (its unified/ subdirectory is used on hybrid hosts): the container's "
                    "own /sys/fs/cgroup is its cgroup namespace, not the node's")
     p.add_argument("--uplink-interfaces", metavar="GLOB,...",
-                   help="cgroup hook: the node's uplinks, whose counters the coverage check "
-                   "compares with the bytes counted for peers off the node (fnmatch; default: "
-                   "every physical device, else the default routes' devices)")
+                   help="the node's uplinks (fnmatch; default: every physical device, else the "
+                   "default routes' devices): where the first hop of node ports is counted "
+                   "(--entry-hops), and on the cgroup hook the interfaces whose counters the "
+                   "coverage check compares with the bytes counted for peers off the node")
+    p.add_argument("--entry-hops", choices=("on", "off"), default="on",
+                   help="count the first hop of node ports (a load balancer or another client off "
+                   "the node to a node port, LoadBalancer IP or externalIP of a Service with "
+                   "externalTrafficPolicy Cluster) with tc programs on the uplinks, exported as "
+                   "zonemeter_service_entry_bytes_total; off: no program on the uplinks "
+                   "(default %(default)s; docs/datapath.md, The first hop of a node port)")
     p.add_argument("--cgroup-scope-netns", metavar="NETNS,...",
                    help="cgroup hook: count only sockets of these network namespaces (/run/netns "
                    "names). For labs, whose namespaces share the machine's cgroup tree; a node "
@@ -451,7 +458,7 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
                             flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach,
                             hook=args.hook, scope_netns=scope, cgroup_root=args.cgroup_root,
-                            uplink_patterns=uplinks)
+                            uplink_patterns=uplinks, entry_hops=args.entry_hops == "on")
     config.validate()
     setup_logging(args.log_level)
     node = args.node_name

@@ -70,16 +70,26 @@ ETH_P_ALL = 0x0003
 _PROGRAMS = ((PARENT_INGRESS, "zm_tc_from_pod"), (PARENT_EGRESS, "zm_tc_to_pod"))
 #: the TCX programs, in the order of agent.datapath.tcx.SIDES (ingress, egress)
 _TCX_PROGRAMS = ("zm_tcx_from_pod", "zm_tcx_to_pod")
+#: the uplink programs (bpf/uplink.h: the first hop of a node port), clsact and TCX
+_UPLINK_PROGRAMS = ((PARENT_INGRESS, "zm_tc_up_in"), (PARENT_EGRESS, "zm_tc_up_out"))
+_TCX_UPLINK_PROGRAMS = ("zm_tcx_up_in", "zm_tcx_up_out")
+#: what a device carries: a pod veth's programs or an uplink's (clsact, TCX, link pin prefix)
+POD, UPLINK = "pod", "uplink"
 #: the TCX program of the last step of a switch to clsact (bpf/tc.c)
 _TCX_HANDOFF = "zm_tcx_handoff"
 _TC_NAME_PREFIX = "zm_tc_"
-#: pin file of a TCX link of ours: zm_link_<ifindex>_<ingress|egress> under pin_path
+#: pin file of a TCX link of ours: zm_link_<ifindex>_<ingress|egress> under pin_path (a pod
+#: veth's), zm_uplink_<ifindex>_<side> (an uplink's)
 _LINK_PIN_PREFIX = "zm_link_"
+_UPLINK_PIN_PREFIX = "zm_uplink_"
+_ROLES = {POD: (_PROGRAMS, _TCX_PROGRAMS, _LINK_PIN_PREFIX),
+          UPLINK: (_UPLINK_PROGRAMS, _TCX_UPLINK_PROGRAMS, _UPLINK_PIN_PREFIX)}
 
 
-def link_pin_name(ifindex: int, side: str) -> str:
-    """Return the pin file name of our TCX link on ifindex, side ``"ingress"``/``"egress"``."""
-    return f"{_LINK_PIN_PREFIX}{ifindex}_{side}"
+def link_pin_name(ifindex: int, side: str, role: str = POD) -> str:
+    """Return the pin file name of our TCX link on ifindex, side ``"ingress"``/``"egress"``,
+    of a pod veth (``role`` ``"pod"``) or an uplink (``"uplink"``)."""
+    return f"{_ROLES[role][2]}{ifindex}_{side}"
 
 
 #: getsockopt(SOL_SOCKET, SO_NETNS_COOKIE) (include/uapi/asm-generic/socket.h)
@@ -106,11 +116,13 @@ def _detach_and_close(fd: int) -> None:
 
 
 def _link_pin_ifindex(name: str) -> int | None:
-    """The ifindex in a link pin name (see :func:`link_pin_name`), None for other files."""
-    if not name.startswith(_LINK_PIN_PREFIX):
-        return None
-    head, _, side = name[len(_LINK_PIN_PREFIX):].partition("_")
-    return int(head) if head.isdigit() and side in ("ingress", "egress") else None
+    """The ifindex in a link pin name (see :func:`link_pin_name`, either role), None for
+    other files."""
+    for prefix in (_LINK_PIN_PREFIX, _UPLINK_PIN_PREFIX):
+        if name.startswith(prefix):
+            head, _, side = name[len(prefix):].partition("_")
+            return int(head) if head.isdigit() and side in ("ingress", "egress") else None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,12 +152,16 @@ class DatapathStats:
         endpoints: local endpoints currently written to the kernel.
         attach_mode: ``"tcx"``, ``"clsact"`` or ``"cgroup"``: how the programs are attached
             (``DatapathConfig.attach`` resolved against the kernel).
+        uplinks: the uplinks the first hop of node ports is counted on (``entry_hops``).
+        entries: entry addresses (``(address, port, protocol)``) written to the kernel.
     """
 
     attached: tuple[str, ...]
     table: TableStats
     endpoints: int
     attach_mode: str = "clsact"
+    uplinks: tuple[str, ...] = ()
+    entries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +356,9 @@ class Datapath:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._sockets: list[object] = []
-        self._attached: dict[int, str] = {}  # ifindex -> name
+        self._attached: dict[int, str] = {}  # ifindex -> name (pod veths and uplinks)
+        self._roles: dict[int, str] = {}  # ifindex -> POD or UPLINK (absent: POD)
+        self._entries: set[tuple[IPAddress, int, int]] = set()
         self._created_qdisc: set[int] = set()
         self._links: dict[int, list[int]] = {}  # ifindex -> TCX link fds (ingress, egress)
         # ifindex -> (name, rx_bytes, rx_packets, tx_bytes, tx_packets): the counters read
@@ -364,6 +382,11 @@ class Datapath:
         #: "tcx" or "clsact": DatapathConfig.attach resolved against this kernel; "cgroup"
         #: for the cgroup hook
         self.attach_mode = "cgroup" if self.hook == "cgroup" else self._resolve_attach_mode()
+        #: how the uplink programs attach (``"tcx"`` or ``"clsact"``), None without entry_hops
+        self.uplink_mode: str | None = None
+        if self.config.entry_hops:
+            self.uplink_mode = (self.attach_mode if self.hook != "cgroup"
+                                else self._resolve_attach_mode())
         try:
             from bcc import BPF
         except ImportError as err:  # pragma: no cover - depends on the machine
@@ -381,6 +404,7 @@ class Datapath:
             source = CGROUP_SOURCE if self.hook == "cgroup" else TC_SOURCE
             try:
                 self._bpf = BPF(src_file=str(source).encode(), cflags=self.cflags())
+                tc_progs: tuple[str, ...] = ()
                 if self.hook == "cgroup":
                     self._fns = {prog: self._bpf.load_func(prog.encode(), BPF.CGROUP_SKB)
                                  for _, _, prog in cgroup.SIDES}
@@ -389,9 +413,14 @@ class Datapath:
                             cgroup.RELEASE[2].encode(), BPF.CGROUP_SOCK,
                             attach_type=cgroup.BPF_CGROUP_INET_SOCK_RELEASE)
                 else:
-                    self._fns = {name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
-                                 for name in (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS,
-                                              _TCX_HANDOFF)}
+                    self._fns = {}
+                    tc_progs = (*(n for _, n in _PROGRAMS), *_TCX_PROGRAMS)
+                if self.config.entry_hops:
+                    tc_progs += (*(n for _, n in _UPLINK_PROGRAMS), *_TCX_UPLINK_PROGRAMS)
+                if tc_progs:
+                    tc_progs += (_TCX_HANDOFF,)
+                self._fns.update({name: self._bpf.load_func(name.encode(), BPF.SCHED_CLS)
+                                  for name in tc_progs})
             except Exception as err:
                 raise RuntimeFailure(f"cannot load {source}: {err}") from err
         except BaseException:
@@ -408,10 +437,14 @@ class Datapath:
             epoch_fd=b[b"zm_epoch"].get_fd())
         self._endpoint_map = b[b"zm_endpoints"]
         self._endpoint_ports = b[b"zm_endpoint_ports"]
+        self._entry_map = b[b"zm_entries"]
+        self._entry_ports = b[b"zm_entry_ports"]
         if self.reused:
-            # the previous agent's endpoints keep classifying until set_local_endpoints,
-            # its Service ports until set_service_ports
-            self._endpoints = self._kernel_endpoints()
+            # the previous agent's endpoints and entries keep classifying until
+            # set_local_endpoints / set_entry_points, its Service ports until
+            # set_service_ports
+            self._endpoints = self._kernel_endpoints(self._endpoint_map)
+            self._entries = self._kernel_endpoints(self._entry_map)
             self._service_ports = frozenset(
                 int(k) for k, v in self._endpoint_ports.items_lookup_batch()
                 if int(v) & PORT_SERVICE)
@@ -513,10 +546,12 @@ class Datapath:
         log.info("no TCX in this kernel: attaching clsact filters")
         return "clsact"
 
-    def _kernel_endpoints(self) -> set[tuple[IPAddress, int, int]]:
-        """The endpoint set held by the (pinned) kernel map, as set_local_endpoints keeps it."""
+    @staticmethod
+    def _kernel_endpoints(table: Any) -> set[tuple[IPAddress, int, int]]:
+        """The set held by a (pinned) kernel map keyed by ``struct zm_endpoint_key``
+        (``zm_endpoints``, ``zm_entries``), as set_local_endpoints / set_entry_points keep it."""
         out: set[tuple[IPAddress, int, int]] = set()
-        for key in self._endpoint_map.keys():
+        for key in table.keys():
             raw = bytes(key.addr)
             family = 4 if raw[:12] == b"\x00" * 10 + b"\xff\xff" else 6
             out.add((addr_from_bytes(raw, family), socket.ntohs(key.port), int(key.proto)))
@@ -558,10 +593,16 @@ class Datapath:
     # -- attach / detach ----------------------------------------------------------------
 
     def _link_pin(self, index: int, side: str) -> str | None:
-        """Path of the pin of our TCX link on index/side, None without pin_path."""
+        """Path of the pin of our TCX link on index/side (of the device's role), None
+        without pin_path."""
         if not self.config.pin_path:
             return None
-        return os.path.join(self.config.pin_path, link_pin_name(index, side))
+        return os.path.join(self.config.pin_path,
+                            link_pin_name(index, side, self._roles.get(index, POD)))
+
+    def _mode(self, index: int) -> str | None:
+        """``"tcx"`` or ``"clsact"``: how the programs of the device's role attach."""
+        return self.uplink_mode if self._roles.get(index) == UPLINK else self.attach_mode
 
     def _take_over(self, index: int, attach_type: int, side: str) -> int | None:
         """Return an fd of the pinned TCX link a previous agent left on index/side, or
@@ -582,7 +623,7 @@ class Datapath:
             Exception: the pyroute2 NetlinkError of a refusal.
         """
         ipr = self._ipr()
-        for parent, prog in _PROGRAMS:
+        for parent, prog in _ROLES[self._roles.get(index, POD)][0]:
             fn = self._fns[prog]
             # replace: a filter left by a previous run of ours (same prio and handle)
             # is swapped for this one instead of running twice; others are untouched
@@ -593,7 +634,7 @@ class Datapath:
     def _has_our_filter(self, index: int) -> bool:
         """Whether a clsact filter of ours (priority, handle, ``zm_tc_`` name) is on index."""
         ipr = self._ipr()
-        for parent, _ in _PROGRAMS:
+        for parent, _ in _ROLES[self._roles.get(index, POD)][0]:
             try:
                 filters = ipr.get_filters(index=index, parent=parent)
             except Exception:  # noqa: BLE001 - no clsact on this link
@@ -622,7 +663,8 @@ class Datapath:
         fds: list[int] = []
         made: list[str] = []
         try:
-            for (attach_type, side), prog in zip(tcx.SIDES, _TCX_PROGRAMS, strict=True):
+            for (attach_type, side), prog in zip(tcx.SIDES, _ROLES[self._roles.get(index, POD)][1],
+                                                 strict=True):
                 prog_fd = self._fns[prog].fd
                 fd = self._take_over(index, attach_type, side)
                 if fd is not None:
@@ -720,9 +762,11 @@ class Datapath:
             index = _link_pin_ifindex(pin)
             if index is None or index in self._links:
                 continue
-            if index in present and self.attach_mode == "tcx":
+            role = UPLINK if pin.startswith(_UPLINK_PIN_PREFIX) else POD
+            mode = self.uplink_mode if role == UPLINK else self.attach_mode
+            if index in present and mode == "tcx":
                 continue  # not attached this scan (an error): keep what still counts
-            if index in present and index not in self._attached:
+            if index in present and index not in self._attached and mode is not None:
                 continue  # clsact attach failed here: the old link still counts
             log.info("removing TCX link pin %s", pin)
             path = os.path.join(self.config.pin_path, pin)
@@ -739,7 +783,7 @@ class Datapath:
         """Put both programs on link ``index`` (TCX links, or clsact filters with clsact
         created when missing); on any error remove what was added and re-raise the
         pyroute2 NetlinkError or the OSError of bpf(2)."""
-        if self.attach_mode == "tcx":
+        if self._mode(index) == "tcx":
             self._attach_tcx(index, name)
             return
         ipr = self._ipr()
@@ -747,7 +791,8 @@ class Datapath:
         # programs, so that the clsact programs below skip what they count; the links
         # are dropped once the filters are in (docs/datapath.md)
         old: list[int] = []
-        for (attach_type, side), prog in zip(tcx.SIDES, _TCX_PROGRAMS, strict=True):
+        for (attach_type, side), prog in zip(tcx.SIDES, _ROLES[self._roles.get(index, POD)][1],
+                                             strict=True):
             fd = self._take_over(index, attach_type, side)
             if fd is not None:
                 old.append(fd)
@@ -798,7 +843,8 @@ class Datapath:
             log.info("detached from %s (ifindex %d)", name, index)
             return
         ipr = self._ipr()
-        for parent, _ in _PROGRAMS:
+        progs = _ROLES[self._roles.get(index, POD)][0]
+        for parent, _ in progs:
             try:
                 ipr.tc("del-filter", "bpf", index, self.config.tc_handle, parent=parent,
                        prio=self.config.tc_priority, protocol=ETH_P_ALL)
@@ -808,7 +854,7 @@ class Datapath:
         if index in self._created_qdisc:
             self._created_qdisc.discard(index)
             try:
-                left = [f for parent, _ in _PROGRAMS
+                left = [f for parent, _ in progs
                         for f in ipr.get_filters(index=index, parent=parent)]
                 if not left:
                     ipr.tc("del", "clsact", index)
@@ -834,36 +880,51 @@ class Datapath:
                 means another filter kind or protocol holds it: set ``tc_priority``.
         """
         if self.hook == "cgroup":
-            return self._attach_cgroup()
+            self._attach_cgroup()
+            if self.uplink_mode is None:
+                return self.attached()
         failures: list[str] = []
         with self._lock:
-            links = {link["index"]: link for link in self._ipr().get_links()}
+            msgs = list(self._ipr().get_links())
+            links = {link["index"]: link for link in msgs}
+            uplinks: set[int] = set()
+            if self.uplink_mode is not None:
+                uplinks = select_uplinks([_link_facts(link) for link in msgs],
+                                         self.config.uplink_patterns, self._default_route_oifs)
             for index in list(self._attached):
                 if index not in links:
                     self._attached.pop(index, None)
                     self._created_qdisc.discard(index)
                     self._forget_links(index)
+                    self._roles.pop(index, None)
             for index, link in links.items():
                 name = link.get_attr("IFLA_IFNAME")
+                # an uplink is never a pod veth, whatever the veth rules say (a lab node's
+                # uplink is a veth with its peer in another namespace)
+                role = UPLINK if index in uplinks else (
+                    POD if self.hook == "veth" and self._wanted(link) else None)
                 if index in self._attached:
-                    if self._attached[index] == name and self._wanted(link):
+                    if self._attached[index] == name and self._roles.get(index, POD) == role:
                         continue
                     self._detach_link(index)
-                if self._wanted(link):
+                    self._roles.pop(index, None)
+                if role is not None:
+                    self._roles[index] = role
                     try:
                         self._attach_link(index, name)
                     except Exception as err:
+                        if index not in self._attached:
+                            self._roles.pop(index, None)
                         code = _err_code(err)
                         if code in (errno.ENODEV, errno.ENOENT):  # vanished meanwhile
                             continue
                         failures.append(f"{name}: {err}")
             self._prune_link_pins(links)
-            attached = tuple(sorted(self._attached.values()))
         if failures:
             how = ("TCX" if self.attach_mode == "tcx" else
                    f"tc priority {self.config.tc_priority}, handle {self.config.tc_handle:#x}")
             raise RuntimeFailure(f"cannot attach to {'; '.join(failures)} ({how})")
-        return attached
+        return self.attached()
 
     def _attach_cgroup(self) -> tuple[str, ...]:
         """The cgroup hook's :meth:`attach`: both cgroup links on the cgroup v2 root;
@@ -888,14 +949,22 @@ class Datapath:
                 except Exception as err:  # keep going: leave as little as possible behind
                     log.warning("cannot detach ifindex %d: %s", index, err)
                     self._attached.pop(index, None)
+                self._roles.pop(index, None)
 
     def attached(self) -> tuple[str, ...]:
-        """Names of the interfaces our filters are on; ``("cgroup:<root>",)`` for the
-        cgroup hook once attached."""
+        """Names of the pod veths our programs are on; ``("cgroup:<root>",)`` for the
+        cgroup hook once attached. Uplinks: :meth:`uplinks`."""
         with self._lock:
             if self._cgroup is not None and self._cgroup.fds:
                 return (f"cgroup:{self._cgroup.root}",)
-            return tuple(sorted(self._attached.values()))
+            return tuple(sorted(name for i, name in self._attached.items()
+                                if self._roles.get(i, POD) == POD))
+
+    def uplinks(self) -> tuple[str, ...]:
+        """Names of the uplinks the first hop of node ports is counted on (``entry_hops``)."""
+        with self._lock:
+            return tuple(sorted(name for i, name in self._attached.items()
+                                if self._roles.get(i) == UPLINK))
 
     # -- link events ----------------------------------------------------------------------
 
@@ -913,7 +982,7 @@ class Datapath:
         queue was never emptied (about 2 KiB per pod veth created and deleted, measured
         with tracemalloc).
         """
-        if self.hook == "cgroup":
+        if self.hook == "cgroup" and self.uplink_mode is None:
             self.attach()  # the cgroup hook has no links to follow: attach, no thread
             return
         if self._watcher is not None:
@@ -976,37 +1045,77 @@ class Datapath:
             InputError: an address, port or protocol is malformed, or there are more than
                 ``endpoint_capacity`` endpoints (nothing is changed then).
         """
+        with self._lock:
+            service = self._service_ports
+            self._endpoints = self._replace_set(
+                endpoints, self._endpoints, self._endpoint_map,
+                lambda port, on: self._write_port(port, on, port in service), "local endpoints")
+
+    def set_entry_points(self, entries: Iterable[tuple[IPAddress | str, int, int]]) -> None:
+        """Replace the kernel's entry set (``zm_entries``, bpf/uplink.h) with ``entries``:
+        the addresses of this node where the first hop of a node port is counted.
+
+        Args:
+            entries: ``(address, port, protocol)``: a node address with a ``nodePort``, a
+                LoadBalancer ingress IP or an externalIP with the Service port, of every
+                Service with ``externalTrafficPolicy: Cluster``
+                (:meth:`agent.k8s.ClusterMetadata.entry_points`); port host order,
+                protocol number.
+
+        Raises:
+            InputError: an address, port or protocol is malformed, or there are more than
+                ``endpoint_capacity`` entries (nothing is changed then).
+        """
+        with self._lock:
+            self._entries = self._replace_set(entries, self._entries, self._entry_map,
+                                              self._write_entry_port, "entry points")
+
+    def _write_entry_port(self, port: int, on: bool) -> None:
+        """Write the ``zm_entry_ports`` value of ``port`` (host order). Caller holds
+        ``_lock``."""
+        self._entry_ports[ctypes.c_int(port)] = ctypes.c_uint32(1 if on else 0)
+
+    def _replace_set(self, items: Iterable[tuple[IPAddress | str, int, int]],
+                     current: set[tuple[IPAddress, int, int]], table: Any,
+                     write_port: Callable[[int, bool], None],
+                     what: str) -> set[tuple[IPAddress, int, int]]:
+        """Write ``items`` into a kernel map keyed by ``struct zm_endpoint_key`` and, through
+        ``write_port(port, present)``, its port index (``zm_endpoints``/``zm_endpoint_ports``
+        or ``zm_entries``/``zm_entry_ports``), by difference with ``current``; return the
+        new set. Called under the lock.
+
+        Raises:
+            InputError: a malformed item, or more than ``endpoint_capacity`` of them.
+        """
         wanted: set[tuple[IPAddress, int, int]] = set()
-        for i, (addr, port, proto) in enumerate(endpoints):
+        for i, (addr, port, proto) in enumerate(items):
             try:
                 ip = ipaddress.ip_address(addr) if isinstance(addr, str) else addr
                 endpoint_key(ip, int(port), int(proto))  # validates
             except ValueError as err:
-                raise InputError(str(err), source="local endpoints", obj=f"endpoint {i}",
+                raise InputError(str(err), source=what, obj=f"entry {i}",
                                  field="address/port/protocol") from err
             wanted.add((ip, int(port), int(proto)))
         if len(wanted) > self.config.endpoint_capacity:
-            raise InputError(f"{len(wanted)} endpoints exceed endpoint_capacity "
-                             f"{self.config.endpoint_capacity}", source="local endpoints")
+            raise InputError(f"{len(wanted)} {what} exceed endpoint_capacity "
+                             f"{self.config.endpoint_capacity}", source=what)
         one = ctypes.c_uint32(1)
-        with self._lock:
-            old_ports = {port for _, port, _ in self._endpoints}
-            new_ports = {port for _, port, _ in wanted}
-            service = self._service_ports
-            # ports first when adding, endpoints first when removing: the port filter is
-            # never narrower than the endpoint map
-            for port in new_ports - old_ports:
-                self._write_port(port, True, port in service)
-            for ep in self._endpoints - wanted:
-                try:
-                    del self._endpoint_map[endpoint_key(*ep)]
-                except KeyError:
-                    pass
-            for ep in wanted - self._endpoints:
-                self._endpoint_map[endpoint_key(*ep)] = one
-            for port in old_ports - new_ports:
-                self._write_port(port, False, port in service)
-            self._endpoints = wanted
+        old_ports = {port for _, port, _ in current}
+        new_ports = {port for _, port, _ in wanted}
+        # ports first when adding, keys first when removing: the port filter is never
+        # narrower than the map
+        for port in new_ports - old_ports:
+            write_port(port, True)
+        for ep in current - wanted:
+            try:
+                del table[endpoint_key(*ep)]
+            except KeyError:
+                pass
+        for ep in wanted - current:
+            table[endpoint_key(*ep)] = one
+        for port in old_ports - new_ports:
+            write_port(port, False)
+        return wanted
 
     def set_service_ports(self, ports: Iterable[int]) -> None:
         """Replace the set of ports the kernel takes for possible server ports: every port
@@ -1052,7 +1161,7 @@ class Datapath:
                                     self.config.uplink_patterns, self._default_route_oifs)
         else:
             with self._lock:
-                wanted = set(self._attached)
+                wanted = {i for i in self._attached if self._roles.get(i, POD) == POD}
             if not wanted:
                 return out
             links = list(self._ipr().get_links())
@@ -1132,8 +1241,10 @@ class Datapath:
     def stats(self) -> DatapathStats:
         """Return :class:`DatapathStats` (attached interfaces, table entries and capacity)."""
         with self._lock:
-            return DatapathStats(tuple(sorted(self._attached.values())), self.tables.stats(),
-                                 len(self._endpoints), self.attach_mode)
+            pods = tuple(sorted(name for i, name in self._attached.items()
+                                if self._roles.get(i, POD) == POD))
+            return DatapathStats(pods, self.tables.stats(), len(self._endpoints),
+                                 self.attach_mode, self.uplinks(), len(self._entries))
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -51,18 +51,25 @@ class DatapathConfig:
             whose ``unified`` subdirectory is one (the host's ``/sys/fs/cgroup`` of a hybrid
             node mounted into a container); None: the mount point of the cgroup2
             filesystem (/proc/self/mountinfo).
-        uplink_patterns: cgroup hook only: fnmatch patterns of the node's uplinks, the
-            interfaces whose own counters the coverage check compares with the bytes the
-            hook counted for peers off the node (docs/datapath.md, "Interface counters");
-            empty: every physical device (no link kind, not loopback, not enslaved),
-            else the devices of the default routes.
+        uplink_patterns: fnmatch patterns of the node's uplinks: where the first hop of a
+            node port is counted (``entry_hops``, both hooks; docs/datapath.md, "The first
+            hop of a node port") and, on the cgroup hook, the interfaces whose own counters
+            the coverage check compares with the bytes the hook counted for peers off the
+            node (docs/datapath.md, "Interface counters"); empty: every physical device
+            (no link kind, not loopback, not enslaved), else the devices of the default
+            routes.
+        entry_hops: count the first hop of node ports (a load balancer or any client off
+            the node to a node address on a nodePort, a LoadBalancer ingress IP or an
+            externalIP, of Services with externalTrafficPolicy Cluster) with tc programs
+            on the uplinks (``bpf/uplink.h``); False: no program on the uplinks.
         scope_netns: cgroup hook only: names of network namespaces (``/run/netns/NAME``);
             when set, only packets of sockets in these namespaces are counted (needs
             ``bpf_get_netns_cookie`` for cgroup_skb, Linux 6.12+). Empty on a node (every
             socket of the node is the node's); the lab gives each lab node its pods'
             namespaces, since every namespace shares the host's cgroup tree.
-        attach: how the ``"veth"`` hook attaches: ``"tcx"`` (TCX links at the head of the
-            device's list, Linux 6.6+), ``"clsact"`` (tc filters on a clsact qdisc), or
+        attach: how the ``"veth"`` hook and the uplink programs of either hook attach:
+            ``"tcx"`` (TCX links at the head of the device's list, Linux 6.6+),
+            ``"clsact"`` (tc filters on a clsact qdisc), or
             ``"auto"`` (tcx when the kernel has it, else clsact; docs/datapath.md, "Hooks").
         interface_patterns: extra fnmatch patterns (``"cali*"``, ``"lxc*"``): a link whose
             name matches is attached whatever its kind.
@@ -72,7 +79,8 @@ class DatapathConfig:
             be veths with a peer elsewhere, as in a lab).
         flow_capacity: flow entries per table (two tables); beyond it bytes go to the
             per-(kind, family) overflow entries, see docs/datapath.md.
-        endpoint_capacity: local endpoints the kernel map holds.
+        endpoint_capacity: local endpoints the kernel map holds, and entry addresses
+            (``entry_hops``) the other map holds.
         ephemeral_ports: inclusive (low, high) range, host order; a remote port inside it is
             recorded as 0 for non-Service flows. None: read the namespace's
             ``net.ipv4.ip_local_port_range``.
@@ -101,6 +109,7 @@ class DatapathConfig:
     hook: str = "veth"
     cgroup_root: str | None = None
     uplink_patterns: tuple[str, ...] = ()
+    entry_hops: bool = True
     scope_netns: tuple[str, ...] = ()
     attach: str = "auto"
     interface_patterns: tuple[str, ...] = ()

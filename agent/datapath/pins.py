@@ -44,7 +44,10 @@ _MAP_HASH, _MAP_ARRAY, _MAP_PERCPU_ARRAY, _MAP_ARRAY_OF_MAPS = 1, 2, 6, 12  # BP
 #: every map bpf/maps.h pins under pin_path (file name = map name)
 PINNED_MAPS = ("zm_flows_a", "zm_flows_b", "zm_active", "zm_cache_a", "zm_cache_b",
                "zm_cache_active", "zm_endpoints", "zm_endpoint_ports", "zm_server_ports",
-               "zm_lost", "zm_layout", "zm_epoch")
+               "zm_lost", "zm_layout", "zm_epoch", "zm_entries", "zm_entry_ports")
+#: pinned maps added to layout 3 later, without changing any other map: pins of an agent
+#: from before them lack them, and BCC creates them beside the others (no recreation)
+ADDED_MAPS = frozenset({"zm_entries", "zm_entry_ports"})
 
 def libbcc() -> ctypes.CDLL:
     """Return BCC's libbcc (its libbpf wrappers ``bpf_lookup_elem``, ``bpf_obj_get_info``...).
@@ -155,6 +158,8 @@ def expected_maps(config: DatapathConfig) -> dict[str, tuple[int, int, int, int]
         "zm_lost": (_MAP_ARRAY, 4, ctypes.sizeof(FlowValue), 1),
         "zm_layout": (_MAP_ARRAY, 4, 4, 1),
         "zm_epoch": (_MAP_ARRAY, 4, 8, EPOCH_SLOTS),
+        "zm_entries": (_MAP_HASH, ctypes.sizeof(EndpointKey), 4, config.endpoint_capacity),
+        "zm_entry_ports": (_MAP_ARRAY, 4, 4, 65536),
     }
 
 
@@ -165,7 +170,8 @@ def _pin_mismatches(config: DatapathConfig) -> list[str]:
     for name, want in expected_maps(config).items():
         path = os.path.join(config.pin_path, name)
         if not os.path.exists(path):
-            problems.append(f"{name} missing")
+            if name not in ADDED_MAPS:
+                problems.append(f"{name} missing")
             continue
         try:
             fd = obj_get(path)
@@ -243,7 +249,7 @@ def prepare_pins(config: DatapathConfig) -> bool:
     path = config.pin_path
     make_pin_dir(path)
     present = [n for n in PINNED_MAPS if os.path.exists(os.path.join(path, n))]
-    if not present:
+    if not set(present) - ADDED_MAPS:
         return False
     problems = _pin_mismatches(config)
     if not problems:

@@ -150,6 +150,13 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "cidr, external, unknown).",
         SERVICE_LABELS, lambda s, _: _keyed(s.totals.service_bytes)),
     MetricFamily(
+        "zonemeter_service_entry_bytes_total", COUNTER,
+        "L3 bytes of the first hop of a node port (a load balancer or another client off the "
+        "node to a node port, LoadBalancer IP or externalIP of a Service with "
+        "externalTrafficPolicy Cluster), counted on the receiving node's uplinks: server_zone "
+        "is that node's; the endpoint counts the next hop in zonemeter_service_bytes_total.",
+        SERVICE_LABELS, lambda s, _: _keyed(s.totals.service_entry_bytes)),
+    MetricFamily(
         "zonemeter_service_hint_ignored_bytes_total", COUNTER,
         "L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that "
         "zone while topology hints were in effect, by the client's node and kind (pod or node).",
@@ -190,8 +197,8 @@ FAMILIES: tuple[MetricFamily, ...] = (
         ("reason",), lambda s, _: _by_name(s.totals.unattributed_bytes, UNATTRIBUTED_REASONS)),
     MetricFamily(
         "zonemeter_unknown_crossing_bytes_total", COUNTER,
-        "L3 bytes of service and workload series whose crossing is unknown, by reason (a subset "
-        "of those series).",
+        "L3 bytes of service, entry and workload series whose crossing is unknown, by reason (a "
+        "subset of those series).",
         ("reason",), lambda s, _: _by_name(s.totals.unknown_crossing_bytes, UNKNOWN_CROSSING_REASONS)),
     MetricFamily(
         "zonemeter_skipped_bytes_total", COUNTER,

@@ -209,6 +209,8 @@ class ClusterMetadata:
         self._node_entries: dict[str, NodeEntry] = {}
         self._service_entries: dict[ServiceKey, ServiceEntry] = {}
         self._doors: tuple[int, DoorIndex] | None = None  # (services generation, index)
+        # node -> ((services, nodes generations), its entry points)
+        self._entry_cache: dict[str, tuple[tuple[int, int], frozenset[tuple[IPAddress, int, int]]]] = {}
         self._slice_index = SliceIndex()
         self._generation: dict[str, int] = {r: 0 for r in RESOURCES}
         self._dirty: set[ServiceKey] = set()
@@ -692,6 +694,31 @@ class ClusterMetadata:
             pod = pods.host_port_owner(node_name, port, protocol)
             return self._pod_peer(pod) if pod is not None else None
 
+    def host_port_target(self, ip: IPAddress, port: int, protocol: int) -> tuple[IPAddress, int] | None:
+        """Where the CNI's portmap plugin DNATs ``ip:port/protocol``: when
+        :meth:`resolve_host_port` names a pod that is not host-network and declares ``port``
+        as a ``hostPort``, its address of ``ip``'s family and the ``containerPort``
+        (:func:`agent.k8s.parse.pod_host_port_targets`); else None. Never raises.
+
+        Attribution asks whether that target is a Service endpoint: its node then counts the
+        bytes as the Service's (the DNAT keeps the client's address), so the client's copy
+        is skipped (docs/attribution.md, "Host-network servers by port").
+        """
+        if not port:
+            return None
+        k = tagged_address_key(ip)
+        with self._lock:
+            pods = self._pod_table
+            node_name = self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
+            if node_name is None:
+                return None
+            pod = pods.host_port_owner(node_name, port, protocol)
+            if pod is None or pod.host_network:
+                return None
+            target = next((t for h, pr, t in pod.host_port_targets if (h, pr) == (port, protocol)), None)
+            addr = next((a for a in pod.ips if a.version == ip.version), None)
+            return None if target is None or addr is None else (addr, target)
+
     def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool = True
                      ) -> tuple[Peer, bool]:
         """Resolve a local address whose bytes the host veth ``ifindex`` carried.
@@ -904,6 +931,39 @@ class ClusterMetadata:
                     return ServicePort(rec.namespace, rec.name, sp.port, sp.name,
                                        sp.target_port, protocol)
             return None
+
+    def entry_points(self, node_name: str) -> frozenset[tuple[IPAddress, int, int]]:
+        """The entry addresses of node ``node_name`` whose first hop its uplinks count
+        (docs/datapath.md, "The first hop of a node port"): for every Service with
+        ``externalTrafficPolicy: Cluster`` (the API's default), each of the Node's
+        addresses (InternalIP, ExternalIP) with each ``nodePort``, and each externalIP and
+        LoadBalancer ingress IP with each Service port. kube-proxy DNATs (and masquerades)
+        what arrives there to any endpoint (``pkg/proxy`` ``KUBE-NODEPORTS``/``KUBE-EXT-*``,
+        ``externalPolicyLocal`` false), so the receiving node is the only one that sees the
+        hop. Services with ``externalTrafficPolicy: Local`` are left out: their endpoint
+        sees the client itself, one hop. Memoized per Service and Node generation.
+
+        Returns:
+            ``{(address, port, IP protocol number)}``, port in host byte order; empty for a
+            node the cache does not know (its addresses are unknown).
+        """
+        with self._lock:
+            gen = (self._generation["services"], self._generation["nodes"])
+            hit = self._entry_cache.get(node_name)
+            if hit is not None and hit[0] == gen:
+                return hit[1]
+            node = self._nodes.get(node_name)
+            out: set[tuple[IPAddress, int, int]] = set()
+            for svc in self._services.values():
+                if svc.external_local:
+                    continue
+                for p in svc.ports:
+                    if p.node_port and node is not None:
+                        out.update((a, p.node_port, p.protocol) for a in node.addresses)
+                    out.update((a, p.port, p.protocol) for a in svc.external_ips + svc.lb_ips)
+            result = frozenset(out)
+            self._entry_cache[node_name] = (gen, result)
+            return result
 
     def door_index(self) -> DoorIndex:
         """The NodePort / externalIP / LoadBalancer IP index of the cached Services

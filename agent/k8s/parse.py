@@ -90,6 +90,9 @@ class PodRecord:
             networking both are ports of the node's address); for any other pod its
             ``hostPort`` values (the CNI's portmap plugin DNATs them to the pod);
             ``()`` when there are none.
+        host_port_targets: for a pod that is not host-network, ``(hostPort, protocol
+            number, containerPort)`` of each declared ``hostPort``: where the portmap DNAT
+            sends ``node:hostPort`` (:func:`pod_host_port_targets`); ``()`` otherwise.
     """
 
     namespace: str
@@ -102,6 +105,7 @@ class PodRecord:
     terminal: bool
     since: float = 0.0
     host_ports: tuple[tuple[int, int], ...] = ()
+    host_port_targets: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +158,9 @@ class ServiceRecord:
         external_ips: the parseable addresses of ``spec.externalIPs``, in order.
         lb_ips: the parseable ``status.loadBalancer.ingress[].ip`` addresses, in order
             (entries with only a ``hostname`` have none).
+        external_local: ``spec.externalTrafficPolicy`` is ``Local`` (node ports, externalIPs
+            and LoadBalancer IPs reach only the receiving node's endpoints, with the
+            client's address kept); False for ``Cluster``, the API's default.
     """
 
     namespace: str
@@ -162,6 +169,7 @@ class ServiceRecord:
     ports: tuple[ServicePortSpec, ...]
     external_ips: tuple[IPAddress, ...] = ()
     lb_ips: tuple[IPAddress, ...] = ()
+    external_local: bool = False
 
 
 class BadObject(ValueError):
@@ -246,6 +254,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
         host_network=host_network,
         terminal=status.get("phase") in ("Succeeded", "Failed"),
         host_ports=pod_host_ports(spec, host_network),
+        host_port_targets=() if host_network else pod_host_port_targets(spec),
     )
 
 
@@ -281,6 +290,28 @@ def pod_host_ports(spec: Mapping[str, Any], host_network: bool = True) -> tuple[
                     n = p.get(field_)
                     if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 65536:
                         out.add((n, proto))
+    return tuple(sorted(out))
+
+
+def pod_host_port_targets(spec: Mapping[str, Any]) -> tuple[tuple[int, int, int], ...]:
+    """``(hostPort, protocol number, containerPort)`` of every ``ports[]`` entry of
+    ``spec.containers`` and ``spec.initContainers`` that declares both, sorted: the CNI's
+    portmap plugin DNATs ``node:hostPort`` to ``pod:containerPort``, keeping the client's
+    address (containernetworking/plugins ``plugins/meta/portmap``, its DNAT chain). Malformed
+    entries are skipped, as :func:`pod_host_ports` skips them."""
+    out: set[tuple[int, int, int]] = set()
+    for group in ("containers", "initContainers"):
+        containers = spec.get(group)
+        for c in containers if isinstance(containers, list) else ():
+            ports = c.get("ports") if isinstance(c, dict) else None
+            for p in ports if isinstance(ports, list) else ():
+                if not isinstance(p, dict):
+                    continue
+                proto = _PORT_PROTOCOLS.get(p.get("protocol") or "TCP")
+                host, target = p.get("hostPort"), p.get("containerPort")
+                if (proto is not None and isinstance(host, int) and isinstance(target, int)
+                        and _port_number(host) and _port_number(target)):
+                    out.add((host, proto, target))
     return tuple(sorted(out))
 
 
@@ -382,7 +413,8 @@ def parse_service(obj: Mapping[str, Any]) -> ServiceRecord:
     return ServiceRecord(namespace=_intern(meta.get("namespace")) or "default",
                          name=meta["name"], cluster_ips=tuple(ips), ports=tuple(ports),
                          external_ips=tuple(a for a in ext if a is not None),
-                         lb_ips=tuple(a for a in lb if a is not None))
+                         lb_ips=tuple(a for a in lb if a is not None),
+                         external_local=spec.get("externalTrafficPolicy") == "Local")
 
 
 def _prune_common(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -166,7 +166,7 @@ class PodTable:
         since = old.since if old is not None and old_ips and new_ips else now
         rec = PodRecord(rec.namespace, rec.name, rec.node, rec.ips, rec.workload,
                         rec.workload_kind, rec.host_network, rec.terminal, since,
-                        rec.host_ports)
+                        rec.host_ports, rec.host_port_targets)
         names[rec.name] = rec
         if old is None:
             self.count += 1

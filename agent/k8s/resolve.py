@@ -46,6 +46,20 @@ class MetadataAdapter:
         one on that node declares it; see ``ClusterMetadata.resolve_host_port``."""
         return self.cache.resolve_host_port(ip, port, protocol)
 
+    def is_entry_point(self, ip: IPAddress, port: int, protocol: int) -> bool:
+        """True when ``ip`` is a node's address and ``port``/``protocol`` a node port of a
+        Service with ``externalTrafficPolicy: Cluster`` there: that node's uplink counts a
+        call to it as the first hop (``ClusterMetadata.entry_points`` of the node)."""
+        peer = self.cache.resolve(ip)
+        if peer.kind is not PeerKind.NODE or peer.node is None:
+            return False
+        return (ip, port, protocol) in self.cache.entry_points(peer.node)
+
+    def host_port_target(self, ip: IPAddress, port: int, protocol: int) -> tuple[IPAddress, int] | None:
+        """The pod address and ``containerPort`` a ``hostPort`` of ``ip`` leads to; see
+        ``ClusterMetadata.host_port_target``."""
+        return self.cache.host_port_target(ip, port, protocol)
+
     def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool
                      ) -> tuple[Peer, bool]:
         """Resolve a local pod address by the host veth its bytes crossed; see

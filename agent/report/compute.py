@@ -4,7 +4,9 @@ Every figure is defined in ``docs/report.md``; in short, for a window ``[s, e)``
 seconds and a Service:
 
 - ``bytes_per_second`` = ``increase(zonemeter_service_bytes_total[D])`` evaluated at ``e``,
-  summed over the Service's series, divided by ``D`` (increase handles counter resets and,
+  plus the same of ``zonemeter_service_entry_bytes_total`` (the first hop of the Service's
+  node ports, a hop of its own: docs/attribution.md, "Two hops of NodePort and LoadBalancer
+  traffic"), summed over the Service's series, divided by ``D`` (increase handles counter resets and,
   where the window edges fall between scrapes, extrapolates to them as ``rate()`` does);
 - ``cross_zone_bytes_per_second``: the same over ``crossing="cross_zone"`` only, also split
   by ``direction``, ``client_zone`` and ``server_zone``;
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
     from agent.report.workloads import WorkloadChange
 
 BYTES = "zonemeter_service_bytes_total"
+ENTRY_BYTES = "zonemeter_service_entry_bytes_total"
+#: the two hops of a Service's bytes, each family with the ``hop`` label value that keeps
+#: their series apart until a query sums them (they carry the same labels)
+HOP_FAMILIES = ((BYTES, "endpoint"), (ENTRY_BYTES, "entry"))
 HINT_IGNORED = "zonemeter_service_hint_ignored_bytes_total"
 IN_EFFECT = "zonemeter_service_locality_in_effect"
 LAST_CHANGE = "zonemeter_service_locality_last_change_timestamp_seconds"
@@ -386,6 +392,16 @@ def label_matchers(service: ServiceKey | None, extra: str = "") -> str:
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
+def _hops(fn: str, matchers: str, rng: str, clause: str = "") -> str:
+    """``fn(family{matchers}[rng]clause)`` over both hop families (:data:`HOP_FAMILIES`),
+    joined with ``or``, each tagged with a ``hop`` label first: an endpoint series and an
+    entry series of one agent can have the very same labels, which one selector of both
+    names (``__name__=~``) refuses once ``fn`` drops the name ("vector cannot contain
+    metrics with the same labelset"). The caller sums over ``hop``."""
+    return " or ".join(f'label_replace({fn}({name}{matchers}[{rng}]{clause}), "hop", "{hop}", "", "")'
+                       for name, hop in HOP_FAMILIES)
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -645,8 +661,8 @@ def _offset_selector(selector: str, clause: str) -> str:
     return selector + clause
 
 
-def _offset_rate(range_selector: str, clause: str) -> str:
-    return f"sum by (namespace, service) (rate({range_selector}{clause}))"
+def _offset_rate(matchers: str, rng: str, clause: str) -> str:
+    return f"sum by (namespace, service) ({_hops('rate', matchers, rng, clause)})"
 
 
 def _merged(results: Iterable[dict[str, list[_T]]]) -> dict[str, list[_T]]:
@@ -696,10 +712,10 @@ def batch_window_stats(client: PromClient, jobs: list[tuple[Window, Scope]], *,
         rng = _range(w.seconds)
         end = format_ms(prometheus_ms(w.end))
         totals_q[f"{i}"] = (f"sum by (namespace, service) "
-                            f"(increase({BYTES}{scope.matchers()}[{rng}] @ {end}))")
+                            f"({_hops('increase', scope.matchers(), rng, f' @ {end}')})")
         cross_q[f"{i}"] = ("sum by (namespace, service, direction, client_zone, server_zone, "
                            "client_kind, lb_type) "
-                           f"(increase({BYTES}{scope.matchers(CROSS_ZONE)}[{rng}] @ {end}))")
+                           f"({_hops('increase', scope.matchers(CROSS_ZONE), rng, f' @ {end}')})")
         hints_q[f"{i}"] = (f"sum by (namespace, service) "
                            f"(increase({HINT_IGNORED}{scope.matchers()}[{rng}] @ {end}))")
         count = "count by (namespace, service)" if coverage_by_service else "count"
@@ -778,8 +794,8 @@ def sub_window_seconds(window_seconds: float, scrape: float) -> float:
     return float(next((s for s in NICE_STEPS_SECONDS if s >= floor), NICE_STEPS_SECONDS[-1]))
 
 
-def _offset_increase(range_selector: str, clause: str) -> str:
-    return f"sum by (namespace, service, crossing) (increase({range_selector}{clause}))"
+def _offset_increase(matchers: str, rng: str, clause: str) -> str:
+    return f"sum by (namespace, service, crossing) ({_hops('increase', matchers, rng, clause)})"
 
 
 def spread_of(points: Mapping[float, tuple[float, float]], grid: list[float], seconds: float
@@ -843,13 +859,12 @@ def batch_spreads(client: PromClient, jobs: list[tuple[Window, Scope]], scrape: 
         rng = _range(length)
         if scope.keys is None or separate_ranges:
             parts.append(_RangePart(
-                f"{i}", functools.partial(_offset_increase, f"{BYTES}{scope.matchers()}[{rng}]"),
+                f"{i}", functools.partial(_offset_increase, scope.matchers(), rng),
                 grid[0], grid[-1], length, alone=separate_ranges))
         else:
             for key in sorted(scope.keys):
                 parts.append(_RangePart(
-                    f"{i}", functools.partial(_offset_increase,
-                                              f"{BYTES}{label_matchers(key)}[{rng}]"),
+                    f"{i}", functools.partial(_offset_increase, label_matchers(key), rng),
                     grid[0], grid[-1], length, key=key))
     result = _merged(_run_all(_range_calls(client, parts))) if parts else {}
     out: list[dict[ServiceKey, Spread]] = []
@@ -1083,7 +1098,7 @@ def cross_zone_series(client: PromClient, spans: list[tuple[float, float, Scope]
         rng = _range(max(4 * scrape, step + scrape))
         sel = scope.matchers(CROSS_ZONE)
         parts.append(_RangePart(
-            f"{i}", functools.partial(_offset_rate, f"{BYTES}{sel}[{rng}]"),
+            f"{i}", functools.partial(_offset_rate, sel, rng),
             start, end, step, alone=scope.keys is None,
             key=next(iter(scope.keys)) if scope.keys is not None and len(scope.keys) == 1
             else None))

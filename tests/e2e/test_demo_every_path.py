@@ -8,11 +8,13 @@ node ports with externalTrafficPolicy Local and Cluster included; c2 keeps the e
 that ignores hints). Four nodes in three zones:
 ``c2``'s data plane ignores hints, ``mesh-b1`` balances itself over ``shop/checkout``'s
 endpoints, a load balancer per zone (``lb-a`` an ALB with IP targets, ``lb-b`` and ``lb-c``
-NLBs on node ports, Local and Cluster), a host-network ingress on ``a1``, the headless
-``shop/peers``, the managed database ``orders-db`` in zone-b, pod -> node, host -> pod,
-pod -> pod and a hostPort, in IPv4 and IPv6. Each test reads ``summary`` (the ``-o json``
-document) only: per Service and for non-Service traffic the agents' bytes per zone pair,
-direction and client class equal the lab's, dollars follow AWS's rule per class,
+NLBs on node ports, Local and Cluster: ``lb-c``'s calls reach c2 and b1, whose uplinks count
+the first hop), a host-network ingress on ``a1``, the headless ``shop/peers``, the managed
+database ``orders-db`` in zone-b, pod -> node, host -> pod, pod -> pod and a hostPort (to a
+plain pod, and to ``jobs/queue``'s endpoint), in IPv4 and IPv6. Each test reads ``summary``
+(the ``-o json`` document) only: per Service and for non-Service traffic the agents' bytes
+per zone pair, direction and client class equal the lab's, the first hop of node ports
+equals what the load balancer's own counters say, dollars follow AWS's rule per class,
 hint-ignored bytes carry the cause the lab played on the node that played it, and what no
 agent can see is named as such.
 """
@@ -104,32 +106,58 @@ def test_each_client_class_is_counted_where_the_topology_puts_it(summary: dict[s
 
     assert set(classes("shop/checkout")) == {("pod", "zone-a"), ("pod", "zone-b"), ("pod", "zone-c")}
     assert set(classes("shop/peers")) == {("pod", "zone-a"), ("pod", "zone-c")}
-    assert set(classes("shop/web")) == {(lb, "zone-a"), ("node", "zone-a"), ("node", "zone-c")}
+    # c2's and b1's masqueraded node-port hops, the ingress on a1: node clients
+    assert set(classes("shop/web")) == {(lb, "zone-a"), ("node", "zone-a"), ("node", "zone-b"), ("node", "zone-c")}
+    # a hostPort call to the queue's endpoint is the Service's, from the calling pod
+    assert set(classes("jobs/queue")) == {("pod", "zone-a")}
     assert set(classes("shop/api")) == {(lb, "zone-b")}
     api = _svc(summary, "shop/api")
     assert set(api["bytes"]) == {"same_zone"}  # the NLB's zone-b address, its own node's endpoint
 
 
+def test_the_first_hop_of_node_ports_equals_the_load_balancers_own_count(summary: dict[str, Any]) -> None:
+    """lb-c's calls to web's node port (externalTrafficPolicy Cluster) on c2 (zone-c) and b1
+    (zone-b): each first hop counted once, on the receiving node's uplink, equal per class,
+    zone pair and direction to what lb-c's own nftables counters say it sent and received;
+    api's node port (Local) has none (its endpoint sees lb-b itself), nor has any Service
+    without node ports."""
+    rows = _svc(summary, "shop/web")["entry_by_client_kind"]
+    for r in rows:
+        assert r["bytes"] == r["ground_truth_bytes"] > 0, r
+    assert {(r["client_kind"], r["client_zone"], r["server_zone"], r["crossing"]) for r in rows} == {
+        ("load-balancer", "zone-c", "zone-c", "same_zone"), ("load-balancer", "zone-c", "zone-b", "cross_zone")}
+    assert {r["direction"] for r in rows} == {"request", "response"}
+    for key in ("shop/api", "shop/checkout", "shop/peers", "jobs/queue"):
+        assert _svc(summary, key)["entry_by_client_kind"] == [], key
+
+
 def test_dollars_by_client_class(summary: dict[str, Any]) -> None:
     """At AWS's rules: the ALB's hop to web's pods crosses zones but is not billed (its
     dollars 0, with the reason), the NodePort hop and the ingress (node clients) and the
-    pods' calls are; a Service's dollars are its billed classes' only; the database's
-    cross-zone bytes are billed non-Service bytes."""
+    pods' calls are, and so is the NLB's cross-zone first hop to b1; a Service's dollars are
+    its billed classes' only; the database's cross-zone bytes are billed non-Service bytes."""
     def lab_cross_zone(key: str, kind: str) -> int:
         return sum(r["ground_truth_bytes"] for r in _svc(summary, key)["by_client_kind"]
                    if r["client_kind"] == kind and r["crossing"] == "cross_zone")
 
     web = _svc(summary, "shop/web")
-    classes = {(c["client_kind"], c["lb_type"]): c for c in web["cost_by_class"]}
-    assert set(classes) == {("load-balancer", "aws-alb"), ("node", "")}
-    alb, node = classes[("load-balancer", "aws-alb")], classes[("node", "")]
+    classes = {(c["hop"], c["client_kind"], c["lb_type"]): c for c in web["cost_by_class"]}
+    assert set(classes) == {("endpoint", "load-balancer", "aws-alb"), ("endpoint", "node", ""),
+                            ("entry", "load-balancer", "aws-nlb")}
+    alb, node = classes[("endpoint", "load-balancer", "aws-alb")], classes[("endpoint", "node", "")]
+    nlb = classes[("entry", "load-balancer", "aws-nlb")]
     assert alb["cross_zone_bytes"] == lab_cross_zone("shop/web", "load-balancer") > 0
     assert (alb["billed"], alb["usd_per_month_at_aws_price"]) == (False, 0.0) and alb["reason"]
     assert node["cross_zone_bytes"] == lab_cross_zone("shop/web", "node") > 0
     assert node["billed"] and node["usd_per_month_at_aws_price"] > 0
-    assert web["usd_per_month_at_aws_price"] == node["usd_per_month_at_aws_price"]
+    assert nlb["cross_zone_bytes"] == sum(r["ground_truth_bytes"] for r in web["entry_by_client_kind"]
+                                          if r["crossing"] == "cross_zone") > 0
+    assert nlb["billed"] and nlb["usd_per_month_at_aws_price"] > 0
+    assert web["usd_per_month_at_aws_price"] == round(node["usd_per_month_at_aws_price"]
+                                                      + nlb["usd_per_month_at_aws_price"], 2)
     [pod] = _svc(summary, "shop/checkout")["cost_by_class"]
-    assert (pod["client_kind"], pod["billed"]) == ("pod", True) and pod["usd_per_month_at_aws_price"] > 0
+    assert (pod["hop"], pod["client_kind"], pod["billed"]) == ("endpoint", "pod", True)
+    assert pod["usd_per_month_at_aws_price"] > 0
     assert _svc(summary, "shop/api")["cost_by_class"] == []  # the NLB's zone-b calls stay in zone-b
     db = [w for w in summary["workloads"] if w["remote_kind"] == "cidr" and w["cross_zone_bytes"]]
     assert db and all(w["billed"] and w["usd_per_month_at_aws_price"] > 0 for w in db)
@@ -152,8 +180,8 @@ def test_hint_ignored_verdicts_name_node_and_cause(summary: dict[str, Any]) -> N
     assert set(web) == {("c2", "external")}
     got, want, played = web[("c2", "external")]
     assert got == want > 0 and played == "external"
-    assert causes("shop/api") == causes("shop/peers") == {}
-    for key in ("shop/checkout", "shop/web", "shop/api", "shop/peers"):
+    assert causes("shop/api") == causes("shop/peers") == causes("jobs/queue") == {}
+    for key in ("shop/checkout", "shop/web", "shop/api", "shop/peers", "jobs/queue"):
         s = _svc(summary, key)
         assert s["hint_ignored_bytes"] == s["ground_truth_hint_ignored_bytes"], key
     sentences = {c["cause"]: c["sentence"] for key in ("shop/checkout", "shop/web")
@@ -188,6 +216,8 @@ def test_non_service_bytes_per_workload_equal_the_lab(summary: dict[str, Any]) -
         ("frontend-b1", "cidr", "zone-b", "same_zone", "egress"),
         ("frontend-b1", "cidr", "zone-b", "same_zone", "ingress"),
     } <= got
+    # the hostPort call to queue-c1 (a Service endpoint) is no workload byte: the Service's
+    assert not any(r["workload"] == "frontend-a1" and r["remote_kind"] == "pod" for r in rows)
     unseen = [r for r in rows if not r["seen_by_agents"]]
     assert {(r["namespace"], r["workload"], r["direction"]) for r in unseen} == {
         ("ingress", "ingress-a1", "ingress"), ("ingress", "ingress-a1", "egress")}

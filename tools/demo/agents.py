@@ -38,6 +38,7 @@ ServiceSeries = tuple[str, str, str, str, str, str]  # ns, service, cz, sz, cros
 #: the agent's metric families the demo reads (sample names carry ``_total`` for counters);
 #: tests check each against ``agent.exporter.Exporter.describe()`` so a rename fails there
 SERVICE_BYTES = "zonemeter_service_bytes_total"
+ENTRY_BYTES = "zonemeter_service_entry_bytes_total"
 HINT_IGNORED_BYTES = "zonemeter_service_hint_ignored_bytes_total"
 LOCALITY_IN_EFFECT = "zonemeter_service_locality_in_effect"
 LOCALITY_INFO = "zonemeter_service_locality_info"
@@ -48,7 +49,7 @@ UNATTRIBUTED_BYTES = "zonemeter_unattributed_bytes_total"
 ATTACHED_INTERFACES = "zonemeter_attached_interfaces"
 READ_SAMPLES = (SERVICE_BYTES, HINT_IGNORED_BYTES, LOCALITY_IN_EFFECT, LOCALITY_INFO,
                 EXPECTED_CROSS_ZONE, WORKLOAD_BYTES, UNATTRIBUTED_BYTES, ATTACHED_INTERFACES,
-                CLIENT_PATH_BYTES)
+                CLIENT_PATH_BYTES, ENTRY_BYTES)
 #: (namespace, workload, workload_kind, client_zone, remote_zone, remote_kind, crossing,
 #: direction): the labels of ``zonemeter_workload_bytes_total``
 WorkloadSeries = tuple[str, str, str, str, str, str, str, str]
@@ -67,6 +68,11 @@ class AgentMetrics:
         service_bytes_by_kind: (namespace, service, client_kind, client_zone, server_zone,
             crossing, direction) -> bytes, summed over the other labels; empty when the
             agents export no ``client_kind`` label on the family.
+        entry_by_kind: (namespace, service, client_kind, client_zone, server_zone, crossing,
+            direction) -> bytes of ``zonemeter_service_entry_bytes_total`` (the first hop of
+            node ports, counted on the receiving node's uplinks), summed over the rest.
+        entry_classes: (namespace, service, crossing, client_kind, lb_type) -> bytes of
+            that family, what prices them.
         hint_ignored: (namespace, service, client_zone, server_zone) -> bytes.
         hint_ignored_by_node: (namespace, service, client_node, client_kind) -> bytes.
         client_paths: (namespace, service, client_node, path) -> bytes of
@@ -89,6 +95,8 @@ class AgentMetrics:
     service_bytes: dict[ServiceSeries, int] = field(default_factory=dict)
     service_classes: dict[tuple[str, str, str, str, str], int] = field(default_factory=dict)
     service_bytes_by_kind: dict[tuple[str, str, str, str, str, str, str], int] = field(default_factory=dict)
+    entry_by_kind: dict[tuple[str, str, str, str, str, str, str], int] = field(default_factory=dict)
+    entry_classes: dict[tuple[str, str, str, str, str], int] = field(default_factory=dict)
     hint_ignored: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     hint_ignored_by_node: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     client_paths: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
@@ -122,6 +130,12 @@ def parse_metrics(text: str) -> AgentMetrics:
                 if "client_kind" in lb:
                     k7 = (k6[0], k6[1], lb["client_kind"], *k6[2:])
                     m.service_bytes_by_kind[k7] = m.service_bytes_by_kind.get(k7, 0) + int(v)  # type: ignore[index]
+            elif s.name == ENTRY_BYTES:
+                ke = tuple(lb.get(n, "") for n in ("namespace", "service", "client_kind", "client_zone",
+                                                    "server_zone", "crossing", "direction"))
+                m.entry_by_kind[ke] = m.entry_by_kind.get(ke, 0) + int(v)  # type: ignore[index]
+                kc = (ke[0], ke[1], ke[5], ke[2], lb.get("lb_type", ""))
+                m.entry_classes[kc] = m.entry_classes.get(kc, 0) + int(v)
             elif s.name == HINT_IGNORED_BYTES:
                 k4 = (lb.get("namespace", ""), lb.get("service", ""), lb.get("client_zone", ""),
                       lb.get("server_zone", ""))
@@ -168,6 +182,10 @@ def merge(parts: Iterable[AgentMetrics]) -> AgentMetrics:
             out.service_classes[kc] = out.service_classes.get(kc, 0) + n
         for k7, n in p.service_bytes_by_kind.items():
             out.service_bytes_by_kind[k7] = out.service_bytes_by_kind.get(k7, 0) + n
+        for k7, n in p.entry_by_kind.items():
+            out.entry_by_kind[k7] = out.entry_by_kind.get(k7, 0) + n
+        for kc, n in p.entry_classes.items():
+            out.entry_classes[kc] = out.entry_classes.get(kc, 0) + n
         for k4, n in p.hint_ignored.items():
             out.hint_ignored[k4] = out.hint_ignored.get(k4, 0) + n
         for k4, n in p.hint_ignored_by_node.items():
@@ -220,7 +238,8 @@ def agent_argv(lab: Lab, node: str, snapshot: Path | None, address: str, interva
 
     ``hook`` ``"cgroup"`` runs the cgroup hook, scoped to the node's lab namespaces (its own
     and its pods': every lab shares the machine's cgroup tree) and compared with its uplink
-    (docs/datapath.md, "Interface counters").
+    (docs/datapath.md, "Interface counters"). Either hook counts the first hop of node ports
+    on the node's uplink (``--uplink-interfaces``).
 
     The agent reads its metadata from ``snapshot`` (``--snapshot``) or, when ``kubeconfig`` is
     given, from the apiserver it names (``--kubeconfig``: a lab on real Kubernetes). ``command``
@@ -239,11 +258,12 @@ def agent_argv(lab: Lab, node: str, snapshot: Path | None, address: str, interva
     vx = lab.vxlan_device(node)
     if vx is not None:
         exclude.append(vx[1])
-    hooked: list[str] = []
+    # the uplink: where the first hop of node ports is counted (both hooks), and the cgroup
+    # hook's coverage comparison
+    hooked: list[str] = ["--uplink-interfaces", uplink]
     if hook == "cgroup":
         scope = [netns] + [lab.pod_netns(p.name) for p in lab.topology.pods_on(node) if not p.host_network]
-        hooked = ["--hook", "cgroup", "--cgroup-scope-netns", ",".join(scope),
-                  "--uplink-interfaces", uplink]
+        hooked += ["--hook", "cgroup", "--cgroup-scope-netns", ",".join(scope)]
     return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, *source,
             "--netns", netns, "--metrics-address", address, "--interval", f"{interval:g}",
             "--exclude-interfaces", ",".join(exclude), *hooked, *extra]

@@ -746,6 +746,52 @@ class DemoCluster:
                 t.hint_ignored_by_cause[(cnode, cause)] = t.hint_ignored_by_cause.get((cnode, cause), 0) + n
         return out
 
+    def entry_truth(self, client_truth: Mapping[tuple[str, Any, int, str], int] | None = None
+                    ) -> dict[str, dict[tuple[str, str, str, str, str], int]]:
+        """The first hop of node ports as the agents' ``zonemeter_service_entry_bytes_total``
+        should report it, from the outside peers' own counters (``Lab.outside_client_truth``):
+        a peer's bytes to and from a node's address on the node port of a Service with
+        ``externalTrafficPolicy: Cluster`` that the plan sends it to. ``Local`` Services get
+        none: their endpoint sees the peer itself, one hop (docs/attribution.md, "Two hops
+        of NodePort and LoadBalancer traffic").
+
+        Args:
+            client_truth: ``{(outside/<peer>, remote address, remote port, direction):
+                bytes}``; read from the lab when None.
+
+        Returns:
+            ``namespace/name`` -> ``{(client_kind, client_zone, server_zone, crossing,
+            direction): bytes}`` (server_zone: the receiving node's), Services with
+            entries only.
+        """
+        topo = self.lab.topology
+        routes: dict[tuple[str, str, int], tuple[str, str]] = {}
+        for f in self.traffic.flows:
+            if f.path != "nodePort" or f.service is None:
+                continue
+            if topo.service(f.service).external_traffic_policy == "Local":
+                continue
+            port = f.port if f.port is not None else self.lab.node_port(f.service)
+            for c in f.clients:
+                if not c.startswith("outside/"):
+                    continue
+                for n in f.nodes:
+                    for fam in f.families:
+                        if fam == 4 or topo.node(n).ip6 is not None:
+                            routes[(c, str(self.lab.node_ip(n, fam)), int(port))] = (f.service, n)
+        ct = self.lab.outside_client_truth() if client_truth is None else client_truth
+        out: dict[str, dict[tuple[str, str, str, str, str], int]] = {}
+        for (peer, addr, port, direction), n in ct.items():
+            hit = routes.get((peer, str(addr), int(port)))
+            if hit is None or not n:
+                continue
+            key, node = hit
+            c, srv = self.side(peer), self.side(f"node/{node}")
+            k = (c.kind, c.zone or "unknown", srv.zone or "unknown", crossing_of(c, srv), direction)
+            rows = out.setdefault(key, {})
+            rows[k] = rows.get(k, 0) + n
+        return out
+
     def hint_cause(self, client: str, server: str) -> str:
         """The cause the lab played when ``client``'s bytes to ``server`` ignore the hints
         (docs/attribution.md, "Why bytes ignored the hints"): ``external`` when the client is

@@ -351,7 +351,8 @@ class DemoRun:
         sent = None if self._measure is None else time.monotonic() - self._measure[0]
         return build_summary(elapsed, agents, self.cluster.truth(gt), self.cluster.models,
                              baseline=self._baseline, traffic_seconds=sent,
-                             workload_truth=self.cluster.workload_truth(gt))
+                             workload_truth=self.cluster.workload_truth(gt),
+                             entry_truth=self.cluster.entry_truth())
 
     def execute(self, progress: Progress | None = None,
                 during: Callable[[DemoRun], None] | None = None,
@@ -395,7 +396,8 @@ class DemoRun:
         truth = self.cluster.truth(gt)
         workload_truth = self.cluster.workload_truth(gt)
         summary = build_summary(duration, agents, truth, self.cluster.models, baseline=baseline,
-                                traffic_seconds=traffic_seconds, workload_truth=workload_truth)
+                                traffic_seconds=traffic_seconds, workload_truth=workload_truth,
+                                entry_truth=self.cluster.entry_truth())
         summary["flows"] = [plan_json(f) for f in self.cluster.traffic.flows]
         summary["requests"] = {"completed": sum(f.ok for f in flows),
                                "failed": sum(f.failed for f in flows)}

@@ -11,8 +11,11 @@ JSON (``zonemeter demo -o json``), exactly the schema of docs/demo.md::
                    "hint_ignored_causes": [{"client_node", "cause", "bytes",
                                             "ground_truth_bytes", "ground_truth_cause",
                                             "kube_proxy_version", "sentence"}],
-                   "cost_by_class": [{"client_kind", "lb_type", "cross_zone_bytes", "billed",
-                                      "usd_per_month_at_aws_price", "reason"}]}],
+                   "cost_by_class": [{"hop", "client_kind", "lb_type", "cross_zone_bytes", "billed",
+                                      "usd_per_month_at_aws_price", "reason"}],
+                   "entry_by_client_kind": [{"client_kind", "client_zone", "server_zone",
+                                             "crossing", "direction", "bytes",
+                                             "ground_truth_bytes"}]}],
      "workloads": [{"namespace", "workload", "workload_kind", "remote_kind", "client_zone",
                     "remote_zone", "bytes": {crossing: int}, "cross_zone_bytes": int,
                     "usd_per_month_at_aws_price": float, "billed": bool, "reason": str}],
@@ -30,9 +33,14 @@ same size, so a byte share is a call share.)
 Dollars follow AWS's rules per client class (``agent.report.pricing``, docs/report.md
 *Prices by client class*): a Service's ``usd_per_month_at_aws_price`` prices only the
 cross-zone bytes of the classes AWS bills (not an ALB's or a CLB's hop to its targets);
-``cost_by_class`` (extra) lists each class with cross-zone bytes, its share of the dollars
-($0 when not billed) and the rule's reason; a ``workloads`` row is priced by its remote's
-class (``billed``, ``reason``).
+``cost_by_class`` (extra) lists each hop and class with cross-zone bytes, its share of the
+dollars ($0 when not billed) and the rule's reason: ``hop`` ``endpoint`` for
+``zonemeter_service_bytes_total`` (the hop into the endpoint), ``entry`` for
+``zonemeter_service_entry_bytes_total`` (the first hop of a node port, load balancer or
+client to the receiving node); a ``workloads`` row is priced by its remote's class
+(``billed``, ``reason``). ``entry_by_client_kind`` (extra): the entry hop's bytes per class,
+zone pair and direction beside the lab's, which the outside peers count themselves
+(:meth:`tools.demo.cluster.DemoCluster.entry_truth`).
 
 ``hint_ignored_causes`` (extra): the Service's hint-ignored bytes per client node and cause
 (``agent.attribution.verdict``: ``data-plane``, ``client-side``, ``external``, ``unknown``),
@@ -82,6 +90,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
                   baseline: AgentMetrics | None = None, traffic_seconds: float | None = None,
                   proxy_versions: Mapping[str, str] | None = None,
                   workload_truth: tuple[Mapping[WorkloadKey, int], Mapping[WorkloadKey, int]] | None = None,
+                  entry_truth: Mapping[str, Mapping[tuple[str, str, str, str, str], int]] | None = None,
                   ) -> dict[str, Any]:
     """Return the JSON summary (see the module docstring).
 
@@ -100,6 +109,8 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             (:meth:`DemoCluster.workload_truth`: seen, unseen); None: the run sent only
             Service traffic, so every workload byte but a pod's link traffic with its own
             node is a Service byte counted twice.
+        entry_truth: Service key -> the lab's first hops of node ports
+            (:meth:`DemoCluster.entry_truth`); None: compared with nothing (ground truth 0).
     """
     seconds = traffic_seconds if traffic_seconds else duration_seconds
     verdicts = hint_verdicts(agents.hint_ignored_by_node, agents.client_paths, proxy_versions)
@@ -130,6 +141,8 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
         for k3, n in per_key.items():
             double += max(0, n - lab.get(k3, 0))
         by_pair, by_kind = service_breakdown(agents, t, ns, name, kinds)
+        by_entry = entry_breakdown(agents, (entry_truth or {}).get(key, {}), ns, name)
+        double += sum(max(0, r["bytes"] - r["ground_truth_bytes"]) for r in by_entry)
         hint = sum(n for (sns, sname, _, _), n in agents.hint_ignored.items()
                    if (sns, sname) == (ns, name))
         _, reason = agents.info.get((ns, name), ("", "unknown"))
@@ -155,6 +168,7 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "cost_by_class": classes,
             "by_zone_pair": by_pair,
             "by_client_kind": by_kind,
+            "entry_by_client_kind": by_entry,
         })
     workloads = workload_rows(agents, baseline, seconds)
     usd_services = round(sum(s["usd_per_month_at_aws_price"] for s in services), 2)
@@ -167,6 +181,26 @@ def build_summary(duration_seconds: float, agents: AgentMetrics,
             "usd_per_month_at_aws_price": {"services": usd_services, "workloads": usd_workloads,
                                            "total": round(usd_services + usd_workloads, 2)},
             "double_counted_bytes": int(double)}
+
+
+def entry_breakdown(agents: AgentMetrics, truth: Mapping[tuple[str, str, str, str, str], int],
+                    ns: str, name: str) -> list[dict[str, Any]]:
+    """One Service's first hops of node ports per client class, zone pair and direction,
+    agents (``zonemeter_service_entry_bytes_total``) beside the lab's (both since agent
+    start).
+
+    Returns:
+        rows ``{"client_kind", "client_zone", "server_zone", "crossing", "direction",
+        "bytes", "ground_truth_bytes"}`` for every key either side has, sorted.
+    """
+    got: dict[tuple[str, str, str, str, str], int] = {}
+    for (sns, sname, kind, cz, sz, crossing, direction), n in agents.entry_by_kind.items():
+        if (sns, sname) == (ns, name):
+            k = (kind, cz, sz, crossing, direction)
+            got[k] = got.get(k, 0) + n
+    return [{"client_kind": k[0], "client_zone": k[1], "server_zone": k[2], "crossing": k[3],
+             "direction": k[4], "bytes": got.get(k, 0), "ground_truth_bytes": truth.get(k, 0)}
+            for k in sorted(set(got) | set(truth))]
 
 
 def service_breakdown(agents: AgentMetrics, t: ServiceTruth, ns: str, name: str, kinds: bool
@@ -323,27 +357,34 @@ def cost_by_class(agents: AgentMetrics, baseline: AgentMetrics | None, ns: str, 
     class (:meth:`agent.report.pricing.Price.rule`): the measured window's bytes (less
     ``baseline``'s) held for a month, $0 for a class AWS does not bill.
 
+    Both hops of a Service's bytes are priced, each by its own client's class: ``hop``
+    ``endpoint`` (``zonemeter_service_bytes_total``) and ``entry`` (the first hop of a node
+    port, ``zonemeter_service_entry_bytes_total``).
+
     Returns:
-        ``[{"client_kind", "lb_type", "cross_zone_bytes" (since agent start, as the other
-        byte counts), "billed", "usd_per_month_at_aws_price", "reason"}]`` for the classes
-        with cross-zone bytes, largest first; ``lb_type`` ``""`` unless a load balancer.
+        ``[{"hop", "client_kind", "lb_type", "cross_zone_bytes" (since agent start, as the
+        other byte counts), "billed", "usd_per_month_at_aws_price", "reason"}]`` for the
+        classes with cross-zone bytes, largest first; ``lb_type`` ``""`` unless a load
+        balancer.
     """
-    def by_class(m: AgentMetrics | None) -> dict[tuple[str, str], int]:
-        out: dict[tuple[str, str], int] = {}
-        for (sns, sname, crossing, kind, lb), n in (m.service_classes if m else {}).items():
-            if (sns, sname) == (ns, name) and crossing == "cross_zone":
-                k = (kind, lb if kind == "load-balancer" else "")
-                out[k] = out.get(k, 0) + n
+    def by_class(m: AgentMetrics | None) -> dict[tuple[str, str, str], int]:
+        out: dict[tuple[str, str, str], int] = {}
+        for hop, series in (("endpoint", m.service_classes if m else {}),
+                            ("entry", m.entry_classes if m else {})):
+            for (sns, sname, crossing, kind, lb), n in series.items():
+                if (sns, sname) == (ns, name) and crossing == "cross_zone":
+                    k = (hop, kind, lb if kind == "load-balancer" else "")
+                    out[k] = out.get(k, 0) + n
         return out
 
     now, before = by_class(agents), by_class(baseline)
     rows = []
-    for (kind, lb), n in sorted(now.items(), key=lambda kv: (-kv[1], kv[0])):
+    for (hop, kind, lb), n in sorted(now.items(), key=lambda kv: (-kv[1], kv[0])):
         rule = AWS.rule(kind, lb)
-        rows.append({"client_kind": kind, "lb_type": lb, "cross_zone_bytes": n,
+        rows.append({"hop": hop, "client_kind": kind, "lb_type": lb, "cross_zone_bytes": n,
                      "billed": rule.billed,
                      "usd_per_month_at_aws_price": usd_per_month_at_aws_price(
-                         n - before.get((kind, lb), 0), seconds) if rule.billed else 0.0,
+                         n - before.get((hop, kind, lb), 0), seconds) if rule.billed else 0.0,
                      "reason": rule.reason})
     return rows
 
@@ -487,19 +528,21 @@ def _breakdown_lines(summary: Mapping[str, Any]) -> list[str]:
     non-Service rows the lab expects), each row that differs, and the hops no pod veth
     carries (nothing when the summary has no breakdown)."""
     pairs = [r for s in summary.get("services", ()) for r in s.get("by_zone_pair", ())]
+    entries = [r for s in summary.get("services", ()) for r in s.get("entry_by_client_kind", ())]
     rows = summary.get("workload_breakdown")
     if not pairs and not rows:
         return []
     seen = [r for r in rows or () if r["seen_by_agents"]]
     out = []
-    for what, group in (("Service", pairs), ("non-Service", seen)):
+    for what, group in (("Service", pairs), ("node-port first-hop", entries), ("non-Service", seen)):
         if not group:
             continue
         differ = [r for r in group if r["bytes"] != r["ground_truth_bytes"]]
         out.append(f"{what} bytes per zone pair and direction: {len(group) - len(differ)} of "
                    f"{len(group)} equal to the lab's")
         for r in differ:
-            who = f"{r['namespace']}/{r['workload']} {r['remote_kind']} " if "workload" in r else ""
+            who = (f"{r['namespace']}/{r['workload']} {r['remote_kind']} " if "workload" in r
+                   else f"{r['client_kind']} " if "client_kind" in r else "")
             out.append(f"  ! {who}{r['client_zone']}->{r.get('server_zone', r.get('remote_zone'))} "
                        f"{r['direction']}: agents {_n(r['bytes'])}, lab {_n(r['ground_truth_bytes'])}")
     for r in rows or ():

@@ -17,6 +17,12 @@ off and ``gso_max_segs`` to 1 on every lab link (one skb is one packet, even at
 ``output``, where TCP would otherwise hand over GSO super-packets) and keeps UDP datagrams under the MTU (no
 fragments, which would be reassembled before ``input``).
 
+An outside peer (a load balancer, a database) also gets a table ``inet zmgc`` that counts
+what it sends and receives **as a client** (:func:`render_client`): packets leaving it to,
+and entering it from, each (remote address, remote port), its own server ports left out.
+That is the hop between the peer and the node or pod it calls, seen from the peer's side:
+the first hop of a node port, which the server's table never sees (the node masquerades).
+
 Direction is decided by port, not by connection state: a packet to a listening port is a
 request. That holds because clients' ephemeral ports (32768-60999, the kernel default)
 never equal a server port: the topology refuses pod ports in that range.
@@ -69,6 +75,73 @@ def render(pod_index: int, ports: Iterable[tuple[str, int]]) -> str:
     lines.append("}")
     # delete first so re-applying is idempotent
     return f"table inet {table}\ndelete table inet {table}\n" + "\n".join(lines) + "\n"
+
+
+#: the outside peers' client-side counting table
+CLIENT_TABLE = "zmgc"
+
+
+def render_client(server_ports: Iterable[tuple[str, int]]) -> str:
+    """Return ``nft -f`` input creating an outside peer's client-side counting table
+    (:data:`CLIENT_TABLE`): sets keyed by (remote address, remote port) with a counter,
+    ``out4``/``out6`` for TCP and UDP packets leaving the peer (hook ``output``: its
+    requests), ``in4``/``in6`` for those entering it (hook ``input``: the answers), except
+    packets from or to the peer's own server ports (``server_ports``, ``(protocol, port)``).
+    """
+    mine = sorted({port for _, port in server_ports})
+    skip_out = f"th sport != {{ {', '.join(map(str, mine))} }} " if mine else ""
+    skip_in = f"th dport != {{ {', '.join(map(str, mine))} }} " if mine else ""
+    lines = [f"table inet {CLIENT_TABLE} {{"]
+    for name, kind in (("out4", "ipv4_addr"), ("in4", "ipv4_addr"), ("out6", "ipv6_addr"),
+                       ("in6", "ipv6_addr")):
+        lines.append(f"  set {name} {{ type {kind} . inet_service; size 65535; flags dynamic; counter; }}")
+    lines.append(f"  chain output {{ type filter hook output priority {PRIORITY}; policy accept;")
+    for fam, sel in (("4", "ip"), ("6", "ip6")):
+        lines.append(f"    meta nfproto ipv{fam} meta l4proto {{ tcp, udp }} {skip_out}"
+                     f"update @out{fam} {{ {sel} daddr . th dport }}")
+    lines.append("  }")
+    lines.append(f"  chain input {{ type filter hook input priority {PRIORITY}; policy accept;")
+    for fam, sel in (("4", "ip"), ("6", "ip6")):
+        lines.append(f"    meta nfproto ipv{fam} meta l4proto {{ tcp, udp }} {skip_in}"
+                     f"update @in{fam} {{ {sel} saddr . th sport }}")
+    lines.append("  }")
+    lines.append("}")
+    return (f"table inet {CLIENT_TABLE}\ndelete table inet {CLIENT_TABLE}\n" + "\n".join(lines)
+            + "\n")
+
+
+def render_client_reset() -> str:
+    """Return ``nft -f`` input that zeroes an outside peer's client-side counters."""
+    return "".join(f"flush set inet {CLIENT_TABLE} {s}\n" for s in ("out4", "in4", "out6", "in6"))
+
+
+def parse_client(nft_json: str) -> dict[tuple[IPAddress, int, str], tuple[int, int]]:
+    """Parse ``nft -j list table inet zmgc`` output (:func:`render_client`).
+
+    Returns:
+        ``{(remote address, remote port, "request"|"response"): (L3 bytes, packets)}``:
+        request = sent by the peer, response = received by it.
+    """
+    out: dict[tuple[IPAddress, int, str], tuple[int, int]] = {}
+    doc = json.loads(nft_json)
+    for item in doc.get("nftables", []):
+        s = item.get("set")
+        if not s or s.get("name") not in ("out4", "in4", "out6", "in6"):
+            continue
+        direction = "request" if s["name"].startswith("out") else "response"
+        for elem in s.get("elem", []):
+            e = elem.get("elem", elem) if isinstance(elem, Mapping) else None
+            if not isinstance(e, Mapping):
+                continue
+            val = e.get("val")
+            concat = val.get("concat") if isinstance(val, Mapping) else None
+            if not isinstance(concat, list) or len(concat) != 2:
+                continue
+            counter = e.get("counter") or {}
+            key = (ipaddress.ip_address(concat[0]), int(concat[1]), direction)
+            b, p = out.get(key, (0, 0))
+            out[key] = (b + int(counter.get("bytes", 0)), p + int(counter.get("packets", 0)))
+    return out
 
 
 def render_reset(pod_index: int) -> str:

@@ -113,11 +113,17 @@ def _dnat(ip: IPAddress, port: int) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
-def render(rules: Sequence[ProxyRule], family: int) -> str:
+def render(rules: Sequence[ProxyRule], family: int, local_pods: str | None = None) -> str:
     """Return ``iptables-restore`` input (family 4) or ``ip6tables-restore`` input (6).
 
     The text replaces the ``nat`` and ``filter`` tables of the node namespace entirely
     (the lab owns that namespace). ``rules`` of the other family are skipped.
+
+    ``local_pods``: an iptables interface name (``<prefix>p+``, the node's host-side pod
+    veths): node-port connections marked for masquerade are not masqueraded when they go
+    to a pod of this node, so a local endpoint sees the client's own address, as Cilium's
+    kube-proxy replacement does in its default SNAT mode (only remote backends are SNATed);
+    None: kube-proxy's rule, every marked connection masqueraded.
     """
     nat: list[str] = ["*nat", ":PREROUTING ACCEPT [0:0]", ":INPUT ACCEPT [0:0]",
                       ":OUTPUT ACCEPT [0:0]", ":POSTROUTING ACCEPT [0:0]",
@@ -132,6 +138,9 @@ def render(rules: Sequence[ProxyRule], family: int) -> str:
                             "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000",
                             "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
                             "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0",
+                            *([f"-A KUBE-POSTROUTING -o {local_pods} -m comment --comment "
+                               "\"local endpoints keep the client's address\" -j RETURN"]
+                              if local_pods else []),
                             "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic "
                             "requiring SNAT\" -j MASQUERADE"]
     node_port_rules: list[str] = []

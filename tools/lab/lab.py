@@ -248,6 +248,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
         for o in topo.outside:
             if o.ports:
                 self._install_peer_ground_truth(o)
+            self._install_peer_client_truth(o)
         self._start_servers()
         self._start_peer_servers()
         if self.kubernetes == "real":

@@ -149,9 +149,11 @@ class LabProxy(LabState):
             return
         rules = self.proxy_rules(node)
         ns = self.node_netns(node)
-        nsexec(ns, ["iptables-restore", "-w"], input=kubeproxy.render(rules, 4))
+        # a bypass node plays Cilium's kube-proxy replacement: no SNAT to local endpoints
+        local = f"{self.prefix}p+" if self.topology.node(node).data_plane == "bypass" else None
+        nsexec(ns, ["iptables-restore", "-w"], input=kubeproxy.render(rules, 4, local))
         if self.topology.options.ipv6:
-            nsexec(ns, ["ip6tables-restore", "-w"], input=kubeproxy.render(rules, 6))
+            nsexec(ns, ["ip6tables-restore", "-w"], input=kubeproxy.render(rules, 6, local))
         bypass = getattr(self, "bypass", None)
         if bypass is not None and node in bypass.nodes:
             bypass.sync(node)  # the socket-LB picks among the same endpoints

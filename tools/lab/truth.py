@@ -36,6 +36,28 @@ class LabGroundTruth(LabNamespaces):
         text = groundtruth.render(PEER_TABLE_INDEX, [(pp.protocol, pp.port) for pp in peer.ports])
         nsexec(self.peer_netns(peer.name), ["nft", "-f", "-"], input=text)
 
+    def _install_peer_client_truth(self, peer: OutsidePeer) -> None:
+        text = groundtruth.render_client([(pp.protocol, pp.port) for pp in peer.ports])
+        nsexec(self.peer_netns(peer.name), ["nft", "-f", "-"], input=text)
+
+    def outside_client_truth(self) -> dict[tuple[str, IPAddress, int, str], int]:
+        """Return what each outside peer sent and received as a client, from its own
+        namespace: ``{(outside/<name>, remote address, remote port, "request"|"response"):
+        L3 bytes}`` (request: sent by the peer; its own server ports left out). The hop a
+        load balancer's call to a node port takes to the node, which the endpoint's
+        counters never see when the node masquerades (docs/lab.md, "Ground truth").
+
+        Raises:
+            RuntimeFailure: nft failed.
+        """
+        out: dict[tuple[str, IPAddress, int, str], int] = {}
+        for peer in self.topology.outside:
+            proc = nsexec(self.peer_netns(peer.name),
+                          ["nft", "-j", "list", "table", "inet", groundtruth.CLIENT_TABLE])
+            for (addr, port, direction), (b, _) in groundtruth.parse_client(proc.stdout).items():
+                out[(peer.key, addr, port, direction)] = b
+        return out
+
     def _address_index(self) -> dict[IPAddress, str]:
         owner: dict[IPAddress, str] = {}
         topo = self.topology
@@ -138,3 +160,5 @@ class LabGroundTruth(LabNamespaces):
             if peer.ports:
                 nsexec(self.peer_netns(peer.name), ["nft", "-f", "-"],
                        input=groundtruth.render_reset(PEER_TABLE_INDEX))
+            nsexec(self.peer_netns(peer.name), ["nft", "-f", "-"],
+                   input=groundtruth.render_client_reset())

@@ -46,11 +46,18 @@ def pod(ns: str, name: str, node_name: str, ips: list[str], owner: tuple[str, st
 
 
 def service(ns: str, name: str, cluster_ips: list[str],
-            ports: list[tuple[str, int, int, str]]) -> dict[str, Any]:
+            ports: list[tuple[str, int, int, str]], node_ports: list[int] | None = None,
+            external_local: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"type": "ClusterIP", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+                            "ports": [{"name": n, "port": p, "targetPort": t, "protocol": pr}
+                                      for n, p, t, pr in ports]}
+    if node_ports:
+        spec["type"] = "LoadBalancer"
+        spec["externalTrafficPolicy"] = "Local" if external_local else "Cluster"
+        for sp, np_ in zip(spec["ports"], node_ports, strict=True):
+            sp["nodePort"] = np_
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": ns, "name": name},
-            "spec": {"type": "ClusterIP", "clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
-                     "ports": [{"name": n, "port": p, "targetPort": t, "protocol": pr}
-                               for n, p, t, pr in ports]}}
+            "spec": spec}
 
 
 def slice_(ns: str, svc: str, name: str, endpoints: list[dict[str, Any]],
@@ -115,16 +122,21 @@ class FakeMetadata:
         self.cidrs = [(ipaddress.ip_network(c[0]), c[1], c[2], c[3] if len(c) > 3 else None)
                       for c in cidrs]
         self.service_addrs: dict[tuple[IPAddress, int, int], ServicePort] = {}
+        #: (nodePort, protocol) -> (its Service port, externalTrafficPolicy Local)
+        self.node_ports: dict[tuple[int, int], tuple[ServicePort, bool]] = {}
         svc_ports: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for s in services:
             m, spec = s["metadata"], s["spec"]
             svc_ports[(m["namespace"], m["name"])] = spec["ports"]
-            for cip in spec["clusterIPs"]:
-                for sp in spec["ports"]:
-                    proto = PROTO[sp.get("protocol", "TCP")]
-                    self.service_addrs[(ipaddress.ip_address(cip), sp["port"], proto)] = ServicePort(
-                        m["namespace"], m["name"], sp["port"], sp.get("name", ""),
-                        sp["targetPort"], proto)
+            for sp in spec["ports"]:
+                proto = PROTO[sp.get("protocol", "TCP")]
+                rec = ServicePort(m["namespace"], m["name"], sp["port"], sp.get("name", ""),
+                                  sp["targetPort"], proto)
+                for cip in spec["clusterIPs"]:
+                    self.service_addrs[(ipaddress.ip_address(cip), sp["port"], proto)] = rec
+                if sp.get("nodePort"):
+                    self.node_ports[(sp["nodePort"], proto)] = (
+                        rec, spec.get("externalTrafficPolicy") == "Local")
         self.endpoints: dict[tuple[IPAddress, int, int], list[ServicePort]] = {}
         for sl in slices:
             ns = sl["metadata"]["namespace"]
@@ -158,7 +170,26 @@ class FakeMetadata:
         return tuple(self.endpoints.get((ip, port, protocol), ()))
 
     def service_address(self, ip: IPAddress, port: int, protocol: int) -> ServicePort | None:
-        return self.service_addrs.get((ip, port, protocol))
+        sp = self.service_addrs.get((ip, port, protocol))
+        if sp is None and (port, protocol) in self.node_ports:
+            p = self.by_ip.get(ip)  # a node port answers on every node address
+            if p is not None and p.kind is PeerKind.NODE:
+                return self.node_ports[(port, protocol)][0]
+        return sp
+
+    def is_entry_point(self, ip: IPAddress, port: int, protocol: int) -> bool:
+        """As ``MetadataAdapter.is_entry_point``: a node's address with the node port of a
+        Service with externalTrafficPolicy Cluster."""
+        p = self.by_ip.get(ip)
+        return (p is not None and p.kind is PeerKind.NODE and p.node is not None
+                and (ip, port, protocol) in self.entry_points(p.node))
+
+    def entry_points(self, node_name: str) -> set[tuple[IPAddress, int, int]]:
+        """As ``ClusterMetadata.entry_points``: the node's addresses with the node ports of
+        Services with externalTrafficPolicy Cluster."""
+        addrs = [a for a, p in self.by_ip.items() if p.kind is PeerKind.NODE and p.node == node_name]
+        return {(a, port, proto) for (port, proto), (_, local) in self.node_ports.items()
+                if not local for a in addrs}
 
     def node(self, name: str) -> Peer | None:
         return self.nodes.get(name)
@@ -255,6 +286,14 @@ def objects() -> dict[str, Any]:
         # selector-less Services with hand-written slices: a managed database, an outside API
         service("shop", "rds", ["10.96.0.40"], [("pg", 5432, 5432, "TCP")]),
         service("shop", "partner", ["10.96.0.41"], [("https", 443, 443, "TCP")]),
+        # web's pods behind load balancers on node ports (docs/attribution.md, "Two hops of
+        # NodePort and LoadBalancer traffic"): externalTrafficPolicy Cluster and Local
+        service("shop", "web-lb", ["10.96.0.50"], [("http", 80, 8080, "TCP")], node_ports=[30080]),
+        service("shop", "web-local", ["10.96.0.51"], [("https", 443, 8443, "TCP")], node_ports=[30443],
+                external_local=True),
+        # host-network endpoints (the node exporters) behind a node port, Cluster
+        service("monitoring", "node-exporter-lb", ["10.96.0.52"], [("metrics", 9100, 9100, "TCP")],
+                node_ports=[30090]),
     ]
     api_eps = [endpoint("10.1.1.20", "n1", "eu-west-1a", ["eu-west-1a"]),
                endpoint("10.1.2.20", "n2", "eu-west-1a", ["eu-west-1a"]),
@@ -275,6 +314,15 @@ def objects() -> dict[str, Any]:
         slice_("shop", "dns", "dns-x1", [endpoint("10.1.3.30", "n3", "eu-west-1b")],
                [("dns", 5353, "UDP")]),
         slice_("shop", "rds", "rds-1", [{"addresses": ["172.31.1.6"]}], [("pg", 5432, "TCP")]),
+        slice_("shop", "web-lb", "web-lb-1", [endpoint("10.1.1.10", "n1", "eu-west-1a"),
+                                              endpoint("10.1.3.11", "n3", "eu-west-1b")],
+               [("http", 8080, "TCP")]),
+        slice_("shop", "web-local", "web-local-1", [endpoint("10.1.1.10", "n1", "eu-west-1a"),
+                                                    endpoint("10.1.3.11", "n3", "eu-west-1b")],
+               [("https", 8443, "TCP")]),
+        slice_("monitoring", "node-exporter-lb", "node-exporter-lb-1",
+               [endpoint("192.168.0.2", "n2", "eu-west-1a"), endpoint("192.168.0.3", "n3", "eu-west-1b")],
+               [("metrics", 9100, "TCP")]),
         slice_("shop", "partner", "partner-1",
                [{"addresses": ["203.0.113.50"]}, {"addresses": ["203.0.113.51"]}],
                [("https", 443, "TCP")]),
@@ -324,6 +372,12 @@ class Conn:
     bport: int | None = None     # DNAT target port
     proto: int = 6
     sport: int = 45000           # client source port (ephemeral)
+    #: ``dst`` is a node address and ``dport`` a node port: kube-proxy on that node DNATs
+    #: (to ``backend``), masquerading to its own address when ``masquerade`` (kube-proxy
+    #: under externalTrafficPolicy Cluster); a data plane that does not masquerade to a
+    #: local endpoint (Cilium's kube-proxy replacement) keeps the client's address there
+    node_port: bool = False
+    masquerade: bool = True
 
 
 @dataclass
@@ -401,6 +455,20 @@ class Model:
         dst = ip(c.dst)
         rport = self._peer_port(c.dport)
         svc = self._svc()
+        # the endpoint's view of the client: the receiving node's address when it
+        # masqueraded a node-port call
+        seen = caddr
+        if c.node_port:
+            entry_node, entry_addr, _ = self._pod(c.dst)
+            assert entry_node is not None
+            if c.masquerade:
+                seen = entry_addr
+            # the receiving node's uplink (bpf/uplink.h): the first hop, when it came from
+            # off the node to an entry of that node
+            if cnode != entry_node and (dst, c.dport, c.proto) in self.meta.entry_points(entry_node):
+                for kind, n in ((FlowKind.REQUEST, c.req), (FlowKind.RESPONSE, c.resp)):
+                    self._emit(entry_node, FlowDelta(kind, dst, caddr, c.dport, c.proto, n, 1,
+                                                     local_port=c.dport, ifindex=2))
         if (cveth or self._sockets(cnode)) and cnode:
             local_eps = self._local_endpoints(cnode)
             # the client's own (addr, sport) is never an endpoint: sport is ephemeral
@@ -423,7 +491,7 @@ class Model:
         if (sveth or self._sockets(snode)) and snode:
             if (saddr, bport, c.proto) in self._local_endpoints(snode):
                 for kind, n in ((FlowKind.REQUEST, c.req), (FlowKind.RESPONSE, c.resp)):
-                    self._emit(snode, FlowDelta(kind, saddr, caddr, bport, c.proto, n, 1))
+                    self._emit(snode, FlowDelta(kind, saddr, seen, bport, c.proto, n, 1))
             else:
                 cport = self._peer_port(c.sport)
                 # the kernel keeps the server's port of a TCP connection (its SYN entered
@@ -433,7 +501,7 @@ class Model:
                 lport = bport if c.proto == 6 or bport in svc or (
                     cport == 0 and c.sport and bport not in EPHEMERAL) else 0
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
-                    self._emit(snode, FlowDelta(kind, saddr, caddr, cport, c.proto, n, 1,
+                    self._emit(snode, FlowDelta(kind, saddr, seen, cport, c.proto, n, 1,
                                                 local_port=lport))
 
 

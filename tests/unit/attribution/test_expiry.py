@@ -26,6 +26,7 @@ from agent.attribution import (
     FAMILY_CLIENT_PATH,
     FAMILY_HINT_IGNORED,
     FAMILY_SERVICE,
+    FAMILY_SERVICE_ENTRY,
     FAMILY_WORKLOAD,
     SWEEP_FRACTION,
     Attributor,
@@ -126,8 +127,9 @@ def balanced(att: Attributor) -> bool:
     t = att.totals()
     return t.bytes_seen == (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
                             + sum(t.unattributed_bytes.values()) + sum(t.skipped_bytes.values())
+                            + sum(t.service_entry_bytes.values())
                             + t.held_bytes + t.expired_bytes[FAMILY_SERVICE]
-                            + t.expired_bytes[FAMILY_WORKLOAD])
+                            + t.expired_bytes[FAMILY_WORKLOAD] + t.expired_bytes[FAMILY_SERVICE_ENTRY])
 
 
 #: a series goes between 1x and (1 + 2 * SWEEP_FRACTION)x the retention after its last byte
@@ -166,7 +168,8 @@ def test_deleted_service_stays_within_retention_and_goes_after() -> None:
     s = n.scrape()
     assert samples(s, "zonemeter_service_bytes_total", service="web") == {}
     assert samples(s, "zonemeter_service_hint_ignored_bytes_total", service="web") == {}
-    assert expired(s) == {FAMILY_SERVICE: 1.0, FAMILY_HINT_IGNORED: 1.0, FAMILY_WORKLOAD: 0.0, FAMILY_CLIENT_PATH: 0.0}
+    assert expired(s) == {FAMILY_SERVICE: 1.0, FAMILY_HINT_IGNORED: 1.0, FAMILY_WORKLOAD: 0.0, FAMILY_CLIENT_PATH: 0.0,
+                            FAMILY_SERVICE_ENTRY: 0.0}
     # the Service that still exists kept its series; its bytes are all there
     assert list(samples(s, "zonemeter_service_bytes_total", service="db").values()) == [100.0]
     t = n.att.totals()
@@ -267,7 +270,8 @@ def test_nothing_expires_while_metadata_is_not_synced() -> None:
     n.cache.set_synced("pods", True)
     n.idle_until(3 * RETENTION + LATEST)
     assert expired(n.scrape()) == {FAMILY_SERVICE: 1.0, FAMILY_HINT_IGNORED: 1.0, FAMILY_WORKLOAD: 1.0,
-                                   FAMILY_CLIENT_PATH: 0.0}
+                                   FAMILY_CLIENT_PATH: 0.0,
+                            FAMILY_SERVICE_ENTRY: 0.0}
 
 
 def test_a_failing_object_view_keeps_every_series(caplog: pytest.LogCaptureFixture) -> None:
@@ -313,7 +317,8 @@ def test_workload_expires_only_once_all_its_pods_are_gone() -> None:
     n.idle_until(last_byte + 5 * RETENTION + RETENTION * SWEEP_FRACTION + STEP)
     s = n.scrape()
     assert samples(s, "zonemeter_workload_bytes_total", **key) == {}
-    assert expired(s) == {FAMILY_SERVICE: 0.0, FAMILY_HINT_IGNORED: 0.0, FAMILY_WORKLOAD: 1.0, FAMILY_CLIENT_PATH: 0.0}
+    assert expired(s) == {FAMILY_SERVICE: 0.0, FAMILY_HINT_IGNORED: 0.0, FAMILY_WORKLOAD: 1.0, FAMILY_CLIENT_PATH: 0.0,
+                            FAMILY_SERVICE_ENTRY: 0.0}
     assert samples(s, "zonemeter_service_bytes_total", service="db")  # db-b's pod is still there
     assert balanced(n.att)
 

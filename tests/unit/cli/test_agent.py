@@ -30,6 +30,7 @@ from agent.k8s.snapshot import Snapshot
 from agent.logs import JsonFormatter
 from agent.loop import AgentLoop
 from agent.records import FlowDelta, FlowKind
+from tests.fixtures import k8s
 from tests.fixtures.fakes import FakeDatapath
 from tests.fixtures.topologies import two_zone_cluster, write_snapshot
 
@@ -98,6 +99,27 @@ def test_counters_are_cumulative_and_endpoints_follow_slices() -> None:
     # nothing changed: no endpoint rewrite, no hint evaluation
     res = loop.tick()
     assert not res.endpoints_changed and res.services_evaluated == 0 and len(dp.endpoints) == 2
+
+
+def test_entry_points_follow_services_and_nodes() -> None:
+    """The loop writes the node's entries of the first hop of node ports
+    (ClusterMetadata.entry_points): its addresses with the node ports of Services with
+    externalTrafficPolicy Cluster, and their LoadBalancer IPs and externalIPs with the
+    Service port; Local Services none; rewritten only when they change."""
+    loop, dp, _, cache = make_loop()
+    loop.tick()
+    assert dp.entries == [frozenset()]  # ClusterIP Services only
+    cache.apply("services", "ADDED", k8s.service(
+        "shop-lb", cluster_ip="10.96.0.30", stype="LoadBalancer", load_balancer_ips=["203.0.113.9"],
+        external_ips=["198.51.100.4"], ports=[k8s.http_port(80, 8080, node_port=30080)]))
+    cache.apply("services", "ADDED", k8s.service(
+        "shop-local", cluster_ip="10.96.0.31", stype="LoadBalancer", load_balancer_ips=["203.0.113.10"],
+        external_traffic_policy="Local", ports=[k8s.http_port(80, 8080, node_port=30081)]))
+    loop.tick()
+    assert dp.entries[-1] == frozenset({(ip("10.1.0.2"), 30080, 6), (ip("203.0.113.9"), 80, 6),
+                                        (ip("198.51.100.4"), 80, 6)})
+    loop.tick()
+    assert len(dp.entries) == 2
 
 
 def test_a_failing_drain_is_logged_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
@@ -255,7 +277,7 @@ def test_help_lists_the_contract_flags(capsys: pytest.CaptureFixture[str]) -> No
                  "--kubernetes-version", "--kube-proxy-version", "--feature-gates", "--flow-capacity",
                  "--log-level", "--locality-replicas", "--pod-name", "--pod-namespace",
                  "--pod-scope", "--pod-cidrs",
-                 "--final-linger-seconds", "0.0.0.0:11808"):
+                 "--final-linger-seconds", "--uplink-interfaces", "--entry-hops", "0.0.0.0:11808"):
         assert flag in out
 
 

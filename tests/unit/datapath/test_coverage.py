@@ -98,6 +98,21 @@ def test_the_loop_logs_starvation_once_and_exports_the_gap(caplog: pytest.LogCap
                    "zonemeter_hook_counted_bytes_total": 41 * big, "zonemeter_hook_coverage_ratio": 41 / 53}
 
 
+def test_veth_hook_coverage_leaves_out_the_uplinks_first_hops() -> None:
+    """The first hop of a node port is counted on an uplink (bpf/uplink.h), which the veth
+    hook's comparison does not read: those bytes are not compared with the veths."""
+    loop, dp, exp = _loop()
+    big = MIN_CARRIED_BYTES
+    entry = FlowDelta(FlowKind.REQUEST, ip("10.1.0.2"), ip("203.0.113.9"), 30080, 6, 10 * big, 1,
+                      local_port=30080, ifindex=2)
+    assert entry.is_entry
+    dp.interfaces = {7: dev(big + 14, 1, 0, 0)}  # what the veth carried in the interval
+    dp.pending = [_delta(big), entry]
+    loop.tick()
+    st = loop.coverage.state()
+    assert (st.counted_bytes, st.carried_bytes, st.ratio) == (big, big, 1.0)
+
+
 def test_interface_counter_errors_never_cost_an_interval(caplog: pytest.LogCaptureFixture) -> None:
     loop, dp, _ = _loop()
 

@@ -88,13 +88,15 @@ def test_agent_command_line_follows_contract() -> None:
     argv = agent_argv(lab, "b2", Path("/w/snapshot.json"), "127.0.0.1:9999", 2.0, python="py")
     assert argv == ["py", "-m", "agent", "agent", "--node-name", "b2", "--snapshot",
                     "/w/snapshot.json", "--netns", "zmcli-node-b2", "--metrics-address",
-                    "127.0.0.1:9999", "--interval", "2", "--exclude-interfaces", "zmcliu3"]
+                    "127.0.0.1:9999", "--interval", "2", "--exclude-interfaces", "zmcliu3",
+                    "--uplink-interfaces", "zmcliu3"]  # the first hop of node ports is counted there
     vx = Lab(load_demo(mode="vxlan").topology, prefix="zmcli")
-    assert agent_argv(vx, "a1", Path("s"), "a:1", 1.5, python="py")[-3:] == [
-        "1.5", "--exclude-interfaces", "zmcliu0,zmclix"]
+    assert agent_argv(vx, "a1", Path("s"), "a:1", 1.5, python="py")[-5:] == [
+        "1.5", "--exclude-interfaces", "zmcliu0,zmclix", "--uplink-interfaces", "zmcliu0"]
     extra = agent_argv(lab, "b2", Path("s"), "a:1", 2.0, python="py",
                        extra=("--series-retention", "60"))
-    assert extra[-4:] == ["--exclude-interfaces", "zmcliu3", "--series-retention", "60"]
+    assert extra[-6:] == ["--exclude-interfaces", "zmcliu3", "--uplink-interfaces", "zmcliu3",
+                          "--series-retention", "60"]
     # on real Kubernetes the agent reads the apiserver instead of a snapshot
     real = agent_argv(lab, "b2", None, "a:1", 2.0, python="py", kubeconfig=Path("/k/agent.kubeconfig"))
     assert real[4:8] == ["--node-name", "b2", "--kubeconfig", "/k/agent.kubeconfig"]
@@ -106,8 +108,8 @@ def test_agent_command_line_follows_contract() -> None:
     # tree), compared with the node's uplink
     cg = agent_argv(lab, "b2", Path("s"), "a:1", 2.0, python="py", hook="cgroup")
     pods = [f"zmcli-pod-{p.name}" for p in spec.topology.pods_on("b2")]
-    assert pods and cg[-8:] == ["--exclude-interfaces", "zmcliu3", "--hook", "cgroup", "--cgroup-scope-netns",
-                                ",".join(["zmcli-node-b2", *pods]), "--uplink-interfaces", "zmcliu3"]
+    assert pods and cg[-8:] == ["--exclude-interfaces", "zmcliu3", "--uplink-interfaces", "zmcliu3", "--hook",
+                                "cgroup", "--cgroup-scope-netns", ",".join(["zmcli-node-b2", *pods])]
 
 
 def test_teardown_says_the_workdir_stays(tmp_path: Path,

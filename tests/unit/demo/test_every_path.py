@@ -41,12 +41,13 @@ def test_example_plans_every_path() -> None:
     by = {f.name: f for f in plan.flows}
     assert [f.path for f in plan.flows] == ["clusterIP", "endpoints", "endpoints", "nodePort", "nodePort",
                                             "node", "clusterIP", "endpoints", "outside", "node", "pod",
-                                            "pod", "hostPort"]
+                                            "pod", "hostPort", "hostPort"]
     assert by["flows[0]"].families == (4, 6) and by["flows[1]"].families == (6,)
-    assert (by["flows[3]"].nodes, by["flows[3]"].port, by["flows[3]"].rate) == (("c2",), 30080, 6.0)
+    assert (by["flows[3]"].nodes, by["flows[3]"].port, by["flows[3]"].rate) == (("c2", "b1"), 30080, 6.0)
     assert by["flows[5]"].servers == ("ingress-a1",) and by["flows[5]"].port == 443
     assert by["flows[8]"].servers == ("outside/orders-db",) and by["flows[8]"].port == 5432
     assert by["flows[12]"].servers == ("cache-a1",) and by["flows[12]"].port == 16379
+    assert by["flows[13]"].servers == ("queue-c1",) and by["flows[13]"].port == 15672
     assert by["flows[7]"].port == 7000  # the headless Service's endpoints' port
 
 
@@ -110,12 +111,12 @@ def test_destinations_per_path_and_family(cluster: DemoCluster) -> None:
     by = {f.name: f for f in cluster.traffic.flows}
     assert cluster.destinations(by["flows[1]"], 6) == (
         [str(topo.pod(p).ip6) for p in ("checkout-a1", "checkout-b1", "checkout-c1")], 8080)
-    assert cluster.destinations(by["flows[3]"], 4) == ([str(topo.node("c2").ip)], 30080)
+    assert cluster.destinations(by["flows[3]"], 4) == ([str(topo.node("c2").ip), str(topo.node("b1").ip)], 30080)
     assert cluster.destinations(by["flows[12]"], 4) == ([str(topo.node("a1").ip)], 16379)
     assert cluster.destinations(by["flows[8]"], 4) == ([str(topo.peer("orders-db").ip)], 5432)
     specs = cluster.flow_specs(2)
     # one process per client, flow and family; a self-balancing client is one process
-    assert len(specs) == 4 * 2 + 1 + 1 + 1 + 1 + 1 + 1 + 2 + 2 + 1 + 1 + 2 + 1
+    assert len(specs) == 4 * 2 + 1 + 1 + 1 + 1 + 1 + 1 + 2 + 2 + 1 + 1 + 2 + 1 + 1
     lb_c = next(s for s in specs if s.client == "outside/lb-c")
     assert (lb_c.count, lb_c.rate, lb_c.port) == (12, 6.0, 30080)
 
@@ -142,6 +143,26 @@ def test_truth_classes_and_causes(cluster: DemoCluster) -> None:
     assert t["shop/api"].by_class == {("load-balancer", "zone-b", "zone-b", "same_zone", "response"): 7}
     cluster.load_balancers_marked = False  # an agent without the mark sees a cidr peer
     assert set(cluster.truth(gt)["shop/api"].by_class) == {("cidr", "zone-b", "zone-b", "same_zone", "response")}
+
+
+def test_entry_truth_is_the_load_balancers_own_count_of_the_cluster_policy_node_ports(
+        cluster: DemoCluster) -> None:
+    """lb-c calls web's node port (externalTrafficPolicy Cluster) on c2 and b1: its bytes to
+    and from those nodes' addresses on 30080 are the first hop, at the node's zone; lb-b's
+    calls to api's (Local) node port and anything else lb-c sent are no entry hop."""
+    cluster.load_balancers_marked = True
+    topo = cluster.topology
+    c2, b1 = topo.node("c2"), topo.node("b1")
+    ct = {("outside/lb-c", c2.ip, 30080, "request"): 100, ("outside/lb-c", c2.ip, 30080, "response"): 900,
+          ("outside/lb-c", b1.ip, 30080, "request"): 50, ("outside/lb-c", b1.ip, 30080, "response"): 500,
+          ("outside/lb-b", b1.ip, 30081, "request"): 7,          # api: Local, one hop
+          ("outside/lb-c", b1.ip, 9999, "request"): 3,           # no flow there
+          ("outside/lb-a", topo.pod("web-b1").ip, 8080, "request"): 11}  # IP targets: no node port
+    assert cluster.entry_truth(ct) == {"shop/web": {
+        ("load-balancer", "zone-c", "zone-c", "same_zone", "request"): 100,
+        ("load-balancer", "zone-c", "zone-c", "same_zone", "response"): 900,
+        ("load-balancer", "zone-c", "zone-b", "cross_zone", "request"): 50,
+        ("load-balancer", "zone-c", "zone-b", "cross_zone", "response"): 500}}
 
 
 def test_workload_truth_follows_the_rule_table(cluster: DemoCluster) -> None:

@@ -171,7 +171,7 @@ def test_summary_schema_and_exact_match() -> None:
                         "ground_truth_hint_ignored_bytes", "locality_in_effect", "reason",
                         "warnings", "usd_per_month_at_aws_price", "expected_cross_zone",
                         "observed_cross_zone", "hint_ignored_causes", "cost_by_class", "by_zone_pair",
-                        "by_client_kind"}
+                        "by_client_kind", "entry_by_client_kind"}
     assert svc["bytes"] == {"same_node": 700, "cross_zone": 6000}
     assert svc["cross_zone_bytes"] == svc["ground_truth_cross_zone_bytes"] == 6000
     assert svc["hint_ignored_bytes"] == svc["ground_truth_hint_ignored_bytes"] == 6000
@@ -286,7 +286,7 @@ def test_dollars_price_only_the_classes_aws_bills_and_show_the_rest_at_zero() ->
     old = parse_metrics(NODE_B1)
     assert build_summary(1.0, old, {"shop/checkout": _truth(1000, 5000, 700)}, _model())[
         "services"][0]["cost_by_class"] == [{
-            "client_kind": "", "lb_type": "", "cross_zone_bytes": 6000, "billed": True,
+            "hop": "endpoint", "client_kind": "", "lb_type": "", "cross_zone_bytes": 6000, "billed": True,
             "usd_per_month_at_aws_price": usd_per_month_at_aws_price(6000, 1.0),
             "reason": "no client_kind label (an agent before client classes): priced as inter-zone"}]
 

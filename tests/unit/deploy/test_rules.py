@@ -30,6 +30,7 @@ TEST_FILES = ("rules_test.yml", "rules_test_weekly.yml")
 # zonemeter_service_locality_in_effect), plus what rules may read from elsewhere.
 CONTRACT_METRICS = {
     "zonemeter_service_bytes_total",
+    "zonemeter_service_entry_bytes_total",
     "zonemeter_service_hint_ignored_bytes_total",
     "zonemeter_service_client_path_bytes_total",
     "zonemeter_service_locality_in_effect",

@@ -47,6 +47,8 @@ def full_snapshot() -> ExportSnapshot:
                             "load-balancer", "aws-alb"): 300,
         },
         hint_ignored_bytes={HintIgnoredKey("shop", "cart", "zone-a", "zone-b", "n-a", "pod"): 1200},
+        service_entry_bytes={ServiceBytesKey("shop", "cart", "80", "zone-a", "zone-b", "cross_zone", "request",
+                                             "load-balancer", "aws-nlb"): 800},
         client_path_bytes={ClientPathKey("shop", "cart", "n-b", "clusterip"): 300},
         workload_bytes={WorkloadBytesKey("shop", "cart", "Deployment", "zone-a", "", "external",
                                           "external", "ingress"): 77},
@@ -81,6 +83,9 @@ EXPECTED = '''\
 zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-a",crossing="cross_zone",direction="request",lb_type="none",namespace="shop",port="80",server_zone="zone-b",service="cart"} 1200.0
 zonemeter_service_bytes_total{client_kind="pod",client_zone="zone-a",crossing="cross_zone",direction="response",lb_type="none",namespace="shop",port="80",server_zone="zone-b",service="cart"} 5000.0
 zonemeter_service_bytes_total{client_kind="load-balancer",client_zone="zone-b",crossing="same_zone",direction="request",lb_type="aws-alb",namespace="shop",port="80",server_zone="zone-b",service="cart"} 300.0
+# HELP zonemeter_service_entry_bytes_total L3 bytes of the first hop of a node port (a load balancer or another client off the node to a node port, LoadBalancer IP or externalIP of a Service with externalTrafficPolicy Cluster), counted on the receiving node's uplinks: server_zone is that node's; the endpoint counts the next hop in zonemeter_service_bytes_total.
+# TYPE zonemeter_service_entry_bytes_total counter
+zonemeter_service_entry_bytes_total{client_kind="load-balancer",client_zone="zone-a",crossing="cross_zone",direction="request",lb_type="aws-nlb",namespace="shop",port="80",server_zone="zone-b",service="cart"} 800.0
 # HELP zonemeter_service_hint_ignored_bytes_total L3 bytes from a client zone to an endpoint outside the set kube-proxy selects for that zone while topology hints were in effect, by the client's node and kind (pod or node).
 # TYPE zonemeter_service_hint_ignored_bytes_total counter
 zonemeter_service_hint_ignored_bytes_total{client_kind="pod",client_node="n-a",client_zone="zone-a",namespace="shop",server_zone="zone-b",service="cart"} 1200.0
@@ -108,8 +113,9 @@ zonemeter_workload_bytes_total{client_zone="zone-a",crossing="external",directio
 # TYPE zonemeter_unattributed_bytes_total counter
 zonemeter_unattributed_bytes_total{reason="attribution_error"} 0.0
 zonemeter_unattributed_bytes_total{reason="endpoint_without_service"} 0.0
+zonemeter_unattributed_bytes_total{reason="entry_without_service"} 0.0
 zonemeter_unattributed_bytes_total{reason="flow_table_full"} 9.0
-# HELP zonemeter_unknown_crossing_bytes_total L3 bytes of service and workload series whose crossing is unknown, by reason (a subset of those series).
+# HELP zonemeter_unknown_crossing_bytes_total L3 bytes of service, entry and workload series whose crossing is unknown, by reason (a subset of those series).
 # TYPE zonemeter_unknown_crossing_bytes_total counter
 zonemeter_unknown_crossing_bytes_total{reason="cidr_without_zone"} 0.0
 zonemeter_unknown_crossing_bytes_total{reason="clusterip_to_host_network_endpoint"} 0.0
@@ -120,6 +126,7 @@ zonemeter_unknown_crossing_bytes_total{reason="node_without_zone"} 0.0
 zonemeter_skipped_bytes_total{reason="clusterip_client_copy"} 6200.0
 zonemeter_skipped_bytes_total{reason="clusterip_mixed_host_network"} 0.0
 zonemeter_skipped_bytes_total{reason="endpoint_client_copy"} 0.0
+zonemeter_skipped_bytes_total{reason="entry_endpoint_copy"} 0.0
 zonemeter_skipped_bytes_total{reason="pod_peer_ingress"} 0.0
 # HELP zonemeter_diagnostic_bytes_total L3 bytes already counted in the series above that are worth a look, by diagnostic name (e.g. endpoint_not_in_kernel: the kernel endpoint map lagged the EndpointSlices).
 # TYPE zonemeter_diagnostic_bytes_total counter
@@ -189,6 +196,7 @@ def test_metric_names_are_exactly_the_contract() -> None:
     names = {f.name: f.type for f in text_string_to_metric_families(generate_latest(exp.registry()).decode())}
     assert names == {
         "zonemeter_service_bytes": "counter",
+        "zonemeter_service_entry_bytes": "counter",
         "zonemeter_service_hint_ignored_bytes": "counter",
         "zonemeter_service_client_path_bytes": "counter",
         "zonemeter_service_locality_in_effect": "gauge",
@@ -252,7 +260,7 @@ def test_keyed_families_label_the_fields_of_their_key_record_in_order() -> None:
 
 def test_describe_yields_every_family_without_samples() -> None:
     described = list(Exporter().describe())
-    assert len(described) == 27 and all(not m.samples for m in described)
+    assert len(described) == 28 and all(not m.samples for m in described)
 
 
 def test_update_swaps_whole_snapshot_and_snapshot_is_read_only() -> None:

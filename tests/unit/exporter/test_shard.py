@@ -205,3 +205,12 @@ def test_without_its_pod_in_the_cache_the_ring_is_every_node() -> None:
                      interval=10, clock=lambda: 1000.0, agent_pod=("zonemeter", "agent-n5"))
     assert loop.ring_nodes() == cache.node_names() and len(cache.node_names()) == 12
     assert cache.workload_nodes("zonemeter", "agent-n0") == frozenset(agents)
+
+
+def test_an_agent_holding_only_a_services_first_hops_holds_bytes_of_it() -> None:
+    from agent.loop import active_services
+    from agent.records import AttributionTotals, ServiceBytesKey, ServiceRef
+
+    key = ServiceBytesKey("shop", "edge", "80", "zone-a", "zone-b", "cross_zone", "request",
+                          "load-balancer", "aws-nlb")
+    assert active_services(AttributionTotals(service_entry_bytes={key: 10})) == {ServiceRef("shop", "edge")}

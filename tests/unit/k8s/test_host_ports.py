@@ -145,6 +145,38 @@ def test_a_host_port_call_is_counted_once_across_both_nodes() -> None:
     assert counted == {("na", "client", "pod", "egress"): 100, ("nb", "cache-x", "pod", "egress"): 900}
 
 
+def test_a_host_port_call_to_a_service_endpoint_is_counted_once() -> None:
+    """db-b (nb) backs shop/db on 5432 and declares hostPort 15432 -> 5432. client-a (na)
+    dials nb's address at 15432: nb's portmap DNAT keeps client-a's address, so db-b's veth
+    counts the exchange as shop/db's request and response (its endpoint is in nb's kernel
+    map). client-a's egress to nb:15432 is then a client copy of that Service traffic, as a
+    direct dial of the endpoint is: counted as a workload byte too, the request bytes were
+    counted twice (docs/attribution.md, formerly a known limitation)."""
+    c = two_zone_cluster()
+    db = next(p for p in c["pods"] if p["metadata"]["name"] == "db-b")
+    db["spec"]["containers"][0]["ports"] = [{"containerPort": 5432, "hostPort": 15432}]
+    cache = ClusterMetadata()
+    cache.load_snapshot(Snapshot(nodes=c["nodes"], services=c["services"],
+                                 endpointslices=c["endpointslices"], pods=c["pods"]))
+    assert (ip("10.244.2.30"), 5432, 6) in cache.local_endpoints("nb")
+    na = Attributor("na", MetadataAdapter(cache), HintModel(cache))
+    nb = Attributor("nb", MetadataAdapter(cache), HintModel(cache))
+    na.attribute([FlowDelta(FlowKind.EGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 15432, 6, 100, 1),
+                  FlowDelta(FlowKind.INGRESS, ip("10.244.1.10"), ip("10.1.0.2"), 15432, 6, 900, 1)], T0)
+    nb.attribute([FlowDelta(FlowKind.REQUEST, ip("10.244.2.30"), ip("10.244.1.10"), 5432, 6, 100, 1),
+                  FlowDelta(FlowKind.RESPONSE, ip("10.244.2.30"), ip("10.244.1.10"), 5432, 6, 900, 1)], T0)
+    totals = [at.totals() for at in (na, nb)]
+    counted = (sum(sum(t.service_bytes.values()) + sum(t.workload_bytes.values()) for t in totals))
+    assert counted == 1000
+    assert {(k.service, k.direction, k.client_kind): v for k, v in totals[1].service_bytes.items()} == {
+        ("db", "request", "pod"): 100, ("db", "response", "pod"): 900}
+    assert not totals[0].workload_bytes
+    assert dict(totals[0].skipped_bytes) == {"endpoint_client_copy": 1000}
+    # the hostPort's target: the pod's address of the node address's family, its containerPort
+    assert MetadataAdapter(cache).host_port_target(ip("10.1.0.2"), 15432, 6) == (ip("10.244.2.30"), 5432)
+    assert MetadataAdapter(cache).host_port_target(ip("10.1.0.2"), 5432, 6) is None
+
+
 def test_socket_view_counts_a_host_network_servers_reply_once() -> None:
     """With the cgroup hook on every node the host-network server's own node sees its socket
     and counts its reply as that socket's egress; the client's node must then skip the same

@@ -506,6 +506,16 @@ def test_render_node_ports_cluster_masquerades_local_keeps_the_client() -> None:
     assert '--dport 30082 -m comment --comment "shop/db has no local endpoints" -j DROP' in text
     assert "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN" in text
     assert "MASQUERADE" in text
+    assert "local endpoints keep" not in text
+    # a bypass node (Cilium's kube-proxy replacement): marked connections to its own pods'
+    # veths are not masqueraded, the rest are; the RETURN comes after the mark is cleared
+    kpr = kubeproxy.render([cluster], 4, local_pods="zmp+").splitlines()
+    post = [ln for ln in kpr if ln.startswith("-A KUBE-POSTROUTING")]
+    assert post[1:] == ["-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0",
+                        '-A KUBE-POSTROUTING -o zmp+ -m comment --comment "local endpoints keep the '
+                        'client\'s address" -j RETURN',
+                        '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring '
+                        'SNAT" -j MASQUERADE']
 
 
 def test_hostport_render() -> None:
