@@ -683,16 +683,20 @@ class ClusterMetadata:
         (a rollout's old and new pod, ``hostPort`` clashes the scheduler normally
         prevents) leave it ambiguous, hence the node.
         """
+        with self._lock:
+            pod = self._host_port_owner(ip, port, protocol)
+            return self._pod_peer(pod) if pod is not None else None
+
+    def _host_port_owner(self, ip: IPAddress, port: int, protocol: int) -> PodRecord | None:
+        """The one pod of the node that owns address ``ip`` declaring ``port``/``protocol``
+        (``_PodTable.host_port_owner``), or None (no port, no such node, none or several
+        pods). Caller holds ``_lock``."""
         if not port:
             return None
         k = tagged_address_key(ip)
-        with self._lock:
-            pods = self._pod_table
-            node_name = self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
-            if node_name is None:
-                return None
-            pod = pods.host_port_owner(node_name, port, protocol)
-            return self._pod_peer(pod) if pod is not None else None
+        pods = self._pod_table
+        node_name = self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
+        return None if node_name is None else pods.host_port_owner(node_name, port, protocol)
 
     def host_port_target(self, ip: IPAddress, port: int, protocol: int) -> tuple[IPAddress, int] | None:
         """Where the CNI's portmap plugin DNATs ``ip:port/protocol``: when
@@ -704,15 +708,8 @@ class ClusterMetadata:
         bytes as the Service's (the DNAT keeps the client's address), so the client's copy
         is skipped (docs/attribution.md, "Host-network servers by port").
         """
-        if not port:
-            return None
-        k = tagged_address_key(ip)
         with self._lock:
-            pods = self._pod_table
-            node_name = self._node_by_ip.get(k) or pods.hostnet_by_ip.get(k)
-            if node_name is None:
-                return None
-            pod = pods.host_port_owner(node_name, port, protocol)
+            pod = self._host_port_owner(ip, port, protocol)
             if pod is None or pod.host_network:
                 return None
             target = next((t for h, pr, t in pod.host_port_targets if (h, pr) == (port, protocol)), None)
