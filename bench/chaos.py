@@ -23,7 +23,7 @@ after the other at random (seeded) moments:
   the real kube-proxies keep forwarding, the agents keep counting and relist after it.
   Pods are not replaced meanwhile (the lab writes them through the apiserver), nor for
   :data:`KUBE_PROXY_BACKOFF_SECONDS` after it: the real kube-proxies back off like any
-  client-go reflector (up to 30 s) and would forward to a deleted pod meanwhile
+  client-go reflector (30 to 60 s once backed off) and would forward to a deleted pod meanwhile
   (docs/lab.md, "What the real components showed"). The emulated lab's metadata is a
   snapshot file the agents poll, with nothing to stop;
 * **a deliberately small flow table** (``--flow-capacity``, default 16 flows) on the
@@ -94,9 +94,11 @@ KEEPER = "n2"
 #: the api replica slots replaced (:attr:`bench.soak.ChurnRun.api`): those of n2 and n3
 CHURN_SLOTS = (3, 4, 5, 6)
 
-#: no pod replacement this long after kube-apiserver came back: client-go's reflector
-#: backoff (up to 30 s) of the real kube-proxies, plus their resync
-KUBE_PROXY_BACKOFF_SECONDS = 45.0
+#: no pod replacement this long after kube-apiserver came back: the real kube-proxies'
+#: informers retry with client-go's reflector backoff (tools/cache/reflector.go:
+#: defaultBackoffMax 30 s with jitter 1.0, so [30, 60) s once an outage lasted, and not
+#: reset within 2 minutes, less than the outages' spacing), plus a list and a sync
+KUBE_PROXY_BACKOFF_SECONDS = 75.0
 
 _SAMPLE = re.compile(r"^(zonemeter_\w+_total)(\{[^}]*\})? (\S+)$", re.M)
 
