@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
@@ -262,6 +262,23 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord:
 _PORT_PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 
 
+def _declared_ports(spec: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], int]]:
+    """Every well-formed ``ports[]`` entry of ``spec.containers`` and
+    ``spec.initContainers`` with its protocol number (TCP when unset, core/v1
+    ``ContainerPort``); entries that are not objects or name an unknown protocol are
+    skipped."""
+    for group in ("containers", "initContainers"):
+        containers = spec.get(group)
+        for c in containers if isinstance(containers, list) else ():
+            ports = c.get("ports") if isinstance(c, dict) else None
+            for p in ports if isinstance(ports, list) else ():
+                if not isinstance(p, dict):
+                    continue
+                proto = _PORT_PROTOCOLS.get(p.get("protocol") or "TCP")
+                if proto is not None:
+                    yield p, proto
+
+
 def pod_host_ports(spec: Mapping[str, Any], host_network: bool = True) -> tuple[tuple[int, int], ...]:
     """The ``(port, protocol number)`` pairs of its node's address a pod serves, sorted.
 
@@ -276,20 +293,11 @@ def pod_host_ports(spec: Mapping[str, Any], host_network: bool = True) -> tuple[
     a declared port is a resolution hint, not something the agent must understand.
     """
     out: set[tuple[int, int]] = set()
-    for group in ("containers", "initContainers"):
-        containers = spec.get(group)
-        for c in containers if isinstance(containers, list) else ():
-            ports = c.get("ports") if isinstance(c, dict) else None
-            for p in ports if isinstance(ports, list) else ():
-                if not isinstance(p, dict):
-                    continue
-                proto = _PORT_PROTOCOLS.get(p.get("protocol") or "TCP")
-                if proto is None:
-                    continue
-                for field_ in ("containerPort", "hostPort") if host_network else ("hostPort",):
-                    n = p.get(field_)
-                    if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 65536:
-                        out.add((n, proto))
+    for p, proto in _declared_ports(spec):
+        for field_ in ("containerPort", "hostPort") if host_network else ("hostPort",):
+            n = p.get(field_)
+            if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 65536:
+                out.add((n, proto))
     return tuple(sorted(out))
 
 
@@ -300,18 +308,11 @@ def pod_host_port_targets(spec: Mapping[str, Any]) -> tuple[tuple[int, int, int]
     address (containernetworking/plugins ``plugins/meta/portmap``, its DNAT chain). Malformed
     entries are skipped, as :func:`pod_host_ports` skips them."""
     out: set[tuple[int, int, int]] = set()
-    for group in ("containers", "initContainers"):
-        containers = spec.get(group)
-        for c in containers if isinstance(containers, list) else ():
-            ports = c.get("ports") if isinstance(c, dict) else None
-            for p in ports if isinstance(ports, list) else ():
-                if not isinstance(p, dict):
-                    continue
-                proto = _PORT_PROTOCOLS.get(p.get("protocol") or "TCP")
-                host, target = p.get("hostPort"), p.get("containerPort")
-                if (proto is not None and isinstance(host, int) and isinstance(target, int)
-                        and _port_number(host) and _port_number(target)):
-                    out.add((host, proto, target))
+    for p, proto in _declared_ports(spec):
+        host, target = p.get("hostPort"), p.get("containerPort")
+        if (isinstance(host, int) and isinstance(target, int)
+                and _port_number(host) and _port_number(target)):
+            out.add((host, proto, target))
     return tuple(sorted(out))
 
 
