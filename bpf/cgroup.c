@@ -67,6 +67,21 @@ static __always_inline void zm_server_port_learn(__be16 port)
 		*seen = 1;
 }
 
+/* Returns the zm_origins value of k (ZM_ORIGIN_LOCAL or ZM_ORIGIN_REMOTE), or 0 when the
+ * programs never saw k's 5-tuple (or it was evicted). */
+static __always_inline __u32 zm_origin_lookup(struct zm_flow_key *k)
+{
+	__u32 *origin = zm_origins.lookup(k);
+	return origin ? *origin : 0;
+}
+
+/* Records origin (ZM_ORIGIN_LOCAL or ZM_ORIGIN_REMOTE) for k's 5-tuple unless some CPU
+ * recorded one first (BPF_NOEXIST). Returns nothing. */
+static __always_inline void zm_origin_learn(struct zm_flow_key *k, __u32 origin)
+{
+	zm_origins.insert(k, &origin);
+}
+
 /* Returns the flow table the programs currently write to, or NULL when none is set. */
 static __always_inline void *zm_active_flows(void)
 {

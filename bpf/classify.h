@@ -21,6 +21,10 @@
  *       1 when some local pod answered a TCP SYN from port (zm_server_ports), else 0
  *   static __always_inline void zm_server_port_learn(__be16 port);
  *       marks port in zm_server_ports
+ *   static __always_inline __u32 zm_origin_lookup(struct zm_flow_key *k);
+ *       the zm_origins value of k, or 0 when the programs never saw its 5-tuple
+ *   static __always_inline void zm_origin_learn(struct zm_flow_key *k, __u32 origin);
+ *       records origin for k unless some CPU recorded one first
  * and, when ZM_SOCKET_VIEW is defined (cgroup.c),
  *   static __always_inline void zm_socket_view(struct __sk_buff *skb, struct zm_pkt *p,
  *                                              int into_local);
@@ -117,6 +121,63 @@ static __always_inline __be16 zm_local_port(const struct zm_pkt *p, int into_loc
 	return 0;
 }
 
+/* Fills *ok with the zm_origins key of the packet's 5-tuple: key's addresses, proto,
+ * family and ifindex, kind 0, port = remote_port, local_port = local_port (__be16, as on
+ * the wire). */
+static __always_inline void zm_origin_key(struct zm_flow_key *ok, const struct zm_flow_key *key,
+					  __be16 remote_port, __be16 local_port)
+{
+	__builtin_memcpy(ok, key, sizeof(*ok));
+	ok->kind = 0;
+	ok->port = remote_port;
+	ok->local_port = local_port;
+}
+
+/*
+ * Returns the side that sent the first packet the programs saw of the packet's 5-tuple,
+ * ZM_ORIGIN_LOCAL or ZM_ORIGIN_REMOTE (zonemeter.h), recording this packet's side when
+ * it is the first (zm_origins, maps.h). For protocols with ports but no handshake the
+ * programs read (UDP, SCTP): the side that spoke first is the client, so the other
+ * side's port is the server's, whatever the two ports are and whether or not the agent
+ * has written any Service or endpoint there yet (docs/datapath.md, "Late endpoints").
+ * key: the flow key being built (addresses, proto, family, ifindex set); into_local as
+ * zm_classify_and_count; remote_port and local_port the packet's ports as on the wire
+ * (__be16).
+ */
+static __always_inline __u32 zm_origin(const struct zm_flow_key *key, int into_local,
+				       __be16 remote_port, __be16 local_port)
+{
+	struct zm_flow_key ok __attribute__((aligned(8)));
+	zm_origin_key(&ok, key, remote_port, local_port);
+	__u32 origin = zm_origin_lookup(&ok);
+	if (origin)
+		return origin;
+	origin = into_local ? ZM_ORIGIN_REMOTE : ZM_ORIGIN_LOCAL;
+	zm_origin_learn(&ok, origin);
+	return origin;
+}
+
+/*
+ * Returns 1 when the local pod dialled the TCP connection of the packet, else 0: its SYN
+ * left the pod (recorded as ZM_ORIGIN_LOCAL in zm_origins), or this packet is that SYN.
+ * Asked only for a remote port in the ephemeral range that is no Service port while
+ * the local port is no server port: a server on an ephemeral-range port, dialled by the
+ * pod, whose port the key then keeps, so attribution can tell the client's copy of a
+ * Service it had not heard of yet (docs/datapath.md, "Late endpoints"). Arguments as
+ * zm_origin; p the parsed packet.
+ */
+static __always_inline int zm_tcp_dialled(const struct zm_flow_key *key, const struct zm_pkt *p,
+					  int into_local, __be16 remote_port, __be16 local_port)
+{
+	struct zm_flow_key ok __attribute__((aligned(8)));
+	zm_origin_key(&ok, key, remote_port, local_port);
+	if (!into_local && (p->tcp_flags & (ZM_TCP_SYN | ZM_TCP_ACK)) == ZM_TCP_SYN) {
+		zm_origin_learn(&ok, ZM_ORIGIN_LOCAL);
+		return 1;
+	}
+	return zm_origin_lookup(&ok) == ZM_ORIGIN_LOCAL;
+}
+
 /* Returns the bytes the packet took on the wire from its IP header on: skb->len - l3_off,
  * plus for a GSO packet the L3+L4 headers (hdr_len) of its gso_segs - 1 further segments;
  * *packets is set to the number of packets on the wire (gso_segs, at least 1). */
@@ -203,15 +264,32 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 			return;
 		}
 	}
-	if (into_local) {
-		key.kind = ZM_KIND_INGRESS;
-		key.port = zm_peer_port(p.sport);
-	} else {
-		key.kind = ZM_KIND_EGRESS;
-		key.port = zm_peer_port(p.dport);
+	__be16 remote_port = into_local ? p.sport : p.dport;
+	key.kind = into_local ? ZM_KIND_INGRESS : ZM_KIND_EGRESS;
+	key.port = zm_peer_port(remote_port);
+	if (p.has_ports) {
+		/* UDP and SCTP: the side that spoke first tells the server's port (zm_origin):
+		 * the local pod's when the peer did (kept beside the client's port as the range
+		 * rule left it), the remote one, even inside the ephemeral range, when the pod
+		 * did. The client's port stays as zm_peer_port and zm_local_port leave it, so
+		 * a key never carries a client's ephemeral port for this (docs/datapath.md,
+		 * "Late endpoints"). TCP has its handshake: zm_local_port for the server's
+		 * side, zm_tcp_dialled for a client of an ephemeral-range port. */
+		__u32 origin = 0;
+		if (p.proto != IPPROTO_TCP)
+			origin = zm_origin(&key, into_local, remote_port, svc_port);
+		if (origin == ZM_ORIGIN_REMOTE) {
+			key.local_port = svc_port;
+		} else {
+			if (origin == ZM_ORIGIN_LOCAL)
+				key.port = remote_port;
+			key.local_port = zm_local_port(&p, into_local, key.port, svc_port);
+			/* TCP to an ephemeral-range port the pod dialled: its SYN says so */
+			if (p.proto == IPPROTO_TCP && !key.port && remote_port && !key.local_port &&
+			    zm_tcp_dialled(&key, &p, into_local, remote_port, svc_port))
+				key.port = remote_port;
+		}
 	}
-	if (p.has_ports)
-		key.local_port = zm_local_port(&p, into_local, key.port, svc_port);
 #ifdef ZM_SOCK_COUNTERS
 	if (zm_sk_claim(skb, into_local, &key, bytes, packets))
 		return;

@@ -75,6 +75,18 @@
 #define ZM_PORT_SERVICE 2  /* some Service in the cluster uses the port: a Service port, a
                             * numeric targetPort or an EndpointSlice port, any protocol */
 
+/* Entries of zm_origins (maps.h): the UDP/SCTP 5-tuples of local pods whose first packet
+ * the programs saw, with the side that sent it. LRU: the least recently seen tuple makes
+ * room for a new one. */
+#ifndef ZM_ORIGIN_CAPACITY
+#define ZM_ORIGIN_CAPACITY 65536
+#endif
+
+/* Values of a zm_origins entry: the side that sent the first packet seen of its 5-tuple
+ * (classify.h, zm_origin; docs/datapath.md, "Late endpoints"). */
+#define ZM_ORIGIN_LOCAL 1  /* the local pod sent it: the remote port is the server's */
+#define ZM_ORIGIN_REMOTE 2 /* the peer sent it: the local pod's port is the server's */
+
 /* Values of zm_flow_key.kind (agent.records.FlowKind, in this order). */
 enum zm_kind {
 	ZM_KIND_REQUEST = 0,  /* into a local Service endpoint */

@@ -38,6 +38,11 @@ OVERFLOW_SLOTS = len(KIND_BY_VALUE) * 2
 LAYOUT_VERSION = 3
 #: entries of the pinned ``zm_epoch`` marker map: pins id, then one generation per table
 EPOCH_SLOTS = 3
+#: ``ZM_ORIGIN_CAPACITY``: entries of the LRU ``zm_origins`` (bpf/maps.h)
+ORIGIN_CAPACITY = 65536
+#: ``ZM_ORIGIN_LOCAL``/``ZM_ORIGIN_REMOTE``: values of a ``zm_origins`` entry, the side
+#: that sent the first packet the programs saw of a UDP/SCTP 5-tuple (bpf/classify.h zm_origin)
+ORIGIN_LOCAL, ORIGIN_REMOTE = 1, 2
 #: ``ZM_CACHE_SLOTS``: slots per CPU of each per-CPU flow cache
 CACHE_SLOTS = 256
 #: bits of a ``zm_endpoint_ports`` value: ``ZM_PORT_ENDPOINT`` (a local endpoint uses the

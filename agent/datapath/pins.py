@@ -27,6 +27,7 @@ from agent.datapath.abi import (
     CACHE_SLOTS,
     EPOCH_SLOTS,
     LAYOUT_VERSION,
+    ORIGIN_CAPACITY,
     OVERFLOW_SLOTS,
     CacheSlot,
     EndpointKey,
@@ -40,14 +41,14 @@ log = logging.getLogger(__name__)
 
 #: statfs(2) f_type of a BPF filesystem (BPF_FS_MAGIC, include/uapi/linux/magic.h)
 BPF_FS_MAGIC = 0xCAFE4A11
-_MAP_HASH, _MAP_ARRAY, _MAP_PERCPU_ARRAY, _MAP_ARRAY_OF_MAPS = 1, 2, 6, 12  # BPF_MAP_TYPE_*
+_MAP_HASH, _MAP_ARRAY, _MAP_PERCPU_ARRAY, _MAP_LRU_HASH, _MAP_ARRAY_OF_MAPS = 1, 2, 6, 9, 12  # BPF_MAP_TYPE_*
 #: every map bpf/maps.h pins under pin_path (file name = map name)
 PINNED_MAPS = ("zm_flows_a", "zm_flows_b", "zm_active", "zm_cache_a", "zm_cache_b",
                "zm_cache_active", "zm_endpoints", "zm_endpoint_ports", "zm_server_ports",
-               "zm_lost", "zm_layout", "zm_epoch", "zm_entries", "zm_entry_ports")
+               "zm_lost", "zm_layout", "zm_epoch", "zm_entries", "zm_entry_ports", "zm_origins")
 #: pinned maps added to layout 3 later, without changing any other map: pins of an agent
 #: from before them lack them, and BCC creates them beside the others (no recreation)
-ADDED_MAPS = frozenset({"zm_entries", "zm_entry_ports"})
+ADDED_MAPS = frozenset({"zm_entries", "zm_entry_ports", "zm_origins"})
 
 def libbcc() -> ctypes.CDLL:
     """Return BCC's libbcc (its libbpf wrappers ``bpf_lookup_elem``, ``bpf_obj_get_info``...).
@@ -160,6 +161,7 @@ def expected_maps(config: DatapathConfig) -> dict[str, tuple[int, int, int, int]
         "zm_epoch": (_MAP_ARRAY, 4, 8, EPOCH_SLOTS),
         "zm_entries": (_MAP_HASH, ctypes.sizeof(EndpointKey), 4, config.endpoint_capacity),
         "zm_entry_ports": (_MAP_ARRAY, 4, 4, 65536),
+        "zm_origins": (_MAP_LRU_HASH, ctypes.sizeof(FlowKey), 4, ORIGIN_CAPACITY),
     }
 
 

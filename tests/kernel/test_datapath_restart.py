@@ -44,6 +44,7 @@ from agent.datapath import (
     run_in_netns,
 )
 from agent.errors import InputError
+from agent.records import FlowKind
 from tests.kernel._dp_fixtures import (
     PairTruth,
     datapath_config,
@@ -53,7 +54,7 @@ from tests.kernel._dp_fixtures import (
     tcx_chain,
     two_node_lab,
 )
-from tests.kernel.test_datapath_lifecycle import _filters, _ours
+from tests.kernel.test_datapath_lifecycle import _filters, _ours, _udp_exchange
 from tools.lab import Lab
 
 pytestmark = pytest.mark.kernel
@@ -335,6 +336,56 @@ def test_stale_pins_are_recreated(pin_dir: str, caplog: pytest.LogCaptureFixture
     with Datapath(DatapathConfig(pin_path=pin_dir, flow_capacity=128)) as dp:
         assert dp.reused is False
     assert "layout version 999" in caplog.text
+
+
+def test_udp_origin_is_the_first_datagram_seen_and_survives_a_restart(lab: Lab,
+                                                                       pin_dir: str) -> None:
+    """``zm_origins`` records who sent the first datagram of a 5-tuple: a pod that is a
+    UDP server on an ephemeral-range port and a client on one alike keep the server's
+    port only. The map is pinned: an agent started later still knows the direction of an
+    exchange the previous one saw begin, so a reply is not taken for a request."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
+    cfg = datapath_config(lab, "a", pin_path=pin_dir)
+    with Datapath(cfg) as dp:
+        dp.attach()
+        dp.drain()
+        _udp_exchange(lab, "a1", "a2", 45000, 46000, 300, 400, 4)  # both in the range
+        first = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
+    with Datapath(cfg) as dp:  # the next agent: same pins
+        dp.attach()
+        dp.drain()
+        # a2 speaks first this time, on the same 5-tuple: still a reply to a1's request
+        _udp_exchange(lab, "a2", "a1", 46000, 45000, 500, 600, 4)
+        second = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
+    want = {(a2, FlowKind.INGRESS, 0, 45000), (a2, FlowKind.EGRESS, 0, 45000),
+            (a1, FlowKind.EGRESS, 45000, 0), (a1, FlowKind.INGRESS, 45000, 0)}
+    assert {(d.local, d.kind, d.port, d.local_port) for d in first} == want
+    assert {(d.local, d.kind, d.port, d.local_port) for d in second} == want
+
+
+def test_pins_without_a_map_added_later_are_reused_and_gain_it(pin_dir: str) -> None:
+    """Pins of an agent from before the maps added to layout 3 (``ADDED_MAPS``: the entry
+    maps, ``zm_origins``) are reused, counts and all, and the missing maps are created
+    beside them: an upgrade recreates nothing (docs/datapath.md, "Late endpoints")."""
+    from agent.datapath.pins import ADDED_MAPS
+
+    with Datapath(DatapathConfig(pin_path=pin_dir, flow_capacity=64)) as dp:
+        dp.set_local_endpoints([("10.1.0.5", 8080, 6)])
+        dp.release()
+    fd = obj_get(os.path.join(pin_dir, "zm_flows_a"))
+    flows_id = map_info(fd).id
+    os.close(fd)
+    for name in ADDED_MAPS:
+        os.unlink(os.path.join(pin_dir, name))
+    with Datapath(DatapathConfig(pin_path=pin_dir, flow_capacity=64)) as dp:
+        assert dp.reused is True
+        assert dp.stats().endpoints == 1
+        dp.release()
+    assert sorted(n for n in PINNED_MAPS if os.path.exists(os.path.join(pin_dir, n))) == sorted(
+        PINNED_MAPS)
+    fd = obj_get(os.path.join(pin_dir, "zm_flows_a"))
+    assert map_info(fd).id == flows_id
+    os.close(fd)
 
 
 def test_pin_path_off_bpffs_is_refused(tmp_path: Path) -> None:

@@ -475,18 +475,37 @@ class Model:
             assert (caddr, c.sport, c.proto) not in local_eps
             # the kernel keeps the local port when it is a Service port, or the remote one is
             # ephemeral and it is not (a client's ephemeral port is no server port of this
-            # node: never learned)
+            # node: never learned); UDP and SCTP keep the remote port, which the client's
+            # first packet went to, even inside the ephemeral range (zm_origin)
+            first = c.proto != 6
+            if first:
+                rport = c.dport
             lport = c.sport if c.sport in svc or (
                 rport == 0 and c.dport and c.sport not in EPHEMERAL) else 0
+            # TCP to a port inside the range: kept, the pod's SYN left for it (zm_tcp_dialled)
+            dialled = not first and rport == 0 and c.dport and not lport
+            if dialled:
+                rport = c.dport
             # the socket view keys a host socket by its own addresses (what connect() gave
             # it: the ClusterIP), although its egress packets passed the node's DNAT; an
-            # unconnected host socket's egress shows the backend (``egress_backend``)
-            edst, eport = ((backend, self._peer_port(bport))
+            # unconnected host socket's egress shows the backend (``egress_backend``), so
+            # its replies, from the ClusterIP, are a 5-tuple whose first packet entered:
+            # their key keeps the socket's own port (zm_origin)
+            split = self.egress_backend and not cveth and (backend, bport) != (dst, c.dport)
+            eport_backend = self._peer_port(bport)
+            if first or (c.proto == 6 and not eport_backend and bport and not lport):
+                eport_backend = bport
+            edst, eport = ((backend, eport_backend)
                            if self.egress_backend and not cveth else (dst, rport))
-            for kind, n, r, rp in ((FlowKind.EGRESS, c.req, edst, eport),
-                                   (FlowKind.INGRESS, c.resp, dst, rport)):
+            iport, ilport = rport, lport
+            if split:  # the reply's 5-tuple is not the one the socket sent on
+                iport = self._peer_port(c.dport)
+                if first:
+                    ilport = c.sport
+            for kind, n, r, rp, lp in ((FlowKind.EGRESS, c.req, edst, eport, lport),
+                                       (FlowKind.INGRESS, c.resp, dst, iport, ilport)):
                 self._emit(cnode, FlowDelta(kind, caddr, r, rp, c.proto, n, max(1, n // 1400),
-                                            local_port=lport))
+                                            local_port=lp))
         snode, saddr, sveth = self._pod(str(backend))
         if (sveth or self._sockets(snode)) and snode:
             if (saddr, bport, c.proto) in self._local_endpoints(snode):
@@ -495,11 +514,9 @@ class Model:
             else:
                 cport = self._peer_port(c.sport)
                 # the kernel keeps the server's port of a TCP connection (its SYN entered
-                # on it, its SYN-ACK left from it), a Service port, and of other protocols
-                # the server's port when the client's is ephemeral and the server's is not
-                # (bpf/classify.h zm_local_port)
-                lport = bport if c.proto == 6 or bport in svc or (
-                    cport == 0 and c.sport and bport not in EPHEMERAL) else 0
+                # on it, its SYN-ACK left from it: bpf/classify.h zm_local_port) and of
+                # UDP and SCTP (the client's packet was the first it saw: zm_origin)
+                lport = bport
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, seen, cport, c.proto, n, 1,
                                                 local_port=lport))

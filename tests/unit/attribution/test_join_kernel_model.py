@@ -130,6 +130,9 @@ class Kernel:
         self.deltas: dict[str, list[FlowDelta]] = {}
         # node -> ports marked in its zm_server_ports (a local pod's SYN-ACK left from them)
         self.servers: dict[str, set[int]] = {}
+        # node -> zm_origins: (local, lport, remote, rport, proto) of a UDP/SCTP 5-tuple ->
+        # whether the first packet seen of it entered the local pod (the peer spoke first)
+        self.origins: dict[str, dict[tuple[IPAddress, int, IPAddress, int, int], bool]] = {}
         self.veth: dict[IPAddress, str] = {}  # pod address -> node, veth pods only
         for p in o["pods"]:
             if not p["spec"]["hostNetwork"]:
@@ -193,13 +196,33 @@ class Kernel:
             # Service port (ZM_PORT_SERVICE) is kept whatever the protocol
             learned = self.servers.setdefault(node, set())
             lp = 0
-            if has_ports and lport:
+            # zm_origin: UDP and SCTP keep the server's port by who spoke first, the
+            # local pod's when the peer did, the remote one (even ephemeral) when it did
+            remote_first = None
+            if has_ports and proto != 6:
+                remote_first = self.origins.setdefault(node, {}).setdefault(
+                    (local, lport, remote, rport, proto), into)
+                if not remote_first:
+                    port = rport
+            if remote_first:
+                lp = lport
+            elif has_ports and lport:
                 if proto == 6 and ((opens and into) or (not opens and not into)):
                     learned.add(lport)
                 if lport in learned or lport in self.svc:
                     lp = lport
                 elif not port and rport and lport not in EPHEMERAL:
                     lp = lport
+                # zm_tcp_dialled: a TCP server port inside the range that the pod dialled
+                # (its SYN left it) is kept
+                if proto == 6 and not port and rport and not lp:
+                    tup = (local, lport, remote, rport, proto)
+                    seen = self.origins.setdefault(node, {})
+                    if opens and not into:
+                        seen.setdefault(tup, False)
+                        port = rport
+                    elif seen.get(tup) is False:
+                        port = rport
             d = FlowDelta(kind, local, remote, port, proto, n, 1, local_port=lp)
         self.deltas.setdefault(node, []).append(d)
 
@@ -386,14 +409,39 @@ def test_late_udp_endpoint_counted_once_whatever_the_ports(name: str, behind: fr
         assert {d.local_port for d in server} == {c.bport or c.dport}
 
 
-@pytest.mark.xfail(strict=True, reason="the bound that remains (docs/datapath.md, 'Late "
-                   "endpoints'): a UDP Service port the node's agent had not written yet")
-@pytest.mark.parametrize("name", ["v4_fixed_client_port", "v4_port_in_range", "v6_both"])
-def test_late_udp_endpoint_on_a_port_no_service_had_is_the_bound(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(UDP_LATE))
+@pytest.mark.parametrize("behind", [frozenset(), frozenset({"n2"}), frozenset({"n1", "n2"})],
+                         ids=["synced", "server-behind", "both-behind"])
+def test_late_udp_endpoint_on_a_port_no_service_had_counted_once(name: str,
+                                                                 behind: frozenset[str]) -> None:
+    """A UDP Service port no node's agent had written yet (a new Service, a new target
+    port): the server's node keeps its port because the client spoke first, the client's
+    node keeps the remote port for the same reason (zm_origins), so attribution promotes
+    the server's bytes to the Service and skips the client's copy, whatever the ports."""
     o = cluster()
     c = UDP_LATE[name]
-    total, t, _ = run(o, [c], frozenset({"n2"}), svc_ports=service_ports(o) - {3478, 40000})
+    total, t, k = run(o, [c], behind, svc_ports=service_ports(o) - {3478, 40000})
     assert total == service_bytes(t, "shop", "media") == c.req + c.resp
+    if "n2" in behind:
+        assert {d.local_port for d in k.deltas["n2"]} == {c.bport or c.dport}
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["clusterip", "pod-address"])
+@pytest.mark.parametrize("behind", [frozenset(), frozenset({"n2"}), frozenset({"n1", "n2"})],
+                         ids=["synced", "server-behind", "both-behind"])
+def test_tcp_port_in_the_range_no_service_had_counted_once(direct: bool,
+                                                            behind: frozenset[str]) -> None:
+    """A TCP Service port inside the ephemeral range that no agent had written yet (a new
+    gRPC Service on 50051): the client's node keeps the remote port because the pod's SYN
+    left for it (zm_tcp_dialled), so attribution skips the client's copy of a direct dial
+    too, and the server's node keeps its own port by the handshake."""
+    o = cluster()
+    c = (Conn("web-7c9f-abcde", "10.1.2.60", 50051, 400, 4000) if direct else
+         Conn("web-7c9f-abcde", "10.96.0.80", 50051, 400, 4000, backend="10.1.2.60",
+              bport=50051))
+    total, t, k = run(o, [c], behind, svc_ports=service_ports(o) - {50051})
+    assert total == service_bytes(t, "shop", "grpc") == c.req + c.resp
+    assert {d.port for d in k.deltas["n1"]} == {50051}
 
 
 def test_endpoint_without_node_name_is_in_its_pods_node_map() -> None:

@@ -41,7 +41,8 @@ def _c_layout(tmp_path: Path) -> dict[str, int]:
             lines.append(f'printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {fname}));')
     for macro in ("ZM_KIND_REQUEST", "ZM_KIND_RESPONSE", "ZM_KIND_EGRESS", "ZM_KIND_INGRESS",
                   "ZM_FAMILY_INET", "ZM_FAMILY_INET6", "ZM_OVERFLOW_SLOTS",
-                  "ZM_LAYOUT_VERSION", "ZM_CACHE_SLOTS", "ZM_PORT_ENDPOINT", "ZM_PORT_SERVICE"):
+                  "ZM_LAYOUT_VERSION", "ZM_CACHE_SLOTS", "ZM_PORT_ENDPOINT", "ZM_PORT_SERVICE",
+                  "ZM_ORIGIN_CAPACITY", "ZM_ORIGIN_LOCAL", "ZM_ORIGIN_REMOTE"):
         lines.append(f'printf("{macro} %d\\n", (int){macro});')
     lines.append("return 0; }")
     src = tmp_path / "layout.c"
@@ -79,6 +80,9 @@ def test_constants_match_c(c_layout: dict[str, int]) -> None:
     assert bt.CACHE_SLOTS == c_layout["ZM_CACHE_SLOTS"]
     assert bt.PORT_ENDPOINT == c_layout["ZM_PORT_ENDPOINT"]
     assert bt.PORT_SERVICE == c_layout["ZM_PORT_SERVICE"]
+    assert bt.ORIGIN_CAPACITY == c_layout["ZM_ORIGIN_CAPACITY"]
+    assert (bt.ORIGIN_LOCAL, bt.ORIGIN_REMOTE) == (c_layout["ZM_ORIGIN_LOCAL"],
+                                                   c_layout["ZM_ORIGIN_REMOTE"])
 
 
 def test_endpoint_key_is_network_order_and_v4_mapped() -> None:
