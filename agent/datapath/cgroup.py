@@ -115,6 +115,29 @@ BPF_PROG_TYPE_CGROUP_SKB = 8
 _PASS_PROGRAM = struct.pack("=BBhi", 0xB7, 0, 0, 1) + struct.pack("=BBhi", 0x95, 0, 0, 0)
 
 
+#: r0 = bpf_get_netns_cookie(r1 = the skb); r0 = 1; exit (BPF_FUNC_get_netns_cookie = 122)
+_NETNS_COOKIE_PROGRAM = (struct.pack("=BBhi", 0x85, 0, 0, 122) + _PASS_PROGRAM)
+
+
+def netns_cookie_supported() -> bool:
+    """Whether cgroup_skb programs may call ``bpf_get_netns_cookie`` on their skb (Linux
+    6.12+: ``cg_skb_func_proto`` in net/core/filter.c): load a three-instruction program
+    that calls it, and close it. Then the cgroup programs put the socket's network
+    namespace in each key (docs/datapath.md, "The cgroup_skb hook"). Never raises: False
+    when the kernel refuses the program (or any bpf(2) call fails)."""
+    insns = ctypes.create_string_buffer(_NETNS_COOKIE_PROGRAM, len(_NETNS_COOKIE_PROGRAM))
+    lic = ctypes.create_string_buffer(b"GPL")
+    attr = tcx._attr()
+    struct.pack_into("=IIQQ", attr, 0, BPF_PROG_TYPE_CGROUP_SKB,
+                     len(_NETNS_COOKIE_PROGRAM) // 8, ctypes.addressof(insns), ctypes.addressof(lic))
+    try:
+        prog = tcx.sys_bpf(BPF_PROG_LOAD, attr)
+    except OSError:
+        return False
+    os.close(prog)
+    return True
+
+
 def probe(root: str) -> str | None:
     """Whether a cgroup_skb link can be attached on root: load a two-instruction program
     that passes every packet, attach it as a cgroup ingress link on root, detach it.

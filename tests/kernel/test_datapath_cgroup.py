@@ -254,3 +254,42 @@ def test_udp_server_port_in_the_range_is_kept_by_who_spoke_first(lab: Lab) -> No
         (FlowKind.INGRESS, 0, 40000), (FlowKind.EGRESS, 0, 40000),
         (FlowKind.EGRESS, 40001, 0), (FlowKind.INGRESS, 40001, 0)}, deltas
     assert len(deltas) == 4
+
+
+def test_keys_carry_the_sockets_namespace_so_a_reused_address_is_told_apart() -> None:
+    """The cgroup hook puts the socket's network namespace in each key's ifindex (the low
+    32 bits of its cookie; Linux 6.12+, which this machine runs): a pod that takes a
+    deleted pod's address has a new namespace, so its bytes never share an entry with the
+    old pod's, and the newer namespace's id is the larger one, as a new veth's ifindex is
+    on the veth hook (attribution orders an address's tenures by it: docs/datapath.md,
+    "The cgroup_skb hook")."""
+    from agent.datapath.attach import netns_cookie
+
+    assert cg.netns_cookie_supported(), "this kernel lets cgroup_skb read netns cookies"
+    lab = two_node_lab()  # its own lab: a1 is replaced
+    try:
+        b1, old_ip = str(lab.pod_ip("b1", 4)), str(lab.pod_ip("a1", 4))
+        old_cookie = run_in_netns(lab.pod_netns("a1"), netns_cookie)
+        dp = Datapath(config(lab, "a"))
+        try:
+            dp.attach()
+            assert dp.host_netns_cookie is not None
+            dp.drain()
+            exchange(lab, Flow("a1", "b1", b1, 9100, 9100, "udp", 4), 500, 700)
+            first = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
+            lab.remove_pod("a1")
+            new = lab.add_pod({"name": "a9", "node": "a"})
+            assert str(new.ip) == old_ip  # the freed address is reused
+            dp._set_scope([lab.pod_netns("a9")])
+            new_cookie = run_in_netns(lab.pod_netns("a9"), netns_cookie)
+            exchange(lab, Flow("a9", "b1", b1, 9100, 9100, "udp", 4), 300, 400)
+            second = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
+        finally:
+            dp.close()
+    finally:
+        lab.down()
+    assert new_cookie > old_cookie
+    assert {d.ifindex for d in first} == {old_cookie & 0xFFFFFFFF}, first
+    assert {d.ifindex for d in second} == {new_cookie & 0xFFFFFFFF}, second
+    assert sum(d.bytes for d in first) == 500 + 700 + 2 * 28
+    assert sum(d.bytes for d in second) == 300 + 400 + 2 * 28
