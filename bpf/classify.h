@@ -161,7 +161,7 @@ static __always_inline __u32 zm_origin(const struct zm_flow_key *key, int into_l
  * Returns 1 when the local pod dialled the TCP connection of the packet, else 0: its SYN
  * left the pod (recorded as ZM_ORIGIN_LOCAL in zm_origins), or this packet is that SYN.
  * Asked only for a remote port in the ephemeral range that is no Service port while
- * the local port is no server port: a server on an ephemeral-range port, dialled by the
+ * the local port is no learned server port: a server on an ephemeral-range port, dialled by the
  * pod, whose port the key then keeps, so attribution can tell the client's copy of a
  * Service it had not heard of yet (docs/datapath.md, "Late endpoints"). Arguments as
  * zm_origin; p the parsed packet.
@@ -272,23 +272,31 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		/* UDP and SCTP: the side that spoke first tells the server's port (zm_origin):
 		 * the local pod's when the peer did (kept beside the client's port as the range
 		 * rule left it), the remote one, even inside the ephemeral range, when the pod
-		 * did. The client's port stays as zm_peer_port and zm_local_port leave it, so
-		 * a key never carries a client's ephemeral port for this (docs/datapath.md,
-		 * "Late endpoints"). TCP has its handshake: zm_local_port for the server's
-		 * side, zm_tcp_dialled for a client of an ephemeral-range port. */
+		 * did. The client's port stays as zm_peer_port and zm_local_port leave it. A
+		 * peer talking from a port to the same port (gossip) keeps it on both sides,
+		 * whoever spoke first, as a known endpoint's key does: the receiver's side is
+		 * its request, the sender's its copy. TCP has its handshake: zm_local_port for
+		 * the server's side, zm_tcp_dialled for a client of an ephemeral-range port,
+		 * whatever the client's own port (docs/datapath.md, "Late endpoints"). */
 		__u32 origin = 0;
-		if (p.proto != IPPROTO_TCP)
-			origin = zm_origin(&key, into_local, remote_port, svc_port);
-		if (origin == ZM_ORIGIN_REMOTE) {
+		if (p.proto != IPPROTO_TCP) {
+			if (remote_port == svc_port)
+				key.port = remote_port;
+			else
+				origin = zm_origin(&key, into_local, remote_port, svc_port);
+		}
+		if (origin == ZM_ORIGIN_REMOTE || (p.proto != IPPROTO_TCP && remote_port == svc_port)) {
 			key.local_port = svc_port;
 		} else {
 			if (origin == ZM_ORIGIN_LOCAL)
 				key.port = remote_port;
-			key.local_port = zm_local_port(&p, into_local, key.port, svc_port);
-			/* TCP to an ephemeral-range port the pod dialled: its SYN says so */
-			if (p.proto == IPPROTO_TCP && !key.port && remote_port && !key.local_port &&
+			/* not asked for a port a local pod accepted connections on (its SYN-ACK
+			 * marked it): its packets are a server's */
+			if (p.proto == IPPROTO_TCP && !key.port && remote_port &&
+			    !zm_server_port(svc_port) &&
 			    zm_tcp_dialled(&key, &p, into_local, remote_port, svc_port))
 				key.port = remote_port;
+			key.local_port = zm_local_port(&p, into_local, key.port, svc_port);
 		}
 	}
 #ifdef ZM_SOCK_COUNTERS

@@ -510,6 +510,8 @@ def test_late_endpoint_keys_keep_the_server_port_whatever_the_client_port(lab: L
         _tcp_exchange(lab, "a1", "a2", 9410, 20000, 3000, 5000)    # fixed client port
         for _ in range(8):  # ephemeral-range server port, eight client ports
             _tcp_exchange(lab, "a1", "a2", 50051, 0, 2000, 4000)
+        # an ephemeral-range server port dialled from a client port outside the range
+        _tcp_exchange(lab, "a1", "a2", 50052, 20001, 1000, 1500)
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
     veth = {a1: _ifindex(lab, "a1"), a2: _ifindex(lab, "a2")}
     assert veth[a1] != veth[a2]
@@ -521,11 +523,13 @@ def test_late_endpoint_keys_keep_the_server_port_whatever_the_client_port(lab: L
         (False, FlowKind.EGRESS, 9410, 0), (False, FlowKind.INGRESS, 9410, 0),
         (True, FlowKind.INGRESS, 0, 50051), (True, FlowKind.EGRESS, 0, 50051),
         (False, FlowKind.EGRESS, 50051, 0), (False, FlowKind.INGRESS, 50051, 0),
+        (True, FlowKind.INGRESS, 20001, 50052), (True, FlowKind.EGRESS, 20001, 50052),
+        (False, FlowKind.EGRESS, 50052, 0), (False, FlowKind.INGRESS, 50052, 0),
     }, keys
     server = sum(d.bytes for d in deltas if d.local == a2 and d.local_port == 50051)
     client = sum(d.bytes for d in deltas if d.local == a1 and d.port == 50051)
     # eight connections, every packet, in one key per side and direction: no key per connection
-    assert len(deltas) == 8
+    assert len(deltas) == 12
     assert server == client > 8 * (2000 + 4000)
 
 
@@ -599,9 +603,12 @@ def test_late_udp_endpoint_keys_keep_the_server_port_whatever_the_client_port(
         for _ in range(6):  # a port inside the range, six ephemeral client ports
             _udp_exchange(lab, "a1", "a2", 40000, 0, 800, 1600, family)
         _udp_exchange(lab, "a1", "a2", 40000, 2000, 700, 900, family)    # both
+        _udp_exchange(lab, "a1", "a2", 9502, 9502, 600, 300, family)     # gossip: same port
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
     keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
     assert keys == {
+        (True, FlowKind.INGRESS, 9502, 9502), (True, FlowKind.EGRESS, 9502, 9502),
+        (False, FlowKind.EGRESS, 9502, 9502), (False, FlowKind.INGRESS, 9502, 9502),
         (True, FlowKind.INGRESS, 20000, 9420), (True, FlowKind.EGRESS, 20000, 9420),
         (False, FlowKind.EGRESS, 9420, 0), (False, FlowKind.INGRESS, 9420, 0),
         (True, FlowKind.INGRESS, 0, 40000), (True, FlowKind.EGRESS, 0, 40000),

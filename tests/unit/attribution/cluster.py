@@ -478,14 +478,14 @@ class Model:
             # node: never learned); UDP and SCTP keep the remote port, which the client's
             # first packet went to, even inside the ephemeral range (zm_origin)
             first = c.proto != 6
-            if first:
+            # TCP to a port inside the range: kept, the pod's SYN left for it
+            # (zm_tcp_dialled), whatever the pod's own port
+            if first or rport == 0:
                 rport = c.dport
             lport = c.sport if c.sport in svc or (
                 rport == 0 and c.dport and c.sport not in EPHEMERAL) else 0
-            # TCP to a port inside the range: kept, the pod's SYN left for it (zm_tcp_dialled)
-            dialled = not first and rport == 0 and c.dport and not lport
-            if dialled:
-                rport = c.dport
+            if first and c.sport == c.dport:  # a peer's port to the same port: both kept
+                lport = c.sport
             # the socket view keys a host socket by its own addresses (what connect() gave
             # it: the ClusterIP), although its egress packets passed the node's DNAT; an
             # unconnected host socket's egress shows the backend (``egress_backend``), so
@@ -493,7 +493,7 @@ class Model:
             # their key keeps the socket's own port (zm_origin)
             split = self.egress_backend and not cveth and (backend, bport) != (dst, c.dport)
             eport_backend = self._peer_port(bport)
-            if first or (c.proto == 6 and not eport_backend and bport and not lport):
+            if first or (c.proto == 6 and not eport_backend and bport):
                 eport_backend = bport
             edst, eport = ((backend, eport_backend)
                            if self.egress_backend and not cveth else (dst, rport))
@@ -517,6 +517,8 @@ class Model:
                 # on it, its SYN-ACK left from it: bpf/classify.h zm_local_port) and of
                 # UDP and SCTP (the client's packet was the first it saw: zm_origin)
                 lport = bport
+                if c.proto != 6 and c.sport == bport:  # a peer's port to the same port
+                    cport = c.sport
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, seen, cport, c.proto, n, 1,
                                                 local_port=lport))
