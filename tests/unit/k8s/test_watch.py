@@ -453,7 +453,7 @@ async def test_a_throttled_page_is_asked_again_after_retry_after_not_the_whole_l
     assert rig.cache.resolve(ip("10.0.1.102")).name == "p2"
 
 
-def test_retry_after_reads_the_header_within_bounds() -> None:
+async def test_retry_after_reads_the_header_within_bounds() -> None:
     from kubernetes.client.exceptions import ApiException
 
     from agent.k8s.watch import MAX_RETRY_AFTER_SECONDS, retry_after
