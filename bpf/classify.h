@@ -278,22 +278,20 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		 * its request, the sender's its copy. TCP has its handshake: zm_local_port for
 		 * the server's side, zm_tcp_dialled for a client of an ephemeral-range port,
 		 * whatever the client's own port (docs/datapath.md, "Late endpoints"). */
-		__u32 origin = 0;
 		if (p.proto != IPPROTO_TCP) {
-			if (remote_port == svc_port)
+			/* origin 0: the same port on both sides */
+			__u32 origin = remote_port == svc_port
+					       ? 0
+					       : zm_origin(&key, into_local, remote_port, svc_port);
+			if (origin != ZM_ORIGIN_REMOTE)
 				key.port = remote_port;
-			else
-				origin = zm_origin(&key, into_local, remote_port, svc_port);
-		}
-		if (origin == ZM_ORIGIN_REMOTE || (p.proto != IPPROTO_TCP && remote_port == svc_port)) {
-			key.local_port = svc_port;
+			key.local_port = origin == ZM_ORIGIN_LOCAL
+						 ? zm_local_port(&p, into_local, key.port, svc_port)
+						 : svc_port;
 		} else {
-			if (origin == ZM_ORIGIN_LOCAL)
-				key.port = remote_port;
 			/* not asked for a port a local pod accepted connections on (its SYN-ACK
 			 * marked it): its packets are a server's */
-			if (p.proto == IPPROTO_TCP && !key.port && remote_port &&
-			    !zm_server_port(svc_port) &&
+			if (!key.port && remote_port && !zm_server_port(svc_port) &&
 			    zm_tcp_dialled(&key, &p, into_local, remote_port, svc_port))
 				key.port = remote_port;
 			key.local_port = zm_local_port(&p, into_local, key.port, svc_port);
