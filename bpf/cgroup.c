@@ -444,28 +444,6 @@ static __always_inline int zm_loopback(struct __sk_buff *skb, int family)
 	return w[0] == 0 && w[1] == 0 && w[2] == 0 && w[3] == bpf_htonl(1);
 }
 
-/* Returns the key's ifindex for the packet's socket (host byte order): with
- * -DZM_HOST_NETNS_COOKIE (the agent passes the cookie of the node's own network namespace
- * when cgroup_skb programs may read cookies, Linux 6.12+), the low 32 bits of the socket's
- * network namespace cookie, or 0 for the node's own namespace (host-network pods and
- * processes, whose address is the node's); else 0. A pod replacing another on the same
- * address has a new namespace, whose cookie is larger (cookies come from one counter,
- * never reused: the net_cookie counter of net/core/net_namespace.c), so its bytes
- * never share an entry with its address's previous holder, as a new veth's do on the veth
- * hook (docs/datapath.md, "The cgroup_skb hook"). */
-static __always_inline __u32 zm_cg_hook_id(struct __sk_buff *skb)
-{
-#ifdef ZM_HOST_NETNS_COOKIE
-	__u64 cookie = bpf_get_netns_cookie(skb);
-	if (cookie == ZM_HOST_NETNS_COOKIE)
-		return 0;
-	__u32 id = (__u32)cookie;
-	return id ? id : 1;
-#else
-	return 0;
-#endif
-}
-
 /* Counts one packet of a local socket; into_local: 1 ingress, 0 egress. */
 static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
 {
@@ -481,7 +459,7 @@ static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
 		return;
 #endif
 	if (zm_in_scope(skb) && !zm_loopback(skb, family))
-		zm_classify_and_count(skb, 0, into_local, family, zm_cg_hook_id(skb));
+		zm_classify_and_count(skb, 0, into_local, family, 0);
 }
 
 /* cgroup_skb/ingress: packets entering a local socket. Returns 1 (pass). */

@@ -126,8 +126,7 @@ struct zm_flow_key {
 	__u32 ifindex;      /* 40: host byte order: the host-side veth the packet crossed
 	                     * (skb->ifindex); a replacement pod has a new veth, so its bytes never
 	                     * share an entry with its address's previous holder (docs/datapath.md,
-	                     * "The veth in the key"); cgroup_skb: the socket's network namespace
-	                     * (low 32 bits of its cookie), 0 for the node's own (cgroup.c) */
+	                     * "The veth in the key") */
 	__u32 reserved_44;  /* 44: always 0 */
 };
 ZM_ASSERT_SIZE(zm_flow_key, 48);

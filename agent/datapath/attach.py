@@ -379,17 +379,6 @@ class Datapath:
             log.info("hook auto: counting at the %s (%s)",
                      "sockets (cgroup_skb)" if self.hook == "cgroup" else "pod veths", self.hook_reason)
         self._cgroup: cgroup.CgroupLinks | None = None
-        #: cgroup hook: the cookie of the node's own network namespace when the programs
-        #: put each socket's namespace in its key (the kernel lets cgroup_skb programs read
-        #: it, Linux 6.12+), else None (docs/datapath.md, "The cgroup_skb hook")
-        self.host_netns_cookie: int | None = None
-        if self.hook == "cgroup" and cgroup.netns_cookie_supported():
-            try:
-                self.host_netns_cookie = (run_in_netns(self.config.netns, netns_cookie)
-                                          if self.config.netns else netns_cookie())
-            except OSError as err:
-                raise RuntimeFailure(f"cannot read the cookie of the node's network namespace: "
-                                     f"{err}") from err
         #: "tcx" or "clsact": DatapathConfig.attach resolved against this kernel; "cgroup"
         #: for the cgroup hook
         self.attach_mode = "cgroup" if self.hook == "cgroup" else self._resolve_attach_mode()
@@ -571,13 +560,8 @@ class Datapath:
     # -- compile ----------------------------------------------------------------------
 
     def cflags(self) -> list[str]:
-        """Return the BCC cflags (``-I``, ``-D`` options) the programs are compiled with:
-        :func:`flags_for`, and on the cgroup hook with the namespace in the key
-        ``-DZM_HOST_NETNS_COOKIE`` (the node's own namespace, keyed 0)."""
-        flags = flags_for(self.config, self._ephemeral)
-        if self.host_netns_cookie is not None:
-            flags.append(f"-DZM_HOST_NETNS_COOKIE={self.host_netns_cookie}ULL")
-        return flags
+        """Return the BCC cflags (``-I``, ``-D`` options) the programs are compiled with."""
+        return flags_for(self.config, self._ephemeral)
 
     # -- netlink helpers ----------------------------------------------------------------
 
