@@ -59,8 +59,11 @@ class FlowDelta:
             repeats ``port`` (the entry port) and marks the delta as such an entry hop:
             ``local`` is then a node address, LoadBalancer IP or externalIP of this node
             (:attr:`is_entry`).
-        ifindex: the host-side veth the bytes crossed (this node's interface index), 0
-            when unknown (overflow entries, records not from the kernel). The local
+        ifindex: the host-side veth the bytes crossed (this node's interface index); on
+            the cgroup hook the low 32 bits of the pod's cgroup id (the parent of the
+            socket's cgroup: bpf/cgroup.c ``zm_cg_hook_id``), 0 for sockets in the root
+            cgroup or a child of it; 0 when unknown (overflow entries, records not from
+            the kernel). The local
             address is resolved to the pod of that veth, so a reused address's bytes go
             to the pod that held it when they were counted (docs/datapath.md, "The veth
             in the key").

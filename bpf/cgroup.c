@@ -444,6 +444,44 @@ static __always_inline int zm_loopback(struct __sk_buff *skb, int family)
 	return w[0] == 0 && w[1] == 0 && w[2] == 0 && w[3] == bpf_htonl(1);
 }
 
+#ifndef ZM_CG_MAX_LEVEL
+#define ZM_CG_MAX_LEVEL 16 /* cgroup levels searched for the socket's own (root: 0) */
+#endif
+
+/* Returns the key's ifindex for the packet's socket (host byte order): the low 32 bits of
+ * the id of the parent of the socket's cgroup v2 cgroup, or 0 when the socket's cgroup is
+ * the root or a child of the root, or deeper than ZM_CG_MAX_LEVEL.
+ *
+ * kubelet puts each container's cgroup directly under its pod's
+ * (kubepods[.slice]/<qos>/pod<uid>/<container>: pkg/kubelet/cm/pod_container_manager_linux.go
+ * and the runtime's scope), so the parent is the pod's cgroup: one id per pod, shared by
+ * its containers and their restarts. A cgroup's id is its kernfs node id, allocated by
+ * idr_alloc_cyclic under one lock (kernfs_new_node in fs/kernfs/dir.c), so a pod created
+ * after another has the larger id, and a pod replacing another on the same address is
+ * told from it and ordered after it, as a new veth's ifindex is on the veth hook
+ * (PodTable.veth_owner; docs/datapath.md, "The cgroup_skb hook"). The socket's cgroup is
+ * the one its creator ran in (sk_cgrp_data, set in sk_alloc; an accepted socket inherits
+ * its listener's). Host processes (the root, system.slice/<unit>) key their node's
+ * address, which attribution does not resolve by veth. Up to ZM_CG_MAX_LEVEL helper calls
+ * (bpf_skb_ancestor_cgroup_id: an array read each). */
+static __always_inline __u32 zm_cg_hook_id(struct __sk_buff *skb)
+{
+	__u64 own = bpf_skb_cgroup_id(skb);
+	if (!own)
+		return 0;
+	__u64 parent = 0;
+#pragma unroll
+	for (int level = 1; level < ZM_CG_MAX_LEVEL; level++) {
+		__u64 id = bpf_skb_ancestor_cgroup_id(skb, level);
+		if (id == own)
+			return (__u32)parent;
+		if (!id)
+			return 0;
+		parent = id;
+	}
+	return 0;
+}
+
 /* Counts one packet of a local socket; into_local: 1 ingress, 0 egress. */
 static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
 {
@@ -459,7 +497,7 @@ static __always_inline void zm_cg_count(struct __sk_buff *skb, int into_local)
 		return;
 #endif
 	if (zm_in_scope(skb) && !zm_loopback(skb, family))
-		zm_classify_and_count(skb, 0, into_local, family, 0);
+		zm_classify_and_count(skb, 0, into_local, family, zm_cg_hook_id(skb));
 }
 
 /* cgroup_skb/ingress: packets entering a local socket. Returns 1 (pass). */

@@ -199,8 +199,9 @@ static __always_inline __u64 zm_wire_bytes(struct __sk_buff *skb, __u32 l3_off, 
  * packet data (ETH_HLEN for clsact on Ethernet devices, 0 for cgroup_skb). into_local:
  * 1 when the packet enters the local pod (veth egress, cgroup ingress), 0 when it leaves
  * it (veth ingress, cgroup egress). family: from skb->protocol. ifindex: the key's
- * ifindex (the host veth, skb->ifindex, for tc; 0 for cgroup_skb, which sees sockets,
- * not veths: docs/datapath.md, "The cgroup_skb hook").
+ * ifindex (the host veth, skb->ifindex, for tc; for cgroup_skb, which sees sockets, not
+ * veths, the pod's cgroup: cgroup.c zm_cg_hook_id, docs/datapath.md, "The cgroup_skb
+ * hook").
  * Returns nothing; never touches the packet.
  */
 static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l3_off,

@@ -126,7 +126,8 @@ struct zm_flow_key {
 	__u32 ifindex;      /* 40: host byte order: the host-side veth the packet crossed
 	                     * (skb->ifindex); a replacement pod has a new veth, so its bytes never
 	                     * share an entry with its address's previous holder (docs/datapath.md,
-	                     * "The veth in the key") */
+	                     * "The veth in the key"); cgroup_skb: the low 32 bits of the pod's
+	                     * cgroup id (cgroup.c zm_cg_hook_id), ordered the same way */
 	__u32 reserved_44;  /* 44: always 0 */
 };
 ZM_ASSERT_SIZE(zm_flow_key, 48);

@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -254,3 +255,94 @@ def test_udp_server_port_in_the_range_is_kept_by_who_spoke_first(lab: Lab) -> No
         (FlowKind.INGRESS, 0, 40000), (FlowKind.EGRESS, 0, 40000),
         (FlowKind.EGRESS, 40001, 0), (FlowKind.INGRESS, 40001, 0)}, deltas
     assert len(deltas) == 4
+
+
+#: a UDP client run as its own process: it joins the cgroup argv[1] (its sockets belong to
+#: the cgroup their creator ran in), enters the network namespace argv[2], sends argv[5]
+#: bytes to argv[3]:argv[4] in datagrams of at most 1000 bytes and reads argv[6] back
+_CLIENT = """
+import os, socket, sys
+from pyroute2.netns import setns
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+setns(sys.argv[2], flags=0)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+left = int(sys.argv[5])
+while left > 0:
+    n = min(1000, left)
+    s.sendto(b"q" * n, (sys.argv[3], int(sys.argv[4])))
+    left -= n
+got = 0
+while got < int(sys.argv[6]):
+    got += len(s.recv(65536))
+"""
+
+
+def _udp_from_cgroup(lab: Lab, client: str, cgroup_dir: str, server: str, port: int,
+                     req: int, resp: int) -> None:
+    """One UDP exchange from a process of client's pod in cgroup_dir to server's pod
+    (answered from a socket of this process in server's namespace)."""
+    sip = str(lab.pod_ip(server, 4))
+    s = run_in_netns(lab.pod_netns(server), lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    try:
+        s.bind((sip, port))
+        s.settimeout(10)
+        proc = subprocess.Popen([sys.executable, "-c", _CLIENT, cgroup_dir, lab.pod_netns(client),
+                                 sip, str(port), str(req), str(resp)])
+        got, addr = 0, None
+        while got < req:
+            data, addr = s.recvfrom(65536)
+            got += len(data)
+        left = resp
+        while left > 0:
+            n = min(1000, left)
+            s.sendto(b"r" * n, addr)
+            left -= n
+        assert proc.wait(timeout=10) == 0
+    finally:
+        s.close()
+
+
+def test_keys_carry_the_pods_cgroup_so_a_reused_address_is_told_apart() -> None:
+    """The cgroup hook puts the id of the parent of the socket's cgroup (a pod's cgroup,
+    whose children are its containers' cgroups) in each key's ifindex: a pod that takes a
+    deleted pod's address has a new pod cgroup, so its bytes never share an entry with the
+    old pod's, and the newer pod's id is the larger one, as a new veth's ifindex is on the
+    veth hook (attribution orders an address's tenures by it: docs/datapath.md, "The
+    cgroup_skb hook"). A socket of a process in the root cgroup (the server here) keys 0."""
+    top = os.path.join(cg.cgroup2_root(), f"zmtest-{secrets.token_hex(3)}")
+    old_pod, new_pod = os.path.join(top, "pod-a1"), os.path.join(top, "pod-a9")
+    lab = two_node_lab()  # its own lab: a1 is replaced
+    try:
+        os.makedirs(os.path.join(old_pod, "app"))
+        old_ino = os.stat(old_pod).st_ino
+        b1, old_ip = str(lab.pod_ip("b1", 4)), str(lab.pod_ip("a1", 4))
+        dp = Datapath(config(lab, "a"))
+        try:
+            dp.attach()
+            dp.drain()
+            _udp_from_cgroup(lab, "a1", os.path.join(old_pod, "app"), "b1", 9100, 500, 700)
+            first = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
+            lab.remove_pod("a1")
+            new = lab.add_pod({"name": "a9", "node": "a"})
+            assert str(new.ip) == old_ip  # the freed address is reused
+            os.makedirs(os.path.join(new_pod, "app"))
+            new_ino = os.stat(new_pod).st_ino
+            dp._set_scope([lab.pod_netns("a9")])
+            _udp_from_cgroup(lab, "a9", os.path.join(new_pod, "app"), "b1", 9100, 300, 400)
+            second = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
+        finally:
+            dp.close()
+    finally:
+        lab.down()
+        for d in (os.path.join(old_pod, "app"), old_pod, os.path.join(new_pod, "app"),
+                  new_pod, top):
+            if os.path.isdir(d):
+                os.rmdir(d)
+    # a cgroup's inode number is its id (kernfs_ino in include/linux/kernfs.h)
+    assert old_ino < new_ino
+    assert {d.ifindex for d in first} == {old_ino & 0xFFFFFFFF}, first
+    assert {d.ifindex for d in second} == {new_ino & 0xFFFFFFFF}, second
+    assert sum(d.bytes for d in first) == 500 + 700 + 2 * 28
+    assert sum(d.bytes for d in second) == 300 + 400 + 2 * 28
