@@ -27,6 +27,7 @@ from agent.datapath import Datapath, DatapathConfig, on_bpf_fs, run_in_netns, tc
 from agent.datapath import cgroup as cg
 from agent.records import FlowDelta, FlowKind
 from tools.lab import Lab
+from tools.lab.proc import pod_cgroup
 
 pytestmark = pytest.mark.kernel
 
@@ -306,43 +307,41 @@ def _udp_from_cgroup(lab: Lab, client: str, cgroup_dir: str, server: str, port: 
 
 def test_keys_carry_the_pods_cgroup_so_a_reused_address_is_told_apart() -> None:
     """The cgroup hook puts the id of the parent of the socket's cgroup (a pod's cgroup,
-    whose children are its containers' cgroups) in each key's ifindex: a pod that takes a
-    deleted pod's address has a new pod cgroup, so its bytes never share an entry with the
-    old pod's, and the newer pod's id is the larger one, as a new veth's ifindex is on the
-    veth hook (attribution orders an address's tenures by it: docs/datapath.md, "The
-    cgroup_skb hook"). A socket of a process in the root cgroup (the server here) keys 0."""
-    top = os.path.join(cg.cgroup2_root(), f"zmtest-{secrets.token_hex(3)}")
-    old_pod, new_pod = os.path.join(top, "pod-a1"), os.path.join(top, "pod-a9")
+    whose children are its containers' cgroups; the lab makes them as kubelet does:
+    tools/lab/proc.py) in each key's ifindex: a pod that takes a deleted pod's address has
+    a new pod cgroup, so its bytes never share an entry with the old pod's, and the newer
+    pod's id is the larger one, as a new veth's ifindex is on the veth hook (attribution
+    orders an address's tenures by it: docs/datapath.md, "The cgroup_skb hook"). The server
+    here is a socket of this process, in the root cgroup: its keys (node b, not drained
+    here) would carry 0."""
     lab = two_node_lab()  # its own lab: a1 is replaced
     try:
-        os.makedirs(os.path.join(old_pod, "app"))
-        old_ino = os.stat(old_pod).st_ino
+        old_app = pod_cgroup(lab.prefix, "a1")
+        assert old_app is not None and old_app.is_dir()
+        old_id = os.stat(old_app.parent).st_ino  # a cgroup's inode number is its id
         b1, old_ip = str(lab.pod_ip("b1", 4)), str(lab.pod_ip("a1", 4))
         dp = Datapath(config(lab, "a"))
         try:
             dp.attach()
             dp.drain()
-            _udp_from_cgroup(lab, "a1", os.path.join(old_pod, "app"), "b1", 9100, 500, 700)
+            _udp_from_cgroup(lab, "a1", str(old_app), "b1", 9100, 500, 700)
             first = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
             lab.remove_pod("a1")
+            assert not old_app.parent.exists()  # removed with the pod
             new = lab.add_pod({"name": "a9", "node": "a"})
             assert str(new.ip) == old_ip  # the freed address is reused
-            os.makedirs(os.path.join(new_pod, "app"))
-            new_ino = os.stat(new_pod).st_ino
+            new_app = pod_cgroup(lab.prefix, "a9")
+            assert new_app is not None
+            new_id = os.stat(new_app.parent).st_ino
             dp._set_scope([lab.pod_netns("a9")])
-            _udp_from_cgroup(lab, "a9", os.path.join(new_pod, "app"), "b1", 9100, 300, 400)
+            _udp_from_cgroup(lab, "a9", str(new_app), "b1", 9100, 300, 400)
             second = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
         finally:
             dp.close()
     finally:
         lab.down()
-        for d in (os.path.join(old_pod, "app"), old_pod, os.path.join(new_pod, "app"),
-                  new_pod, top):
-            if os.path.isdir(d):
-                os.rmdir(d)
-    # a cgroup's inode number is its id (kernfs_ino in include/linux/kernfs.h)
-    assert old_ino < new_ino
-    assert {d.ifindex for d in first} == {old_ino & 0xFFFFFFFF}, first
-    assert {d.ifindex for d in second} == {new_ino & 0xFFFFFFFF}, second
+    assert old_id < new_id
+    assert {d.ifindex for d in first} == {old_id & 0xFFFFFFFF}, first
+    assert {d.ifindex for d in second} == {new_id & 0xFFFFFFFF}, second
     assert sum(d.bytes for d in first) == 500 + 700 + 2 * 28
     assert sum(d.bytes for d in second) == 300 + 400 + 2 * 28

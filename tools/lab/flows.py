@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from agent.errors import InputError, RuntimeFailure
 from tools.lab.netns import LabNamespaces, netns_mod
-from tools.lab.proc import ROOT, child_env
+from tools.lab.proc import ROOT, child_env, in_cgroup, pod_cgroup
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -129,6 +129,7 @@ class LabTraffic(LabNamespaces):
                    count: int = 1, rate: float | None = None, timeout: float = 5.0,
                    reuse: bool = False) -> FlowHandle:
         """Start a client in ``client_pod``'s namespace; see :meth:`run_flow`."""
+        app = None  # the pod's cgroup (tools/lab/proc.py, "pod cgroups")
         if client_pod == OUTSIDE:
             if self.outside_netns not in netns_mod().listnetns():
                 raise InputError("the lab has no outside peer (build_outside)", obj="flow", field="client")
@@ -139,6 +140,8 @@ class LabTraffic(LabNamespaces):
         else:
             pod = self.topology.pod(client_pod)
             ns, client = self.pod_netns(pod.name), pod.name
+            if not pod.host_network:
+                app = pod_cgroup(self.prefix, pod.name)
         texts = [str(a) for a in dst_ip] if isinstance(dst_ip, (list, tuple)) else str(dst_ip).split(",")
         try:
             dsts = [ipaddress.ip_address(t.strip()) for t in texts]
@@ -171,7 +174,7 @@ class LabTraffic(LabNamespaces):
         if reuse:
             argv.append("--reuse")
         budget = timeout * 3 + (count / rate if rate else count * timeout) + 10
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = subprocess.Popen(in_cgroup(app, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, text=True, cwd=ROOT, env=child_env())
         return FlowHandle(proc, client, ",".join(str(d) for d in dsts), port, proto, budget)
 

@@ -45,7 +45,19 @@ from tools.lab import snapshot as lab_snapshot
 from tools.lab.flows import FlowHandle, FlowResult, FlowSpec, LabTraffic
 from tools.lab.kube import KUBERNETES_MODES, PROXY_MODES, LabKubernetes
 from tools.lab.netns import NODE_SYSCTLS, POD_SYSCTLS, disable_offloads, netns_mod, sysctl
-from tools.lab.proc import ROOT, ancestors, child_env, is_lab_server, nsexec, run, terminate
+from tools.lab.proc import (
+    ROOT,
+    ancestors,
+    child_env,
+    in_cgroup,
+    is_lab_server,
+    new_pod_cgroup,
+    nsexec,
+    pod_cgroup,
+    remove_pod_cgroups,
+    run,
+    terminate,
+)
 from tools.lab.proxy import LabProxy
 from tools.lab.routes import IPAddress, LabAddressing
 from tools.lab.state import DEFAULT_STATE_DIR, PREFIX, LabState, list_prefixes
@@ -157,7 +169,8 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
     @staticmethod
     def down_prefix(prefix: str, state_dir: Path | str = DEFAULT_STATE_DIR) -> list[str]:
         """Remove everything of the lab ``prefix``: processes inside its namespaces, the
-        namespaces (which removes their links, routes and rules) and its state file.
+        namespaces (which removes their links, routes and rules), its pods' cgroups
+        (tools/lab/proc.py) and its state file.
 
         Works on a half-built or crashed lab: it looks at the namespaces that exist, not
         at the state file. Never touches the host namespace or another prefix's
@@ -181,6 +194,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
             victims.update(int(p) for p in proc.stdout.split() if p.isdigit())
         victims -= protected
         terminate(victims)
+        remove_pod_cgroups(prefix)
         removed = []
         for name in mine:
             try:
@@ -240,6 +254,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
         for p in topo.pods:
             if not p.host_network:
                 self._build_pod(p)
+                new_pod_cgroup(self.prefix, p.name)
         self._disable_all_offloads()
         self.program_all_nodes()
         for p in topo.pods:
@@ -280,7 +295,8 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
                 argv += ["--listen", f"{pp.protocol.lower()}:{pp.port}"]
             # `ip netns exec` execs the command: the pid is the server's
             procs.append((name, subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                in_cgroup(pod_cgroup(self.prefix, name), argv), stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 text=True, cwd=ROOT, env=child_env(), start_new_session=True)))
         for name, proc in procs:
             assert proc.stdout is not None
@@ -318,6 +334,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
                 netns_mod().create(ns)
                 sysctl(ns, POD_SYSCTLS)
                 self._build_pod(pod)
+                new_pod_cgroup(self.prefix, pod.name)
                 if not self.topology.options.offloads:
                     disable_offloads(ns, ["eth0"])
                     disable_offloads(self.node_netns(pod.node), [self.host_veth(pod.name)[1]])
@@ -384,6 +401,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
             proc = run(["ip", "netns", "pids", ns], check=False)
             terminate({int(p) for p in proc.stdout.split() if p.isdigit()} - ancestors())
             netns_mod().remove(ns)
+        remove_pod_cgroups(self.prefix, pod.name)
 
     # ------------------------------------------------------------------ snapshot
 

@@ -97,3 +97,92 @@ def is_zombie(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# ---------------------------------------------------------------------- pod cgroups
+#
+# Like kubelet (kubepods/<qos>/pod<uid>/<container>: pkg/kubelet/cm), the lab gives each
+# pod a cgroup v2 cgroup, ``<cgroup2 root>/zmlab-<prefix>/<pod>.<n>``, whose child ``app``
+# its processes run in: the cgroup hook keys a socket by the parent of its cgroup
+# (bpf/cgroup.c zm_cg_hook_id), so the lab's pods have ids of their own, and a pod that
+# reuses a removed pod's address has a newer one. ``<n>`` grows per name (cgroup v2 does
+# not rename, and a name can come back before its old cgroup could be removed).
+
+def _cgroup_top(prefix: str) -> Path | None:
+    """``<cgroup2 root>/zmlab-<prefix>``, or None when the machine has no cgroup2 mount."""
+    from agent.datapath import cgroup
+
+    try:
+        return Path(cgroup.cgroup2_root()) / f"zmlab-{prefix}"
+    except (OSError, RuntimeFailure):
+        return None
+
+
+def _generations(top: Path, pod: str) -> list[int]:
+    try:
+        names = os.listdir(top)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n.rsplit(".", 1)[1]) for n in names
+                  if n.rsplit(".", 1)[0] == pod and n.rsplit(".", 1)[-1].isdigit())
+
+
+def new_pod_cgroup(prefix: str, pod: str) -> Path | None:
+    """Create the cgroup of a new pod ``pod`` of lab ``prefix`` and its ``app`` child;
+    returns the child (where the pod's processes go), None without a cgroup2 mount.
+
+    Raises:
+        RuntimeFailure: the cgroup could not be created.
+    """
+    top = _cgroup_top(prefix)
+    if top is None:
+        return None
+    n = (_generations(top, pod) or [0])[-1] + 1
+    app = top / f"{pod}.{n}" / "app"
+    try:
+        app.mkdir(parents=True)
+    except OSError as err:
+        raise RuntimeFailure(f"cannot create the cgroup of pod {pod}: {err}") from err
+    return app
+
+
+def pod_cgroup(prefix: str, pod: str) -> Path | None:
+    """The ``app`` cgroup of the newest pod named ``pod`` of lab ``prefix``, or None."""
+    top = _cgroup_top(prefix)
+    gens = _generations(top, pod) if top is not None else []
+    return top / f"{pod}.{gens[-1]}" / "app" if top is not None and gens else None
+
+
+def in_cgroup(app: Path | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` run in cgroup ``app`` (a shell writes its pid to ``cgroup.procs`` and execs
+    it, so the command's sockets belong to the cgroup; no ``preexec_fn``, which is unsafe
+    in a threaded parent), or ``argv`` itself for None."""
+    if app is None:
+        return list(argv)
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(app / "cgroup.procs"), *argv]
+
+
+def remove_pod_cgroups(prefix: str, pod: str | None = None) -> None:
+    """Remove the cgroups of ``pod`` (every generation), or of the whole lab for None,
+    children first. A cgroup whose processes are still exiting is retried for 2 s, then
+    left (it is empty soon; ``lab down`` removes it). Never raises."""
+    top = _cgroup_top(prefix)
+    if top is None or not top.is_dir():
+        return
+    dirs = [top / n for n in os.listdir(top) if (top / n).is_dir()
+            and (pod is None or n.rsplit(".", 1)[0] == pod)]
+    end = time.monotonic() + 2.0
+    for d in dirs:
+        for victim in (d / "app", d):
+            while victim.is_dir():
+                try:
+                    victim.rmdir()
+                except OSError:
+                    if time.monotonic() > end:
+                        break
+                    time.sleep(0.02)
+    if pod is None:
+        try:
+            top.rmdir()
+        except OSError:
+            pass
