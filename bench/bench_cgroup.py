@@ -279,9 +279,15 @@ def main() -> int:
     ap.add_argument("--tcp-conns", type=int, nargs="+", default=[],
                     help="TCP connection counts to measure (see above) instead of UDP")
     ap.add_argument("--baseline", metavar="DIR",
-                    help="--tcp-conns: also measure socket counters as built from another "
-                    "tree's bpf/ directory DIR ('zonemeter-sk-base'; e.g. git archive main bpf "
-                    "| tar -x -C /tmp/base, DIR /tmp/base/bpf)")
+                    help="also measure the programs as built from another tree's bpf/ "
+                    "directory DIR ('zonemeter-base'; with --tcp-conns socket counters, "
+                    "'zonemeter-sk-base'; e.g. git archive main bpf | tar -x -C /tmp/base, DIR "
+                    "/tmp/base/bpf)")
+    ap.add_argument("--depth", type=int, default=0, metavar="N",
+                    help="UDP: run the sockets N cgroup levels below the cgroup the programs "
+                    "are attached to (3: a container's level on a systemd-driver node, "
+                    "kubepods.slice/<qos>.slice/<pod>.slice/<container>.scope), since the "
+                    "cgroup hook walks the socket's ancestors (bpf/cgroup.c zm_cg_hook_id)")
     args = ap.parse_args()
     if args.tcp_conns:
         res = tcp_main(args)
@@ -319,26 +325,40 @@ def main() -> int:
     home = Path(f"/proc/{os.getpid()}/cgroup").read_text()
     old = next((line.split(":", 2)[2] for line in home.splitlines() if line.startswith("0::")), "/")
     loads = LoadSampler()
-    results: dict[str, dict[str, list[float]]] = {t: {"empty": [], "zonemeter": []}
+    configs = ("empty", "zonemeter", *(("zonemeter-base",) if args.baseline else ()))
+    results: dict[str, dict[str, list[float]]] = {t: {c: [] for c in configs}
                                                   for t in ("udp4", "udp6")}
-    dp = Datapath(DatapathConfig(hook="cgroup", cgroup_root=child, flow_capacity=4096))
+    dps: dict[str, Datapath] = {
+        "zonemeter": Datapath(DatapathConfig(hook="cgroup", cgroup_root=child, flow_capacity=4096))}
+    if args.baseline:
+        from bench.bench_flows import VariantDatapath
+
+        dps["zonemeter-base"] = VariantDatapath(
+            DatapathConfig(hook="cgroup", cgroup_root=child, flow_capacity=4096), [],
+            Path(args.baseline))
+    dp = dps["zonemeter"]
     empty = BPF(src_file=str(CGROUP_SOURCE).encode(), cflags=flags_for(dp.config, (32768, 60999)))
     empty_fd = empty.load_func(b"zm_cg_empty", BPF.CGROUP_SKB).fd
-    ours = {name: fn.fd for name, fn in dp._fns.items()}  # noqa: SLF001 - a bench reads them
+    progs = {c: {name: fn.fd for name, fn in d._fns.items()}  # noqa: SLF001 - a bench reads them
+             for c, d in dps.items()}
+    nest = [os.path.join(child, *(f"l{i}" for i in range(1, n + 1))) for n in range(1, args.depth + 1)]
     try:
-        Path(child, "cgroup.procs").write_text(str(os.getpid()))
+        for d in nest:
+            os.mkdir(d)
+        Path(nest[-1] if nest else child, "cgroup.procs").write_text(str(os.getpid()))
         set_stats(True)
-        for _ in range(args.rounds):
-            for config in ("empty", "zonemeter"):
+        for r in range(args.rounds):
+            shift = r % len(configs)  # every configuration in every position
+            for config in configs[shift:] + configs[:shift]:
                 fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY)
                 links: list[int] = []
                 try:
                     for attach_type, _side, prog in cg.SIDES:
-                        pfd = empty_fd if config == "empty" else ours[prog]
+                        pfd = empty_fd if config == "empty" else progs[config][prog]
                         links.append(cg.link_create(pfd, fd, attach_type))
                 finally:
                     os.close(fd)
-                fds = [empty_fd] if config == "empty" else list(ours.values())
+                fds = [empty_fd] if config == "empty" else list(progs[config].values())
                 try:
                     for traffic, fam in (("udp4", 4), ("udp6", 6)):
                         before = sum(fdinfo(f)[0] for f in fds)
@@ -348,21 +368,30 @@ def main() -> int:
                 finally:
                     for link in links:
                         os.close(link)
-                dp.drain()
+                if config != "empty":
+                    dps[config].drain()
     finally:
         set_stats(False)
         Path(root, old.lstrip("/"), "cgroup.procs").write_text(str(os.getpid()))
-        dp.close()
+        for d in dps.values():
+            d.close()
         empty.cleanup()
+        for d in reversed(nest):
+            os.rmdir(d)
         os.rmdir(child)
         subprocess.run(["ip", "netns", "del", NETNS], check=False)
     load = loads.stop()
-    out: dict[str, Any] = {"rounds": args.rounds, "packets": args.packets, "load": load}
+    out: dict[str, Any] = {"rounds": args.rounds, "packets": args.packets, "load": load,
+                           "depth": args.depth}
     for traffic, r in results.items():
         extra = [z - e for z, e in zip(r["zonemeter"], r["empty"], strict=True)]
         ratio = [z / e for z, e in zip(r["zonemeter"], r["empty"], strict=True) if e]
         out[traffic] = {"empty": summary(r["empty"]), "zonemeter": summary(r["zonemeter"]),
                         "extra": summary(extra), "ratio": summary(ratio)}
+        if args.baseline:
+            out[traffic]["zonemeter-base"] = summary(r["zonemeter-base"])
+            out[traffic]["over base"] = summary(
+                [z - b for z, b in zip(r["zonemeter"], r["zonemeter-base"], strict=True)])
     if args.json:
         json.dump(out, sys.stdout, indent=2)
         print()
@@ -372,12 +401,14 @@ def main() -> int:
         return f"{s['median']:.1f} ({s['min']:.1f}..{s['max']:.1f})"
 
     print(f"load average (1 min) {fmt(load)}; ns per packet, egress + ingress, median (min..max)")
-    print("| traffic | empty cgroup_skb | zonemeter cgroup_skb | extra | ratio |")
-    print("|---|---|---|---|---|")
+    base = " | zonemeter-base | zonemeter over base" if args.baseline else ""
+    print(f"| traffic | empty cgroup_skb | zonemeter cgroup_skb | extra | ratio{base} |")
+    print("|---|---|---|---|---|" + ("---|---|" if args.baseline else ""))
     for traffic in ("udp4", "udp6"):
         o = out[traffic]
+        tail = (f" | {fmt(o['zonemeter-base'])} | {fmt(o['over base'])}" if args.baseline else "")
         print(f"| {traffic} | {fmt(o['empty'])} | {fmt(o['zonemeter'])} | {fmt(o['extra'])} | "
-              f"{o['ratio']['median']:.2f} ({o['ratio']['min']:.2f}..{o['ratio']['max']:.2f}) |")
+              f"{o['ratio']['median']:.2f} ({o['ratio']['min']:.2f}..{o['ratio']['max']:.2f}){tail} |")
     return 0
 
 

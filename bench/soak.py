@@ -176,16 +176,17 @@ class ChurnRun:
         topology: the demo topology (default :data:`CHURN_TOPOLOGY`; it must keep its
             ``web``, ``api-1``..``api-6`` and ``db-<node>`` pods).
         node_args: node -> more flags for that node's agent only.
+        hook: where the agents count, ``veth`` or ``cgroup`` (:class:`DemoOptions`).
     """
 
     def __init__(self, workdir: Path, interval: float = 1.0, agent_args: tuple[str, ...] = (),
                  settle_seconds: float = 0.5, kubernetes: str = "emulated",
                  topology: str = CHURN_TOPOLOGY,
-                 node_args: dict[str, tuple[str, ...]] | None = None) -> None:
+                 node_args: dict[str, tuple[str, ...]] | None = None, hook: str = "veth") -> None:
         spec = parse_demo(topology, "churn")
         self.run = DemoRun(spec, DemoOptions(interval_seconds=interval, workdir=workdir,
                                              state_dir=workdir / "state", agent_args=agent_args,
-                                             kubernetes=kubernetes))
+                                             kubernetes=kubernetes, hook=hook))
         self.run.fleet.node_args = dict(node_args or {})
         self.settle_seconds = settle_seconds
         self.cluster = self.run.cluster

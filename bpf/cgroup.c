@@ -10,11 +10,13 @@
  * "local" is the socket's side, as the pod side is for tc.c. The programs only count and
  * always return 1 (let the packet pass); the packet starts at its IP header (l3_off 0).
  *
- * Scope (only when built with -DZM_SCOPE_NETNS): count only packets whose socket lives in
- * a network namespace whose cookie (bpf_get_netns_cookie, SO_NETNS_COOKIE) is in
- * zm_scope. A node needs none (every socket of the node is the node's); the lab gives each
- * lab node its pods' namespaces, since every namespace on the machine shares the host's
- * cgroup tree (another lab's pods may even reuse the same addresses).
+ * Scope (only when built with -DZM_SCOPE_NETNS or -DZM_SCOPE_CGROUP): count only packets
+ * whose socket lives in a network namespace whose cookie (bpf_get_netns_cookie, SO_NETNS_COOKIE) is in
+ * zm_scope, or (-DZM_SCOPE_CGROUP) whose socket's cgroup is a given cgroup or below it,
+ * either suffices. A node needs none (every socket of the node is the node's); the lab
+ * gives each lab node its own namespace and the cgroup its pods' cgroups are made under
+ * (tools/lab/proc.py), since every namespace on the machine shares the host's cgroup tree
+ * (another lab's pods may even reuse the same addresses).
  */
 #include <uapi/linux/bpf.h>
 #include "maps.h"
@@ -415,13 +417,23 @@ static __always_inline int zm_sk_fast(struct __sk_buff *skb, int into_local, int
 
 #include "classify.h"
 
-/* Returns 1 when the packet is to be counted: always without -DZM_SCOPE_NETNS, else when
- * the network namespace of its socket is in zm_scope. */
+/* Returns 1 when the packet is to be counted: always without a scope, else when the
+ * network namespace of its socket is in zm_scope (-DZM_SCOPE_NETNS) or its socket's cgroup
+ * is the cgroup -DZM_SCOPE_CGROUP=<id> (at level -DZM_SCOPE_CGROUP_LEVEL) or below it. */
 static __always_inline int zm_in_scope(struct __sk_buff *skb)
 {
+#if defined(ZM_SCOPE_NETNS) || defined(ZM_SCOPE_CGROUP)
 #ifdef ZM_SCOPE_NETNS
 	__u64 cookie = bpf_get_netns_cookie(skb);
-	return zm_scope.lookup(&cookie) != NULL;
+	if (zm_scope.lookup(&cookie))
+		return 1;
+#endif
+#ifdef ZM_SCOPE_CGROUP
+	/* the socket's cgroup is ZM_SCOPE_CGROUP (at level ZM_SCOPE_CGROUP_LEVEL) or below it */
+	if (bpf_skb_ancestor_cgroup_id(skb, ZM_SCOPE_CGROUP_LEVEL) == ZM_SCOPE_CGROUP)
+		return 1;
+#endif
+	return 0;
 #else
 	return 1;
 #endif

@@ -151,6 +151,10 @@ def register(subparsers: Any) -> None:
                    help="cgroup hook: count only sockets of these network namespaces (/run/netns "
                    "names). For labs, whose namespaces share the machine's cgroup tree; a node "
                    "needs none (Linux 6.12+)")
+    p.add_argument("--cgroup-scope-cgroup", default=None, metavar="DIR",
+                   help="cgroup hook: count also sockets of this cgroup v2 directory and the "
+                   "cgroups below it (with --cgroup-scope-netns: either suffices). For labs, "
+                   "whose pods come and go under a node's cgroup; a node needs none")
     p.add_argument("--kubernetes-version", default=None, metavar="X.Y",
                    help="control-plane Kubernetes version the hint model reproduces, 1.27 to "
                    f"1.37 (default: from the cluster's /version, or the version.json beside "
@@ -457,7 +461,8 @@ def _run(args: argparse.Namespace, stop: Stopper) -> int:
             no_bpffs, pin_path = True, None
     config = DatapathConfig(netns=args.netns, interface_patterns=include, exclude_patterns=exclude,
                             flow_capacity=args.flow_capacity, pin_path=pin_path, attach=args.attach,
-                            hook=args.hook, scope_netns=scope, cgroup_root=args.cgroup_root,
+                            hook=args.hook, scope_netns=scope, scope_cgroup=args.cgroup_scope_cgroup,
+                            cgroup_root=args.cgroup_root,
                             uplink_patterns=uplinks, entry_hops=args.entry_hops == "on")
     config.validate()
     setup_logging(args.log_level)

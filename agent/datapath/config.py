@@ -67,6 +67,10 @@ class DatapathConfig:
             ``bpf_get_netns_cookie`` for cgroup_skb, Linux 6.12+). Empty on a node (every
             socket of the node is the node's); the lab gives each lab node its pods'
             namespaces, since every namespace shares the host's cgroup tree.
+        scope_cgroup: cgroup hook only: a cgroup v2 directory (absolute path under the
+            cgroup2 mount); when set, packets of sockets whose cgroup is it or below it are
+            counted too (either scope suffices). For labs, whose pods come and go under a
+            node's cgroup (tools/lab/proc.py); a node needs none.
         attach: how the ``"veth"`` hook and the uplink programs of either hook attach:
             ``"tcx"`` (TCX links at the head of the device's list, Linux 6.6+),
             ``"clsact"`` (tc filters on a clsact qdisc), or
@@ -111,6 +115,7 @@ class DatapathConfig:
     uplink_patterns: tuple[str, ...] = ()
     entry_hops: bool = True
     scope_netns: tuple[str, ...] = ()
+    scope_cgroup: str | None = None
     attach: str = "auto"
     interface_patterns: tuple[str, ...] = ()
     require_peer_netns: bool = True
@@ -134,6 +139,9 @@ class DatapathConfig:
             if not _NETNS_RE.match(name):
                 raise InputError(f"{name!r} is no network namespace name", source="datapath",
                                  field="scope_netns")
+        if self.scope_cgroup is not None and not os.path.isabs(self.scope_cgroup):
+            raise InputError(f"{self.scope_cgroup!r} is no absolute path", source="datapath",
+                             field="scope_cgroup")
         if self.cgroup_root is not None and not os.path.isabs(self.cgroup_root):
             raise InputError(f"{self.cgroup_root!r} is no absolute path", source="datapath",
                              field="cgroup_root")
@@ -179,6 +187,36 @@ def check_pin_path(path: str) -> None:
                          source="datapath", field="pin_path")
 
 
+def scope_cgroup_id(path: str) -> tuple[int, int]:
+    """Return ``(id, level)`` of the cgroup v2 directory ``path``: its id (the inode number
+    of its directory: kernfs_ino in include/linux/kernfs.h, what bpf_skb_ancestor_cgroup_id
+    returns) and its level below the root of the cgroup2 mount it is on (the root: 0).
+
+    Raises:
+        InputError: (field ``scope_cgroup``) path is on no cgroup2 mount or cannot be read.
+    """
+    from agent.datapath.cgroup import cgroup2_mounts
+    from agent.errors import RuntimeFailure
+
+    want = os.path.normpath(path)
+    try:
+        mounts = cgroup2_mounts()
+    except RuntimeFailure as err:
+        raise InputError(str(err), source="datapath", field="scope_cgroup") from None
+    mount = max((m for m in mounts if want == m or want.startswith(m.rstrip("/") + "/")),
+                key=len, default=None)
+    if mount is None:
+        raise InputError(f"{path!r} is on no cgroup2 mount", source="datapath",
+                         field="scope_cgroup")
+    try:
+        ino = os.stat(want).st_ino
+    except OSError as err:
+        raise InputError(f"cannot read cgroup {path!r}: {err.strerror}", source="datapath",
+                         field="scope_cgroup") from None
+    rel = os.path.relpath(want, mount)
+    return ino, 0 if rel == "." else len(rel.split(os.sep))
+
+
 def flags_for(config: DatapathConfig, ephemeral: tuple[int, int]) -> list[str]:
     """Return the cflags for ``config`` with the ephemeral range (low, high) in host order.
 
@@ -193,6 +231,9 @@ def flags_for(config: DatapathConfig, ephemeral: tuple[int, int]) -> list[str]:
     ]
     if config.scope_netns:
         flags.append("-DZM_SCOPE_NETNS=1")
+    if config.scope_cgroup is not None:
+        cg_id, level = scope_cgroup_id(config.scope_cgroup)
+        flags += [f"-DZM_SCOPE_CGROUP={cg_id}ULL", f"-DZM_SCOPE_CGROUP_LEVEL={level}"]
     if config.socket_counters:
         flags.append("-DZM_SOCK_COUNTERS=1")
     if config.pin_path is not None:

@@ -62,13 +62,16 @@ def test_rolling_update_with_address_reuse_attributes_every_byte(tmp_path: Path)
     assert sum(res.workload_other.values()) < 1000 * res.replacements
 
 
-def test_address_reused_while_the_metadata_is_stale_goes_to_the_new_pod(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hook", ["veth", "cgroup"])
+def test_address_reused_while_the_metadata_is_stale_goes_to_the_new_pod(tmp_path: Path,
+                                                                        hook: str) -> None:
     """The new pod takes the deleted pod's address at once (no gap) and sends for 3 s
     (three drains at ``--interval 1``) before the snapshot announces it: the agents'
     metadata shows the old pod deleted and no new holder, which by time would credit the
-    new pod's bytes to the old one. The kernel keys them by the new pod's veth: they are
-    held until the metadata names its pod, and each owner gets exactly its own bytes."""
-    with ChurnRun(tmp_path, interval=1.0) as cr:
+    new pod's bytes to the old one. The kernel keys them by the new pod's veth (on the
+    cgroup hook: by its pod cgroup, made after the old pod's, tools/lab/proc.py): they
+    are held until the metadata names its pod, and each owner gets exactly its own bytes."""
+    with ChurnRun(tmp_path, interval=1.0, hook=hook) as cr:
         cr.start_traffic(14)
         _wait_until_every_api_pod_sent(cr)
         for slot in (1, 4):  # one replica on n1, one on n2

@@ -27,7 +27,7 @@ from agent.datapath import Datapath, DatapathConfig, on_bpf_fs, run_in_netns, tc
 from agent.datapath import cgroup as cg
 from agent.records import FlowDelta, FlowKind
 from tools.lab import Lab
-from tools.lab.proc import pod_cgroup
+from tools.lab.proc import node_cgroup
 
 pytestmark = pytest.mark.kernel
 
@@ -316,24 +316,32 @@ def test_keys_carry_the_pods_cgroup_so_a_reused_address_is_told_apart() -> None:
     here) would carry 0."""
     lab = two_node_lab()  # its own lab: a1 is replaced
     try:
-        old_app = pod_cgroup(lab.prefix, "a1")
+        old_app = lab.pod_cgroup("a1")
         assert old_app is not None and old_app.is_dir()
         old_id = os.stat(old_app.parent).st_ino  # a cgroup's inode number is its id
         b1, old_ip = str(lab.pod_ip("b1", 4)), str(lab.pod_ip("a1", 4))
-        dp = Datapath(config(lab, "a"))
+        # scoped by the node's cgroup only: a9, added later, is in scope as it is made
+        scope = node_cgroup(lab.prefix, "a")
+        assert scope is not None
+        dp = Datapath(DatapathConfig(hook="cgroup", scope_cgroup=str(scope), flow_capacity=1024,
+                                     ephemeral_ports=(32768, 60999), entry_hops=False))
+        assert f"-DZM_SCOPE_CGROUP={os.stat(scope).st_ino}ULL" in dp.cflags()
+        assert "-DZM_SCOPE_CGROUP_LEVEL=2" in dp.cflags()  # <root>/zmlab-<prefix>/a
         try:
             dp.attach()
             dp.drain()
             _udp_from_cgroup(lab, "a1", str(old_app), "b1", 9100, 500, 700)
-            first = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
+            drained = dp.drain()
+            first = [d for d in drained if str(d.local) == old_ip and str(d.remote) == b1]
+            # b1's answering socket is this process's (the root cgroup, node b): out of scope
+            assert not [d for d in drained if str(d.local) == b1], drained
             lab.remove_pod("a1")
             assert not old_app.parent.exists()  # removed with the pod
             new = lab.add_pod({"name": "a9", "node": "a"})
             assert str(new.ip) == old_ip  # the freed address is reused
-            new_app = pod_cgroup(lab.prefix, "a9")
+            new_app = lab.pod_cgroup("a9")
             assert new_app is not None
             new_id = os.stat(new_app.parent).st_ino
-            dp._set_scope([lab.pod_netns("a9")])
             _udp_from_cgroup(lab, "a9", str(new_app), "b1", 9100, 300, 400)
             second = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
         finally:

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.errors import InputError, RuntimeFailure
 from tools.lab import Lab
+from tools.lab.proc import node_cgroup
 
 #: repository root (the agent runs as ``python -m agent`` from here)
 _ROOT = Path(__file__).resolve().parents[2]
@@ -237,7 +238,8 @@ def agent_argv(lab: Lab, node: str, snapshot: Path | None, address: str, interva
     """Return the command line of the agent for ``node`` (the agent verb's flags, docs/agent.md).
 
     ``hook`` ``"cgroup"`` runs the cgroup hook, scoped to the node's lab namespaces (its own
-    and its pods': every lab shares the machine's cgroup tree) and compared with its uplink
+    and its pods': every lab shares the machine's cgroup tree) and its pods' cgroups (pods
+    added later are there too: tools/lab/proc.py) and compared with its uplink
     (docs/datapath.md, "Interface counters"). Either hook counts the first hop of node ports
     on the node's uplink (``--uplink-interfaces``).
 
@@ -264,6 +266,9 @@ def agent_argv(lab: Lab, node: str, snapshot: Path | None, address: str, interva
     if hook == "cgroup":
         scope = [netns] + [lab.pod_netns(p.name) for p in lab.topology.pods_on(node) if not p.host_network]
         hooked += ["--hook", "cgroup", "--cgroup-scope-netns", ",".join(scope)]
+        pods = node_cgroup(lab.prefix, node)
+        if pods is not None:  # pods added later are below it (tools/lab/proc.py)
+            hooked += ["--cgroup-scope-cgroup", str(pods)]
     return [*(command or [python, "-m", "agent"]), "agent", "--node-name", node, *source,
             "--netns", netns, "--metrics-address", address, "--interval", f"{interval:g}",
             "--exclude-interfaces", ",".join(exclude), *hooked, *extra]

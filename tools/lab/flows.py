@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from agent.errors import InputError, RuntimeFailure
 from tools.lab.netns import LabNamespaces, netns_mod
-from tools.lab.proc import ROOT, child_env, in_cgroup, pod_cgroup
+from tools.lab.proc import ROOT, child_env, in_cgroup
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -140,8 +140,7 @@ class LabTraffic(LabNamespaces):
         else:
             pod = self.topology.pod(client_pod)
             ns, client = self.pod_netns(pod.name), pod.name
-            if not pod.host_network:
-                app = pod_cgroup(self.prefix, pod.name)
+            app = self.pod_cgroup(pod.name)
         texts = [str(a) for a in dst_ip] if isinstance(dst_ip, (list, tuple)) else str(dst_ip).split(",")
         try:
             dsts = [ipaddress.ip_address(t.strip()) for t in texts]

@@ -52,8 +52,8 @@ from tools.lab.proc import (
     in_cgroup,
     is_lab_server,
     new_pod_cgroup,
+    node_cgroup,
     nsexec,
-    pod_cgroup,
     remove_pod_cgroups,
     run,
     terminate,
@@ -251,10 +251,12 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
             self._build_node(n.name)
         for o in topo.outside:
             self._build_peer(o)
+        for n in topo.nodes:
+            node_cgroup(self.prefix, n.name, create=True)
         for p in topo.pods:
             if not p.host_network:
                 self._build_pod(p)
-                new_pod_cgroup(self.prefix, p.name)
+                new_pod_cgroup(self.prefix, p.node, p.name)
         self._disable_all_offloads()
         self.program_all_nodes()
         for p in topo.pods:
@@ -295,7 +297,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
                 argv += ["--listen", f"{pp.protocol.lower()}:{pp.port}"]
             # `ip netns exec` execs the command: the pid is the server's
             procs.append((name, subprocess.Popen(
-                in_cgroup(pod_cgroup(self.prefix, name), argv), stdout=subprocess.PIPE,
+                in_cgroup(self.pod_cgroup(name), argv), stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                 text=True, cwd=ROOT, env=child_env(), start_new_session=True)))
         for name, proc in procs:
@@ -334,7 +336,7 @@ class Lab(LabKubernetes, LabAddressing, LabProxy, LabTraffic, LabGroundTruth, La
                 netns_mod().create(ns)
                 sysctl(ns, POD_SYSCTLS)
                 self._build_pod(pod)
-                new_pod_cgroup(self.prefix, pod.name)
+                new_pod_cgroup(self.prefix, pod.node, pod.name)
                 if not self.topology.options.offloads:
                     disable_offloads(ns, ["eth0"])
                     disable_offloads(self.node_netns(pod.node), [self.host_veth(pod.name)[1]])

@@ -99,6 +99,17 @@ class LabNamespaces:
         p = self.topology.pod(pod)
         return self.node_netns(p.node) if p.host_network else f"{self.prefix}-pod-{p.name}"
 
+    def pod_cgroup(self, pod: str) -> Path | None:
+        """Return the cgroup a pod's processes run in (tools/lab/proc.py, "pod cgroups"),
+        None for a host-network pod, an outside peer (``outside/<name>``) or a pod without
+        one."""
+        from tools.lab.proc import pod_cgroup
+
+        if pod.startswith("outside/"):
+            return None
+        p = self.topology.pod(pod)
+        return None if p.host_network else pod_cgroup(self.prefix, p.node, p.name)
+
     def host_veth(self, pod: str) -> tuple[str, str]:
         """Return ``(node netns name, host-side veth name)`` of a pod.
 

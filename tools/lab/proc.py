@@ -102,11 +102,13 @@ def is_zombie(pid: int) -> bool:
 # ---------------------------------------------------------------------- pod cgroups
 #
 # Like kubelet (kubepods/<qos>/pod<uid>/<container>: pkg/kubelet/cm), the lab gives each
-# pod a cgroup v2 cgroup, ``<cgroup2 root>/zmlab-<prefix>/<pod>.<n>``, whose child ``app``
-# its processes run in: the cgroup hook keys a socket by the parent of its cgroup
+# pod a cgroup v2 cgroup, ``<cgroup2 root>/zmlab-<prefix>/<node>/<pod>.<n>``, whose child
+# ``app`` its processes run in: the cgroup hook keys a socket by the parent of its cgroup
 # (bpf/cgroup.c zm_cg_hook_id), so the lab's pods have ids of their own, and a pod that
-# reuses a removed pod's address has a newer one. ``<n>`` grows per name (cgroup v2 does
-# not rename, and a name can come back before its old cgroup could be removed).
+# reuses a removed pod's address has a newer one. A lab agent on the cgroup hook counts the
+# sockets below its node's cgroup (``--cgroup-scope-cgroup``), so pods added later are in
+# its scope. ``<n>`` grows per name (cgroup v2 does not rename, and a name can come back
+# before its old cgroup could be removed).
 
 def _cgroup_top(prefix: str) -> Path | None:
     """``<cgroup2 root>/zmlab-<prefix>``, or None when the machine has no cgroup2 mount."""
@@ -118,27 +120,46 @@ def _cgroup_top(prefix: str) -> Path | None:
         return None
 
 
-def _generations(top: Path, pod: str) -> list[int]:
+def node_cgroup(prefix: str, node: str, create: bool = False) -> Path | None:
+    """The cgroup lab node ``node``'s pods are made under (made with ``create``), or None
+    without a cgroup2 mount.
+
+    Raises:
+        RuntimeFailure: ``create`` and the cgroup could not be made.
+    """
+    top = _cgroup_top(prefix)
+    if top is None:
+        return None
+    if create:
+        try:
+            (top / node).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise RuntimeFailure(f"cannot create the cgroup of node {node}: {err}") from err
+    return top / node
+
+
+def _generations(parent: Path, pod: str) -> list[int]:
     try:
-        names = os.listdir(top)
+        names = os.listdir(parent)
     except FileNotFoundError:
         return []
     return sorted(int(n.rsplit(".", 1)[1]) for n in names
                   if n.rsplit(".", 1)[0] == pod and n.rsplit(".", 1)[-1].isdigit())
 
 
-def new_pod_cgroup(prefix: str, pod: str) -> Path | None:
-    """Create the cgroup of a new pod ``pod`` of lab ``prefix`` and its ``app`` child;
-    returns the child (where the pod's processes go), None without a cgroup2 mount.
+def new_pod_cgroup(prefix: str, node: str, pod: str) -> Path | None:
+    """Create the cgroup of a new pod ``pod`` of lab ``prefix`` on ``node`` and its
+    ``app`` child; returns the child (where the pod's processes go), None without a
+    cgroup2 mount.
 
     Raises:
         RuntimeFailure: the cgroup could not be created.
     """
-    top = _cgroup_top(prefix)
-    if top is None:
+    parent = node_cgroup(prefix, node)
+    if parent is None:
         return None
-    n = (_generations(top, pod) or [0])[-1] + 1
-    app = top / f"{pod}.{n}" / "app"
+    n = (_generations(parent, pod) or [0])[-1] + 1
+    app = parent / f"{pod}.{n}" / "app"
     try:
         app.mkdir(parents=True)
     except OSError as err:
@@ -146,11 +167,12 @@ def new_pod_cgroup(prefix: str, pod: str) -> Path | None:
     return app
 
 
-def pod_cgroup(prefix: str, pod: str) -> Path | None:
-    """The ``app`` cgroup of the newest pod named ``pod`` of lab ``prefix``, or None."""
-    top = _cgroup_top(prefix)
-    gens = _generations(top, pod) if top is not None else []
-    return top / f"{pod}.{gens[-1]}" / "app" if top is not None and gens else None
+def pod_cgroup(prefix: str, node: str, pod: str) -> Path | None:
+    """The ``app`` cgroup of the newest pod named ``pod`` on ``node`` of lab ``prefix``,
+    or None (none made)."""
+    parent = node_cgroup(prefix, node)
+    gens = _generations(parent, pod) if parent is not None else []
+    return parent / f"{pod}.{gens[-1]}" / "app" if parent is not None and gens else None
 
 
 def in_cgroup(app: Path | None, argv: Sequence[str]) -> list[str]:
@@ -163,26 +185,29 @@ def in_cgroup(app: Path | None, argv: Sequence[str]) -> list[str]:
 
 
 def remove_pod_cgroups(prefix: str, pod: str | None = None) -> None:
-    """Remove the cgroups of ``pod`` (every generation), or of the whole lab for None,
-    children first. A cgroup whose processes are still exiting is retried for 2 s, then
-    left (it is empty soon; ``lab down`` removes it). Never raises."""
+    """Remove the cgroups of ``pod`` (every generation, any node), or of the whole lab for
+    None, children first. A cgroup whose processes are still exiting is retried for 2 s,
+    then left (it is empty soon; ``lab down`` removes it). Never raises."""
     top = _cgroup_top(prefix)
     if top is None or not top.is_dir():
         return
-    dirs = [top / n for n in os.listdir(top) if (top / n).is_dir()
-            and (pod is None or n.rsplit(".", 1)[0] == pod)]
     end = time.monotonic() + 2.0
-    for d in dirs:
-        for victim in (d / "app", d):
-            while victim.is_dir():
-                try:
-                    victim.rmdir()
-                except OSError:
-                    if time.monotonic() > end:
-                        break
-                    time.sleep(0.02)
+
+    def rm(d: Path) -> None:
+        while d.is_dir():
+            try:
+                d.rmdir()
+            except OSError:
+                if time.monotonic() > end:
+                    return
+                time.sleep(0.02)
+
+    for node in [top / n for n in os.listdir(top) if (top / n).is_dir()]:
+        for d in [node / n for n in os.listdir(node) if (node / n).is_dir()
+                  and (pod is None or n.rsplit(".", 1)[0] == pod)]:
+            rm(d / "app")
+            rm(d)
+        if pod is None:
+            rm(node)
     if pod is None:
-        try:
-            top.rmdir()
-        except OSError:
-            pass
+        rm(top)

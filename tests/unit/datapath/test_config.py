@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from agent.datapath.config import DatapathConfig, flags_for
+from agent.datapath.config import DatapathConfig, flags_for, scope_cgroup_id
 from agent.errors import InputError
 
 
@@ -14,7 +17,7 @@ from agent.errors import InputError
     ("pin_path", "relative/dir"), ("pin_path", '/sys/fs/bpf/a"b'), ("pin_path", "/sys/fs/bpf/../x"),
     ("pin_path", "/sys/fs/bpf/a b"), ("pin_lock_seconds", -1.0), ("attach", "tc"),
     ("attach", "TCX"), ("hook", "tc"), ("scope_netns", ("a b",)), ("scope_netns", ("../x",)),
-    ("cgroup_root", "sys/fs/cgroup"),
+    ("cgroup_root", "sys/fs/cgroup"), ("scope_cgroup", "sys/fs/cgroup/x"),
 ])
 def test_bad_setting_names_its_field(field: str, value: object) -> None:
     with pytest.raises(InputError) as err:
@@ -55,6 +58,17 @@ def test_socket_counters_are_compiled_in_only_when_set_and_only_on_the_cgroup_ho
     for hook in ("veth", "auto"):
         with pytest.raises(InputError, match="socket_counters"):
             DatapathConfig(hook=hook, socket_counters=True).validate()
+
+
+def test_cgroup_scope_names_a_cgroup_on_a_cgroup2_mount(tmp_path: Path) -> None:
+    from agent.datapath.cgroup import cgroup2_root
+
+    root = cgroup2_root()
+    assert scope_cgroup_id(root) == (os.stat(root).st_ino, 0)
+    with pytest.raises(InputError, match="scope_cgroup"):
+        scope_cgroup_id(str(tmp_path))  # a directory on no cgroup2 mount
+    with pytest.raises(InputError, match="scope_cgroup"):
+        scope_cgroup_id(os.path.join(root, "zm-no-such-cgroup"))
 
 
 def test_netns_scope_is_compiled_in_only_when_set() -> None:

@@ -10,7 +10,7 @@ from agent.cli import main
 from agent.errors import InputError
 from tools.demo.agents import agent_argv
 from tools.demo.topology import load_demo
-from tools.lab import Lab
+from tools.lab import Lab, proc
 
 
 def test_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,12 +104,14 @@ def test_agent_command_line_follows_contract() -> None:
     for snap, kc in ((None, None), (Path("s"), Path("k"))):
         with pytest.raises(InputError, match="exactly one"):
             agent_argv(lab, "b2", snap, "a:1", 2.0, kubeconfig=kc)
-    # the cgroup hook: the node's lab namespaces only (labs share the machine's cgroup
-    # tree), compared with the node's uplink
+    # the cgroup hook: the node's lab namespaces and its pods' cgroups only (labs share
+    # the machine's cgroup tree), compared with the node's uplink
     cg = agent_argv(lab, "b2", Path("s"), "a:1", 2.0, python="py", hook="cgroup")
     pods = [f"zmcli-pod-{p.name}" for p in spec.topology.pods_on("b2")]
-    assert pods and cg[-8:] == ["--exclude-interfaces", "zmcliu3", "--uplink-interfaces", "zmcliu3", "--hook",
-                                "cgroup", "--cgroup-scope-netns", ",".join(["zmcli-node-b2", *pods])]
+    assert pods and cg[-10:] == ["--exclude-interfaces", "zmcliu3", "--uplink-interfaces", "zmcliu3", "--hook",
+                                 "cgroup", "--cgroup-scope-netns", ",".join(["zmcli-node-b2", *pods]),
+                                 "--cgroup-scope-cgroup", str(proc.node_cgroup("zmcli", "b2"))]
+    assert cg[-1].endswith("/zmlab-zmcli/b2")
 
 
 def test_teardown_says_the_workdir_stays(tmp_path: Path,
