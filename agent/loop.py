@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from agent.attribution import Attributor
 from agent.checkpoint import Checkpoint, Checkpointer, crash_point
 from agent.datapath import HandOver, TableStats
+from agent.datapath.cgroup import PodCgroupOrder
 from agent.datapath.coverage import (
     ONE_WAY_RATIO,
     STARVED_RATIO,
@@ -204,7 +205,11 @@ class AgentLoop:
         #: the datapath counts at the node's sockets (cgroup hook): host-network endpoints
         #: go into its endpoint map and are counted here as server (docs/attribution.md)
         self.sockets_seen = getattr(datapath, "hook", "veth") == "cgroup"
-        self.attributor = Attributor(node, MetadataAdapter(cache), hints, top_n=top_n,
+        root = getattr(datapath, "cgroup_root", None) if self.sockets_seen else None
+        #: the cgroup hook's pod ids ordered by their containers (docs/datapath.md)
+        self.pod_cgroup_order = PodCgroupOrder(root) if isinstance(root, str) else None
+        self.attributor = Attributor(node, MetadataAdapter(cache, self.pod_cgroup_order), hints,
+                                     top_n=top_n,
                                      hold_unresolved_seconds=hold_unresolved_seconds,
                                      series_retention=series_retention, clock=monotonic,
                                      sockets_seen=self.sockets_seen)

@@ -467,13 +467,13 @@ static __always_inline int zm_loopback(struct __sk_buff *skb, int family)
  * kubelet puts each container's cgroup directly under its pod's
  * (kubepods[.slice]/<qos>/pod<uid>/<container>: pkg/kubelet/cm/pod_container_manager_linux.go
  * and the runtime's scope), so the parent is the pod's cgroup: one id per pod, shared by
- * its containers and their restarts. A cgroup's id is its kernfs node id, allocated by
- * idr_alloc_cyclic under one lock (kernfs_new_node in fs/kernfs/dir.c), so a pod created
- * after another has the larger id, and a pod replacing another on the same address is
- * told from it and ordered after it, as a new veth's ifindex is on the veth hook
- * (PodTable.veth_owner; docs/datapath.md, "The cgroup_skb hook"). The socket's cgroup is
- * the one its creator ran in (sk_cgrp_data, set in sk_alloc; an accepted socket inherits
- * its listener's). Host processes (the root, system.slice/<unit>) key their node's
+ * its containers and their restarts, so a pod replacing another on the same address never
+ * shares an entry with it, as a new veth does not on the veth hook. A cgroup's id is its
+ * kernfs node id, allocated by idr_alloc_cyclic under one lock (kernfs_new_node in
+ * fs/kernfs/dir.c); the agent orders an address's pods by their containers' ids
+ * (PodCgroupOrder in agent/datapath/cgroup.py; docs/datapath.md, "The cgroup_skb hook").
+ * The socket's cgroup is the one its creator ran in (sk_cgrp_data, set in sk_alloc; an
+ * accepted socket inherits its listener's). Host processes (the root, system.slice/<unit>) key their node's
  * address, which attribution does not resolve by veth. Up to ZM_CG_MAX_LEVEL helper calls
  * (bpf_skb_ancestor_cgroup_id: an array read each). */
 static __always_inline __u32 zm_cg_hook_id(struct __sk_buff *skb)

@@ -455,6 +455,12 @@ class Datapath:
         if self.hook == "cgroup":
             self._set_scope(self.config.scope_netns)
 
+    @property
+    def cgroup_root(self) -> str | None:
+        """The cgroup2 directory the cgroup hook attaches to (its pods' cgroups are below
+        it: :class:`agent.datapath.cgroup.PodCgroupOrder`), None on the veth hook."""
+        return self._cgroup_root if self.hook == "cgroup" else None
+
     def _resolve_hook(self) -> str:
         """Return ``"veth"`` or ``"cgroup"`` for ``config.hook``; sets ``self._cgroup_root``
         and ``self.hook_reason`` (why, one line, for the start-up log).

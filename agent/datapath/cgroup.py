@@ -17,6 +17,8 @@ import ctypes
 import logging
 import os
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.datapath import tcx
@@ -316,3 +318,84 @@ def query(root: str, attach_type: int, limit: int = 256) -> tuple[int, ...]:
         os.close(fd)
     count = struct.unpack_from("=I", attr, 24)[0]
     return tuple(progs[:count])
+
+
+class PodCgroupOrder:
+    """Orders the cgroup hook's pod ids (a key's ``ifindex``: the low 32 bits of the id of
+    the parent of the socket's cgroup, bpf/cgroup.c ``zm_cg_hook_id``) by when the pod got
+    its address rather than by when its cgroup was made.
+
+    kubelet makes a pod's cgroup at the start of its sync, before its volumes are mounted
+    and its sandbox gets an address (``SyncPod`` in pkg/kubelet/kubelet.go), so a pod
+    cgroup's id can predate its address's previous holder's. Its containers' cgroups are
+    made after the sandbox got the address (the runtime creates them in
+    ``CreateContainer``): a pod's order key is therefore the smallest id among its cgroup's
+    child cgroups, which is larger than every cgroup id of the address's previous holder
+    (whose containers all ended before the address was released). A pod cgroup without
+    children or no longer there when first asked keeps its own id. Keys are stable: each
+    id is answered once and remembered (LRU of ``capacity`` ids), so ``PodTable.veth_owner``
+    sees one value per pod (docs/datapath.md, "The cgroup_skb hook").
+
+    Args:
+        root: the cgroup2 mount the hook is attached to (its directories' inode numbers
+            are their cgroup ids: kernfs_ino in include/linux/kernfs.h).
+        capacity: ids remembered.
+        rescan_seconds: the least time between two walks of the hierarchy (a walk runs
+            when an id is not in the last one).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, root: str, capacity: int = 65536, rescan_seconds: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        from cachetools import LRUCache
+
+        self.root = root
+        self._keys: LRUCache[int, int] = LRUCache(capacity)
+        self._dirs: dict[int, str] = {}
+        self._rescan = rescan_seconds
+        self._clock = clock
+        self._walked = -float("inf")
+        #: walks of the hierarchy so far
+        self.walks = 0
+
+    def __call__(self, pod_id: int) -> int:
+        """The order key of ``pod_id`` (32 bits, host order; 0 stays 0). Never raises:
+        an unreadable directory counts as absent."""
+        if not pod_id:
+            return 0
+        key = self._keys.get(pod_id)
+        if key is not None:
+            return key
+        path = self._dirs.get(pod_id)
+        if path is None and self._clock() - self._walked >= self._rescan:
+            self._walk()
+            path = self._dirs.get(pod_id)
+        key = pod_id
+        if path is not None:
+            try:
+                kids = [e.inode() & 0xFFFFFFFF for e in os.scandir(path)
+                        if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                kids = []
+            if kids:
+                key = min(kids)
+        self._keys[pod_id] = key
+        return key
+
+    def _walk(self) -> None:
+        """Index every cgroup directory below the root by its id's low 32 bits."""
+        self._walked = self._clock()
+        self.walks += 1
+        dirs: dict[int, str] = {}
+        stack = [self.root]
+        while stack:
+            top = stack.pop()
+            try:
+                with os.scandir(top) as it:
+                    for e in it:
+                        if e.is_dir(follow_symlinks=False):
+                            dirs[e.inode() & 0xFFFFFFFF] = e.path
+                            stack.append(e.path)
+            except OSError:
+                continue
+        self._dirs = dirs

@@ -9,7 +9,7 @@ doors: NodePorts, ``spec.externalIPs``, LoadBalancer ingress IPs), ``live_servic
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from agent.k8s.cache import ClusterMetadata
 from agent.records import IPAddress, Peer, PeerKind, ServicePort
@@ -21,10 +21,15 @@ class MetadataAdapter:
 
     Args:
         cache: the metadata cache (snapshot or live watch); read only.
+        veth_order: on the cgroup hook, maps a key's pod id (its ``ifindex``) to the value
+            :meth:`resolve_veth` orders an address's holders by
+            (:class:`agent.datapath.cgroup.PodCgroupOrder`); None: the id itself.
     """
 
-    def __init__(self, cache: ClusterMetadata) -> None:
+    def __init__(self, cache: ClusterMetadata,
+                 veth_order: Callable[[int], int] | None = None) -> None:
         self.cache = cache
+        self._veth_order = veth_order
 
     def resolve(self, ip: IPAddress, at: float) -> Peer:
         """Resolve ``ip`` as of ``at`` (Unix seconds); see ``ClusterMetadata.resolve``.
@@ -62,8 +67,11 @@ class MetadataAdapter:
 
     def resolve_veth(self, ip: IPAddress, ifindex: int, at: float, final: bool
                      ) -> tuple[Peer, bool]:
-        """Resolve a local pod address by the host veth its bytes crossed; see
+        """Resolve a local pod address by the host veth its bytes crossed (on the cgroup
+        hook: by its pod cgroup, ordered by ``veth_order``); see
         ``ClusterMetadata.resolve_veth`` (``(peer, settled)``)."""
+        if self._veth_order is not None:
+            ifindex = self._veth_order(ifindex)
         return self.cache.resolve_veth(ip, ifindex, at, final)
 
     def endpoint_gone(self, ip: IPAddress, port: int, protocol: int) -> bool:

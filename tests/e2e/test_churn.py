@@ -15,12 +15,14 @@ Scenario and checks: bench/soak.py (the 10-minute soak runs the same cluster).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from bench.soak import ChurnRun
+from tools.lab.proc import early_pod_cgroup
 
 pytestmark = pytest.mark.e2e
 
@@ -83,6 +85,40 @@ def test_address_reused_while_the_metadata_is_stale_goes_to_the_new_pod(tmp_path
     for slot in (1, 4):
         assert res.workload_truth.get(f"api-{slot}", 0) > 0, slot
         assert res.workload_truth.get(f"api-v2-{slot}", 0) > 0, slot
+    assert res.workload_agents == res.workload_truth
+    assert res.service_agents == res.service_truth
+    assert not res.unattributed
+
+
+def test_replacement_whose_pod_cgroup_predates_the_previous_holder_goes_to_it(tmp_path: Path) -> None:
+    """Cgroup hook. kubelet makes a pod's cgroup before its volumes are mounted: a pod that
+    waited for a volume has an older pod cgroup than a pod created, given the address and
+    deleted meanwhile. Here api-v3-1's pod cgroup is made first, then api-v2-1 takes
+    api-1's address and sends, then api-v3-1 takes it and sends for 3 s before the
+    snapshot announces it. Ordered by pod cgroup ids its bytes would go to api-v2-1;
+    ordered by the pods' containers (PodCgroupOrder) each owner gets exactly its own."""
+    with ChurnRun(tmp_path, interval=1.0, hook="cgroup") as cr:
+        cr.start_traffic(16)
+        _wait_until_every_api_pod_sent(cr)
+        node = cr.lab.topology.pod("api-1").node
+        early = early_pod_cgroup(cr.lab.prefix, node, "api-v3-1")
+        assert cr.replace_api(1, "api-v2-1")
+        mid = cr.lab.pod_cgroup("api-v2-1")
+        assert mid is not None and os.stat(early).st_ino < os.stat(mid.parent).st_ino
+        deadline = time.monotonic() + 15
+        while not any(c == "api-v2-1" and d == "request" and n > 0
+                      for (c, s, d), n in cr.lab.ground_truth().items()):
+            assert time.monotonic() < deadline, "api-v2-1 sent nothing"
+            time.sleep(0.2)
+        time.sleep(1.5)  # a drain of api-v2-1's bytes while it holds the address
+        assert cr.replace_api(1, "api-v3-1", stale_seconds=3.0)
+        assert cr.lab.pod_cgroup("api-v3-1") == early / "app"
+        while cr.traffic_running():
+            time.sleep(0.2)
+        res = cr.finish()
+    assert (res.replacements, res.reused, res.failed_requests) == (2, 2, 0)
+    for pod in ("api-1", "api-v2-1", "api-v3-1"):
+        assert res.workload_truth.get(pod, 0) > 0, pod
     assert res.workload_agents == res.workload_truth
     assert res.service_agents == res.service_truth
     assert not res.unattributed

@@ -353,3 +353,40 @@ def test_keys_carry_the_pods_cgroup_so_a_reused_address_is_told_apart() -> None:
     assert {d.ifindex for d in second} == {new_id & 0xFFFFFFFF}, second
     assert sum(d.bytes for d in first) == 500 + 700 + 2 * 28
     assert sum(d.bytes for d in second) == 300 + 400 + 2 * 28
+
+
+def test_pod_order_is_its_containers_not_its_cgroups_creation() -> None:
+    """kubelet makes a pod's cgroup before its volumes are mounted, so a replacement that
+    waited for a volume can have an older pod cgroup than its address's previous holder;
+    its containers' cgroups are made after it got the address. PodCgroupOrder orders pods
+    by their smallest child cgroup (real cgroup2 directories, whose inode numbers are
+    their ids), so the replacement still comes after the previous holder."""
+    top = os.path.join(cg.cgroup2_root(), f"zmtest-{secrets.token_hex(3)}")
+    new_pod, old_pod = os.path.join(top, "pod-new"), os.path.join(top, "pod-old")
+    made: list[str] = []
+    try:
+        for d in (top, new_pod, old_pod, os.path.join(old_pod, "pause"),
+                  os.path.join(old_pod, "app"), os.path.join(new_pod, "pause"),
+                  os.path.join(new_pod, "app")):
+            os.mkdir(d)
+            made.append(d)
+        new_id = os.stat(new_pod).st_ino & 0xFFFFFFFF
+        old_id = os.stat(old_pod).st_ino & 0xFFFFFFFF
+        assert new_id < old_id  # the replacement's pod cgroup is the older one
+        order = cg.PodCgroupOrder(cg.cgroup2_root())
+        assert order(old_id) == os.stat(os.path.join(old_pod, "pause")).st_ino & 0xFFFFFFFF
+        assert order(new_id) == os.stat(os.path.join(new_pod, "pause")).st_ino & 0xFFFFFFFF
+        assert order(old_id) < order(new_id)
+        assert order.walks == 1  # one walk found both
+        # answered once: the same key after the pod's cgroups are gone
+        first = order(new_id)
+        for d in reversed(made):
+            os.rmdir(d)
+        made.clear()
+        assert order(new_id) == first
+        assert order(0) == 0
+        # an id that is no directory (gone before it was asked) keeps its own value
+        assert order(0x7FFFFFF0) == 0x7FFFFFF0
+    finally:
+        for d in reversed(made):
+            os.rmdir(d)

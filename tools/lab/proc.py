@@ -158,13 +158,37 @@ def new_pod_cgroup(prefix: str, node: str, pod: str) -> Path | None:
     parent = node_cgroup(prefix, node)
     if parent is None:
         return None
-    n = (_generations(parent, pod) or [0])[-1] + 1
+    gens = _generations(parent, pod)
+    if gens and not (parent / f"{pod}.{gens[-1]}" / "app").exists():
+        n = gens[-1]  # made early (:func:`early_pod_cgroup`): its container comes now
+    else:
+        n = (gens or [0])[-1] + 1
     app = parent / f"{pod}.{n}" / "app"
     try:
         app.mkdir(parents=True)
     except OSError as err:
         raise RuntimeFailure(f"cannot create the cgroup of pod {pod}: {err}") from err
     return app
+
+
+def early_pod_cgroup(prefix: str, node: str, pod: str) -> Path:
+    """Make the cgroup of a pod that does not exist yet, without its ``app`` child: what
+    kubelet does at the start of a pod's sync, before the pod's volumes are mounted and
+    its sandbox gets an address (``SyncPod`` in pkg/kubelet/kubelet.go). The pod added
+    later under this name takes it, and its container's cgroup is made then.
+
+    Raises:
+        RuntimeFailure: no cgroup2 mount, or the cgroup could not be made.
+    """
+    parent = node_cgroup(prefix, node)
+    if parent is None:
+        raise RuntimeFailure("no cgroup2 mount for the lab's pod cgroups")
+    d = parent / f"{pod}.{(_generations(parent, pod) or [0])[-1] + 1}"
+    try:
+        d.mkdir(parents=True)
+    except OSError as err:
+        raise RuntimeFailure(f"cannot create the cgroup of pod {pod}: {err}") from err
+    return d
 
 
 def pod_cgroup(prefix: str, node: str, pod: str) -> Path | None:

@@ -152,3 +152,41 @@ def test_a_veth_recreated_under_the_deleted_pods_ifindex() -> None:
     assert settled and peer.name == "new"
     assert c.resolve_veth(A, 7, 1100)[0].name == "new"  # the new pod's for its life
     assert c.resolve_veth(A, 7, 1002 + VETH_REUSE_SECONDS - 1)[0].name == "new"
+
+
+def test_cgroup_hook_orders_pod_ids_by_the_order_map() -> None:
+    """On the cgroup hook a key's id is the pod's cgroup, which can predate the address's
+    previous holder's (kubelet makes it before mounting volumes): MetadataAdapter orders
+    ids by ``veth_order`` (PodCgroupOrder: the pod's first container cgroup) instead."""
+    clock = Clock(1000)
+    c = make(clock)
+    c.apply("pods", "ADDED", k8s.pod("old", str(A), "n1", namespace="ns"))
+    clock.t = 1002.0
+    c.apply("pods", "DELETED", k8s.pod("old", str(A), "n1", namespace="ns"))
+    clock.t = 1002.1
+    c.apply("pods", "ADDED", k8s.pod("new", str(A), "n1", namespace="ns"))
+    # pod cgroup ids: new's (500) is older than old's (600); their containers' are not
+    containers = {600: 610, 500: 700}
+    asked: list[int] = []
+
+    def order(i: int) -> int:
+        asked.append(i)
+        return containers[i]
+
+    m = MetadataAdapter(c, veth_order=order)
+    # both first drained after the API saw the whole replacement: the first id waits for
+    # the second, then the order decides
+    assert not m.resolve_veth(A, 500, 1003, False)[1]
+    peer, settled = m.resolve_veth(A, 600, 1003, False)
+    assert settled and peer.name == "old"
+    assert m.resolve_veth(A, 500, 1003, False)[0].name == "new"
+    assert asked == [500, 600, 500]
+    # by the pod cgroup ids themselves the two swap
+    plain = make(Clock(1000))
+    plain.apply("pods", "ADDED", k8s.pod("old", str(A), "n1", namespace="ns"))
+    plain.apply("pods", "DELETED", k8s.pod("old", str(A), "n1", namespace="ns"))
+    plain.apply("pods", "ADDED", k8s.pod("new", str(A), "n1", namespace="ns"))
+    p = MetadataAdapter(plain)
+    assert not p.resolve_veth(A, 500, 1003, False)[1]
+    assert p.resolve_veth(A, 600, 1003, False)[0].name == "new"
+    assert p.resolve_veth(A, 500, 1003, False)[0].name == "old"
