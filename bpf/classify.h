@@ -121,6 +121,17 @@ static __always_inline __be16 zm_local_port(const struct zm_pkt *p, int into_loc
 	return 0;
 }
 
+/* Returns 1 when port (__be16) lies in the ephemeral range and is neither a Service port
+ * (ZM_PORT_SERVICE) nor a learned server port (zm_server_ports), else 0. A UDP or SCTP
+ * exchange between two such ports keeps both in its key, whoever spoke first: a server
+ * on an ephemeral-range port no agent had marked yet may be the side that sends first
+ * (RTP pushed to a negotiated port), so neither side can be dropped as the client's
+ * (docs/datapath.md, "Late endpoints"). */
+static __always_inline int zm_unmarked_ephemeral(__be16 port)
+{
+	return port && !zm_remote_port(port) && !zm_server_port(port) && !zm_service_port(port);
+}
+
 /* Fills *ok with the zm_origins key of the packet's 5-tuple: key's addresses, proto,
  * family and ifindex, kind 0, port = remote_port, local_port = local_port (__be16, as on
  * the wire). */
@@ -272,22 +283,28 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		/* UDP and SCTP: the side that spoke first tells the server's port (zm_origin):
 		 * the local pod's when the peer did (kept beside the client's port as the range
 		 * rule left it), the remote one, even inside the ephemeral range, when the pod
-		 * did. The client's port stays as zm_peer_port and zm_local_port leave it. A
-		 * peer talking from a port to the same port (gossip) keeps it on both sides,
-		 * whoever spoke first, as a known endpoint's key does: the receiver's side is
-		 * its request, the sender's its copy. TCP has its handshake: zm_local_port for
-		 * the server's side, zm_tcp_dialled for a client of an ephemeral-range port,
-		 * whatever the client's own port (docs/datapath.md, "Late endpoints"). */
+		 * did (beside the pod's own port as the range rule leaves it, judged by the
+		 * remote port zm_peer_port keeps). A peer talking from a port to the same port
+		 * (gossip) keeps it on both sides, whoever spoke first, as a known endpoint's
+		 * key does: the receiver's side is its request, the sender's its copy. So does
+		 * an exchange between two unmarked ephemeral-range ports, without asking
+		 * zm_origins: a server there may speak first (zm_unmarked_ephemeral). TCP has
+		 * its handshake: zm_local_port for the server's side, zm_tcp_dialled for a
+		 * client of an ephemeral-range port, whatever the client's own port
+		 * (docs/datapath.md, "Late endpoints"). */
 		if (p.proto != IPPROTO_TCP) {
-			/* origin 0: the same port on both sides */
-			__u32 origin = remote_port == svc_port
-					       ? 0
-					       : zm_origin(&key, into_local, remote_port, svc_port);
-			if (origin != ZM_ORIGIN_REMOTE)
+			__be16 peer = key.port;
+			if (remote_port == svc_port ||
+			    (!peer && remote_port && zm_unmarked_ephemeral(svc_port))) {
 				key.port = remote_port;
-			key.local_port = origin == ZM_ORIGIN_LOCAL
-						 ? zm_local_port(&p, into_local, key.port, svc_port)
-						 : svc_port;
+				key.local_port = svc_port;
+			} else if (zm_origin(&key, into_local, remote_port, svc_port) ==
+				   ZM_ORIGIN_REMOTE) {
+				key.local_port = svc_port;
+			} else {
+				key.port = remote_port;
+				key.local_port = zm_local_port(&p, into_local, peer, svc_port);
+			}
 		} else {
 			/* not asked for a port a local pod accepted connections on (its SYN-ACK
 			 * marked it): its packets are a server's */

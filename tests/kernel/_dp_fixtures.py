@@ -149,6 +149,7 @@ class Flow:
     server_port: int  # port the server listens on
     proto: str        # "tcp" or "udp"
     family: int
+    client_port: int = 0  # the client's own port (0: an ephemeral one, a new one per exchange)
 
 
 def exchange(lab: Lab, flow: Flow, request_bytes: int, response_bytes: int,
@@ -207,6 +208,9 @@ def exchange(lab: Lab, flow: Flow, request_bytes: int, response_bytes: int,
             s = socket.socket(fam, stype)
             s.settimeout(5)
             try:
+                if flow.client_port:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind((pod_ip(lab, flow.client, flow.family), flow.client_port))
                 if stype == socket.SOCK_STREAM:
                     s.connect((flow.dst, flow.port))
                     s.sendall(b"q" * request_bytes)

@@ -237,25 +237,31 @@ def test_auto_takes_the_cgroup_hook_only_where_a_link_attaches_on_the_hierarchys
 def test_udp_server_port_in_the_range_is_kept_by_who_spoke_first(lab: Lab) -> None:
     """The cgroup hook keys UDP by the side that sent the first datagram
     (``zm_origins``), as the veth hook does: with no Service or endpoint written, a pod
-    serving UDP on a port inside the ephemeral range keeps that port as its own beside the
-    client's 0, and a pod dialling such a port keeps it as the remote one. One key per
-    side and direction for several ephemeral client ports (docs/datapath.md, "Late
-    endpoints")."""
+    serving UDP on a port inside the ephemeral range keeps that port as its own beside a
+    client's port outside the range, and a pod dialling such a port from a port outside
+    the range keeps it as the remote one (and its own, by the range rule): one key per
+    side and direction for three exchanges. From ephemeral client ports, both ports lie
+    in the range and neither is marked: both are kept, one key per client port
+    (zm_unmarked_ephemeral; docs/datapath.md, "Late endpoints")."""
     dp = Datapath(config(lab, "a"))
     try:
         dp.attach()
         dp.drain()
         a1, b1 = str(lab.pod_ip("a1", 4)), str(lab.pod_ip("b1", 4))
-        exchange(lab, Flow("b1", "a1", a1, 40000, 40000, "udp", 4), 900, 1900, count=3)
-        exchange(lab, Flow("a1", "b1", b1, 40001, 40001, "udp", 4), 800, 1800, count=3)
+        exchange(lab, Flow("b1", "a1", a1, 40000, 40000, "udp", 4, 2001), 900, 1900, count=3)
+        exchange(lab, Flow("a1", "b1", b1, 40001, 40001, "udp", 4, 2002), 800, 1800, count=3)
+        exchange(lab, Flow("b1", "a1", a1, 40002, 40002, "udp", 4), 700, 1700, count=3)
         deltas = [d for d in dp.drain() if d.protocol == 17 and {str(d.local), str(d.remote)}
                   == {a1, b1}]
     finally:
         dp.close()
+    eph = {d.port for d in deltas if d.local_port == 40002}
+    assert len(eph) == 3 and all(32768 <= p <= 60999 for p in eph), eph
     assert {(d.kind, d.port, d.local_port) for d in deltas} == {
-        (FlowKind.INGRESS, 0, 40000), (FlowKind.EGRESS, 0, 40000),
-        (FlowKind.EGRESS, 40001, 0), (FlowKind.INGRESS, 40001, 0)}, deltas
-    assert len(deltas) == 4
+        (FlowKind.INGRESS, 2001, 40000), (FlowKind.EGRESS, 2001, 40000),
+        (FlowKind.EGRESS, 40001, 2002), (FlowKind.INGRESS, 40001, 2002),
+        *((k, p, 40002) for p in eph for k in (FlowKind.INGRESS, FlowKind.EGRESS))}, deltas
+    assert len(deltas) == 4 + 2 * 3
 
 
 #: a UDP client run as its own process: it joins the cgroup argv[1] (its sockets belong to

@@ -591,8 +591,10 @@ def test_late_udp_endpoint_keys_keep_the_server_port_whatever_the_client_port(
     (``zm_origins``) tells the server's port. The server's side keeps its port next to
     the client's for a client port outside the ephemeral range, for a server port inside
     it, and for both; the client's side keeps the server's port inside the range instead
-    of 0 (and not its own). One key per side and direction, not one per client port
-    (docs/datapath.md, "Late endpoints")."""
+    of 0 (and its own only as the range rule leaves it). One key per side and direction,
+    not one per client port, but for the exchanges between two ephemeral-range ports of
+    which neither is marked: those keep both ports, one key per client port
+    (zm_unmarked_ephemeral; docs/datapath.md, "Late endpoints")."""
     a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, family)) for p in ("a1", "a2"))
     with Datapath(_config(lab, "a", attach="auto")) as dp:
         dp.attach()
@@ -606,22 +608,65 @@ def test_late_udp_endpoint_keys_keep_the_server_port_whatever_the_client_port(
         _udp_exchange(lab, "a1", "a2", 9502, 9502, 600, 300, family)     # gossip: same port
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
     keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
-    assert keys == {
+    # the six ephemeral client ports: kept on both sides when 40000 is no Service port
+    eph = {d.port for d in deltas if d.local == a2 and d.port not in (0, 2000, 9502, 20000)}
+    assert len(eph) == (0 if marked else 6) and all(32768 <= p <= 60999 for p in eph), eph
+    sessions = ({(True, FlowKind.INGRESS, 0, 40000), (True, FlowKind.EGRESS, 0, 40000),
+                 (False, FlowKind.EGRESS, 40000, 0), (False, FlowKind.INGRESS, 40000, 0)}
+                if marked else
+                {k for p in eph for k in ((True, FlowKind.INGRESS, p, 40000),
+                                          (True, FlowKind.EGRESS, p, 40000),
+                                          (False, FlowKind.EGRESS, 40000, p),
+                                          (False, FlowKind.INGRESS, 40000, p))})
+    # the client's fixed port 2000 to an unmarked port of the range: the range rule keeps it
+    both = 0 if marked else 2000
+    assert keys == sessions | {
         (True, FlowKind.INGRESS, 9502, 9502), (True, FlowKind.EGRESS, 9502, 9502),
         (False, FlowKind.EGRESS, 9502, 9502), (False, FlowKind.INGRESS, 9502, 9502),
         (True, FlowKind.INGRESS, 20000, 9420), (True, FlowKind.EGRESS, 20000, 9420),
         (False, FlowKind.EGRESS, 9420, 0), (False, FlowKind.INGRESS, 9420, 0),
-        (True, FlowKind.INGRESS, 0, 40000), (True, FlowKind.EGRESS, 0, 40000),
-        (False, FlowKind.EGRESS, 40000, 0), (False, FlowKind.INGRESS, 40000, 0),
         (True, FlowKind.INGRESS, 2000, 40000), (True, FlowKind.EGRESS, 2000, 40000),
+        (False, FlowKind.EGRESS, 40000, both), (False, FlowKind.INGRESS, 40000, both),
     }, keys
-    assert len(deltas) == len(keys)  # six client ports, one key per side and direction
+    assert len(deltas) == len(keys)  # one key per side and direction (and client port)
     hdr = 28 if family == 4 else 48
     server = sum(d.bytes for d in deltas if d.local == a2 and d.local_port == 40000
-                 and d.port == 0)
+                 and d.port not in (2000, 9502, 20000))
     assert server == 6 * (800 + 1600 + 3 * hdr)  # one datagram each way, two back
     client = sum(d.bytes for d in deltas if d.local == a1 and d.port == 40000)
     assert client == server + 700 + 900 + 2 * hdr  # the same bytes, plus the "both" exchange
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, family: int) -> None:
+    """A UDP endpoint that sends first (a2 pushes from 40000 to a1's negotiated port
+    45000, then a1 answers: RTP), no endpoint in the kernel map and no Service port
+    marked (a Service no agent had heard of yet): the first datagram each side sees is
+    the server's, yet both ports lie in the ephemeral range and neither is marked, so
+    both sides keep both ports (zm_unmarked_ephemeral), which lets attribution skip a1's
+    bytes as the client's copy once its metadata lists a2:40000. From a port outside the
+    range (3478) to 45001: a2 spoke first, so it keeps a1's port and, by the range rule,
+    its own; a1 keeps 3478 beside its own port, as before (docs/datapath.md, "Late
+    endpoints")."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, family)) for p in ("a1", "a2"))
+    with Datapath(_config(lab, "a", attach="auto")) as dp:
+        dp.attach()
+        dp.drain()
+        # the endpoint a2 is _udp_exchange's "client": it sends first, a1 answers
+        _udp_exchange(lab, "a2", "a1", 45000, 40000, 1200, 400, family)
+        _udp_exchange(lab, "a2", "a1", 45001, 3478, 1100, 300, family)
+        deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
+    keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
+    assert keys == {
+        (True, FlowKind.EGRESS, 45000, 40000), (True, FlowKind.INGRESS, 45000, 40000),
+        (False, FlowKind.INGRESS, 40000, 45000), (False, FlowKind.EGRESS, 40000, 45000),
+        (True, FlowKind.EGRESS, 45001, 3478), (True, FlowKind.INGRESS, 45001, 3478),
+        (False, FlowKind.INGRESS, 3478, 45001), (False, FlowKind.EGRESS, 3478, 45001),
+    }, keys
+    assert len(deltas) == len(keys)
+    hdr = 28 if family == 4 else 48
+    pushed = sum(d.bytes for d in deltas if d.local == a1 and d.kind is FlowKind.INGRESS)
+    assert pushed == 1200 + 1100 + 4 * hdr  # two datagrams each, of 1000 bytes at most
 
 
 def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Lab) -> None:

@@ -341,24 +341,27 @@ def test_stale_pins_are_recreated(pin_dir: str, caplog: pytest.LogCaptureFixture
 def test_udp_origin_is_the_first_datagram_seen_and_survives_a_restart(lab: Lab,
                                                                        pin_dir: str) -> None:
     """``zm_origins`` records who sent the first datagram of a 5-tuple: a pod that is a
-    UDP server on an ephemeral-range port and a client on one alike keep the server's
-    port only. The map is pinned: an agent started later still knows the direction of an
-    exchange the previous one saw begin, so a reply is not taken for a request."""
+    UDP server on an ephemeral-range port keeps it beside its client's port outside the
+    range, and the client keeps the server's port beside its own (the range rule: the
+    server's is ephemeral, its own is not). The map is pinned: an agent started later
+    still knows the direction of an exchange the previous one saw begin, so a reply is
+    not taken for a request (which would give the server's side (2000, 0) and the
+    client's (0, 2000))."""
     a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
     cfg = datapath_config(lab, "a", pin_path=pin_dir)
     with Datapath(cfg) as dp:
         dp.attach()
         dp.drain()
-        _udp_exchange(lab, "a1", "a2", 45000, 46000, 300, 400, 4)  # both in the range
+        _udp_exchange(lab, "a1", "a2", 45000, 2000, 300, 400, 4)  # a server port in the range
         first = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
     with Datapath(cfg) as dp:  # the next agent: same pins
         dp.attach()
         dp.drain()
         # a2 speaks first this time, on the same 5-tuple: still a reply to a1's request
-        _udp_exchange(lab, "a2", "a1", 46000, 45000, 500, 600, 4)
+        _udp_exchange(lab, "a2", "a1", 2000, 45000, 500, 600, 4)
         second = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2}]
-    want = {(a2, FlowKind.INGRESS, 0, 45000), (a2, FlowKind.EGRESS, 0, 45000),
-            (a1, FlowKind.EGRESS, 45000, 0), (a1, FlowKind.INGRESS, 45000, 0)}
+    want = {(a2, FlowKind.INGRESS, 2000, 45000), (a2, FlowKind.EGRESS, 2000, 45000),
+            (a1, FlowKind.EGRESS, 45000, 2000), (a1, FlowKind.INGRESS, 45000, 2000)}
     assert {(d.local, d.kind, d.port, d.local_port) for d in first} == want
     assert {(d.local, d.kind, d.port, d.local_port) for d in second} == want
 

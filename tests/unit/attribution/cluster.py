@@ -482,9 +482,13 @@ class Model:
             # (zm_tcp_dialled), whatever the pod's own port
             if first or rport == 0:
                 rport = c.dport
-            lport = c.sport if c.sport in svc or (
-                rport == 0 and c.dport and c.sport not in EPHEMERAL) else 0
-            if first and c.sport == c.dport:  # a peer's port to the same port: both kept
+            lport = c.sport if c.sport in svc else 0
+            if first and (c.sport == c.dport or not self._peer_port(c.dport) and c.dport):
+                # a peer's port to the same port: both kept; and the client's own port as
+                # the range rule leaves it when the remote one is an unmarked ephemeral
+                # port (the range rule's 0): outside the range as the rule keeps it,
+                # inside it because both ports are then unmarked ephemeral ones
+                # (zm_unmarked_ephemeral)
                 lport = c.sport
             # the socket view keys a host socket by its own addresses (what connect() gave
             # it: the ClusterIP), although its egress packets passed the node's DNAT; an
@@ -497,11 +501,17 @@ class Model:
                 eport_backend = bport
             edst, eport = ((backend, eport_backend)
                            if self.egress_backend and not cveth else (dst, rport))
+            if split and first:  # its own 5-tuple, judged as the kernel judges it
+                eport = bport
+                lport = c.sport if c.sport in svc or c.sport == bport or (
+                    not self._peer_port(bport) and bport) else 0
             iport, ilport = rport, lport
             if split:  # the reply's 5-tuple is not the one the socket sent on
                 iport = self._peer_port(c.dport)
                 if first:
                     ilport = c.sport
+                    if not iport and c.dport and c.sport in EPHEMERAL and c.sport not in svc:
+                        iport = c.dport  # two unmarked ephemeral ports: both kept
             for kind, n, r, rp, lp in ((FlowKind.EGRESS, c.req, edst, eport, lport),
                                        (FlowKind.INGRESS, c.resp, dst, iport, ilport)):
                 self._emit(cnode, FlowDelta(kind, caddr, r, rp, c.proto, n, max(1, n // 1400),
@@ -517,7 +527,10 @@ class Model:
                 # on it, its SYN-ACK left from it: bpf/classify.h zm_local_port) and of
                 # UDP and SCTP (the client's packet was the first it saw: zm_origin)
                 lport = bport
-                if c.proto != 6 and c.sport == bport:  # a peer's port to the same port
+                if c.proto != 6 and (c.sport == bport or (
+                        not cport and c.sport and bport in EPHEMERAL and bport not in self._svc())):
+                    # a peer's port to the same port, or two unmarked ephemeral ports
+                    # (zm_unmarked_ephemeral): both kept
                     cport = c.sport
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, seen, cport, c.proto, n, 1,

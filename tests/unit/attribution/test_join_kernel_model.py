@@ -198,21 +198,29 @@ class Kernel:
             lp = 0
             # zm_origin: UDP and SCTP keep the server's port by who spoke first, the
             # local pod's when the peer did, the remote one (even ephemeral) when it did;
-            # a peer talking from a port to the same port keeps it on both sides
+            # a peer talking from a port to the same port keeps it on both sides, and so
+            # does an exchange between two ports of the ephemeral range that no Service
+            # uses (zm_unmarked_ephemeral), without asking zm_origins
             remote_first = None
             tup = (local, lport, remote, rport, proto)
             seen = self.origins.setdefault(node, {})
             if has_ports and proto != 6:
-                if rport == lport:
+                if rport == lport or (not port and rport and lport in EPHEMERAL
+                                      and lport not in learned and lport not in self.svc):
                     port = rport
                     remote_first = True
                 else:
                     remote_first = seen.setdefault(tup, into)
                     if not remote_first:
+                        # the pod spoke first: its own port as the range rule leaves it,
+                        # judged by the remote port that rule keeps (zm_peer_port)
+                        if lport in learned or lport in self.svc or (
+                                not port and rport and lport not in EPHEMERAL):
+                            lp = lport
                         port = rport
             if remote_first:
                 lp = lport
-            elif has_ports and lport:
+            elif has_ports and lport and proto == 6:
                 # zm_tcp_dialled: a TCP server port inside the range that the pod dialled
                 # (its SYN left it) is kept, whatever the pod's own port, unless the pod's
                 # port is a learned server port
@@ -344,20 +352,26 @@ def conns(draw: st.DrawFn) -> Conn:
                 backend=backend, bport=bport, proto=proto, sport=sport)
 
 
+# the media Service's ports unmarked (a Service no agent had heard of yet), or all marked
+UNMARKED = frozenset({3478, 40000})
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(conns(), max_size=8), st.sets(st.sampled_from(("n1", "n2", "n3"))))
-def test_any_mix_counted_once(cs: list[Conn], behind: set[str]) -> None:
-    """Any mix of connections, any client port, with any nodes' endpoint maps behind: TCP
-    and UDP alike, every byte once (docs/datapath.md, "Late endpoints")."""
+@given(st.lists(conns(), max_size=8), st.sets(st.sampled_from(("n1", "n2", "n3"))), st.booleans())
+def test_any_mix_counted_once(cs: list[Conn], behind: set[str], marked: bool) -> None:
+    """Any mix of connections, any client port, with any nodes' endpoint maps behind and
+    the UDP Service's ports marked or not: TCP and UDP alike, every byte once
+    (docs/datapath.md, "Late endpoints")."""
     o = cluster()
     meta, _ = build(o)
+    svc = service_ports(o) - (frozenset() if marked else UNMARKED)
     expected = 0
     for c in cs:
-        k = Kernel(o, meta, frozenset(behind))
+        k = Kernel(o, meta, frozenset(behind), svc)
         k.send(c)
         if k.deltas:
             expected += c.req + c.resp
-    total, _, _ = run(o, cs, frozenset(behind))
+    total, _, _ = run(o, cs, frozenset(behind), svc)
     assert total == expected
 
 
@@ -448,16 +462,18 @@ def test_late_udp_gossip_on_the_same_port_counted_once(behind: frozenset[str], m
 
 
 def _server_first(o: dict[str, Any], behind: frozenset[str], svc: frozenset[int],
-                  server_bytes: int, client_bytes: int) -> int:
-    """The media endpoint 10.1.2.20:40000 sends first to web's port 45000 (RTP pushed to a
-    negotiated port), then web answers; returns what every node's agent counted."""
+                  server_bytes: int, client_bytes: int, sport: int = 40000,
+                  cport: int = 45000) -> tuple[int, Kernel]:
+    """The media endpoint 10.1.2.20:``sport`` sends first to web's port ``cport`` (RTP
+    pushed to a negotiated port), then web answers; returns what every node's agent
+    counted, and the kernel model."""
     meta, hints = build(o)
     k = Kernel(o, meta, behind, svc)
     web, srv = k._addr("web-7c9f-abcde"), ip("10.1.2.20")
-    for src, sport, dst, dport, n in ((srv, 40000, web, 45000, server_bytes),
-                                      (web, 45000, srv, 40000, client_bytes)):
-        k.packet(src, sport, dst, dport, 17, n, "src")
-        k.packet(src, sport, dst, dport, 17, n, "dst")
+    for src, sp, dst, dp, n in ((srv, sport, web, cport, server_bytes),
+                                (web, cport, srv, sport, client_bytes)):
+        k.packet(src, sp, dst, dp, 17, n, "src")
+        k.packet(src, sp, dst, dp, 17, n, "dst")
     total = 0
     for n in NODES:
         a = Attributor(n, meta, hints)
@@ -465,26 +481,50 @@ def _server_first(o: dict[str, Any], behind: frozenset[str], svc: frozenset[int]
         t = a.totals()
         total += (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
                   + sum(t.unattributed_bytes.values()))
-    return total
+    return total, k
 
 
-def test_udp_server_that_speaks_first_counted_once_once_its_port_is_known() -> None:
-    """A UDP endpoint that sends first (the client's first packet is an answer): counted
-    once when the Service port is marked, and when the endpoint's own node lags too."""
-    o = cluster()
-    assert _server_first(o, frozenset(), service_ports(o), 500, 200) == 700
-    assert _server_first(o, frozenset({"n2"}), service_ports(o) - {40000}, 500, 200) == 700
-
-
-@pytest.mark.xfail(strict=True, reason="the bound that remains (docs/datapath.md, 'Late "
-                   "endpoints'): who spoke first is the server here")
 def test_udp_server_that_speaks_first_on_a_port_the_clients_node_had_not_marked() -> None:
     """The endpoint's node knows the endpoint, the client's node does not know the
-    Service port yet (inside the range): the client's first packet seen is the server's,
-    so its node takes the client for the server and counts its answer as its workload
-    egress, which the endpoint's node also counts as the Service's request."""
+    Service port yet (inside the range, as the client's port): the client's first packet
+    seen is the server's, so its node would take the client for the server; both ports
+    lie in the ephemeral range and neither is marked, so its keys keep both
+    (zm_unmarked_ephemeral) and attribution skips them as the client's copy of the
+    endpoint's Service traffic, which the endpoint's node counts."""
     o = cluster()
-    assert _server_first(o, frozenset(), service_ports(o) - {40000}, 500, 200) == 700
+    total, k = _server_first(o, frozenset(), service_ports(o) - {40000}, 500, 200)
+    assert total == 700
+    assert {(d.kind, d.port, d.local_port) for d in k.deltas["n1"]} == {
+        (FlowKind.INGRESS, 40000, 45000), (FlowKind.EGRESS, 40000, 45000)}
+
+
+# the endpoint's port and the client's, inside and outside the ephemeral range
+SERVER_FIRST_PORTS = {"both-in-range": (40000, 45000), "endpoint-port-outside": (3478, 45000),
+                      "client-port-outside": (40000, 20000), "both-outside": (3478, 20000)}
+# (endpoint's node behind, the endpoint's port marked as a Service port)
+SERVER_FIRST_LAGS = {"marked": (False, True), "marked-endpoint-behind": (True, True),
+                     "unmarked": (False, False), "unmarked-endpoint-behind": (True, False)}
+# the bound that remains (docs/datapath.md, "Late endpoints"): a client port outside the
+# range looks like a UDP server's port to the node that sees the other side speak first
+SERVER_FIRST_BOUND = {("client-port-outside", "unmarked"), ("both-outside", "unmarked-endpoint-behind")}
+
+
+@pytest.mark.parametrize("ports,lag", [
+    pytest.param(p, lag, id=f"{p}-{lag}", marks=[pytest.mark.xfail(
+        strict=True, reason="the bound that remains (docs/datapath.md, 'Late endpoints')")]
+        if (p, lag) in SERVER_FIRST_BOUND else [])
+    for p in SERVER_FIRST_PORTS for lag in SERVER_FIRST_LAGS])
+def test_udp_server_that_speaks_first_counted_once(ports: str, lag: str) -> None:
+    """A UDP endpoint that sends first (the client's first packet is an answer), its port
+    and the client's inside or outside the ephemeral range, the port marked as a Service
+    port or not and the endpoint's node's map behind or not: every byte once."""
+    o = cluster()
+    sport, cport = SERVER_FIRST_PORTS[ports]
+    behind, marked = SERVER_FIRST_LAGS[lag]
+    svc = service_ports(o) - (set() if marked else {sport})
+    total, _ = _server_first(o, frozenset({"n2"} if behind else ()), frozenset(svc), 500, 200,
+                             sport, cport)
+    assert total == 700
 
 
 @pytest.mark.parametrize("sport", [45000, 20000], ids=["ephemeral-client", "fixed-client"])
@@ -563,15 +603,19 @@ def test_late_endpoint_on_an_ephemeral_range_port_counted_once() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(conns(), max_size=6), st.sets(st.sampled_from(("n1", "n2", "n3"))))
-def test_shared_model_agrees_with_the_kernel_model(cs: list[Conn], behind: set[str]) -> None:
+@given(st.lists(conns(), max_size=6), st.sets(st.sampled_from(("n1", "n2", "n3"))), st.booleans())
+def test_shared_model_agrees_with_the_kernel_model(cs: list[Conn], behind: set[str],
+                                                   marked: bool) -> None:
     """``Model.send`` of test_attribution_cluster (which the other attribution tests use)
-    emits what classify.h would, for clients with ephemeral source ports."""
+    emits what classify.h would, for clients with ephemeral source ports, with the UDP
+    Service's ports marked or not."""
     from tests.unit.attribution.cluster import Conn as C0
     from tests.unit.attribution.cluster import Model
     o = cluster()
     meta, _ = build(o)
-    m, k = Model(meta, o, kernel_behind=frozenset(behind)), Kernel(o, meta, frozenset(behind))
+    svc = service_ports(o) - (frozenset() if marked else UNMARKED)
+    m = Model(meta, o, kernel_behind=frozenset(behind), svc_ports=svc)
+    k = Kernel(o, meta, frozenset(behind), svc)
     for c in cs:
         assume(c.sport in EPHEMERAL and k._addr(c.client) != ip(c.dst))
         # Model has no zm_server_ports: a client port a pod already served on is not drawn
