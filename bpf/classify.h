@@ -283,27 +283,29 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		/* UDP and SCTP: the side that spoke first tells the server's port (zm_origin):
 		 * the local pod's when the peer did (kept beside the client's port as the range
 		 * rule left it), the remote one, even inside the ephemeral range, when the pod
-		 * did (beside the pod's own port as the range rule leaves it, judged by the
-		 * remote port zm_peer_port keeps). A peer talking from a port to the same port
-		 * (gossip) keeps it on both sides, whoever spoke first, as a known endpoint's
-		 * key does: the receiver's side is its request, the sender's its copy. So does
-		 * an exchange between two unmarked ephemeral-range ports, without asking
-		 * zm_origins: a server there may speak first (zm_unmarked_ephemeral). TCP has
-		 * its handshake: zm_local_port for the server's side, zm_tcp_dialled for a
-		 * client of an ephemeral-range port, whatever the client's own port
+		 * did (beside the pod's own port when it lies outside the range: a server
+		 * there may be the side that speaks first). A peer talking from a port to the
+		 * same port (gossip) keeps it on both sides, whoever spoke first, as a known
+		 * endpoint's key does: the receiver's side is its request, the sender's its
+		 * copy. So does an exchange between two unmarked ephemeral-range ports, without
+		 * asking zm_origins: a server there may speak first (zm_unmarked_ephemeral).
+		 * TCP has its handshake: zm_local_port for the server's side, zm_tcp_dialled
+		 * for a client of an ephemeral-range port, whatever the client's own port
 		 * (docs/datapath.md, "Late endpoints"). */
 		if (p.proto != IPPROTO_TCP) {
-			__be16 peer = key.port;
+			/* key.port 0: the remote port is an unmarked ephemeral one */
 			if (remote_port == svc_port ||
-			    (!peer && remote_port && zm_unmarked_ephemeral(svc_port))) {
+			    (!key.port && remote_port && zm_unmarked_ephemeral(svc_port))) {
 				key.port = remote_port;
 				key.local_port = svc_port;
 			} else if (zm_origin(&key, into_local, remote_port, svc_port) ==
 				   ZM_ORIGIN_REMOTE) {
 				key.local_port = svc_port;
 			} else {
+				/* the pod spoke first: its own port outside the range is kept,
+				 * as zm_local_port keeps it beside a remote port of 0 */
 				key.port = remote_port;
-				key.local_port = zm_local_port(&p, into_local, peer, svc_port);
+				key.local_port = zm_local_port(&p, into_local, 0, svc_port);
 			}
 		} else {
 			/* not asked for a port a local pod accepted connections on (its SYN-ACK

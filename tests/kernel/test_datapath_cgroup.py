@@ -239,7 +239,7 @@ def test_udp_server_port_in_the_range_is_kept_by_who_spoke_first(lab: Lab) -> No
     (``zm_origins``), as the veth hook does: with no Service or endpoint written, a pod
     serving UDP on a port inside the ephemeral range keeps that port as its own beside a
     client's port outside the range, and a pod dialling such a port from a port outside
-    the range keeps it as the remote one (and its own, by the range rule): one key per
+    the range keeps it as the remote one (and its own, outside the range): one key per
     side and direction for three exchanges. From ephemeral client ports, both ports lie
     in the range and neither is marked: both are kept, one key per client port
     (zm_unmarked_ephemeral; docs/datapath.md, "Late endpoints")."""

@@ -591,7 +591,7 @@ def test_late_udp_endpoint_keys_keep_the_server_port_whatever_the_client_port(
     (``zm_origins``) tells the server's port. The server's side keeps its port next to
     the client's for a client port outside the ephemeral range, for a server port inside
     it, and for both; the client's side keeps the server's port inside the range instead
-    of 0 (and its own only as the range rule leaves it). One key per side and direction,
+    of 0, and its own when it lies outside the range. One key per side and direction,
     not one per client port, but for the exchanges between two ephemeral-range ports of
     which neither is marked: those keep both ports, one key per client port
     (zm_unmarked_ephemeral; docs/datapath.md, "Late endpoints")."""
@@ -618,15 +618,13 @@ def test_late_udp_endpoint_keys_keep_the_server_port_whatever_the_client_port(
                                           (True, FlowKind.EGRESS, p, 40000),
                                           (False, FlowKind.EGRESS, 40000, p),
                                           (False, FlowKind.INGRESS, 40000, p))})
-    # the client's fixed port 2000 to an unmarked port of the range: the range rule keeps it
-    both = 0 if marked else 2000
     assert keys == sessions | {
         (True, FlowKind.INGRESS, 9502, 9502), (True, FlowKind.EGRESS, 9502, 9502),
         (False, FlowKind.EGRESS, 9502, 9502), (False, FlowKind.INGRESS, 9502, 9502),
         (True, FlowKind.INGRESS, 20000, 9420), (True, FlowKind.EGRESS, 20000, 9420),
-        (False, FlowKind.EGRESS, 9420, 0), (False, FlowKind.INGRESS, 9420, 0),
+        (False, FlowKind.EGRESS, 9420, 20000), (False, FlowKind.INGRESS, 9420, 20000),
         (True, FlowKind.INGRESS, 2000, 40000), (True, FlowKind.EGRESS, 2000, 40000),
-        (False, FlowKind.EGRESS, 40000, both), (False, FlowKind.INGRESS, 40000, both),
+        (False, FlowKind.EGRESS, 40000, 2000), (False, FlowKind.INGRESS, 40000, 2000),
     }, keys
     assert len(deltas) == len(keys)  # one key per side and direction (and client port)
     hdr = 28 if family == 4 else 48
@@ -645,9 +643,9 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
     the server's, yet both ports lie in the ephemeral range and neither is marked, so
     both sides keep both ports (zm_unmarked_ephemeral), which lets attribution skip a1's
     bytes as the client's copy once its metadata lists a2:40000. From a port outside the
-    range (3478) to 45001: a2 spoke first, so it keeps a1's port and, by the range rule,
-    its own; a1 keeps 3478 beside its own port, as before (docs/datapath.md, "Late
-    endpoints")."""
+    range (3478) to 45001 or 20000: a2 spoke first, so it keeps a1's port and, being
+    outside the range, its own; a1 keeps 3478 beside its own port, as before
+    (docs/datapath.md, "Late endpoints")."""
     a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, family)) for p in ("a1", "a2"))
     with Datapath(_config(lab, "a", attach="auto")) as dp:
         dp.attach()
@@ -655,6 +653,7 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
         # the endpoint a2 is _udp_exchange's "client": it sends first, a1 answers
         _udp_exchange(lab, "a2", "a1", 45000, 40000, 1200, 400, family)
         _udp_exchange(lab, "a2", "a1", 45001, 3478, 1100, 300, family)
+        _udp_exchange(lab, "a2", "a1", 20000, 3478, 1000, 200, family)  # both outside
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
     keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
     assert keys == {
@@ -662,11 +661,13 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
         (False, FlowKind.INGRESS, 40000, 45000), (False, FlowKind.EGRESS, 40000, 45000),
         (True, FlowKind.EGRESS, 45001, 3478), (True, FlowKind.INGRESS, 45001, 3478),
         (False, FlowKind.INGRESS, 3478, 45001), (False, FlowKind.EGRESS, 3478, 45001),
+        (True, FlowKind.EGRESS, 20000, 3478), (True, FlowKind.INGRESS, 20000, 3478),
+        (False, FlowKind.INGRESS, 3478, 20000), (False, FlowKind.EGRESS, 3478, 20000),
     }, keys
     assert len(deltas) == len(keys)
     hdr = 28 if family == 4 else 48
     pushed = sum(d.bytes for d in deltas if d.local == a1 and d.kind is FlowKind.INGRESS)
-    assert pushed == 1200 + 1100 + 4 * hdr  # two datagrams each, of 1000 bytes at most
+    assert pushed == 1200 + 1100 + 1000 + 5 * hdr  # datagrams of 1000 bytes at most
 
 
 def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Lab) -> None:

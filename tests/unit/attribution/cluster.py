@@ -483,12 +483,12 @@ class Model:
             if first or rport == 0:
                 rport = c.dport
             lport = c.sport if c.sport in svc else 0
-            if first and (c.sport == c.dport or not self._peer_port(c.dport) and c.dport):
-                # a peer's port to the same port: both kept; and the client's own port as
-                # the range rule leaves it when the remote one is an unmarked ephemeral
-                # port (the range rule's 0): outside the range as the rule keeps it,
-                # inside it because both ports are then unmarked ephemeral ones
-                # (zm_unmarked_ephemeral)
+            if first and (c.sport == c.dport or c.sport not in EPHEMERAL or (
+                    not self._peer_port(c.dport) and c.dport)):
+                # UDP and SCTP, the client spoke first: its own port is kept when it lies
+                # outside the range (a server may speak first), when it is the remote one
+                # (a peer's port to the same port), and when both ports are unmarked
+                # ephemeral ones (zm_unmarked_ephemeral)
                 lport = c.sport
             # the socket view keys a host socket by its own addresses (what connect() gave
             # it: the ClusterIP), although its egress packets passed the node's DNAT; an
@@ -504,7 +504,7 @@ class Model:
             if split and first:  # its own 5-tuple, judged as the kernel judges it
                 eport = bport
                 lport = c.sport if c.sport in svc or c.sport == bport or (
-                    not self._peer_port(bport) and bport) else 0
+                    c.sport not in EPHEMERAL) or (not self._peer_port(bport) and bport) else 0
             iport, ilport = rport, lport
             if split:  # the reply's 5-tuple is not the one the socket sent on
                 iport = self._peer_port(c.dport)

@@ -212,10 +212,10 @@ class Kernel:
                 else:
                     remote_first = seen.setdefault(tup, into)
                     if not remote_first:
-                        # the pod spoke first: its own port as the range rule leaves it,
-                        # judged by the remote port that rule keeps (zm_peer_port)
+                        # the pod spoke first: its own port is kept outside the range
+                        # (a server may speak first), or marked
                         if lport in learned or lport in self.svc or (
-                                not port and rport and lport not in EPHEMERAL):
+                                rport and lport not in EPHEMERAL):
                             lp = lport
                         port = rport
             if remote_first:
@@ -505,8 +505,9 @@ SERVER_FIRST_PORTS = {"both-in-range": (40000, 45000), "endpoint-port-outside": 
 SERVER_FIRST_LAGS = {"marked": (False, True), "marked-endpoint-behind": (True, True),
                      "unmarked": (False, False), "unmarked-endpoint-behind": (True, False)}
 # the bound that remains (docs/datapath.md, "Late endpoints"): a client port outside the
-# range looks like a UDP server's port to the node that sees the other side speak first
-SERVER_FIRST_BOUND = {("client-port-outside", "unmarked"), ("both-outside", "unmarked-endpoint-behind")}
+# range looks like a UDP server's port to the client's node, which sees the other side
+# speak first from a port of the range it has not marked
+SERVER_FIRST_BOUND = {("client-port-outside", "unmarked")}
 
 
 @pytest.mark.parametrize("ports,lag", [
@@ -617,7 +618,8 @@ def test_shared_model_agrees_with_the_kernel_model(cs: list[Conn], behind: set[s
     m = Model(meta, o, kernel_behind=frozenset(behind), svc_ports=svc)
     k = Kernel(o, meta, frozenset(behind), svc)
     for c in cs:
-        assume(c.sport in EPHEMERAL and k._addr(c.client) != ip(c.dst))
+        # UDP: any client port (TCP: the Model keeps no client port outside the range)
+        assume((c.sport in EPHEMERAL or c.proto != 6) and k._addr(c.client) != ip(c.dst))
         # Model has no zm_server_ports: a client port a pod already served on is not drawn
         assume(all(c.sport not in ports for ports in k.servers.values()))
         # the shared Model's table ignores readiness and nodeName: draw only endpoints
