@@ -341,7 +341,9 @@ class PodCgroupOrder:
             are their cgroup ids: kernfs_ino in include/linux/kernfs.h).
         capacity: ids remembered.
         rescan_seconds: the least time between two walks of the hierarchy (a walk runs
-            when an id is not in the last one).
+            when an id is not in the last one), except for an id above every directory
+            the last walk saw: ids are handed out in increasing order, so that cgroup was
+            made after the walk and may well exist (kernfs_new_node in fs/kernfs/dir.c).
         clock: monotonic seconds.
     """
 
@@ -355,6 +357,7 @@ class PodCgroupOrder:
         self._rescan = rescan_seconds
         self._clock = clock
         self._walked = -float("inf")
+        self._newest = 0  # the largest directory id of the last walk
         #: walks of the hierarchy so far
         self.walks = 0
 
@@ -367,7 +370,8 @@ class PodCgroupOrder:
         if key is not None:
             return key
         path = self._dirs.get(pod_id)
-        if path is None and self._clock() - self._walked >= self._rescan:
+        if path is None and (pod_id > self._newest
+                             or self._clock() - self._walked >= self._rescan):
             self._walk()
             path = self._dirs.get(pod_id)
         key = pod_id
@@ -399,3 +403,4 @@ class PodCgroupOrder:
             except OSError:
                 continue
         self._dirs = dirs
+        self._newest = max(dirs, default=0)

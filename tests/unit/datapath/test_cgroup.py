@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.datapath.cgroup import cgroup2_root
+from agent.datapath.cgroup import PodCgroupOrder, cgroup2_root
 from agent.errors import RuntimeFailure
+from tests.fixtures.fakes import Clock
 
 #: a hybrid layout (cgroup v1 controllers plus the unified hierarchy), as proc(5) shows it
 HYBRID = """\
@@ -63,3 +64,27 @@ def test_cgroup_root_flag_takes_its_unified_mount_on_a_hybrid_host(tmp_path: Pat
     # a cgroup below a mount (no mount of its own) is taken as given
     assert cgroup2_root(str(f), under="/run/zonemeter/cgroupv2/kubepods.slice") == (
         "/run/zonemeter/cgroupv2/kubepods.slice")
+
+
+def test_pod_cgroup_made_since_a_recent_walk_is_still_ordered_by_its_containers(
+        tmp_path: Path) -> None:
+    """A pod whose cgroup was made after the last walk and first asked within
+    ``rescan_seconds`` of it (drains closer than a second: a short ``--interval``, an
+    early drain under table pressure) exists, with its containers: it must get its
+    smallest child's id, not its own id remembered for good (its own id can predate the
+    address's previous holder's containers: docs/datapath.md, "The cgroup_skb hook").
+    Ids are handed out in increasing order, so only an id above every directory the last
+    walk saw can be new since it; an id below it that was not there stays rate limited."""
+    clock = Clock(100.0)
+    order = PodCgroupOrder(str(tmp_path), clock=clock)
+    assert order(0x7FFFFFF0) == 0x7FFFFFF0  # gone before asked: walks the empty tree
+    assert order.walks == 1
+    app = tmp_path / "pod" / "app"
+    app.mkdir(parents=True)
+    pod_id = (tmp_path / "pod").stat().st_ino & 0xFFFFFFFF
+    clock.advance(0.5)
+    assert order(pod_id) == app.stat().st_ino & 0xFFFFFFFF
+    assert order.walks == 2
+    clock.advance(0.1)
+    assert order(1) == 1  # below every directory seen: gone, no second walk this second
+    assert order.walks == 2
