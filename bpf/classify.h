@@ -121,15 +121,16 @@ static __always_inline __be16 zm_local_port(const struct zm_pkt *p, int into_loc
 	return 0;
 }
 
-/* Returns 1 when port (__be16) lies in the ephemeral range and is neither a Service port
- * (ZM_PORT_SERVICE) nor a learned server port (zm_server_ports), else 0. A UDP or SCTP
- * exchange between two such ports keeps both in its key, whoever spoke first: a server
- * on an ephemeral-range port no agent had marked yet may be the side that sends first
- * (RTP pushed to a negotiated port), so neither side can be dropped as the client's
- * (docs/datapath.md, "Late endpoints"). */
+/* Returns 1 when port (__be16) lies in the ephemeral range and is no Service port
+ * (ZM_PORT_SERVICE), else 0. A UDP or SCTP exchange between two such ports keeps both in
+ * its key, whoever spoke first: a server on an ephemeral-range port no agent had marked
+ * yet may be the side that sends first (RTP pushed to a negotiated port), so neither side
+ * can be dropped as the client's (docs/datapath.md, "Late endpoints"). A learned server
+ * port (zm_server_ports) does not count: it is this node's mark, which the other side's
+ * node cannot see, and both sides must judge the exchange alike. */
 static __always_inline int zm_unmarked_ephemeral(__be16 port)
 {
-	return port && !zm_remote_port(port) && !zm_server_port(port) && !zm_service_port(port);
+	return port && !zm_remote_port(port) && !zm_service_port(port);
 }
 
 /* Fills *ok with the zm_origins key of the packet's 5-tuple: key's addresses, proto,

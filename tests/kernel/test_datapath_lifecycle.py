@@ -670,6 +670,29 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
     assert pushed == 1200 + 1100 + 1000 + 5 * hdr  # datagrams of 1000 bytes at most
 
 
+def test_udp_server_that_speaks_first_to_a_learned_server_port_keeps_both_ports(lab: Lab) -> None:
+    """The client's port lies in the range and some pod of the client's node accepts TCP
+    connections on it (a SYN-ACK left from it: a learned server port, ``zm_server_ports``,
+    the node's own array). The endpoint's node cannot see that mark and keeps both ports
+    when the endpoint pushes first (a2 from 40000 to a1:45002, then a1 answers), so the
+    client's side must keep both too: keeping only its own port made a1's answers, keyed
+    with remote port 0, a1's workload egress, while a2's node counted them as the
+    Service's request once its metadata listed a2:40000 (docs/datapath.md, "Two unmarked
+    ephemeral ports: both kept")."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
+    with Datapath(_config(lab, "a", attach="auto")) as dp:
+        dp.attach()
+        _tcp_exchange(lab, "a2", "a1", 45002, 0, 100, 100)  # a1 serves TCP on 45002
+        dp.drain()
+        _udp_exchange(lab, "a2", "a1", 45002, 40000, 1200, 400, 4)
+        deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
+    keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
+    assert keys == {
+        (True, FlowKind.EGRESS, 45002, 40000), (True, FlowKind.INGRESS, 45002, 40000),
+        (False, FlowKind.INGRESS, 40000, 45002), (False, FlowKind.EGRESS, 40000, 45002),
+    }, keys
+
+
 def test_endpoint_to_endpoint_on_the_same_port_is_the_receivers_request(lab: Lab) -> None:
     """Two local endpoints of UDP 9500 gossiping from 9500 to 9500 (memberlist): the
     receiver's veth counts a REQUEST, the sender's an EGRESS with the remote port, which
