@@ -377,8 +377,10 @@ class PodCgroupOrder:
         key = pod_id
         if path is not None:
             try:
+                # the path may name another cgroup by now (the same name made again)
                 kids = [e.inode() & 0xFFFFFFFF for e in os.scandir(path)
-                        if e.is_dir(follow_symlinks=False)]
+                        if e.is_dir(follow_symlinks=False)] \
+                    if os.stat(path).st_ino & 0xFFFFFFFF == pod_id else []
             except OSError:
                 kids = []
             if kids:

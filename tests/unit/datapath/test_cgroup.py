@@ -88,3 +88,22 @@ def test_pod_cgroup_made_since_a_recent_walk_is_still_ordered_by_its_containers(
     clock.advance(0.1)
     assert order(1) == 1  # below every directory seen: gone, no second walk this second
     assert order.walks == 2
+
+
+def test_a_pod_cgroup_whose_path_now_names_another_cgroup_keeps_its_own_id(
+        tmp_path: Path) -> None:
+    """The walk remembers each id's path; by the time an id is first asked its cgroup may
+    be gone and the same path made again for another cgroup (a static pod, whose pod
+    cgroup's name comes from a UID that survives its re-creation). The new cgroup's
+    children are not the old pod's: the id keeps its own value, as a gone one does,
+    instead of sharing the newer pod's key."""
+    clock = Clock(100.0)
+    order = PodCgroupOrder(str(tmp_path), clock=clock)
+    (tmp_path / "pod" / "app").mkdir(parents=True)
+    old = (tmp_path / "pod").stat().st_ino & 0xFFFFFFFF
+    assert order(0x7FFFFFF0) == 0x7FFFFFF0  # the walk that indexes "pod"
+    (tmp_path / "pod").rename(tmp_path / "gone")  # still there: its id is not reused
+    (tmp_path / "pod" / "app").mkdir(parents=True)
+    new_app = (tmp_path / "pod" / "app").stat().st_ino & 0xFFFFFFFF
+    assert order(old) != new_app
+    assert order(old) == old
