@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import struct
 import time
 from collections.abc import Callable
@@ -320,6 +321,15 @@ def query(root: str, attach_type: int, limit: int = 256) -> tuple[int, ...]:
     return tuple(progs[:count])
 
 
+#: a kubelet pod cgroup's directory name: ``pod<uid>`` (cgroupfs driver) or
+#: ``kubepods[-<qos>]-pod<uid with _>.slice`` (systemd driver), the uid a UUID or, for a
+#: static pod, 32 hex digits (``GetPodContainerName`` and ``ConvertCgroupNameToSystemd``
+#: in pkg/kubelet/cm; the pod's UID: pkg/kubelet/config for static pods)
+POD_CGROUP_NAME = re.compile(
+    r"(?:^|[-.])pod(?:[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+    r"|[0-9a-f]{32})(?:\.slice)?$")
+
+
 class PodCgroupOrder:
     """Orders the cgroup hook's pod ids (a key's ``ifindex``: the low 32 bits of the id of
     the parent of the socket's cgroup, bpf/cgroup.c ``zm_cg_hook_id``) by when the pod got
@@ -332,7 +342,11 @@ class PodCgroupOrder:
     ``CreateContainer``): a pod's order key is therefore the smallest id among its cgroup's
     child cgroups, which is larger than every cgroup id of the address's previous holder
     (whose containers all ended before the address was released). A pod cgroup without
-    children or no longer there when first asked keeps its own id. Keys are stable: each
+    children or no longer there when first asked keeps its own id. An id whose directory
+    is not named as kubelet names pod cgroups (:data:`POD_CGROUP_NAME`) is 0: a parent
+    every pod shares (kubelet ``--cgroups-per-qos=false`` puts containers under one
+    slice) or a host process's, which tell no pods apart; the address is then resolved by
+    time. Keys are stable: each
     id is answered once and remembered (LRU of ``capacity`` ids), so ``PodTable.veth_owner``
     sees one value per pod (docs/datapath.md, "The cgroup_skb hook").
 
@@ -362,8 +376,9 @@ class PodCgroupOrder:
         self.walks = 0
 
     def __call__(self, pod_id: int) -> int:
-        """The order key of ``pod_id`` (32 bits, host order; 0 stays 0). Never raises:
-        an unreadable directory counts as absent."""
+        """The order key of ``pod_id`` (32 bits, host order; 0 stays 0), or 0 when its
+        directory is no pod cgroup (resolve by time). Never raises: an unreadable
+        directory counts as absent."""
         if not pod_id:
             return 0
         key = self._keys.get(pod_id)
@@ -375,7 +390,9 @@ class PodCgroupOrder:
             self._walk()
             path = self._dirs.get(pod_id)
         key = pod_id
-        if path is not None:
+        if path is not None and not POD_CGROUP_NAME.search(os.path.basename(path)):
+            key = 0  # a parent shared by pods, or a host process's: resolved by time
+        elif path is not None:
             try:
                 # the path may name another cgroup by now (the same name made again)
                 kids = [e.inode() & 0xFFFFFFFF for e in os.scandir(path)

@@ -72,6 +72,8 @@ class MetadataAdapter:
         ``ClusterMetadata.resolve_veth`` (``(peer, settled)``)."""
         if self._veth_order is not None:
             ifindex = self._veth_order(ifindex)
+            if not ifindex:  # no pod cgroup of its own: by time
+                return self.cache.resolve(ip, at), True
         return self.cache.resolve_veth(ip, ifindex, at, final)
 
     def endpoint_gone(self, ip: IPAddress, port: int, protocol: int) -> bool:

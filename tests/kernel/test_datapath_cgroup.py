@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -368,7 +369,8 @@ def test_pod_order_is_its_containers_not_its_cgroups_creation() -> None:
     by their smallest child cgroup (real cgroup2 directories, whose inode numbers are
     their ids), so the replacement still comes after the previous holder."""
     top = os.path.join(cg.cgroup2_root(), f"zmtest-{secrets.token_hex(3)}")
-    new_pod, old_pod = os.path.join(top, "pod-new"), os.path.join(top, "pod-old")
+    # named as kubelet's cgroupfs driver names pod cgroups (pod<uid>)
+    new_pod, old_pod = (os.path.join(top, f"pod{uuid.uuid4()}") for _ in range(2))
     made: list[str] = []
     try:
         for d in (top, new_pod, old_pod, os.path.join(old_pod, "pause"),

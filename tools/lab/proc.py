@@ -8,9 +8,11 @@ never the calling process or its ancestors.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -102,7 +104,8 @@ def is_zombie(pid: int) -> bool:
 # ---------------------------------------------------------------------- pod cgroups
 #
 # Like kubelet (kubepods/<qos>/pod<uid>/<container>: pkg/kubelet/cm), the lab gives each
-# pod a cgroup v2 cgroup, ``<cgroup2 root>/zmlab-<prefix>/<node>/<pod>.<n>``, whose child
+# pod a cgroup v2 cgroup, ``<cgroup2 root>/zmlab-<prefix>/<node>/<pod>.<n>.pod<uid>``
+# (a fresh UID each, so the agent takes it for a pod cgroup as it does kubelet's), whose child
 # ``app`` its processes run in: the cgroup hook keys a socket by the parent of its cgroup
 # (bpf/cgroup.c zm_cg_hook_id), so the lab's pods have ids of their own, and a pod that
 # reuses a removed pod's address has a newer one. A lab agent on the cgroup hook counts the
@@ -138,13 +141,34 @@ def node_cgroup(prefix: str, node: str, create: bool = False) -> Path | None:
     return top / node
 
 
-def _generations(parent: Path, pod: str) -> list[int]:
+_POD_DIR = re.compile(r"^(?P<pod>.+)\.(?P<n>\d+)\.pod[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _pod_dirs(parent: Path, pod: str | None) -> list[tuple[int, Path]]:
+    """``(n, directory)`` of the cgroups of pods named ``pod`` (any pod for None) below
+    ``parent``, by ``n``."""
     try:
         names = os.listdir(parent)
     except FileNotFoundError:
         return []
-    return sorted(int(n.rsplit(".", 1)[1]) for n in names
-                  if n.rsplit(".", 1)[0] == pod and n.rsplit(".", 1)[-1].isdigit())
+    out = []
+    for name in names:
+        m = _POD_DIR.match(name)
+        if m is not None and (pod is None or m["pod"] == pod):
+            out.append((int(m["n"]), parent / name))
+    return sorted(out)
+
+
+def _make(parent: Path, pod: str, n: int) -> Path:
+    """Make ``<parent>/<pod>.<n>.pod<a new UID>``: the UID makes it a pod cgroup's name as
+    kubelet's cgroupfs driver writes it (``pod<uid>``), which the agent looks for
+    (agent/datapath/cgroup.py ``POD_CGROUP_NAME``)."""
+    d = parent / f"{pod}.{n}.pod{uuid.uuid4()}"
+    try:
+        d.mkdir(parents=True)
+    except OSError as err:
+        raise RuntimeFailure(f"cannot create the cgroup of pod {pod}: {err}") from err
+    return d
 
 
 def new_pod_cgroup(prefix: str, node: str, pod: str) -> Path | None:
@@ -158,17 +182,16 @@ def new_pod_cgroup(prefix: str, node: str, pod: str) -> Path | None:
     parent = node_cgroup(prefix, node)
     if parent is None:
         return None
-    gens = _generations(parent, pod)
-    if gens and not (parent / f"{pod}.{gens[-1]}" / "app").exists():
-        n = gens[-1]  # made early (:func:`early_pod_cgroup`): its container comes now
+    dirs = _pod_dirs(parent, pod)
+    if dirs and not (dirs[-1][1] / "app").exists():
+        d = dirs[-1][1]  # made early (:func:`early_pod_cgroup`): its container comes now
     else:
-        n = (gens or [0])[-1] + 1
-    app = parent / f"{pod}.{n}" / "app"
+        d = _make(parent, pod, (dirs[-1][0] if dirs else 0) + 1)
     try:
-        app.mkdir(parents=True)
+        (d / "app").mkdir()
     except OSError as err:
         raise RuntimeFailure(f"cannot create the cgroup of pod {pod}: {err}") from err
-    return app
+    return d / "app"
 
 
 def early_pod_cgroup(prefix: str, node: str, pod: str) -> Path:
@@ -183,20 +206,16 @@ def early_pod_cgroup(prefix: str, node: str, pod: str) -> Path:
     parent = node_cgroup(prefix, node)
     if parent is None:
         raise RuntimeFailure("no cgroup2 mount for the lab's pod cgroups")
-    d = parent / f"{pod}.{(_generations(parent, pod) or [0])[-1] + 1}"
-    try:
-        d.mkdir(parents=True)
-    except OSError as err:
-        raise RuntimeFailure(f"cannot create the cgroup of pod {pod}: {err}") from err
-    return d
+    dirs = _pod_dirs(parent, pod)
+    return _make(parent, pod, (dirs[-1][0] if dirs else 0) + 1)
 
 
 def pod_cgroup(prefix: str, node: str, pod: str) -> Path | None:
     """The ``app`` cgroup of the newest pod named ``pod`` on ``node`` of lab ``prefix``,
     or None (none made)."""
     parent = node_cgroup(prefix, node)
-    gens = _generations(parent, pod) if parent is not None else []
-    return parent / f"{pod}.{gens[-1]}" / "app" if parent is not None and gens else None
+    dirs = _pod_dirs(parent, pod) if parent is not None else []
+    return dirs[-1][1] / "app" if dirs else None
 
 
 def in_cgroup(app: Path | None, argv: Sequence[str]) -> list[str]:
@@ -227,8 +246,7 @@ def remove_pod_cgroups(prefix: str, pod: str | None = None) -> None:
                 time.sleep(0.02)
 
     for node in [top / n for n in os.listdir(top) if (top / n).is_dir()]:
-        for d in [node / n for n in os.listdir(node) if (node / n).is_dir()
-                  and (pod is None or n.rsplit(".", 1)[0] == pod)]:
+        for d in [d for _, d in _pod_dirs(node, pod)]:
             rm(d / "app")
             rm(d)
         if pod is None:

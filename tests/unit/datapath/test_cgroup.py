@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.datapath.cgroup import PodCgroupOrder, cgroup2_root
+from agent.datapath.cgroup import POD_CGROUP_NAME, PodCgroupOrder, cgroup2_root
 from agent.errors import RuntimeFailure
 from tests.fixtures.fakes import Clock
+
+#: a pod cgroup's directory as kubelet's cgroupfs driver names it
+POD = "pod0f2ab6e1-8c1d-4a55-9d0e-2b7a1c3d4e5f"
 
 #: a hybrid layout (cgroup v1 controllers plus the unified hierarchy), as proc(5) shows it
 HYBRID = """\
@@ -79,9 +82,9 @@ def test_pod_cgroup_made_since_a_recent_walk_is_still_ordered_by_its_containers(
     order = PodCgroupOrder(str(tmp_path), clock=clock)
     assert order(0x7FFFFFF0) == 0x7FFFFFF0  # gone before asked: walks the empty tree
     assert order.walks == 1
-    app = tmp_path / "pod" / "app"
+    app = tmp_path / POD / "app"
     app.mkdir(parents=True)
-    pod_id = (tmp_path / "pod").stat().st_ino & 0xFFFFFFFF
+    pod_id = (tmp_path / POD).stat().st_ino & 0xFFFFFFFF
     clock.advance(0.5)
     assert order(pod_id) == app.stat().st_ino & 0xFFFFFFFF
     assert order.walks == 2
@@ -99,11 +102,40 @@ def test_a_pod_cgroup_whose_path_now_names_another_cgroup_keeps_its_own_id(
     instead of sharing the newer pod's key."""
     clock = Clock(100.0)
     order = PodCgroupOrder(str(tmp_path), clock=clock)
-    (tmp_path / "pod" / "app").mkdir(parents=True)
-    old = (tmp_path / "pod").stat().st_ino & 0xFFFFFFFF
-    assert order(0x7FFFFFF0) == 0x7FFFFFF0  # the walk that indexes "pod"
-    (tmp_path / "pod").rename(tmp_path / "gone")  # still there: its id is not reused
-    (tmp_path / "pod" / "app").mkdir(parents=True)
-    new_app = (tmp_path / "pod" / "app").stat().st_ino & 0xFFFFFFFF
+    (tmp_path / POD / "app").mkdir(parents=True)
+    old = (tmp_path / POD).stat().st_ino & 0xFFFFFFFF
+    assert order(0x7FFFFFF0) == 0x7FFFFFF0  # the walk that indexes POD
+    (tmp_path / POD).rename(tmp_path / "gone")  # still there: its id is not reused
+    (tmp_path / POD / "app").mkdir(parents=True)
+    new_app = (tmp_path / POD / "app").stat().st_ino & 0xFFFFFFFF
     assert order(old) != new_app
     assert order(old) == old
+
+
+def test_pod_cgroup_names_are_kubelets_and_nothing_else() -> None:
+    """Directory names of kubelet's pod cgroups, both drivers, every QoS class, a static
+    pod's hash UID; and names that are not a pod's (the parent every container shares
+    without pod cgroups, a container, a host unit)."""
+    uid = "0f2ab6e1-8c1d-4a55-9d0e-2b7a1c3d4e5f"
+    for name in (f"pod{uid}", f"kubepods-burstable-pod{uid.replace('-', '_')}.slice",
+                 f"kubepods-pod{uid.replace('-', '_')}.slice",
+                 f"kubepods-besteffort-pod{uid.replace('-', '_')}.slice",
+                 "pod6e6b1a0f3c9d4e2a8b7c5d1e0f9a8b7c", f"web.1.pod{uid}"):
+        assert POD_CGROUP_NAME.search(name), name
+    for name in ("system.slice", "kubepods.slice", "kubepods-burstable.slice", "burstable",
+                 f"cri-containerd-{uid.replace('-', '')}.scope", "pod", "podman.service",
+                 f"pod{uid}x", "init.scope"):
+        assert not POD_CGROUP_NAME.search(name), name
+
+
+def test_a_parent_shared_by_every_pod_is_0_so_its_addresses_go_by_time(tmp_path: Path) -> None:
+    """kubelet with ``--cgroups-per-qos=false`` makes no pod cgroups: every container's
+    cgroup is a child of one parent (``system.slice`` with the systemd driver), whose id
+    tells no pods apart. It orders nothing: 0, and the address is resolved by time."""
+    parent = tmp_path / "system.slice"
+    (parent / "cri-containerd-old.scope").mkdir(parents=True)
+    order = PodCgroupOrder(str(tmp_path), clock=Clock(100.0))
+    assert order(parent.stat().st_ino & 0xFFFFFFFF) == 0
+    pod = tmp_path / POD
+    (pod / "app").mkdir(parents=True)
+    assert order(pod.stat().st_ino & 0xFFFFFFFF) == (pod / "app").stat().st_ino & 0xFFFFFFFF

@@ -7,8 +7,6 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-import pytest
-
 from agent.attribution import Attributor
 from agent.datapath.cgroup import PodCgroupOrder
 from agent.k8s.resolve import MetadataAdapter
@@ -196,17 +194,15 @@ def test_cgroup_hook_orders_pod_ids_by_the_order_map() -> None:
     assert p.resolve_veth(A, 500, 1003, False)[0].name == "old"
 
 
-@pytest.mark.xfail(strict=True, reason="a parent cgroup shared by every pod (kubelet "
-                   "--cgroups-per-qos=false) is taken for one pod: its id binds to the "
-                   "address's first tenure (docs/datapath.md, 'The cgroup_skb hook')")
 def test_pods_without_cgroups_of_their_own_are_not_told_apart_by_a_shared_parent(
         tmp_path: Path) -> None:
     """kubelet with ``--cgroups-per-qos=false`` makes no pod cgroups: every container's
     cgroup is a child of one parent (``system.slice`` under the systemd driver), so every
-    pod of the node keys that parent's id. A replacement on a reused address then shares
-    its previous holder's key, and ``veth_owner`` binds it to the old pod for
-    ``VETH_REUSE_SECONDS`` after that pod's end (a veth index reused that fast is taken
-    for the old veth); by time the new pod's bytes go to it."""
+    pod of the node keys that parent's id. Bound by that id, a replacement on a reused
+    address would share its previous holder's key, and ``veth_owner`` would bind it to the
+    old pod for ``VETH_REUSE_SECONDS``; the parent is no pod cgroup by its name
+    (``POD_CGROUP_NAME``), so the address is resolved by time and the new pod's bytes go
+    to it."""
     parent = tmp_path / "system.slice"
     (parent / "cri-containerd-old.scope").mkdir(parents=True)
     (parent / "cri-containerd-new.scope").mkdir()
