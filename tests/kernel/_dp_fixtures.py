@@ -152,6 +152,42 @@ class Flow:
     client_port: int = 0  # the client's own port (0: an ephemeral one, a new one per exchange)
 
 
+def udp_answer(s: socket.socket, request_bytes: int, response_bytes: int) -> None:
+    """Read request_bytes from the UDP socket s and answer their sender with
+    response_bytes, in datagrams of at most 1000 bytes.
+
+    Raises:
+        OSError: the socket failed or timed out.
+    """
+    got, addr = 0, None
+    while got < request_bytes:
+        data, addr = s.recvfrom(65536)
+        got += len(data)
+    left = response_bytes
+    while left > 0:
+        n = min(1000, left)
+        s.sendto(b"r" * n, addr)
+        left -= n
+
+
+def udp_ask(s: socket.socket, dst: tuple[str, int], request_bytes: int,
+            response_bytes: int) -> None:
+    """Send request_bytes from the UDP socket s to dst in datagrams of at most 1000 bytes
+    and read response_bytes back.
+
+    Raises:
+        OSError: the socket failed or timed out.
+    """
+    left = request_bytes
+    while left > 0:
+        n = min(1000, left)
+        s.sendto(b"q" * n, dst)
+        left -= n
+    got = 0
+    while got < response_bytes:
+        got += len(s.recv(65536))
+
+
 def exchange(lab: Lab, flow: Flow, request_bytes: int, response_bytes: int,
              count: int = 1) -> None:
     """Send count exchanges client -> server (request_bytes, answered with
@@ -191,15 +227,7 @@ def exchange(lab: Lab, flow: Flow, request_bytes: int, response_bytes: int,
                         while conn.recv(65536):
                             pass
                 else:
-                    got = 0
-                    while got < request_bytes:
-                        data, addr = s.recvfrom(65536)
-                        got += len(data)
-                    left = response_bytes
-                    while left > 0:
-                        n = min(1000, left)
-                        s.sendto(b"r" * n, addr)
-                        left -= n
+                    udp_answer(s, request_bytes, response_bytes)
         finally:
             s.close()
 
@@ -223,14 +251,7 @@ def exchange(lab: Lab, flow: Flow, request_bytes: int, response_bytes: int,
                         got += len(chunk)
                     assert got == response_bytes, (got, response_bytes)
                 else:
-                    left = request_bytes
-                    while left > 0:
-                        n = min(1000, left)
-                        s.sendto(b"q" * n, (flow.dst, flow.port))
-                        left -= n
-                    got = 0
-                    while got < response_bytes:
-                        got += len(s.recv(65536))
+                    udp_ask(s, (flow.dst, flow.port), request_bytes, response_bytes)
             finally:
                 s.close()
 

@@ -20,15 +20,16 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from _dp_fixtures import Flow, exchange, two_node_lab
+from _dp_fixtures import Flow, exchange, two_node_lab, udp_answer
 
 from agent.datapath import Datapath, DatapathConfig, on_bpf_fs, run_in_netns, tcx
 from agent.datapath import cgroup as cg
 from agent.records import FlowDelta, FlowKind
 from tools.lab import Lab
-from tools.lab.proc import node_cgroup
+from tools.lab.proc import child_env, in_cgroup, node_cgroup
 
 pytestmark = pytest.mark.kernel
 
@@ -265,48 +266,29 @@ def test_udp_server_port_in_the_range_is_kept_by_who_spoke_first(lab: Lab) -> No
     assert len(deltas) == 4 + 2 * 3
 
 
-#: a UDP client run as its own process: it joins the cgroup argv[1] (its sockets belong to
-#: the cgroup their creator ran in), enters the network namespace argv[2], sends argv[5]
-#: bytes to argv[3]:argv[4] in datagrams of at most 1000 bytes and reads argv[6] back
-_CLIENT = """
-import os, socket, sys
-from pyroute2.netns import setns
-with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
-    f.write(str(os.getpid()))
-setns(sys.argv[2], flags=0)
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.settimeout(5)
-left = int(sys.argv[5])
-while left > 0:
-    n = min(1000, left)
-    s.sendto(b"q" * n, (sys.argv[3], int(sys.argv[4])))
-    left -= n
-got = 0
-while got < int(sys.argv[6]):
-    got += len(s.recv(65536))
-"""
+#: a UDP client run as its own process (in a pod's cgroup: its sockets belong to the
+#: cgroup their creator ran in): udp_ask of argv[3] bytes to argv[1]:argv[2], argv[4] back
+_CLIENT = ("import socket, sys; from _dp_fixtures import udp_ask; "
+           "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(5); "
+           "udp_ask(s, (sys.argv[1], int(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4]))")
 
 
-def _udp_from_cgroup(lab: Lab, client: str, cgroup_dir: str, server: str, port: int,
+def _udp_from_cgroup(lab: Lab, client: str, app: Path, server: str, port: int,
                      req: int, resp: int) -> None:
-    """One UDP exchange from a process of client's pod in cgroup_dir to server's pod
-    (answered from a socket of this process in server's namespace)."""
+    """One UDP exchange from a process of client's pod run in its cgroup app (as the lab
+    runs its pods' processes: tools/lab/proc.py ``in_cgroup``) to server's pod, answered
+    from a socket of this process in server's namespace (udp_answer)."""
     sip = str(lab.pod_ip(server, 4))
     s = run_in_netns(lab.pod_netns(server), lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    env = child_env()
+    env["PYTHONPATH"] += os.pathsep + os.path.dirname(os.path.abspath(__file__))
     try:
         s.bind((sip, port))
         s.settimeout(10)
-        proc = subprocess.Popen([sys.executable, "-c", _CLIENT, cgroup_dir, lab.pod_netns(client),
-                                 sip, str(port), str(req), str(resp)])
-        got, addr = 0, None
-        while got < req:
-            data, addr = s.recvfrom(65536)
-            got += len(data)
-        left = resp
-        while left > 0:
-            n = min(1000, left)
-            s.sendto(b"r" * n, addr)
-            left -= n
+        proc = subprocess.Popen(in_cgroup(app, [
+            "ip", "netns", "exec", lab.pod_netns(client), sys.executable, "-c", _CLIENT,
+            sip, str(port), str(req), str(resp)]), env=env)
+        udp_answer(s, req, resp)
         assert proc.wait(timeout=10) == 0
     finally:
         s.close()
@@ -337,7 +319,7 @@ def test_keys_carry_the_pods_cgroup_so_a_reused_address_is_told_apart() -> None:
         try:
             dp.attach()
             dp.drain()
-            _udp_from_cgroup(lab, "a1", str(old_app), "b1", 9100, 500, 700)
+            _udp_from_cgroup(lab, "a1", old_app, "b1", 9100, 500, 700)
             drained = dp.drain()
             first = [d for d in drained if str(d.local) == old_ip and str(d.remote) == b1]
             # b1's answering socket is this process's (the root cgroup, node b): out of scope
@@ -349,7 +331,7 @@ def test_keys_carry_the_pods_cgroup_so_a_reused_address_is_told_apart() -> None:
             new_app = lab.pod_cgroup("a9")
             assert new_app is not None
             new_id = os.stat(new_app.parent).st_ino
-            _udp_from_cgroup(lab, "a9", str(new_app), "b1", 9100, 300, 400)
+            _udp_from_cgroup(lab, "a9", new_app, "b1", 9100, 300, 400)
             second = [d for d in dp.drain() if str(d.local) == old_ip and str(d.remote) == b1]
         finally:
             dp.close()
