@@ -173,10 +173,11 @@ def udp_answer(s: socket.socket, request_bytes: int, response_bytes: int) -> Non
 def udp_ask(s: socket.socket, dst: tuple[str, int], request_bytes: int,
             response_bytes: int) -> None:
     """Send request_bytes from the UDP socket s to dst in datagrams of at most 1000 bytes
-    and read response_bytes back.
+    and read response_bytes back, exactly.
 
     Raises:
         OSError: the socket failed or timed out.
+        AssertionError: more came back than response_bytes.
     """
     left = request_bytes
     while left > 0:
@@ -186,6 +187,7 @@ def udp_ask(s: socket.socket, dst: tuple[str, int], request_bytes: int,
     got = 0
     while got < response_bytes:
         got += len(s.recv(65536))
+    assert got == response_bytes, (got, response_bytes)
 
 
 def exchange(lab: Lab, flow: Flow, request_bytes: int, response_bytes: int,

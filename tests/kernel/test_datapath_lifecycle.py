@@ -537,48 +537,8 @@ def _udp_exchange(lab: Lab, client: str, server: str, port: int, client_port: in
                   request: int, response: int, family: int) -> None:
     """One UDP exchange client -> server:port from client_port (0: an ephemeral one):
     request bytes in datagrams of at most 1000, answered with response bytes alike."""
-    import socket
-    import threading
-
-    from agent.datapath import run_in_netns
-
-    fam = socket.AF_INET if family == 4 else socket.AF_INET6
-    sip, cip = pod_ip(lab, server, family), pod_ip(lab, client, family)
-    ready = threading.Event()
-    got: list[int] = []
-
-    def serve() -> None:
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.bind((sip, port))
-            s.settimeout(5)
-            ready.set()
-            n = 0
-            while n < request:
-                data, peer = s.recvfrom(65536)
-                n += len(data)
-            left = response
-            while left > 0:
-                s.sendto(b"r" * min(1000, left), peer)
-                left -= min(1000, left)
-
-    def dial() -> None:
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((cip, client_port))
-            s.settimeout(5)
-            left = request
-            while left > 0:
-                s.sendto(b"q" * min(1000, left), (sip, port))
-                left -= min(1000, left)
-            while sum(got) < response:
-                got.append(len(s.recv(65536)))
-
-    th = threading.Thread(target=run_in_netns, args=(lab.pod_netns(server), serve))
-    th.start()
-    assert ready.wait(5)
-    run_in_netns(lab.pod_netns(client), dial)
-    th.join(5)
-    assert sum(got) == response
+    exchange(lab, Flow(client, server, pod_ip(lab, server, family), port, port, "udp", family,
+                       client_port=client_port), request, response)
 
 
 @pytest.mark.parametrize("marked", [True, False], ids=["service-ports", "no-service-port"])
