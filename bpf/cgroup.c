@@ -11,12 +11,12 @@
  * always return 1 (let the packet pass); the packet starts at its IP header (l3_off 0).
  *
  * Scope (only when built with -DZM_SCOPE_NETNS or -DZM_SCOPE_CGROUP): count only packets
- * whose socket lives in a network namespace whose cookie (bpf_get_netns_cookie, SO_NETNS_COOKIE) is in
- * zm_scope, or (-DZM_SCOPE_CGROUP) whose socket's cgroup is a given cgroup or below it,
- * either suffices. A node needs none (every socket of the node is the node's); the lab
- * gives each lab node its own namespace and the cgroup its pods' cgroups are made under
- * (tools/lab/proc.py), since every namespace on the machine shares the host's cgroup tree
- * (another lab's pods may even reuse the same addresses).
+ * whose socket lives in a network namespace whose cookie (bpf_get_netns_cookie,
+ * SO_NETNS_COOKIE) is in zm_scope, or (-DZM_SCOPE_CGROUP) whose socket's cgroup is a given
+ * cgroup or below it, either suffices. A node needs none (every socket of the node is the
+ * node's); the lab gives each lab node its own namespace and the cgroup its pods' cgroups
+ * are made under (tools/lab/proc.py), since every namespace on the machine shares the
+ * host's cgroup tree (another lab's pods may even reuse the same addresses).
  */
 #include <uapi/linux/bpf.h>
 #include "maps.h"
@@ -473,9 +473,9 @@ static __always_inline int zm_loopback(struct __sk_buff *skb, int family)
  * fs/kernfs/dir.c); the agent orders an address's pods by their containers' ids
  * (PodCgroupOrder in agent/datapath/cgroup.py; docs/datapath.md, "The cgroup_skb hook").
  * The socket's cgroup is the one its creator ran in (sk_cgrp_data, set in sk_alloc; an
- * accepted socket inherits its listener's). Host processes (the root, system.slice/<unit>) key their node's
- * address, which attribution does not resolve by veth. Up to ZM_CG_MAX_LEVEL helper calls
- * (bpf_skb_ancestor_cgroup_id: an array read each). */
+ * accepted socket inherits its listener's). Host processes (the root, system.slice/<unit>)
+ * key their node's address, which attribution does not resolve by veth. Up to
+ * ZM_CG_MAX_LEVEL helper calls (bpf_skb_ancestor_cgroup_id: an array read each). */
 static __always_inline __u32 zm_cg_hook_id(struct __sk_buff *skb)
 {
 	__u64 own = bpf_skb_cgroup_id(skb);

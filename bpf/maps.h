@@ -73,15 +73,16 @@ ZM_MAP("array", int, __u32, zm_server_ports, 65536);
 /* The side that sent the first packet the programs saw of a local pod's 5-tuple of a
  * protocol with ports but no handshake they read (UDP and SCTP: parse.h reads the ports
  * of TCP, UDP and SCTP), and the TCP connections a local pod dialled to a port inside the
- * ephemeral range that is no Service port (ZM_ORIGIN_LOCAL, from the SYN leaving it). Key: a zm_flow_key with the key's addresses, protocol, family and ifindex, kind 0,
+ * ephemeral range that is no Service port (ZM_ORIGIN_LOCAL, from the SYN leaving it).
+ * Key: a zm_flow_key with the key's addresses, protocol, family and ifindex, kind 0,
  * port = the remote port and local_port = the local pod's, both as on the wire (never
  * zeroed by the ephemeral range); value: ZM_ORIGIN_LOCAL or ZM_ORIGIN_REMOTE
  * (zonemeter.h). Written by the programs only (classify.h, zm_origin), never by the
  * agent: it tells the server's port of a UDP exchange whatever the ports and whether or
  * not the agent knows of a Service there yet (not asked for an exchange between two
- * unmarked ephemeral-range ports, which keeps both: zm_unmarked_ephemeral, classify.h). LRU, ZM_ORIGIN_CAPACITY entries. Pinned,
- * but added after layout 3 without changing any other map: an agent that finds the
- * other pins without it creates it (pins.py). */
+ * unmarked ephemeral-range ports, which keeps both: zm_unmarked_ephemeral, classify.h).
+ * LRU, ZM_ORIGIN_CAPACITY entries. Pinned, but added after layout 3 without changing any
+ * other map: an agent that finds the other pins without it creates it (pins.py). */
 ZM_MAP("lru_hash", struct zm_flow_key, __u32, zm_origins, ZM_ORIGIN_CAPACITY);
 
 /* Packets that found neither a flow entry nor an overflow entry (the agent did not seed

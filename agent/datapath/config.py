@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import InputError
+from agent.errors import InputError, RuntimeFailure
 
 #: the C sources: ``bpf/`` next to the ``agent`` package
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
@@ -196,7 +196,6 @@ def scope_cgroup_id(path: str) -> tuple[int, int]:
         InputError: (field ``scope_cgroup``) path is on no cgroup2 mount or cannot be read.
     """
     from agent.datapath.cgroup import cgroup2_mounts
-    from agent.errors import RuntimeFailure
 
     want = os.path.normpath(path)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import InputError, RuntimeFailure
-from tools.lab.proc import nsexec
+from tools.lab.proc import nsexec, pod_cgroup
 from tools.lab.topology import OutsidePeer, Topology
 
 _OFFLOADS = ("tso", "gso", "gro")
@@ -103,8 +103,6 @@ class LabNamespaces:
         """Return the cgroup a pod's processes run in (tools/lab/proc.py, "pod cgroups"),
         None for a host-network pod, an outside peer (``outside/<name>``) or a pod without
         one."""
-        from tools.lab.proc import pod_cgroup
-
         if pod.startswith("outside/"):
             return None
         p = self.topology.pod(pod)
