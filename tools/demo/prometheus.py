@@ -9,8 +9,9 @@ window. ``increase()`` extrapolates to the edges of its range (Prometheus
 ``extrapolatedRate``): by up to one scrape interval of the *average* rate at each edge. To
 compare with the lab exactly, :func:`service_increase_aligned` puts each target's range
 edges on that target's own first and last scrape in the window (``@`` modifier and a
-millisecond range, one ``increase`` per target joined with ``or``), so nothing is
-extrapolated and the result is ``last - first`` per series, reset-corrected.
+millisecond range, one ``increase`` per target joined with ``or``), from its last
+successful scrape before the window to its last one in it, so nothing is extrapolated and
+the result is ``last - first`` per series, reset-corrected.
 """
 
 from __future__ import annotations
@@ -133,12 +134,16 @@ def query(url: str, promql: str, at: float | None = None) -> list[dict[str, Any]
     return list(doc["data"]["result"])
 
 
-def scrape_times(url: str, instance: str, start: float, end: float) -> list[float]:
+def scrape_times(url: str, instance: str, start: float, end: float, *,
+                 succeeded: bool = False) -> list[float]:
     """Return the timestamps (Unix seconds, ms precision) of ``instance``'s scrapes in
-    ``[start, end]`` (from its ``up`` series)."""
+    ``[start, end]`` (from its ``up`` series); with ``succeeded``, only those whose ``up``
+    is 1 (a failed scrape, e.g. a timeout under load, stores no sample of the target's
+    metrics)."""
     window_ms = int((end - start) * 1000) + 1
     res = query(url, f'up{{instance="{instance}"}}[{window_ms}ms]', at=end)
-    return sorted(float(t) for r in res for t, _ in r.get("values", []) if float(t) >= start)
+    return sorted(float(t) for r in res for t, v in r.get("values", [])
+                  if float(t) >= start and (not succeeded or float(v) == 1))
 
 
 def _by_service(result: list[dict[str, Any]]) -> dict[str, float]:
@@ -158,32 +163,46 @@ def service_increase(url: str, selector: str, start: float, end: float) -> dict[
 
 
 def service_increase_aligned(url: str, metric: str, matchers: str, instances: list[str],
-                             start: float, end: float) -> tuple[dict[str, float], str]:
-    """Like :func:`service_increase`, with each target's range on its own first and last
-    scrape in ``[start, end]``, so ``increase`` does not extrapolate.
+                             start: float, end: float, *, lookback: float = 60
+                             ) -> tuple[dict[str, float], str, float]:
+    """Like :func:`service_increase`, with each target's range on two of its own successful
+    scrapes, so ``increase`` does not extrapolate: from the last one at or before ``start``
+    to the last one at or before ``end``.
+
+    The range starts before ``start``, not at the first scrape after it: the caller settles
+    every agent's export before ``start`` and counts from there, and bytes exported between
+    ``start`` and a target's first scrape after it (or a failed first scrape) would
+    otherwise fall outside the range.
 
     Args:
         metric: metric name (``zonemeter_service_bytes_total``).
         matchers: extra label matchers without braces (``crossing="cross_zone"``).
         instances: the scrape targets (``host:port``).
+        lookback: seconds before ``start`` to look for its last successful scrape.
 
     Returns:
-        (``namespace/name`` -> bytes, the PromQL that was run).
+        (``namespace/name`` -> bytes, the PromQL that was run, the earliest range start
+        over the targets in Unix seconds).
 
     Raises:
-        RuntimeFailure: a target has fewer than two scrapes in the window.
+        RuntimeFailure: a target has no successful scrape in ``[start - lookback, start]``
+            or none after it up to ``end``.
     """
     parts = []
+    earliest = start
     for inst in instances:
-        times = scrape_times(url, inst, start, end)
-        if len(times) < 2:
-            raise RuntimeFailure(f"prometheus has fewer than two scrapes of {inst} in the window")
-        first, last = times[0], times[-1]
+        before = scrape_times(url, inst, start - lookback, start, succeeded=True)
+        after = scrape_times(url, inst, start, end, succeeded=True)
+        if not before or not after or after[-1] <= before[-1]:
+            raise RuntimeFailure(f"prometheus has no successful scrape of {inst} before "
+                                 "and after the window's start")
+        first, last = before[-1], after[-1]
+        earliest = min(earliest, first)
         rng = int(round((last - first) * 1000))
         sel = f'{metric}{{instance="{inst}"' + (f",{matchers}" if matchers else "") + "}"
         parts.append(f"increase({sel}[{rng}ms] @ {last:.3f})")
     promql = f"sum by (namespace, service) ({' or '.join(parts)})"
-    return _by_service(query(url, promql, at=end)), promql
+    return _by_service(query(url, promql, at=end)), promql, earliest
 
 
 def locality(url: str, at: float) -> dict[str, dict[str, bool]]:

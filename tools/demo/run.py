@@ -108,7 +108,8 @@ class PrometheusCheck:
 
     Attributes:
         url: base URL.
-        window: (t0, t1) Unix seconds.
+        window: (start, end) Unix seconds of the plain ``increase``: start is the earliest
+            target's last successful scrape before the traffic.
         aligned: Service -> cross-zone bytes (``increase`` aligned on scrapes, no
             extrapolation).
         plain: Service -> cross-zone bytes (plain ``increase`` over the window,
@@ -427,14 +428,16 @@ class DemoRun:
                           g1: dict[str, ServiceTruth]) -> PrometheusCheck:
         assert self.prometheus_url is not None
         url = self.prometheus_url
-        aligned, promql = prom.service_increase_aligned(
+        aligned, promql, start = prom.service_increase_aligned(
             url, "zonemeter_service_bytes_total", 'crossing="cross_zone"', self.fleet.targets(),
             t0, t1)
+        # from the earliest aligned start: every target has a scrape from before the traffic
+        # in the plain range too, so plain can only extrapolate upwards
         plain = prom.service_increase(url, 'zonemeter_service_bytes_total{crossing="cross_zone"}',
-                                      t0, t1)
+                                      start, t1)
         truth = {k: g1[k].cross_zone_bytes - (g0[k].cross_zone_bytes if k in g0 else 0)
                  for k in g1 if k}
-        return PrometheusCheck(url=url, window=(t0, t1), aligned=aligned, plain=plain,
+        return PrometheusCheck(url=url, window=(start, t1), aligned=aligned, plain=plain,
                                truth=truth, locality=prom.locality(url, t1), promql=promql)
 
 
