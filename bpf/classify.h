@@ -133,6 +133,31 @@ static __always_inline int zm_unmarked_ephemeral(__be16 port)
 	return port && !zm_remote_port(port) && !zm_service_port(port);
 }
 
+/* Returns 1 when a UDP or SCTP exchange between port_a and port_b (__be16, either side's)
+ * keeps both ports in its keys, whoever spoke first, because one is an unmarked
+ * ephemeral-range port (zm_unmarked_ephemeral) and the other lies outside the range and
+ * is no Service port, else 0. Such an exchange is a client of a server on the port
+ * outside the range, or a server on the ephemeral-range port that speaks first (RTP
+ * pushed to a negotiated port) to its client's fixed port, for a Service one of the two
+ * nodes has not marked yet (watch latency): the packets alone cannot tell them apart, and
+ * a side that dropped the ephemeral port as a client's would count the client's answers
+ * as its workload traffic although the server's node counts them as its Service's
+ * request. Both sides judge it by the range and the Service ports, as
+ * zm_unmarked_ephemeral does. Cost: one key per client port for a UDP server outside the
+ * range that no Service uses, on both sides. A Service port outside the range is left out
+ * (DNS on 53: a node-local cache that is no endpoint, and every pod asking it, would take
+ * one key per query), so a client whose fixed port some Service uses keeps the double
+ * count for the watch latency (docs/datapath.md, "Late endpoints", "Bound that
+ * remains"). */
+static __always_inline int zm_unmarked_to_fixed(__be16 port_a, __be16 port_b)
+{
+	if (zm_unmarked_ephemeral(port_a))
+		return port_b && zm_remote_port(port_b) && !zm_service_port(port_b);
+	if (zm_unmarked_ephemeral(port_b))
+		return port_a && zm_remote_port(port_a) && !zm_service_port(port_a);
+	return 0;
+}
+
 /* Fills *ok with the zm_origins key of the packet's 5-tuple: key's addresses, proto,
  * family and ifindex, kind 0, port = remote_port, local_port = local_port (__be16, as on
  * the wire). */
@@ -296,7 +321,8 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		if (p.proto != IPPROTO_TCP) {
 			/* key.port 0: the remote port is an unmarked ephemeral one */
 			if (remote_port == svc_port ||
-			    (!key.port && remote_port && zm_unmarked_ephemeral(svc_port))) {
+			    (!key.port && remote_port && zm_unmarked_ephemeral(svc_port)) ||
+			    zm_unmarked_to_fixed(remote_port, svc_port)) {
 				key.port = remote_port;
 				key.local_port = svc_port;
 			} else if (zm_origin(&key, into_local, remote_port, svc_port) ==

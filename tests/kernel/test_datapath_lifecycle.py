@@ -602,9 +602,11 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
     marked (a Service no agent had heard of yet): the first datagram each side sees is
     the server's, yet both ports lie in the ephemeral range and neither is marked, so
     both sides keep both ports (zm_unmarked_ephemeral), which lets attribution skip a1's
-    bytes as the client's copy once its metadata lists a2:40000. From a port outside the
-    range (3478) to 45001 or 20000: a2 spoke first, so it keeps a1's port and, being
-    outside the range, its own; a1 keeps 3478 beside its own port, as before
+    bytes as the client's copy once its metadata lists a2:40000. From 40000 to a1's
+    fixed port 20000, outside the range and no Service port: both kept too
+    (zm_unmarked_to_fixed), or a1's answers would be its workload egress. From a port
+    outside the range (3478) to 45001 or 20000: a2 spoke first, so it keeps a1's port
+    and, being outside the range, its own; a1 keeps 3478 beside its own port, as before
     (docs/datapath.md, "Late endpoints")."""
     a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, family)) for p in ("a1", "a2"))
     with Datapath(_config(lab, "a", attach="auto")) as dp:
@@ -614,9 +616,12 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
         _udp_exchange(lab, "a2", "a1", 45000, 40000, 1200, 400, family)
         _udp_exchange(lab, "a2", "a1", 45001, 3478, 1100, 300, family)
         _udp_exchange(lab, "a2", "a1", 20000, 3478, 1000, 200, family)  # both outside
+        _udp_exchange(lab, "a2", "a1", 20000, 40000, 900, 100, family)  # to a fixed port
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
     keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
     assert keys == {
+        (True, FlowKind.EGRESS, 20000, 40000), (True, FlowKind.INGRESS, 20000, 40000),
+        (False, FlowKind.INGRESS, 40000, 20000), (False, FlowKind.EGRESS, 40000, 20000),
         (True, FlowKind.EGRESS, 45000, 40000), (True, FlowKind.INGRESS, 45000, 40000),
         (False, FlowKind.INGRESS, 40000, 45000), (False, FlowKind.EGRESS, 40000, 45000),
         (True, FlowKind.EGRESS, 45001, 3478), (True, FlowKind.INGRESS, 45001, 3478),
@@ -627,7 +632,39 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
     assert len(deltas) == len(keys)
     hdr = 28 if family == 4 else 48
     pushed = sum(d.bytes for d in deltas if d.local == a1 and d.kind is FlowKind.INGRESS)
-    assert pushed == 1200 + 1100 + 1000 + 5 * hdr  # datagrams of 1000 bytes at most
+    assert pushed == 1200 + 1100 + 1000 + 900 + 6 * hdr  # datagrams of 1000 bytes at most
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["service-port", "no-service-port"])
+def test_udp_clients_of_a_fixed_port_keep_their_ports_unless_it_is_a_service_port(
+        lab: Lab, marked: bool) -> None:
+    """Three clients on ephemeral ports ask a2 on 9420, outside the range. Unmarked (no
+    Service uses 9420: a server without a Service, or one for the time before the agents
+    mark it), both sides keep both ports, one key per client port (zm_unmarked_to_fixed:
+    the packets cannot tell a server that speaks first from a client). Marked as a Service
+    port, one key per side and direction, as before (docs/datapath.md, "Late
+    endpoints")."""
+    a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
+    with Datapath(_config(lab, "a", attach="auto")) as dp:
+        dp.attach()
+        if marked:
+            dp.set_service_ports({9420})
+        dp.drain()
+        for _ in range(3):
+            _udp_exchange(lab, "a1", "a2", 9420, 0, 500, 700, 4)
+        deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
+    keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
+    eph = {d.local_port for d in deltas if d.local == a1}
+    if marked:
+        assert eph == {0}
+        assert keys == {(True, FlowKind.INGRESS, 0, 9420), (True, FlowKind.EGRESS, 0, 9420),
+                        (False, FlowKind.EGRESS, 9420, 0), (False, FlowKind.INGRESS, 9420, 0)}
+    else:
+        assert len(eph) == 3 and all(32768 <= p <= 60999 for p in eph), eph
+        assert keys == {k for p in eph for k in (
+            (True, FlowKind.INGRESS, p, 9420), (True, FlowKind.EGRESS, p, 9420),
+            (False, FlowKind.EGRESS, 9420, p), (False, FlowKind.INGRESS, 9420, p))}
+    assert sum(d.bytes for d in deltas if d.local == a2) == 3 * (500 + 700 + 2 * 28)
 
 
 def test_udp_server_that_speaks_first_to_a_learned_server_port_keeps_both_ports(lab: Lab) -> None:

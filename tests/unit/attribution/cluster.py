@@ -412,6 +412,16 @@ class Model:
         Service port."""
         return port if port not in EPHEMERAL or port in self._svc() else 0
 
+    def _unmarked_to_fixed(self, a: int, b: int) -> bool:
+        """bpf/classify.h zm_unmarked_to_fixed: one port an unmarked ephemeral-range one,
+        the other outside the range and no Service port (UDP and SCTP keep both)."""
+        svc = self._svc()
+
+        def fixed(x: int) -> bool:
+            return bool(x) and x not in EPHEMERAL and x not in svc
+        return ((a in EPHEMERAL and a not in svc and fixed(b))
+                or (b in EPHEMERAL and b not in svc and fixed(a)))
+
     def _pod(self, name_or_ip: str) -> tuple[str | None, IPAddress, bool]:
         """(node, address, has_veth) of a pod name, ``node:NAME`` or an address."""
         if name_or_ip.startswith("node:"):
@@ -484,11 +494,13 @@ class Model:
                 rport = c.dport
             lport = c.sport if c.sport in svc else 0
             if first and (c.sport == c.dport or c.sport not in EPHEMERAL or (
-                    not self._peer_port(c.dport) and c.dport)):
+                    not self._peer_port(c.dport) and c.dport) or
+                    self._unmarked_to_fixed(c.sport, c.dport)):
                 # UDP and SCTP, the client spoke first: its own port is kept when it lies
                 # outside the range (a server may speak first), when it is the remote one
-                # (a peer's port to the same port), and when both ports are unmarked
-                # ephemeral ones (zm_unmarked_ephemeral)
+                # (a peer's port to the same port), when both ports are unmarked
+                # ephemeral ones (zm_unmarked_ephemeral), and when it is an unmarked
+                # ephemeral one and the remote port a fixed one (zm_unmarked_to_fixed)
                 lport = c.sport
             # the socket view keys a host socket by its own addresses (what connect() gave
             # it: the ClusterIP), although its egress packets passed the node's DNAT; an
@@ -504,14 +516,17 @@ class Model:
             if split and first:  # its own 5-tuple, judged as the kernel judges it
                 eport = bport
                 lport = c.sport if c.sport in svc or c.sport == bport or (
-                    c.sport not in EPHEMERAL) or (not self._peer_port(bport) and bport) else 0
+                    c.sport not in EPHEMERAL) or (not self._peer_port(bport) and bport) or (
+                    self._unmarked_to_fixed(c.sport, bport)) else 0
             iport, ilport = rport, lport
             if split:  # the reply's 5-tuple is not the one the socket sent on
                 iport = self._peer_port(c.dport)
                 if first:
                     ilport = c.sport
-                    if not iport and c.dport and c.sport in EPHEMERAL and c.sport not in svc:
-                        iport = c.dport  # two unmarked ephemeral ports: both kept
+                    if not iport and c.dport and (c.sport in EPHEMERAL and c.sport not in svc
+                                                  or self._unmarked_to_fixed(c.sport, c.dport)):
+                        # two unmarked ephemeral ports, or one and a fixed one: both kept
+                        iport = c.dport
             for kind, n, r, rp, lp in ((FlowKind.EGRESS, c.req, edst, eport, lport),
                                        (FlowKind.INGRESS, c.resp, dst, iport, ilport)):
                 self._emit(cnode, FlowDelta(kind, caddr, r, rp, c.proto, n, max(1, n // 1400),
@@ -528,9 +543,11 @@ class Model:
                 # UDP and SCTP (the client's packet was the first it saw: zm_origin)
                 lport = bport
                 if c.proto != 6 and (c.sport == bport or (
-                        not cport and c.sport and bport in EPHEMERAL and bport not in self._svc())):
-                    # a peer's port to the same port, or two unmarked ephemeral ports
-                    # (zm_unmarked_ephemeral): both kept
+                        not cport and c.sport and bport in EPHEMERAL and bport not in self._svc())
+                        or self._unmarked_to_fixed(c.sport, bport)):
+                    # a peer's port to the same port, two unmarked ephemeral ports
+                    # (zm_unmarked_ephemeral), or one and a fixed one (zm_unmarked_to_fixed):
+                    # both kept
                     cport = c.sport
                 for kind, n in ((FlowKind.INGRESS, c.req), (FlowKind.EGRESS, c.resp)):
                     self._emit(snode, FlowDelta(kind, saddr, seen, cport, c.proto, n, 1,

@@ -200,13 +200,16 @@ class Kernel:
             # local pod's when the peer did, the remote one (even ephemeral) when it did;
             # a peer talking from a port to the same port keeps it on both sides, and so
             # does an exchange between two ports of the ephemeral range that no Service
-            # uses (zm_unmarked_ephemeral), without asking zm_origins
+            # uses (zm_unmarked_ephemeral), or between one of them and a port outside the
+            # range that no Service uses (zm_unmarked_to_fixed), without asking zm_origins
             remote_first = None
             tup = (local, lport, remote, rport, proto)
             seen = self.origins.setdefault(node, {})
+            unmarked = {x for x in (lport, rport) if x in EPHEMERAL and x not in self.svc}
+            fixed = {x for x in (lport, rport) if x and x not in EPHEMERAL and x not in self.svc}
             if has_ports and proto != 6:
-                if rport == lport or (not port and rport and lport in EPHEMERAL
-                                      and lport not in learned and lport not in self.svc):
+                if rport == lport or (not port and rport and lport in unmarked) or (
+                        unmarked and fixed):
                     port = rport
                     remote_first = True
                 else:
@@ -517,15 +520,18 @@ def test_udp_server_that_speaks_first_on_a_port_the_clients_node_had_not_marked(
 
 
 # the endpoint's port and the client's, inside and outside the ephemeral range
+# (8000: shop/slow's TCP port, which web does not serve: a Service port all the same)
 SERVER_FIRST_PORTS = {"both-in-range": (40000, 45000), "endpoint-port-outside": (3478, 45000),
-                      "client-port-outside": (40000, 20000), "both-outside": (3478, 20000)}
+                      "client-port-outside": (40000, 20000), "both-outside": (3478, 20000),
+                      "client-port-a-service-port": (40000, 8000)}
 # (endpoint's node behind, the endpoint's port marked as a Service port)
 SERVER_FIRST_LAGS = {"marked": (False, True), "marked-endpoint-behind": (True, True),
                      "unmarked": (False, False), "unmarked-endpoint-behind": (True, False)}
 # the bound that remains (docs/datapath.md, "Late endpoints"): a client port outside the
-# range looks like a UDP server's port to the client's node, which sees the other side
-# speak first from a port of the range it has not marked
-SERVER_FIRST_BOUND = {("client-port-outside", "unmarked")}
+# range that some Service uses looks like that Service's port to the client's node, which
+# sees the other side speak first from a port of the range it has not marked and drops
+# it, as a DNS server on 53 drops its clients' (zm_server_first_to_fixed)
+SERVER_FIRST_BOUND = {("client-port-a-service-port", "unmarked")}
 
 
 @pytest.mark.parametrize("ports,lag", [
