@@ -133,28 +133,37 @@ static __always_inline int zm_unmarked_ephemeral(__be16 port)
 	return port && !zm_remote_port(port) && !zm_service_port(port);
 }
 
+/* Returns 1 when port (__be16) lies outside the ephemeral range and at or above 1024,
+ * else 0: a port a UDP client may have been given (a pod's own ip_local_port_range, a
+ * negotiated media port), unlike a system port below 1024 (DNS 53, NTP 123, syslog 514),
+ * which takes CAP_NET_BIND_SERVICE and is a server's. Judged by the number alone, so every
+ * node judges it alike, whatever Services its agent has heard of. */
+static __always_inline int zm_fixed_port(__be16 port)
+{
+	return bpf_ntohs(port) >= 1024 && zm_remote_port(port);
+}
+
 /* Returns 1 when a UDP or SCTP exchange between port_a and port_b (__be16, either side's)
  * keeps both ports in its keys, whoever spoke first, because one is an unmarked
- * ephemeral-range port (zm_unmarked_ephemeral) and the other lies outside the range and
- * is no Service port, else 0. Such an exchange is a client of a server on the port
- * outside the range, or a server on the ephemeral-range port that speaks first (RTP
- * pushed to a negotiated port) to its client's fixed port, for a Service one of the two
- * nodes has not marked yet (watch latency): the packets alone cannot tell them apart, and
- * a side that dropped the ephemeral port as a client's would count the client's answers
- * as its workload traffic although the server's node counts them as its Service's
- * request. Both sides judge it by the range and the Service ports, as
- * zm_unmarked_ephemeral does. Cost: one key per client port for a UDP server outside the
- * range that no Service uses, on both sides. A Service port outside the range is left out
- * (DNS on 53: a node-local cache that is no endpoint, and every pod asking it, would take
- * one key per query), so a client whose fixed port some Service uses keeps the double
- * count for the watch latency (docs/datapath.md, "Late endpoints", "Bound that
- * remains"). */
+ * ephemeral-range port (zm_unmarked_ephemeral) and the other a fixed one (zm_fixed_port),
+ * else 0. Such an exchange is a client of a server on the fixed port, or a server on the
+ * ephemeral-range port that speaks first (RTP pushed to a negotiated port) to its
+ * client's fixed port, for a Service one of the two nodes has not marked yet (watch
+ * latency): the packets alone cannot tell them apart, and a side that dropped the
+ * ephemeral port as a client's would count the client's answers as its workload traffic
+ * although the server's node counts them as its Service's request, or count them nowhere
+ * when that node lags too. The fixed side is judged by its number, not by the Service
+ * ports, so two nodes whose agents know different Services judge it alike. Cost: one key
+ * per client port for clients of a UDP server on a fixed port (a Service's clients on
+ * their side, a server without a Service on both); system ports are left out (DNS on 53:
+ * every query from a fresh port), so a client whose port lies below 1024 is the bound
+ * that remains (docs/datapath.md, "Late endpoints", "Bound that remains"). */
 static __always_inline int zm_unmarked_to_fixed(__be16 port_a, __be16 port_b)
 {
 	if (zm_unmarked_ephemeral(port_a))
-		return port_b && zm_remote_port(port_b) && !zm_service_port(port_b);
+		return zm_fixed_port(port_b);
 	if (zm_unmarked_ephemeral(port_b))
-		return port_a && zm_remote_port(port_a) && !zm_service_port(port_a);
+		return zm_fixed_port(port_a);
 	return 0;
 }
 
@@ -313,8 +322,9 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		 * there may be the side that speaks first). A peer talking from a port to the
 		 * same port (gossip) keeps it on both sides, whoever spoke first, as a known
 		 * endpoint's key does: the receiver's side is its request, the sender's its
-		 * copy. So does an exchange between two unmarked ephemeral-range ports, without
-		 * asking zm_origins: a server there may speak first (zm_unmarked_ephemeral).
+		 * copy. So does an exchange between two unmarked ephemeral-range ports, or
+		 * between one and a fixed port, without asking zm_origins: a server there may
+		 * speak first (zm_unmarked_ephemeral, zm_unmarked_to_fixed).
 		 * TCP has its handshake: zm_local_port for the server's side, zm_tcp_dialled
 		 * for a client of an ephemeral-range port, whatever the client's own port
 		 * (docs/datapath.md, "Late endpoints"). */

@@ -80,7 +80,7 @@ ZM_MAP("array", int, __u32, zm_server_ports, 65536);
  * (zonemeter.h). Written by the programs only (classify.h, zm_origin), never by the
  * agent: it tells the server's port of a UDP exchange whatever the ports and whether or
  * not the agent knows of a Service there yet (not asked for an exchange between two
- * unmarked ephemeral-range ports, or one and a port outside the range no Service uses,
+ * unmarked ephemeral-range ports, or one and a fixed port (outside the range, >= 1024),
  * which keep both: zm_unmarked_ephemeral, zm_unmarked_to_fixed, classify.h).
  * LRU, ZM_ORIGIN_CAPACITY entries. Pinned, but added after layout 3 without changing any
  * other map: an agent that finds the other pins without it creates it (pins.py). */

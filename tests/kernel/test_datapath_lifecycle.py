@@ -635,51 +635,50 @@ def test_udp_server_that_speaks_first_keeps_its_port_on_both_sides(lab: Lab, fam
     assert pushed == 1200 + 1100 + 1000 + 900 + 6 * hdr  # datagrams of 1000 bytes at most
 
 
-@pytest.mark.parametrize("marked", [True, False], ids=["service-port", "no-service-port"])
-def test_udp_clients_of_a_fixed_port_keep_their_ports_unless_it_is_a_service_port(
-        lab: Lab, marked: bool) -> None:
-    """Three clients on ephemeral ports ask a2 on 9420, outside the range. Unmarked (no
-    Service uses 9420: a server without a Service, or one for the time before the agents
-    mark it), both sides keep both ports, one key per client port (zm_unmarked_to_fixed:
-    the packets cannot tell a server that speaks first from a client). Marked as a Service
-    port, one key per side and direction, as before (docs/datapath.md, "Late
-    endpoints")."""
+@pytest.mark.parametrize("port,marked", [(9420, False), (9420, True), (514, False)],
+                         ids=["fixed-port", "fixed-service-port", "system-port"])
+def test_udp_clients_of_a_fixed_port_keep_their_ports_unless_it_is_a_system_port(
+        lab: Lab, port: int, marked: bool) -> None:
+    """Three clients on ephemeral ports ask a2 on a port outside the range. On 9420, a
+    Service's port or not, both sides keep both ports, one key per client port
+    (zm_unmarked_to_fixed: the packets cannot tell a server that speaks first from a
+    client, and the number alone decides, so every node decides alike). On a system port
+    (514, below 1024: syslog; DNS's 53 alike) one key per side and direction, as before
+    (docs/datapath.md, "Late endpoints")."""
     a1, a2 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "a2"))
     with Datapath(_config(lab, "a", attach="auto")) as dp:
         dp.attach()
         if marked:
-            dp.set_service_ports({9420})
+            dp.set_service_ports({port})
         dp.drain()
         for _ in range(3):
-            _udp_exchange(lab, "a1", "a2", 9420, 0, 500, 700, 4)
+            _udp_exchange(lab, "a1", "a2", port, 0, 500, 700, 4)
         deltas = [d for d in dp.drain() if {d.local, d.remote} == {a1, a2} and d.protocol == 17]
     keys = {(d.local == a2, d.kind, d.port, d.local_port) for d in deltas}
     eph = {d.local_port for d in deltas if d.local == a1}
-    if marked:
+    if port < 1024:
         assert eph == {0}
-        assert keys == {(True, FlowKind.INGRESS, 0, 9420), (True, FlowKind.EGRESS, 0, 9420),
-                        (False, FlowKind.EGRESS, 9420, 0), (False, FlowKind.INGRESS, 9420, 0)}
+        assert keys == {(True, FlowKind.INGRESS, 0, port), (True, FlowKind.EGRESS, 0, port),
+                        (False, FlowKind.EGRESS, port, 0), (False, FlowKind.INGRESS, port, 0)}
     else:
         assert len(eph) == 3 and all(32768 <= p <= 60999 for p in eph), eph
         assert keys == {k for p in eph for k in (
-            (True, FlowKind.INGRESS, p, 9420), (True, FlowKind.EGRESS, p, 9420),
-            (False, FlowKind.EGRESS, 9420, p), (False, FlowKind.INGRESS, 9420, p))}
+            (True, FlowKind.INGRESS, p, port), (True, FlowKind.EGRESS, p, port),
+            (False, FlowKind.EGRESS, port, p), (False, FlowKind.INGRESS, port, p))}
     assert sum(d.bytes for d in deltas if d.local == a2) == 3 * (500 + 700 + 2 * 28)
 
 
-
-def test_udp_server_that_speaks_first_judged_by_each_nodes_service_ports(lab: Lab) -> None:
+def test_udp_server_that_speaks_first_judged_alike_by_nodes_that_mark_different_ports(
+        lab: Lab) -> None:
     """b1 pushes from 40000, a Service port neither agent has marked yet and no endpoint
     in b's map, to a1's fixed port 20000, then a1 answers; b's agent has marked 20000 as
-    some other Service's port, a's not yet (watch latency). a judges the exchange an
-    unmarked ephemeral port and a fixed one (zm_unmarked_to_fixed) and keeps b1's port,
-    which attribution skips as the client's copy of b1's Service; b sees a Service port on
-    a1's side, asks who spoke first (b1) and drops its own port as a client's, so its
-    answers' key is pod ingress from a pod, which attribution leaves to the sender's node:
-    a1's answers counted nowhere (the strict xfail
-    test_udp_server_that_speaks_first_counted_once_while_the_nodes_mark_different_ports
-    in tests/unit/attribution/test_join_kernel_model.py; docs/datapath.md, "Bound that
-    remains")."""
+    some other Service's port, a's not yet (watch latency). Both judge the exchange an
+    unmarked ephemeral port and a fixed one by the numbers (zm_unmarked_to_fixed) and keep
+    both ports, so attribution skips a's keys as the client's copy of b1's Service and
+    takes b's as that late endpoint's request and response: once
+    (test_udp_server_that_speaks_first_counted_once_while_the_nodes_mark_different_ports
+    in tests/unit/attribution/test_join_kernel_model.py; docs/datapath.md, "Late
+    endpoints")."""
     a1, b1 = (ipaddress.ip_address(pod_ip(lab, p, 4)) for p in ("a1", "b1"))
     with Datapath(_config(lab, "a", attach="auto")) as da, \
             Datapath(_config(lab, "b", attach="auto")) as db:
@@ -695,9 +694,10 @@ def test_udp_server_that_speaks_first_judged_by_each_nodes_service_ports(lab: La
     assert {(d.local, d.kind, d.port, d.local_port) for d in on_a} == {
         (a1, FlowKind.INGRESS, 40000, 20000), (a1, FlowKind.EGRESS, 40000, 20000)}
     assert {(d.local, d.kind, d.port, d.local_port) for d in on_b} == {
-        (b1, FlowKind.EGRESS, 20000, 0), (b1, FlowKind.INGRESS, 20000, 0)}
+        (b1, FlowKind.EGRESS, 20000, 40000), (b1, FlowKind.INGRESS, 20000, 40000)}
     assert sum(d.bytes for d in on_a if d.kind is FlowKind.INGRESS) == 900 + 28
     assert sum(d.bytes for d in on_b if d.kind is FlowKind.INGRESS) == 100 + 28
+
 
 def test_udp_server_that_speaks_first_to_a_learned_server_port_keeps_both_ports(lab: Lab) -> None:
     """The client's port lies in the range and some pod of the client's node accepts TCP

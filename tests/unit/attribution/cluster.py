@@ -414,11 +414,11 @@ class Model:
 
     def _unmarked_to_fixed(self, a: int, b: int) -> bool:
         """bpf/classify.h zm_unmarked_to_fixed: one port an unmarked ephemeral-range one,
-        the other outside the range and no Service port (UDP and SCTP keep both)."""
+        the other outside the range and not below 1024 (UDP and SCTP keep both)."""
         svc = self._svc()
 
         def fixed(x: int) -> bool:
-            return bool(x) and x not in EPHEMERAL and x not in svc
+            return x >= 1024 and x not in EPHEMERAL
         return ((a in EPHEMERAL and a not in svc and fixed(b))
                 or (b in EPHEMERAL and b not in svc and fixed(a)))
 

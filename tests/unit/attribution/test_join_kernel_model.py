@@ -211,7 +211,7 @@ class Kernel:
             tup = (local, lport, remote, rport, proto)
             seen = self.origins.setdefault(node, {})
             unmarked = {x for x in (lport, rport) if x in EPHEMERAL and x not in svc}
-            fixed = {x for x in (lport, rport) if x and x not in EPHEMERAL and x not in svc}
+            fixed = {x for x in (lport, rport) if x >= 1024 and x not in EPHEMERAL}
             if has_ports and proto != 6:
                 if rport == lport or (not port and rport and lport in unmarked) or (
                         unmarked and fixed):
@@ -531,16 +531,18 @@ SERVER_FIRST_PORTS = {"both-in-range": (40000, 45000), "endpoint-port-outside": 
                       "client-port-outside": (40000, 20000), "both-outside": (3478, 20000),
                       "client-port-a-service-port": (40000, 8000),
                       # 50051: shop/grpc's TCP port, inside the range
-                      "client-port-a-service-port-in-range": (40000, 50051)}
+                      "client-port-a-service-port-in-range": (40000, 50051),
+                      # 500: a system port (below 1024), no Service's
+                      "client-port-a-system-port": (40000, 500)}
 # (endpoint's node behind, the endpoint's port marked as a Service port)
 SERVER_FIRST_LAGS = {"marked": (False, True), "marked-endpoint-behind": (True, True),
                      "unmarked": (False, False), "unmarked-endpoint-behind": (True, False)}
-# the bound that remains (docs/datapath.md, "Late endpoints"): a client port that some
-# Service uses, outside the range or inside it, looks like that Service's port to the
-# client's node, which sees the other side speak first from a port of the range it has
-# not marked and drops it, as a DNS server on 53 drops its clients' (zm_unmarked_to_fixed
-# leaves Service ports out)
-SERVER_FIRST_BOUND = {("client-port-a-service-port", "unmarked"),
+# the bound that remains (docs/datapath.md, "Late endpoints"): a client port below 1024
+# looks like a DNS server's 53 to the client's node, and one inside the range that some
+# Service uses like that Service's port: it sees the other side speak first from a port
+# of the range it has not marked and drops it (zm_unmarked_to_fixed leaves system ports
+# out, zm_unmarked_ephemeral marked ones)
+SERVER_FIRST_BOUND = {("client-port-a-system-port", "unmarked"),
                       ("client-port-a-service-port-in-range", "unmarked")}
 
 
@@ -574,29 +576,11 @@ SERVER_FIRST_SPLIT = {
     "endpoint-port-marked-at-the-clients-node-client-port-a-service-port":
         (40000, 8000, {40000}, set()),
 }
-# zm_unmarked_to_fixed keeps the endpoint's port on both sides only while the client's
-# port is no Service port: a node whose agent marks the client's port and one whose agent
-# does not yet (or no more) judge the exchange differently, the late endpoint's bytes are
-# counted by both or its answers by none; before zm_unmarked_to_fixed both sides dropped
-# the endpoint's port whatever the client's port's mark, and counted the exchange once as
-# workload traffic. With the client's port a Service port everywhere and the endpoint's
-# port marked at the client's node only, the endpoint's node drops its own port (the
-# client's looks like a DNS server's) while the client's node skips its copy: the answers
-# are counted by none (the bound's other lag)
-SERVER_FIRST_SPLIT_BOUND = {
-    "client-port-marked-at-the-clients-node": "the late endpoint's bytes counted twice",
-    "client-port-marked-at-the-endpoints-node": "the client's answers counted nowhere",
-    "endpoint-port-marked-at-the-clients-node-client-port-a-service-port":
-        "the client's answers counted nowhere",
-}
-
-
-@pytest.mark.parametrize("split", [
-    pytest.param(x, id=x, marks=[pytest.mark.xfail(strict=True, reason=(
-        SERVER_FIRST_SPLIT_BOUND[x] + ": the two nodes' agents marked different ports "
-        "(docs/datapath.md, 'Late endpoints', 'Bound that remains')"))]
-        if x in SERVER_FIRST_SPLIT_BOUND else [])
-    for x in SERVER_FIRST_SPLIT])
+# zm_unmarked_to_fixed judges the client's port by its number, not by the Service ports,
+# so two agents that know different Services judge the exchange alike; the endpoint's
+# port marked at one node only is judged alike too (the marked side keeps it as a
+# Service port, the other as an unmarked ephemeral one)
+@pytest.mark.parametrize("split", list(SERVER_FIRST_SPLIT))
 def test_udp_server_that_speaks_first_counted_once_while_the_nodes_mark_different_ports(
         split: str) -> None:
     """The endpoint that sends first, its node's map behind, while the client's node and
