@@ -123,14 +123,19 @@ class Kernel:
     it yet). ``svc_ports``: the ports marked ``ZM_PORT_SERVICE`` (the Service ports the
     agent knew when the packets passed; default: every port of the cluster's Services).
     ``node_svc``: the marks of the nodes whose agents knew other Service ports than
-    ``svc_ports`` (each node's agent writes its own array, within its watch latency)."""
+    ``svc_ports`` (each node's agent writes its own array, within its watch latency).
+    ``node_eph``: the ephemeral range of the nodes whose agent read another
+    ``net.ipv4.ip_local_port_range`` than Linux's default (``ZM_EPHEMERAL_MIN``/``MAX``
+    are per node: ``DatapathConfig.ephemeral_ports``)."""
 
     def __init__(self, o: dict[str, Any], meta: FakeMetadata, behind: frozenset[str] = frozenset(),
                  svc_ports: frozenset[int] | None = None,
-                 node_svc: dict[str, frozenset[int]] | None = None) -> None:
+                 node_svc: dict[str, frozenset[int]] | None = None,
+                 node_eph: dict[str, range] | None = None) -> None:
         self.o, self.meta, self.behind = o, meta, behind
         self.svc = service_ports(o) if svc_ports is None else svc_ports
         self.node_svc = node_svc or {}
+        self.node_eph = node_eph or {}
         self.deltas: dict[str, list[FlowDelta]] = {}
         # node -> ports marked in its zm_server_ports (a local pod's SYN-ACK left from them)
         self.servers: dict[str, set[int]] = {}
@@ -184,6 +189,7 @@ class Kernel:
         has_ports = proto in (6, 17, 132)
         table = self.table[node]
         svc = self.node_svc.get(node, self.svc)  # this node's zm_endpoint_ports
+        eph = self.node_eph.get(node, EPHEMERAL)  # this node's ZM_EPHEMERAL_MIN..MAX
         d: FlowDelta | None = None
         # zm_endpoint_port; a packet leaving from an endpoint port to the same port is a
         # peer's request, not a response
@@ -194,7 +200,7 @@ class Kernel:
         if d is None:
             kind = FlowKind.INGRESS if into else FlowKind.EGRESS
             # zm_peer_port: an ephemeral port is kept when some Service uses it
-            port = rport if has_ports and (rport not in EPHEMERAL or rport in svc) else 0
+            port = rport if has_ports and (rport not in eph or rport in svc) else 0
             # zm_local_port: a SYN entering the pod keeps its port, and its SYN-ACK then
             # leaves through this same path (the endpoint map lacks it alike), marking the
             # port in zm_server_ports for the rest of the connection and for good; a
@@ -210,8 +216,8 @@ class Kernel:
             remote_first = None
             tup = (local, lport, remote, rport, proto)
             seen = self.origins.setdefault(node, {})
-            unmarked = {x for x in (lport, rport) if x in EPHEMERAL and x not in svc}
-            fixed = {x for x in (lport, rport) if x >= 1024 and x not in EPHEMERAL}
+            unmarked = {x for x in (lport, rport) if x in eph and x not in svc}
+            fixed = {x for x in (lport, rport) if x >= 1024 and x not in eph}
             if has_ports and proto != 6:
                 if rport == lport or (not port and rport and lport in unmarked) or (
                         unmarked and fixed):
@@ -223,7 +229,7 @@ class Kernel:
                         # the pod spoke first: its own port is kept outside the range
                         # (a server may speak first), or marked
                         if lport in learned or lport in svc or (
-                                rport and lport not in EPHEMERAL):
+                                rport and lport not in eph):
                             lp = lport
                         port = rport
             if remote_first:
@@ -242,7 +248,7 @@ class Kernel:
                     learned.add(lport)
                 if lport in learned or lport in svc:
                     lp = lport
-                elif not port and rport and lport not in EPHEMERAL:
+                elif not port and rport and lport not in eph:
                     lp = lport
             d = FlowDelta(kind, local, remote, port, proto, n, 1, local_port=lp)
         self.deltas.setdefault(node, []).append(d)
