@@ -338,3 +338,22 @@ def test_udp_server_that_speaks_first_counted_once_while_the_nodes_ranges_agree(
         k.packet(src, sp, dst, dp, 17, n, "src")
         k.packet(src, sp, dst, dp, 17, n, "dst")
     assert count(o, k) == 700
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "an endpoint sending from its Service port to another Service on a fixed port is both "
+    "Services' traffic (README Limitations; docs/datapath.md, 'Two endpoints on different "
+    "ports'), now also while its node's map lacks it and its port is unmarked"))
+def test_udp_from_an_unmarked_endpoint_port_to_another_services_fixed_port_counted_once() -> None:
+    """The media endpoint, its node's map behind and its Service's port 40000 unmarked
+    (a new Service), sends from 40000 to sip's ClusterIP on 5060 (-> 20000), which answers.
+    Its node keeps both ports (zm_unmarked_to_fixed: 5060 is a fixed port) and attribution
+    promotes the key to the media Service's response by its own port, while sip's node
+    counts the request: twice. With 5060 left out as a Service port (before 36c28f5) the
+    key dropped 40000 and was skipped as the ClusterIP's client copy."""
+    o = wide_cluster()
+    c = Conn("api-5d8b-bbbbb", "10.96.0.101", 5060, 300, 700, backend="10.1.3.11",
+             bport=20000, proto=17, sport=40000)
+    total, _ = exchange(o, c, True, frozenset({"n2"}),
+                        {n: frozenset(service_ports(o) - {40000}) for n in NODES})
+    assert total == c.req + c.resp
