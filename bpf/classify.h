@@ -136,9 +136,10 @@ static __always_inline int zm_unmarked_ephemeral(__be16 port)
 /* Returns 1 when port (__be16) lies outside the ephemeral range and at or above 1024,
  * else 0: a port a UDP client may have been given (a pod's own ip_local_port_range, a
  * negotiated media port), unlike a system port below 1024 (DNS 53, NTP 123, syslog 514),
- * which the kernel does not pick for a client by default: a server's. Judged by the number and this
- * node's ephemeral range, so every node with the same range judges it alike, whatever
- * Services its agent has heard of (docs/datapath.md, "Bound that remains"). */
+ * which the kernel does not pick for a client by default: a server's. Judged by the
+ * number and this node's ephemeral range, so every node with the same range judges it
+ * alike, whatever Services its agent has heard of (docs/datapath.md, "Bound that
+ * remains"). */
 static __always_inline int zm_fixed_port(__be16 port)
 {
 	return bpf_ntohs(port) >= 1024 && zm_remote_port(port);
