@@ -1,6 +1,6 @@
-"""Attacks on ``zm_unmarked_to_fixed`` judging the fixed side by its number
-(bpf/classify.h ``zm_fixed_port``: outside the ephemeral range and >= 1024), against the
-packet-level ``Kernel`` model of test_join_kernel_model: UDP Services whose port and
+"""UDP and SCTP port shapes against ``zm_unmarked_to_fixed``, which judges the fixed side
+by its number (bpf/classify.h ``zm_fixed_port``: outside the ephemeral range and >= 1024),
+on the packet-level ``Kernel`` model of test_join_kernel_model: UDP Services whose port and
 targetPort differ (a port >= 1024 outside the range to one inside it, to one below 1024,
 to another fixed one), client ports below 1024, endpoints that speak first, and two
 nodes' agents that marked different ports (docs/datapath.md, "Late endpoints")."""
