@@ -191,12 +191,12 @@ def service_increase_aligned(url: str, metric: str, matchers: str, instances: li
     parts = []
     earliest = start
     for inst in instances:
-        before = scrape_times(url, inst, start - lookback, start, succeeded=True)
-        after = scrape_times(url, inst, start, end, succeeded=True)
-        if not before or not after or after[-1] <= before[-1]:
+        times = scrape_times(url, inst, start - lookback, end, succeeded=True)
+        before = [t for t in times if t <= start]
+        if not before or times[-1] <= before[-1]:
             raise RuntimeFailure(f"prometheus has no successful scrape of {inst} before "
                                  "and after the window's start")
-        first, last = before[-1], after[-1]
+        first, last = before[-1], times[-1]
         earliest = min(earliest, first)
         rng = int(round((last - first) * 1000))
         sel = f'{metric}{{instance="{inst}"' + (f",{matchers}" if matchers else "") + "}"

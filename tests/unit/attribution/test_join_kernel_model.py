@@ -276,6 +276,14 @@ def run(o: dict[str, Any], conns: list[Conn], behind: frozenset[str] = frozenset
     k = Kernel(o, meta, behind, svc_ports)
     for c in conns:
         k.send(c)
+    total, out = attribute_all(meta, hints, k)
+    return total, out, k
+
+
+def attribute_all(meta: FakeMetadata, hints: FakeHints, k: Kernel) -> tuple[int, dict[str, Any]]:
+    """Every node's agent attributes what ``k`` counted there; returns the bytes counted
+    cluster-wide (Service, workload and unattributed) and each node's totals. Asserts that
+    each agent counted or skipped every byte it saw."""
     total = 0
     out = {}
     for n in NODES:
@@ -286,7 +294,7 @@ def run(o: dict[str, Any], conns: list[Conn], behind: frozenset[str] = frozenset
                    + sum(t.unattributed_bytes.values()))
         assert t.bytes_seen == counted + sum(t.skipped_bytes.values())
         total += counted
-    return total, out, k
+    return total, out
 
 
 def service_bytes(totals: dict[str, Any], ns: str, svc: str) -> int:
@@ -496,24 +504,19 @@ def test_late_udp_gossip_on_the_same_port_counted_once(behind: frozenset[str], m
 def _server_first(o: dict[str, Any], behind: frozenset[str], svc: frozenset[int],
                   server_bytes: int, client_bytes: int, sport: int = 40000,
                   cport: int = 45000,
-                  node_svc: dict[str, frozenset[int]] | None = None) -> tuple[int, Kernel]:
+                  node_svc: dict[str, frozenset[int]] | None = None,
+                  node_eph: dict[str, range] | None = None) -> tuple[int, Kernel]:
     """The media endpoint 10.1.2.20:``sport`` sends first to web's port ``cport`` (RTP
     pushed to a negotiated port), then web answers; returns what every node's agent
-    counted, and the kernel model (``node_svc``: as :class:`Kernel`)."""
+    counted, and the kernel model (``node_svc``, ``node_eph``: as :class:`Kernel`)."""
     meta, hints = build(o)
-    k = Kernel(o, meta, behind, svc, node_svc)
+    k = Kernel(o, meta, behind, svc, node_svc, node_eph)
     web, srv = k._addr("web-7c9f-abcde"), ip("10.1.2.20")
     for src, sp, dst, dp, n in ((srv, sport, web, cport, server_bytes),
                                 (web, cport, srv, sport, client_bytes)):
         k.packet(src, sp, dst, dp, 17, n, "src")
         k.packet(src, sp, dst, dp, 17, n, "dst")
-    total = 0
-    for n in NODES:
-        a = Attributor(n, meta, hints)
-        a.attribute(k.deltas.get(n, []), T0)
-        t = a.totals()
-        total += (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
-                  + sum(t.unattributed_bytes.values()))
+    total, _ = attribute_all(meta, hints, k)
     return total, k
 
 

@@ -21,6 +21,8 @@ from tests.unit.attribution.test_join_kernel_model import (
     TARGETS,
     Conn,
     Kernel,
+    _server_first,
+    attribute_all,
     build,
     cluster,
     ip,
@@ -94,15 +96,8 @@ def marks(draw: st.DrawFn, o: dict[str, Any]) -> dict[str, frozenset[int]]:
 
 
 def count(o: dict[str, Any], k: Kernel) -> int:
-    meta, hints = build(o)
-    total = 0
-    for n in NODES:
-        a = Attributor(n, meta, hints)
-        a.attribute(k.deltas.get(n, []), T0)
-        t = a.totals()
-        total += (sum(t.service_bytes.values()) + sum(t.workload_bytes.values())
-                  + sum(t.unattributed_bytes.values()))
-    return total
+    """Bytes every node's agent counted of what ``k`` saw (:func:`attribute_all`)."""
+    return attribute_all(*build(o), k)[0]
 
 
 def exchange(o: dict[str, Any], c: Conn, first: bool, behind: frozenset[str],
@@ -310,16 +305,11 @@ def test_udp_server_that_speaks_first_counted_once_while_the_nodes_ranges_differ
     drops 40000 as a client's port: the answers are its pod's ingress from a pod, left to
     the sender's node. Counted nowhere."""
     o = wide_cluster()
-    meta, _ = build(o)
     client_range, endpoint_range, behind = RANGE_SPLIT[split]
-    k = Kernel(o, meta, frozenset({"n2"} if behind else ()),
-               frozenset(service_ports(o) - {40000}), None,
-               {"n1": client_range, "n2": endpoint_range})
-    web, srv = k._addr("web-7c9f-abcde"), ip("10.1.2.20")
-    for src, sp, dst, dp, n in ((srv, 40000, web, 20000, 500), (web, 20000, srv, 40000, 200)):
-        k.packet(src, sp, dst, dp, 17, n, "src")
-        k.packet(src, sp, dst, dp, 17, n, "dst")
-    assert count(o, k) == 700
+    total, _ = _server_first(o, frozenset({"n2"} if behind else ()),
+                             frozenset(service_ports(o) - {40000}), 500, 200, 40000, 20000,
+                             node_eph={"n1": client_range, "n2": endpoint_range})
+    assert total == 700
 
 
 @pytest.mark.parametrize("same", ["default", "wide"])
@@ -328,16 +318,11 @@ def test_udp_server_that_speaks_first_counted_once_while_the_nodes_ranges_agree(
     """The exchange of the xfail above with one range on both nodes, Linux's default or
     1024-65535: once (only the split breaks it)."""
     o = wide_cluster()
-    meta, _ = build(o)
     client_range, endpoint_range, _ = RANGE_SPLIT["endpoints-node-wide-range-behind"]
     r = client_range if same == "default" else endpoint_range
-    k = Kernel(o, meta, frozenset({"n2"}), frozenset(service_ports(o) - {40000}), None,
-               {"n1": r, "n2": r})
-    web, srv = k._addr("web-7c9f-abcde"), ip("10.1.2.20")
-    for src, sp, dst, dp, n in ((srv, 40000, web, 20000, 500), (web, 20000, srv, 40000, 200)):
-        k.packet(src, sp, dst, dp, 17, n, "src")
-        k.packet(src, sp, dst, dp, 17, n, "dst")
-    assert count(o, k) == 700
+    total, _ = _server_first(o, frozenset({"n2"}), frozenset(service_ports(o) - {40000}),
+                             500, 200, 40000, 20000, node_eph={"n1": r, "n2": r})
+    assert total == 700
 
 
 @pytest.mark.xfail(strict=True, reason=(
