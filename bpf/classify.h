@@ -145,10 +145,11 @@ static __always_inline int zm_fixed_port(__be16 port)
 	return bpf_ntohs(port) >= 1024 && zm_remote_port(port);
 }
 
-/* Returns 1 when a UDP or SCTP exchange between port_a and port_b (__be16, either side's)
+/* Returns 1 when a UDP or SCTP exchange between remote_port and local_port (__be16)
  * keeps both ports in its keys, whoever spoke first, because one is an unmarked
  * ephemeral-range port (zm_unmarked_ephemeral) and the other a fixed one (zm_fixed_port),
- * else 0. Such an exchange is a client of a server on the fixed port, or a server on the
+ * else 0. remote_unmarked: whether remote_port is an unmarked ephemeral one, which the
+ * caller knows from zm_peer_port (its key port 0), so its Service bit is not read twice. Such an exchange is a client of a server on the fixed port, or a server on the
  * ephemeral-range port that speaks first (RTP pushed to a negotiated port) to its
  * client's fixed port, for a Service one of the two nodes has not marked yet (watch
  * latency): the packets alone cannot tell them apart, and a side that dropped the
@@ -160,13 +161,12 @@ static __always_inline int zm_fixed_port(__be16 port)
  * their side, a server without a Service on both); system ports are left out (DNS on 53:
  * every query from a fresh port), so a client whose port lies below 1024 is the bound
  * that remains (docs/datapath.md, "Late endpoints", "Bound that remains"). */
-static __always_inline int zm_unmarked_to_fixed(__be16 port_a, __be16 port_b)
+static __always_inline int zm_unmarked_to_fixed(int remote_unmarked, __be16 remote_port,
+						__be16 local_port)
 {
-	if (zm_unmarked_ephemeral(port_a))
-		return zm_fixed_port(port_b);
-	if (zm_unmarked_ephemeral(port_b))
-		return zm_fixed_port(port_a);
-	return 0;
+	if (remote_unmarked)
+		return zm_fixed_port(local_port);
+	return zm_fixed_port(remote_port) && zm_unmarked_ephemeral(local_port);
 }
 
 /* Fills *ok with the zm_origins key of the packet's 5-tuple: key's addresses, proto,
@@ -332,9 +332,10 @@ static __always_inline void zm_classify_and_count(struct __sk_buff *skb, __u32 l
 		 * (docs/datapath.md, "Late endpoints"). */
 		if (p.proto != IPPROTO_TCP) {
 			/* key.port 0: the remote port is an unmarked ephemeral one */
+			int remote_unmarked = !key.port && remote_port;
 			if (remote_port == svc_port ||
-			    (!key.port && remote_port && zm_unmarked_ephemeral(svc_port)) ||
-			    zm_unmarked_to_fixed(remote_port, svc_port)) {
+			    (remote_unmarked && zm_unmarked_ephemeral(svc_port)) ||
+			    zm_unmarked_to_fixed(remote_unmarked, remote_port, svc_port)) {
 				key.port = remote_port;
 				key.local_port = svc_port;
 			} else if (zm_origin(&key, into_local, remote_port, svc_port) ==
